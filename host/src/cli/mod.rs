@@ -1,0 +1,48 @@
+//! The `wasmctrl` command line. `main.rs` parses and wires; each subcommand lives in its own
+//! module.
+
+mod input;
+mod plugin_cmd;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+pub use plugin_cmd::{PluginCommand, RunOutput};
+
+/// wasmctrl: a Kubernetes operator host whose reconcile logic runs in sandboxed Wasm plugins.
+#[derive(Debug, Parser)]
+#[command(name = "wasmctrl", version, about)]
+pub struct Cli {
+    /// Where precompiled plugins are cached.
+    #[arg(long, global = true, env = "WASMCTRL_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Work with plugins offline: evaluate a reconcile, inspect a component.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+impl Cli {
+    /// Run the parsed command.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let cache_dir = self.cache_dir.or_else(default_cache_dir);
+        match self.command {
+            Command::Plugin(command) => command.run(cache_dir).await,
+        }
+    }
+}
+
+/// `$XDG_CACHE_HOME/wasmctrl/artifacts`, else `~/.cache/wasmctrl/artifacts`.
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(base.join("wasmctrl").join("artifacts"))
+}

@@ -1,0 +1,252 @@
+//! The one wasmtime engine a host process shares between all its plugins: configuration,
+//! the instance pool, the epoch clock that enforces deadlines, and loading.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tokio::sync::Semaphore;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::artifact_cache::ArtifactCache;
+use super::contract::{self, PluginPre, Surface};
+use super::sandbox::Sandbox;
+use super::{Digest, Limits, Plugin, PluginError, PluginInfo};
+
+/// How often the epoch clock ticks. Deadlines are enforced to within one tick.
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// Engine-wide settings. Per-plugin limits live in [`Limits`].
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Where precompiled artifacts are kept. `None` compiles every load.
+    pub cache_dir: Option<PathBuf>,
+    /// How many plugin calls may run at once, across all plugins. Sizes the instance pool;
+    /// further calls wait for a slot instead of failing.
+    pub max_concurrent_calls: u32,
+    /// The largest memory cap any plugin may be given.
+    pub max_memory_bytes: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            cache_dir: None,
+            max_concurrent_calls: 64,
+            max_memory_bytes: 512 << 20,
+        }
+    }
+}
+
+/// Compiles, caches and instantiates plugins. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct PluginEngine {
+    pub(crate) inner: Arc<EngineInner>,
+}
+
+pub(crate) struct EngineInner {
+    pub(crate) engine: Engine,
+    linker: Linker<Sandbox>,
+    cache: Option<ArtifactCache>,
+    pub(crate) call_slots: Arc<Semaphore>,
+    max_memory_bytes: usize,
+}
+
+impl PluginEngine {
+    /// Build the engine and start its epoch clock.
+    pub fn new(options: EngineOptions) -> anyhow::Result<Self> {
+        let engine = Engine::new(&engine_config(&options))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        contract::forbid_waiting(&mut linker)?;
+        contract::wasmctrl::plugin::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        let cache = options
+            .cache_dir
+            .map(|dir| ArtifactCache::new(dir, &engine))
+            .transpose()?;
+        start_epoch_clock(&engine).context("starting the plugin epoch clock")?;
+        Ok(Self {
+            inner: Arc::new(EngineInner {
+                engine,
+                linker,
+                cache,
+                call_slots: Arc::new(Semaphore::new(options.max_concurrent_calls as usize)),
+                max_memory_bytes: options.max_memory_bytes,
+            }),
+        })
+    }
+
+    /// Load a plugin from its bytes: verify the digest, compile (or take the precompiled
+    /// artifact from the cache), check the contract, and pre-instantiate.
+    ///
+    /// This blocks for as long as compilation takes (up to seconds on a cache miss); call it
+    /// off the async runtime, or use [`PluginEngine::load_async`].
+    pub fn load(
+        &self,
+        bytes: &[u8],
+        expected: Option<&Digest>,
+        limits: Limits,
+    ) -> Result<Plugin, PluginError> {
+        if limits.memory_bytes > self.inner.max_memory_bytes {
+            return Err(PluginError::InvalidLimits(format!(
+                "memory limit {} bytes is above the host's maximum of {} bytes",
+                limits.memory_bytes, self.inner.max_memory_bytes
+            )));
+        }
+        let digest = Digest::of(bytes);
+        if let Some(expected) = expected {
+            if *expected != digest {
+                return Err(PluginError::DigestMismatch {
+                    expected: *expected,
+                    actual: digest,
+                });
+            }
+        }
+        check_is_component(bytes)?;
+
+        let started = Instant::now();
+        let cached = self
+            .inner
+            .cache
+            .as_ref()
+            .and_then(|cache| cache.load(&self.inner.engine, &digest));
+        let from_cache = cached.is_some();
+        let component = match cached {
+            Some(component) => component,
+            None => {
+                let component = Component::new(&self.inner.engine, bytes)
+                    .map_err(|e| PluginError::InvalidComponent(format!("{e:#}")))?;
+                if let Some(cache) = &self.inner.cache {
+                    if let Err(e) = cache.store(&digest, &component) {
+                        tracing::warn!(dir = %cache.dir().display(), error = %e, "could not cache precompiled plugin");
+                    }
+                }
+                component
+            }
+        };
+        let load_time = started.elapsed();
+
+        let surface = Surface::of(&self.inner.engine, &component);
+        surface.check()?;
+        let instance_pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| PluginError::WrongWorld(format!("{e:#}")))?;
+        let pre =
+            PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(format!("{e:#}")))?;
+
+        Ok(Plugin::new(
+            self.inner.clone(),
+            pre,
+            limits,
+            PluginInfo {
+                digest,
+                size_bytes: bytes.len(),
+                contract_version: surface.contract_version().map(str::to_owned),
+                imports: surface.imports.clone(),
+                exports: surface.exports.clone(),
+                load_time,
+                from_cache,
+            },
+        ))
+    }
+
+    /// [`PluginEngine::load`] on a blocking thread.
+    pub async fn load_async(
+        &self,
+        bytes: Vec<u8>,
+        expected: Option<Digest>,
+        limits: Limits,
+    ) -> Result<Plugin, PluginError> {
+        let engine = self.clone();
+        tokio::task::spawn_blocking(move || engine.load(&bytes, expected.as_ref(), limits))
+            .await
+            .map_err(|e| PluginError::Sandbox(format!("plugin load task failed: {e}")))?
+    }
+}
+
+/// Reject what is obviously not a component with a message that says what it is instead.
+/// wasmtime would also reject it, with a less helpful message.
+fn check_is_component(bytes: &[u8]) -> Result<(), PluginError> {
+    const MAGIC: &[u8] = b"\0asm";
+    const CORE_MODULE: &[u8] = &[1, 0, 0, 0];
+    const COMPONENT: &[u8] = &[0x0d, 0, 1, 0];
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        return Err(PluginError::InvalidComponent(
+            "not a WebAssembly file (no \\0asm header)".to_owned(),
+        ));
+    }
+    match &bytes[4..8] {
+        COMPONENT => Ok(()),
+        CORE_MODULE => Err(PluginError::InvalidComponent(
+            "this is a core WebAssembly module, not a component; build the plugin for the wasm32-wasip2 target".to_owned(),
+        )),
+        other => Err(PluginError::InvalidComponent(format!(
+            "unsupported WebAssembly version/layer {other:02x?}"
+        ))),
+    }
+}
+
+/// The engine configuration. Every choice here is about making a fresh sandbox per call
+/// cheap and a hostile plugin harmless:
+/// - the pooling allocator keeps instance slots (memories, tables) mapped and reuses them,
+///   so a call does not pay for mmap/munmap;
+/// - epoch interruption enforces deadlines at the cost of a counter check at loop heads
+///   (fuel would cost far more per instruction);
+/// - no async support: calls run synchronously on a blocking thread, which avoids allocating
+///   a fiber stack per call.
+fn engine_config(options: &EngineOptions) -> Config {
+    let slots = options.max_concurrent_calls.max(1);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(slots)
+        // A Rust plugin is a main module plus a few adapter shims.
+        .total_core_instances(slots * 8)
+        .max_core_instances_per_component(16)
+        .total_memories(slots * 2)
+        .total_tables(slots * 8)
+        .max_tables_per_component(16)
+        .max_memories_per_component(2)
+        .max_memory_size(options.max_memory_bytes)
+        .table_elements(100_000);
+
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    config
+}
+
+/// A background thread that advances the engine's epoch every [`EPOCH_TICK`]. It holds only a
+/// weak reference and exits once the engine is gone.
+fn start_epoch_clock(engine: &Engine) -> std::io::Result<()> {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("wasmctrl-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_modules_and_garbage_are_told_apart() {
+        let core = b"\0asm\x01\0\0\0";
+        let err = check_is_component(core).expect_err("core module");
+        assert!(err.to_string().contains("core WebAssembly module"), "{err}");
+        let err = check_is_component(b"hello world").expect_err("garbage");
+        assert!(err.to_string().contains("not a WebAssembly file"), "{err}");
+        assert!(check_is_component(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+}

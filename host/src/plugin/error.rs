@@ -1,0 +1,127 @@
+use std::time::Duration;
+
+use super::Digest;
+
+/// Everything that can go wrong loading or calling a plugin, precise enough for the controller
+/// to set the right condition and for a user to act on.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// The bytes do not hash to the digest the policy pins.
+    #[error("plugin digest mismatch: expected {expected}, the bytes hash to {actual}")]
+    DigestMismatch {
+        /// The digest the caller asked for.
+        expected: Digest,
+        /// The digest of the bytes received.
+        actual: Digest,
+    },
+    /// Not a WebAssembly component, or one wasmtime cannot compile.
+    #[error("not a valid plugin component: {0}")]
+    InvalidComponent(String),
+    /// A component, but not one that implements the `wasmctrl:plugin` world.
+    #[error("component does not implement the wasmctrl plugin world: {0}")]
+    WrongWorld(String),
+    /// Implements the contract, but a version this host does not speak.
+    #[error(
+        "plugin implements contract wasmctrl:plugin@{found}, this host speaks @{supported}; rebuild the plugin with a matching SDK"
+    )]
+    ContractVersion {
+        /// The version the plugin exports.
+        found: String,
+        /// The version this host implements.
+        supported: &'static str,
+    },
+    /// The limits ask for more than the engine was configured to allow.
+    #[error("invalid plugin limits: {0}")]
+    InvalidLimits(String),
+    /// The plugin trapped (panic, unreachable, out-of-bounds access, exit, ...).
+    #[error("plugin trapped: {message}{}", plugin_said.as_deref().map(|m| format!(" (plugin said: {m})")).unwrap_or_default())]
+    Trap {
+        /// What wasmtime reported.
+        message: String,
+        /// The plugin's last error-level message before the trap, such as a panic message.
+        plugin_said: Option<String>,
+    },
+    /// The call ran past its wall-clock deadline and was interrupted.
+    #[error("plugin exceeded its {}ms deadline", timeout.as_millis())]
+    DeadlineExceeded {
+        /// The configured deadline.
+        timeout: Duration,
+    },
+    /// The plugin tried to grow its memory past the cap.
+    #[error(
+        "plugin exceeded its memory limit of {limit_bytes} bytes (asked for {requested_bytes})"
+    )]
+    MemoryExceeded {
+        /// The configured cap.
+        limit_bytes: usize,
+        /// The size the plugin tried to grow to.
+        requested_bytes: usize,
+    },
+    /// The response is bigger than allowed.
+    #[error("plugin output is {size_bytes} bytes, over the limit of {limit_bytes}")]
+    OutputTooLarge {
+        /// Bytes returned.
+        size_bytes: usize,
+        /// The configured limit.
+        limit_bytes: usize,
+    },
+    /// More children than allowed.
+    #[error("plugin returned {count} children, over the limit of {limit}")]
+    TooManyChildren {
+        /// Children returned.
+        count: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The response is not what the contract promises (e.g. a child that is not a JSON object).
+    #[error("plugin returned invalid output: {0}")]
+    InvalidOutput(String),
+    /// The plugin ran fine and reported that it could not decide.
+    #[error("plugin reported {kind}: {message}")]
+    Reported {
+        /// How the host should treat it.
+        kind: ReportedKind,
+        /// The plugin's explanation.
+        message: String,
+    },
+    /// The sandbox itself failed (e.g. the instance pool is exhausted).
+    #[error("plugin sandbox failure: {0}")]
+    Sandbox(String),
+}
+
+/// The kinds of error a plugin can report, mirroring the contract's `reconcile-error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportedKind {
+    /// The parent is malformed; retrying will not help until it changes.
+    InvalidParent,
+    /// May clear by itself; retry with backoff.
+    Transient,
+    /// Retrying will not help.
+    Permanent,
+}
+
+impl std::fmt::Display for ReportedKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::InvalidParent => "invalid parent",
+            Self::Transient => "a transient error",
+            Self::Permanent => "a permanent error",
+        })
+    }
+}
+
+impl PluginError {
+    /// True when retrying the same call could succeed (a deadline, a transient report or a
+    /// sandbox hiccup); false when only a change to the parent or the plugin helps.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::DeadlineExceeded { .. }
+                | Self::Sandbox(_)
+                | Self::Reported {
+                    kind: ReportedKind::Transient,
+                    ..
+                }
+        )
+    }
+}

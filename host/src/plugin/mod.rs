@@ -1,0 +1,228 @@
+//! Sandboxed reconcile plugins: loading, limits, and calls.
+//!
+//! The nouns, in the order a plugin meets them:
+//! - [`PluginEngine`]: one per process; compiles, caches and pre-instantiates components and
+//!   owns the instance pool and the deadline clock.
+//! - [`Plugin`]: one loaded, verified, pre-instantiated component with its [`Limits`]. Cheap
+//!   to clone and share; every call runs in a fresh sandbox, so calls are independent.
+//! - [`ReconcileRequest`] → [`ReconcileResponse`]: plain data. The controller never sees a
+//!   wasmtime type, and this module never sees a Kubernetes client.
+
+mod artifact_cache;
+mod call;
+mod contract;
+mod digest;
+mod engine;
+mod error;
+mod limits;
+mod sandbox;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::{Store, Trap};
+
+pub use call::{EventType, JsonObject, PluginEvent, ReconcileRequest, ReconcileResponse};
+pub use contract::CONTRACT_VERSION;
+pub use digest::{Digest, InvalidDigest};
+pub use engine::{EngineOptions, PluginEngine};
+pub use error::{PluginError, ReportedKind};
+pub use limits::Limits;
+
+use contract::PluginPre;
+use engine::{EPOCH_TICK, EngineInner};
+use sandbox::{MemoryCapExceeded, Sandbox};
+
+/// Facts about a loaded plugin, for status, logs and `wasmctrl plugin inspect`.
+#[derive(Debug, Clone)]
+pub struct PluginInfo {
+    /// Content digest of the component bytes.
+    pub digest: Digest,
+    /// Size of the component in bytes.
+    pub size_bytes: usize,
+    /// The `wasmctrl:plugin` contract version the plugin exports.
+    pub contract_version: Option<String>,
+    /// Names the component imports.
+    pub imports: Vec<String>,
+    /// Names the component exports.
+    pub exports: Vec<String>,
+    /// Time to compile, or to load the precompiled artifact.
+    pub load_time: Duration,
+    /// Whether the precompiled artifact came from the on-disk cache.
+    pub from_cache: bool,
+}
+
+/// A loaded plugin, ready to be called. Clones share the compiled code.
+#[derive(Clone)]
+pub struct Plugin {
+    inner: Arc<PluginInner>,
+}
+
+struct PluginInner {
+    engine: Arc<EngineInner>,
+    pre: PluginPre<Sandbox>,
+    limits: Limits,
+    info: PluginInfo,
+    /// `sha256:<short>` for log attribution.
+    label: String,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("digest", &self.inner.info.digest)
+            .field("limits", &self.inner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plugin {
+    fn new(
+        engine: Arc<EngineInner>,
+        pre: PluginPre<Sandbox>,
+        limits: Limits,
+        info: PluginInfo,
+    ) -> Self {
+        let label = format!("sha256:{}", info.digest.short());
+        Self {
+            inner: Arc::new(PluginInner {
+                engine,
+                pre,
+                limits,
+                info,
+                label,
+            }),
+        }
+    }
+
+    /// What was loaded.
+    pub fn info(&self) -> &PluginInfo {
+        &self.inner.info
+    }
+
+    /// The plugin's digest.
+    pub fn digest(&self) -> &Digest {
+        &self.inner.info.digest
+    }
+
+    /// The limits every call runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// Reconcile one parent without blocking the async runtime: the call runs on a blocking
+    /// thread once one of the engine's call slots is free.
+    pub async fn reconcile(
+        &self,
+        request: ReconcileRequest,
+    ) -> Result<ReconcileResponse, PluginError> {
+        let slot = self
+            .inner
+            .engine
+            .call_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| PluginError::Sandbox("the plugin engine is shutting down".into()))?;
+        let plugin = self.clone();
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            let _span = span.enter();
+            plugin.reconcile_blocking(request)
+        })
+        .await
+        .map_err(|e| PluginError::Sandbox(format!("plugin call task failed: {e}")))?
+    }
+
+    /// Reconcile one parent on the current thread, in a fresh sandbox.
+    ///
+    /// Blocks for up to the plugin's timeout. From async code use [`Plugin::reconcile`]. The
+    /// caller must not run more calls at once than the engine's `max_concurrent_calls`
+    /// ([`Plugin::reconcile`] enforces that); past it, instantiation fails with
+    /// [`PluginError::Sandbox`].
+    pub fn reconcile_blocking(
+        &self,
+        request: ReconcileRequest,
+    ) -> Result<ReconcileResponse, PluginError> {
+        let inner = &*self.inner;
+        let limits = &inner.limits;
+        let mut store = Store::new(
+            &inner.engine.engine,
+            Sandbox::new(inner.label.clone(), limits.memory_bytes),
+        );
+        store.limiter(|sandbox| &mut sandbox.memory);
+        store.set_epoch_deadline(deadline_ticks(limits.timeout));
+        store.epoch_deadline_trap();
+
+        let answer = inner.pre.instantiate(&mut store).and_then(|instance| {
+            instance
+                .wasmctrl_plugin_reconciler()
+                .call_reconcile(&mut store, &request.into())
+        });
+        store.data_mut().forward_stdio();
+        let dropped = store.data().log.dropped();
+        if dropped > 0 {
+            tracing::warn!(plugin = %inner.label, dropped, "plugin log budget exhausted; messages dropped");
+        }
+        match answer {
+            Ok(answer) => call::accept(answer, limits),
+            Err(error) => Err(classify_failure(error, store.data_mut(), limits)),
+        }
+    }
+}
+
+/// Ticks until the deadline: one more than the timeout needs, so the trap fires after the
+/// timeout (within one tick), never before.
+fn deadline_ticks(timeout: Duration) -> u64 {
+    let tick = EPOCH_TICK.as_nanos();
+    u64::try_from(timeout.as_nanos().div_ceil(tick)).unwrap_or(u64::MAX / 2) + 1
+}
+
+/// Turn a wasmtime failure into the precise [`PluginError`].
+fn classify_failure(error: wasmtime::Error, sandbox: &mut Sandbox, limits: &Limits) -> PluginError {
+    if let Some(cap) = error.downcast_ref::<MemoryCapExceeded>() {
+        return PluginError::MemoryExceeded {
+            limit_bytes: cap.limit,
+            requested_bytes: cap.requested,
+        };
+    }
+    if let Some(Trap::Interrupt) = error.downcast_ref::<Trap>() {
+        return PluginError::DeadlineExceeded {
+            timeout: limits.timeout,
+        };
+    }
+    if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return PluginError::Trap {
+            message: format!("plugin called exit({})", exit.0),
+            plugin_said: sandbox.log.last_failure(),
+        };
+    }
+    if let Some(trap) = error.downcast_ref::<Trap>() {
+        return PluginError::Trap {
+            message: trap.to_string(),
+            plugin_said: sandbox.log.last_failure(),
+        };
+    }
+    let message = format!("{error:#}");
+    if message.contains("maximum concurrent") || message.contains("pooling allocator") {
+        return PluginError::Sandbox(message);
+    }
+    PluginError::Trap {
+        message: error.root_cause().to_string(),
+        plugin_said: sandbox.log.last_failure(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_fires_after_the_timeout_never_before() {
+        let ticks = deadline_ticks(Duration::from_millis(100));
+        let earliest = EPOCH_TICK * u32::try_from(ticks - 1).expect("small");
+        assert!(earliest >= Duration::from_millis(100), "{earliest:?}");
+        assert!(EPOCH_TICK * u32::try_from(ticks).expect("small") <= Duration::from_millis(110));
+    }
+}

@@ -1,0 +1,101 @@
+//! Decoding a request into the plugin's types and running its [`Reconciler`].
+//!
+//! Both the Wasm export and the native test harness go through [`reconcile_raw`], so a test
+//! that passes natively exercises the same decoding the host will see; only the ABI differs.
+
+use crate::{Error, Observed, Reconciler, Request, Response};
+
+/// A reconcile request as it crosses the boundary: JSON text, like the WIT record.
+#[derive(Debug, Clone, Default)]
+pub struct RawRequest {
+    /// The parent object as JSON.
+    pub parent: String,
+    /// Observed children as JSON.
+    pub children: Vec<String>,
+    /// Related objects as JSON.
+    pub related: Vec<String>,
+    /// The plugin config as JSON, if any.
+    pub config: Option<String>,
+    /// The parent is being deleted.
+    pub finalizing: bool,
+}
+
+/// Decode `raw` and run `R::reconcile` on it.
+pub fn reconcile_raw<R: Reconciler>(raw: RawRequest) -> Result<Response, Error> {
+    let parent = serde_json::from_str(&raw.parent).map_err(|e| {
+        Error::invalid_parent(format!("parent does not match the plugin's type: {e}"))
+    })?;
+    let config = match raw.config.as_deref() {
+        None => R::Config::default(),
+        Some(json) => serde_json::from_str(json)
+            .map_err(|e| Error::permanent(format!("plugin config is invalid: {e}")))?,
+    };
+    let request = Request {
+        parent,
+        children: Observed::from_json(raw.children)?,
+        related: Observed::from_json(raw.related)?,
+        config,
+        finalizing: raw.finalizing,
+    };
+    R::reconcile(&request)
+}
+
+#[cfg(target_arch = "wasm32")]
+mod wasm {
+    use super::*;
+    use crate::EventType;
+    use crate::bindings::exports::wasmctrl::plugin::reconciler as wit;
+
+    /// Route panics to the host's log before the abort, so the host can report the message
+    /// alongside the trap instead of a bare `unreachable`.
+    fn install_panic_hook() {
+        std::panic::set_hook(Box::new(|info| {
+            crate::log::write(
+                crate::log::Level::Error,
+                &format!("plugin panicked: {info}"),
+            );
+        }));
+    }
+
+    /// The body of the exported `reconcile` function.
+    pub fn wasm_reconcile<R: Reconciler>(
+        request: wit::ReconcileRequest,
+    ) -> Result<wit::ReconcileResponse, wit::ReconcileError> {
+        install_panic_hook();
+        let raw = RawRequest {
+            parent: request.parent,
+            children: request.children,
+            related: request.related,
+            config: request.config,
+            finalizing: request.finalizing,
+        };
+        match reconcile_raw::<R>(raw) {
+            Ok(response) => Ok(wit::ReconcileResponse {
+                children: response.children,
+                status: response.status,
+                requeue_after_ms: response
+                    .requeue_after
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                events: response
+                    .events
+                    .into_iter()
+                    .map(|e| wit::Event {
+                        kind: match e.kind {
+                            EventType::Normal => wit::EventType::Normal,
+                            EventType::Warning => wit::EventType::Warning,
+                        },
+                        reason: e.reason,
+                        message: e.message,
+                    })
+                    .collect(),
+                finalized: response.finalized,
+            }),
+            Err(Error::InvalidParent(m)) => Err(wit::ReconcileError::InvalidParent(m)),
+            Err(Error::Transient(m)) => Err(wit::ReconcileError::Transient(m)),
+            Err(Error::Permanent(m)) => Err(wit::ReconcileError::Permanent(m)),
+        }
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+pub use wasm::wasm_reconcile;

@@ -1,0 +1,102 @@
+//! # wasmctrl plugin SDK
+//!
+//! A wasmctrl plugin decides, for one parent object, which child objects should exist and what
+//! the parent's status should say. The host does everything else: watching, caching, applying,
+//! pruning, writing status and recording events. This crate lets you write that decision as a
+//! plain Rust function over typed objects and export it as a WebAssembly component with one line.
+//!
+//! ```ignore
+//! use wasmctrl_plugin_sdk::{Reconciler, Request, Response, Error};
+//!
+//! struct MyApp;
+//! impl Reconciler for MyApp {
+//!     type Parent = my_types::MyApp;          // any `serde::Deserialize` type
+//!     type Config = serde_json::Value;        // the policy's `plugin.config`
+//!     fn reconcile(req: &Request<Self::Parent, Self::Config>) -> Result<Response, Error> {
+//!         let mut response = Response::new();
+//!         response.add_child(&some_deployment)?;
+//!         response.set_status(&my_status)?;
+//!         Ok(response)
+//!     }
+//! }
+//! wasmctrl_plugin_sdk::export_reconciler!(MyApp);
+//! ```
+//!
+//! The same function runs natively under `cargo test` through [`testing`], with the exact
+//! decoding and encoding the Wasm export uses, so plugin logic is tested without Wasm or a cluster.
+
+mod conditions;
+mod error;
+mod glue;
+pub mod labels;
+pub mod log;
+mod request;
+mod response;
+pub mod testing;
+
+pub use conditions::{Condition, ConditionStatus, set_condition};
+pub use error::Error;
+pub use glue::{RawRequest, reconcile_raw};
+pub use request::{Observed, ObservedObject, Request};
+pub use response::{Event, EventType, Response};
+
+/// Re-exported so plugins use the same Kubernetes types the SDK was built against.
+pub use k8s_openapi;
+/// Re-exported for building and reading untyped objects.
+pub use serde_json;
+
+/// The one trait a plugin implements.
+///
+/// `reconcile` must be a pure function of its request: the host may call it any number of
+/// times, on any replica, in a fresh sandbox each time (statics do not survive between calls).
+/// Returning the same response for the same request is what makes reconciliation idempotent.
+pub trait Reconciler {
+    /// The parent object's type. Usually a struct with `metadata`, `spec` and `status`.
+    type Parent: serde::de::DeserializeOwned;
+    /// The policy's plugin configuration. `Default` is used when the policy sets none.
+    type Config: serde::de::DeserializeOwned + Default;
+
+    /// Decide the desired children and status of `request.parent`.
+    fn reconcile(request: &Request<Self::Parent, Self::Config>) -> Result<Response, Error>;
+}
+
+/// The WIT bindings, generated from the contract in `wit/`. Used by [`export_reconciler!`];
+/// plugin code does not need to touch them.
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "plugin",
+        pub_export_macro: true,
+        export_macro_name: "__export_plugin",
+        default_bindings_module: "wasmctrl_plugin_sdk::bindings",
+    });
+}
+
+/// Exports a [`Reconciler`] as the component's `reconcile` function.
+///
+/// Expands to nothing on non-Wasm targets, so the same crate builds natively for tests.
+#[macro_export]
+macro_rules! export_reconciler {
+    ($reconciler:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            struct __WasmctrlExport;
+            impl $crate::bindings::exports::wasmctrl::plugin::reconciler::Guest for __WasmctrlExport {
+                fn reconcile(
+                    request: $crate::bindings::exports::wasmctrl::plugin::reconciler::ReconcileRequest,
+                ) -> ::core::result::Result<
+                    $crate::bindings::exports::wasmctrl::plugin::reconciler::ReconcileResponse,
+                    $crate::bindings::exports::wasmctrl::plugin::reconciler::ReconcileError,
+                > {
+                    $crate::__wasm_reconcile::<$reconciler>(request)
+                }
+            }
+            $crate::bindings::__export_plugin!(__WasmctrlExport with_types_in $crate::bindings);
+        };
+    };
+}
+
+#[doc(hidden)]
+#[cfg(target_arch = "wasm32")]
+pub use glue::wasm_reconcile as __wasm_reconcile;

@@ -1,0 +1,69 @@
+//! Run a plugin natively, in `cargo test`, through the same decoding the Wasm export uses.
+//!
+//! ```ignore
+//! let response = TestRequest::new(&my_app)
+//!     .child(&observed_deployment)
+//!     .reconcile::<MyAppReconciler>()?;
+//! let deployment: Deployment = response.child("web").unwrap();
+//! ```
+
+use serde::Serialize;
+
+use crate::{Error, RawRequest, Reconciler, Response, reconcile_raw};
+
+/// A reconcile request built from typed objects.
+#[derive(Debug, Clone, Default)]
+pub struct TestRequest {
+    raw: RawRequest,
+}
+
+fn to_json<T: Serialize + ?Sized>(what: &str, value: &T) -> String {
+    serde_json::to_string(value)
+        .unwrap_or_else(|e| panic!("test {what} does not serialize to JSON: {e}"))
+}
+
+impl TestRequest {
+    /// A request for `parent`.
+    pub fn new<P: Serialize + ?Sized>(parent: &P) -> Self {
+        Self {
+            raw: RawRequest {
+                parent: to_json("parent", parent),
+                ..RawRequest::default()
+            },
+        }
+    }
+
+    /// Add an observed child.
+    pub fn child<T: Serialize + ?Sized>(mut self, child: &T) -> Self {
+        self.raw.children.push(to_json("child", child));
+        self
+    }
+
+    /// Add a related object.
+    pub fn related<T: Serialize + ?Sized>(mut self, object: &T) -> Self {
+        self.raw.related.push(to_json("related object", object));
+        self
+    }
+
+    /// Set the plugin config.
+    pub fn config<T: Serialize + ?Sized>(mut self, config: &T) -> Self {
+        self.raw.config = Some(to_json("config", config));
+        self
+    }
+
+    /// Mark the parent as being deleted.
+    pub fn finalizing(mut self) -> Self {
+        self.raw.finalizing = true;
+        self
+    }
+
+    /// The request as it would cross the Wasm boundary.
+    pub fn into_raw(self) -> RawRequest {
+        self.raw
+    }
+
+    /// Run `R` on this request.
+    pub fn reconcile<R: Reconciler>(self) -> Result<Response, Error> {
+        reconcile_raw::<R>(self.raw)
+    }
+}
