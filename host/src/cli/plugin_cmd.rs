@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use super::input;
 use crate::plugin::{
-    CONTRACT_VERSION, Digest, EngineOptions, JsonObject, Limits, Plugin, PluginEngine, PluginEvent,
-    ReconcileRequest, ReconcileResponse,
+    CONTRACT_VERSION, Digest, EngineOptions, JsonObject, Limits, ObservedObject, Plugin,
+    PluginEngine, PluginEvent, ReconcileRequest, ReconcileResponse,
 };
 
 /// Offline plugin commands.
@@ -198,10 +198,14 @@ impl PluginCommand {
     }
 }
 
-fn read_all(paths: &[PathBuf]) -> anyhow::Result<Vec<String>> {
+fn read_all(paths: &[PathBuf]) -> anyhow::Result<Vec<ObservedObject>> {
     let mut objects = Vec::new();
     for path in paths {
-        objects.extend(input::read_objects(path)?.iter().map(|o| o.to_string()));
+        objects.extend(
+            input::read_objects(path)?
+                .iter()
+                .map(ObservedObject::from_value),
+        );
     }
     Ok(objects)
 }

@@ -18,13 +18,51 @@ pub struct ReconcileRequest {
     /// The parent object.
     pub parent: String,
     /// Observed children owned by the parent.
-    pub children: Vec<String>,
+    pub children: Vec<ObservedObject>,
     /// Related read-only objects.
-    pub related: Vec<String>,
+    pub related: Vec<ObservedObject>,
     /// The policy's plugin config.
     pub config: Option<String>,
     /// The parent is being deleted.
     pub finalizing: bool,
+}
+
+/// An observed object and its identity. The host knows the identity from its caches, so the
+/// plugin does not have to parse every object to find the ones it wants.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ObservedObject {
+    /// `apiVersion`.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// The object as JSON.
+    pub json: String,
+}
+
+impl ObservedObject {
+    /// Describe `object`, reading its identity from its fields (absent fields read as empty).
+    pub fn from_value(object: &Value) -> Self {
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        Self {
+            api_version: text(&object["apiVersion"]),
+            kind: text(&object["kind"]),
+            name: text(&object["metadata"]["name"]),
+            json: object.to_string(),
+        }
+    }
+}
+
+impl From<ObservedObject> for wit::Observed {
+    fn from(o: ObservedObject) -> Self {
+        Self {
+            api_version: o.api_version,
+            kind: o.kind,
+            name: o.name,
+            object: o.json,
+        }
+    }
 }
 
 /// A plugin's decision, validated: every child and the status are JSON objects, and the whole
@@ -68,8 +106,8 @@ impl From<ReconcileRequest> for wit::ReconcileRequest {
     fn from(r: ReconcileRequest) -> Self {
         Self {
             parent: r.parent,
-            children: r.children,
-            related: r.related,
+            children: r.children.into_iter().map(Into::into).collect(),
+            related: r.related.into_iter().map(Into::into).collect(),
             config: r.config,
             finalizing: r.finalizing,
         }

@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use wasmtime::{Store, Trap};
 
-pub use call::{EventType, JsonObject, PluginEvent, ReconcileRequest, ReconcileResponse};
+pub use call::{
+    EventType, JsonObject, ObservedObject, PluginEvent, ReconcileRequest, ReconcileResponse,
+};
 pub use contract::CONTRACT_VERSION;
 pub use digest::{Digest, InvalidDigest};
 pub use engine::{EngineOptions, PluginEngine};
@@ -110,29 +112,37 @@ impl Plugin {
         &self.inner.limits
     }
 
-    /// Reconcile one parent without blocking the async runtime: the call runs on a blocking
-    /// thread once one of the engine's call slots is free.
+    /// Reconcile one parent without blocking the async runtime.
+    ///
+    /// The call waits for one of the engine's call slots, then runs on the current worker
+    /// thread inside `block_in_place`, which hands this worker's other tasks to another
+    /// thread for the duration: no thread hop on the fast path, and nothing else stalls
+    /// behind a slow plugin. On a current-thread runtime, where that is impossible, the call
+    /// goes to the blocking pool instead.
     pub async fn reconcile(
         &self,
         request: ReconcileRequest,
     ) -> Result<ReconcileResponse, PluginError> {
-        let slot = self
+        let _slot = self
             .inner
             .engine
             .call_slots
-            .clone()
-            .acquire_owned()
+            .acquire()
             .await
             .map_err(|_| PluginError::Sandbox("the plugin engine is shutting down".into()))?;
-        let plugin = self.clone();
-        let span = tracing::Span::current();
-        tokio::task::spawn_blocking(move || {
-            let _slot = slot;
-            let _span = span.enter();
-            plugin.reconcile_blocking(request)
-        })
-        .await
-        .map_err(|e| PluginError::Sandbox(format!("plugin call task failed: {e}")))?
+        match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::CurrentThread => {
+                let plugin = self.clone();
+                let span = tracing::Span::current();
+                tokio::task::spawn_blocking(move || {
+                    let _span = span.enter();
+                    plugin.reconcile_blocking(request)
+                })
+                .await
+                .map_err(|e| PluginError::Sandbox(format!("plugin call task failed: {e}")))?
+            }
+            _ => tokio::task::block_in_place(|| self.reconcile_blocking(request)),
+        }
     }
 
     /// Reconcile one parent on the current thread, in a fresh sandbox.

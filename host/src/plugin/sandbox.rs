@@ -43,18 +43,15 @@ impl Sandbox {
         let Some(wasi) = &self.wasi else { return };
         for (stream, pipe) in [("stdout", &wasi.stdout), ("stderr", &wasi.stderr)] {
             let bytes = pipe.contents();
-            for line in String::from_utf8_lossy(&bytes).lines() {
-                if !line.trim().is_empty() {
-                    tracing::info!(plugin = %self.plugin, stream, "{line}");
-                }
+            let text = String::from_utf8_lossy(&bytes);
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                tracing::info!(plugin = %self.plugin, stream, "{line}");
             }
-            if stream == "stderr" {
-                if let Some(last) = String::from_utf8_lossy(&bytes)
-                    .lines()
-                    .rfind(|l| !l.trim().is_empty())
-                {
-                    self.log.remember_failure(last);
-                }
+            // A plugin not built with the SDK reports a panic on stderr.
+            if stream == "stderr"
+                && let Some(last) = text.lines().rfind(|l| !l.trim().is_empty())
+            {
+                self.log.remember_failure(last);
             }
         }
     }
@@ -134,8 +131,9 @@ impl GuestLog {
         Some(message)
     }
 
+    /// Kept on one line: it ends up in conditions, events and the CLI's one-line errors.
     fn remember_failure(&mut self, message: &str) {
-        let mut message = message.to_owned();
+        let mut message = message.split_whitespace().collect::<Vec<_>>().join(" ");
         truncate_on_char_boundary(&mut message, MAX_LOG_MESSAGE_BYTES);
         self.last_failure = Some(message);
     }
@@ -184,7 +182,7 @@ impl MemoryCap {
 }
 
 /// Tables hold function references; no honest plugin needs more than this many entries.
-const MAX_TABLE_ELEMENTS: usize = 100_000;
+const MAX_TABLE_ELEMENTS: usize = 20_000;
 
 impl ResourceLimiter for MemoryCap {
     fn memory_growing(

@@ -3,17 +3,17 @@
 //! Both the Wasm export and the native test harness go through [`reconcile_raw`], so a test
 //! that passes natively exercises the same decoding the host will see; only the ABI differs.
 
-use crate::{Error, Observed, Reconciler, Request, Response};
+use crate::{Error, Observed, ObservedObject, Reconciler, Request, Response};
 
 /// A reconcile request as it crosses the boundary: JSON text, like the WIT record.
 #[derive(Debug, Clone, Default)]
 pub struct RawRequest {
     /// The parent object as JSON.
     pub parent: String,
-    /// Observed children as JSON.
-    pub children: Vec<String>,
-    /// Related objects as JSON.
-    pub related: Vec<String>,
+    /// Observed children.
+    pub children: Vec<ObservedObject>,
+    /// Related objects.
+    pub related: Vec<ObservedObject>,
     /// The plugin config as JSON, if any.
     pub config: Option<String>,
     /// The parent is being deleted.
@@ -32,8 +32,8 @@ pub fn reconcile_raw<R: Reconciler>(raw: RawRequest) -> Result<Response, Error> 
     };
     let request = Request {
         parent,
-        children: Observed::from_json(raw.children)?,
-        related: Observed::from_json(raw.related)?,
+        children: Observed::new(raw.children),
+        related: Observed::new(raw.related),
         config,
         finalizing: raw.finalizing,
     };
@@ -62,10 +62,20 @@ mod wasm {
         request: wit::ReconcileRequest,
     ) -> Result<wit::ReconcileResponse, wit::ReconcileError> {
         install_panic_hook();
+        let observed = |list: Vec<wit::Observed>| {
+            list.into_iter()
+                .map(|o| ObservedObject {
+                    api_version: o.api_version,
+                    kind: o.kind,
+                    name: o.name,
+                    json: o.object,
+                })
+                .collect()
+        };
         let raw = RawRequest {
             parent: request.parent,
-            children: request.children,
-            related: request.related,
+            children: observed(request.children),
+            related: observed(request.related),
             config: request.config,
             finalizing: request.finalizing,
         };

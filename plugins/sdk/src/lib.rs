@@ -75,10 +75,17 @@ pub mod bindings {
 
 /// Exports a [`Reconciler`] as the component's `reconcile` function.
 ///
-/// Expands to nothing on non-Wasm targets, so the same crate builds natively for tests.
+/// On non-Wasm targets nothing is exported (the same crate builds natively for tests); the
+/// reconciler is still referenced, so it type-checks and counts as used.
 #[macro_export]
 macro_rules! export_reconciler {
     ($reconciler:ty) => {
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: fn(
+            $crate::RawRequest,
+        ) -> ::core::result::Result<$crate::Response, $crate::Error> =
+            $crate::reconcile_raw::<$reconciler>;
+
         #[cfg(target_arch = "wasm32")]
         const _: () = {
             struct __WasmctrlExport;

@@ -40,7 +40,7 @@ pub struct ObservedObject {
     pub json: String,
 }
 
-/// Just enough of an object to find it. serde skips everything else without building it.
+/// Just enough of an object to identify it. serde skips everything else without building it.
 #[derive(Deserialize)]
 struct Header {
     #[serde(rename = "apiVersion", default)]
@@ -57,24 +57,25 @@ struct HeaderMeta {
     name: String,
 }
 
+impl ObservedObject {
+    /// An observed object from its JSON, reading its identity from it. The host sends the
+    /// identity alongside the object, so this is only needed for objects built in tests.
+    pub fn from_json(json: String) -> Result<Self, Error> {
+        let header: Header = serde_json::from_str(&json)
+            .map_err(|e| Error::permanent(format!("observed object is not valid JSON: {e}")))?;
+        Ok(Self {
+            api_version: header.api_version,
+            kind: header.kind,
+            name: header.metadata.name,
+            json,
+        })
+    }
+}
+
 impl Observed {
-    /// Index raw JSON objects. Fails if one is not a JSON object.
-    pub fn from_json(objects: Vec<String>) -> Result<Self, Error> {
-        let objects = objects
-            .into_iter()
-            .map(|json| {
-                let header: Header = serde_json::from_str(&json).map_err(|e| {
-                    Error::permanent(format!("observed object is not valid JSON: {e}"))
-                })?;
-                Ok(ObservedObject {
-                    api_version: header.api_version,
-                    kind: header.kind,
-                    name: header.metadata.name,
-                    json,
-                })
-            })
-            .collect::<Result<_, Error>>()?;
-        Ok(Self { objects })
+    /// A set of observed objects.
+    pub fn new(objects: Vec<ObservedObject>) -> Self {
+        Self { objects }
     }
 
     /// All observed objects, in the order the host sent them.

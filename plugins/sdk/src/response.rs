@@ -50,6 +50,13 @@ impl Response {
         Ok(self)
     }
 
+    /// Add a desired child that is already JSON text (e.g. rendered from a template). It is
+    /// not checked here; the host rejects a response whose children are not JSON objects.
+    pub fn add_child_json(&mut self, json: String) -> &mut Self {
+        self.children.push(json);
+        self
+    }
+
     /// Set the parent's desired status (serialized as a JSON object).
     pub fn set_status<T: Serialize + ?Sized>(&mut self, status: &T) -> Result<&mut Self, Error> {
         self.status = Some(serde_json::to_string(status)?);

@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::{Error, RawRequest, Reconciler, Response, reconcile_raw};
+use crate::{Error, ObservedObject, RawRequest, Reconciler, Response, reconcile_raw};
 
 /// A reconcile request built from typed objects.
 #[derive(Debug, Clone, Default)]
@@ -20,6 +20,11 @@ pub struct TestRequest {
 fn to_json<T: Serialize + ?Sized>(what: &str, value: &T) -> String {
     serde_json::to_string(value)
         .unwrap_or_else(|e| panic!("test {what} does not serialize to JSON: {e}"))
+}
+
+fn observed<T: Serialize + ?Sized>(what: &str, value: &T) -> ObservedObject {
+    ObservedObject::from_json(to_json(what, value))
+        .unwrap_or_else(|e| panic!("test {what} is not an object: {e}"))
 }
 
 impl TestRequest {
@@ -35,13 +40,13 @@ impl TestRequest {
 
     /// Add an observed child.
     pub fn child<T: Serialize + ?Sized>(mut self, child: &T) -> Self {
-        self.raw.children.push(to_json("child", child));
+        self.raw.children.push(observed("child", child));
         self
     }
 
     /// Add a related object.
     pub fn related<T: Serialize + ?Sized>(mut self, object: &T) -> Self {
-        self.raw.related.push(to_json("related object", object));
+        self.raw.related.push(observed("related object", object));
         self
     }
 

@@ -1,0 +1,103 @@
+//! Golden tests of `wasmctrl plugin run` with the MyApp plugin: each directory under
+//! `tests/golden/myapp/` holds a parent, optional observed children (`children.yaml` or
+//! `children.json`), optional extra `args`, and the expected stdout (`expected.yaml`/`.json`)
+//! or, for failures, the expected one-line error (`expected-error.txt`).
+//!
+//! After an intended change, regenerate with `WASMCTRL_BLESS=1 cargo test -p wasmctrl --test cli_golden`
+//! and review the diff.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn golden_cases() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/myapp");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("golden directory")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.is_dir())
+        .collect();
+    cases.sort();
+    cases
+}
+
+fn run_case(case: &Path, plugin: &Path) -> (bool, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_wasmctrl"));
+    // Run inside the case directory with relative paths, so messages naming a file are the
+    // same wherever the repository is checked out.
+    command
+        .current_dir(case)
+        .env("WASMCTRL_LOG", "off")
+        .arg("--cache-dir")
+        .arg(support::workspace_root().join("target/test-artifact-cache"))
+        .args(["plugin", "run"])
+        .arg(plugin)
+        .args(["--parent", "parent.yaml"]);
+    for children in ["children.yaml", "children.json"] {
+        if case.join(children).exists() {
+            command.args(["--children", children]);
+        }
+    }
+    if let Ok(args) = std::fs::read_to_string(case.join("args")) {
+        command.args(args.split_whitespace());
+    }
+    let output = command.output().expect("run wasmctrl");
+    (
+        output.status.success(),
+        String::from_utf8(output.stdout).expect("utf-8 stdout"),
+        String::from_utf8(output.stderr).expect("utf-8 stderr"),
+    )
+}
+
+#[test]
+fn myapp_plugin_run_matches_golden_output() {
+    let plugin = support::guest("myapp_plugin");
+    let bless = std::env::var_os("WASMCTRL_BLESS").is_some();
+    let mut failures = Vec::new();
+    let cases = golden_cases();
+    assert!(cases.len() >= 8, "golden cases missing");
+    for case in &cases {
+        let name = case
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let (ok, stdout, stderr) = run_case(case, &plugin);
+        let is_json = case.join("expected.json").exists()
+            || std::fs::read_to_string(case.join("args")).is_ok_and(|a| a.contains("json"));
+        let (expected_path, actual) = if case.join("expected-error.txt").exists() {
+            if ok {
+                failures.push(format!("{name}: expected failure, got success:\n{stdout}"));
+                continue;
+            }
+            let lines: Vec<&str> = stderr.lines().collect();
+            if lines.len() != 1 {
+                failures.push(format!("{name}: error must be one line, got:\n{stderr}"));
+            }
+            (case.join("expected-error.txt"), stderr)
+        } else {
+            if !ok {
+                failures.push(format!("{name}: failed: {stderr}"));
+                continue;
+            }
+            let file = if is_json {
+                "expected.json"
+            } else {
+                "expected.yaml"
+            };
+            (case.join(file), stdout)
+        };
+        if bless {
+            std::fs::write(&expected_path, &actual).expect("bless");
+        }
+        let expected = std::fs::read_to_string(&expected_path).unwrap_or_default();
+        if expected != actual {
+            failures.push(format!(
+                "{name}: output differs from {}\n--- expected\n{expected}\n--- actual\n{actual}",
+                expected_path.display()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

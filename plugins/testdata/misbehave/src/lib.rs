@@ -1,0 +1,102 @@
+//! A plugin that misbehaves on demand, to prove the sandbox holds. The policy config picks
+//! the behaviour: `{"behavior": "loop"}`. Without one it behaves, echoing what it saw.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use wasmctrl_plugin_sdk::{Error, Reconciler, Request, Response};
+
+#[derive(Deserialize, Default)]
+struct Config {
+    #[serde(default)]
+    behavior: String,
+}
+
+/// Calls seen by this instance. A fresh sandbox per call means it is always 1.
+static CALLS: AtomicU32 = AtomicU32::new(0);
+
+struct Misbehave;
+
+impl Reconciler for Misbehave {
+    type Parent = Value;
+    type Config = Config;
+
+    fn reconcile(request: &Request<Value, Config>) -> Result<Response, Error> {
+        let calls = CALLS.fetch_add(1, Ordering::SeqCst) + 1;
+        let name = request.parent["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let mut response = Response::new();
+        match request.config.behavior.as_str() {
+            "loop" => {
+                let mut n = 0u64;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "grow-memory" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "panic" => panic!("deliberate panic while reconciling {name}"),
+            "exit" => std::process::exit(3),
+            "sleep" => std::thread::sleep(std::time::Duration::from_secs(3600)),
+            "big-output" => {
+                let filler = "x".repeat(100 << 20);
+                response.add_child(&json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name}, "data": {"big": filler},
+                }))?;
+            }
+            "invalid-json" => {
+                response.add_child_json("{\"apiVersion\": \"v1\", \"kind\": ".to_owned());
+            }
+            "error" => return Err(Error::transient(format!("backend for {name} unavailable"))),
+            "log-flood" => {
+                for i in 0..100_000 {
+                    wasmctrl_plugin_sdk::info!("flood message {i} for {name}");
+                }
+            }
+            "escape" => {
+                response.set_status(&json!({
+                    "file": attempt(std::fs::read_to_string("/etc/passwd")),
+                    "dir": attempt(std::fs::read_dir(".").map(|d| d.count())),
+                    "env": attempt(std::env::var("HOME")),
+                    "envCount": std::env::vars().count(),
+                    "args": std::env::args().count(),
+                    "socket": attempt(std::net::TcpStream::connect("127.0.0.1:6443")),
+                    "stdin": attempt(std::io::read_to_string(std::io::stdin())),
+                    "wallClock": std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(u64::MAX),
+                }))?;
+                return Ok(response);
+            }
+            "stderr" => eprintln!("misbehave reconciled {name}"),
+            _ => {}
+        }
+        response.set_status(&json!({
+            "parent": name,
+            "calls": calls,
+            "children": request.children.len(),
+            "related": request.related.len(),
+        }))?;
+        Ok(response)
+    }
+}
+
+/// `"ok: …"` if the attempt worked (a sandbox hole), else `"denied: <error>"`.
+fn attempt<T: std::fmt::Debug, E: std::fmt::Display>(result: Result<T, E>) -> String {
+    match result {
+        Ok(value) => format!("ok: {value:?}"),
+        Err(error) => format!("denied: {error}"),
+    }
+}
+
+wasmctrl_plugin_sdk::export_reconciler!(Misbehave);
