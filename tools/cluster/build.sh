@@ -7,11 +7,15 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache_root=${WASMCTRL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wasmctrl}
-key=$( (go version; cat "$here"/*/go.mod "$here"/*/go.sum "$here/build.sh") | sha256sum | cut -c1-16)
+# The key covers what decides the binaries: the Go toolchain and the pins.
+key=$( (go version; cat "$here"/*/go.mod "$here"/*/go.sum) | sha256sum | cut -c1-16)
 out="$cache_root/cluster/$key"
 bins=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
 
-complete() { for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || return 1; done; }
+complete() {
+  for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || return 1; done
+  [ -s "$out/bin/kwok-stages.yaml" ]
+}
 if complete; then echo "$out/bin"; exit 0; fi
 
 mkdir -p "$out/bin"
@@ -36,4 +40,15 @@ for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   [ -x "$out/bin/$c" ] || build kubernetes "k8s.io/kubernetes/cmd/$c" "$c"
 done
 [ -x "$out/bin/kwok" ] || build kwok sigs.k8s.io/kwok/cmd/kwok kwok
+
+# kwok needs "stages" saying how simulated nodes and pods progress: take the fast ones shipped
+# in the pinned kwok module (nodes Ready at once with heartbeats, pods Running/Ready at once).
+if [ ! -s "$out/bin/kwok-stages.yaml" ]; then
+  stages=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
+  for f in "$stages"/node/fast/node-initialize.yaml "$stages"/node/heartbeat/node-heartbeat.yaml \
+           "$stages"/pod/fast/pod-ready.yaml "$stages"/pod/fast/pod-complete.yaml "$stages"/pod/fast/pod-delete.yaml; do
+    echo "---"; cat "$f"
+  done > "$out/bin/kwok-stages.yaml.tmp"
+  mv "$out/bin/kwok-stages.yaml.tmp" "$out/bin/kwok-stages.yaml"
+fi
 echo "$out/bin"

@@ -1,1 +1,44 @@
-fn main() {}
+//! Developer automation: `cargo xtask <command>`. Every command installs what it needs
+//! (the wasm32-wasip2 target, the control plane binaries) before it runs.
+
+mod cluster_cmd;
+mod tasks;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "wasmctrl developer tasks")]
+struct Xtask {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install the wasm32-wasip2 target if it is missing.
+    Setup,
+    /// Build every plugin component (target/wasm32-wasip2/plugin/*.wasm).
+    BuildPlugins,
+    /// Regenerate the CRD YAML in crds/ from the Rust types.
+    Crds,
+    /// Manage the local control plane.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster_cmd::ClusterCommand,
+    },
+    /// Run the whole test suite: formatting, lints, unit, plugin and end-to-end tests.
+    Test,
+    /// Run the benchmarks and print their tables for BENCHMARKS.md.
+    Bench,
+}
+
+fn main() -> anyhow::Result<()> {
+    match Xtask::parse().command {
+        Command::Setup => tasks::setup(),
+        Command::BuildPlugins => tasks::build_plugins(),
+        Command::Crds => tasks::crds(),
+        Command::Cluster { command } => cluster_cmd::run(command),
+        Command::Test => tasks::test(),
+        Command::Bench => tasks::bench(),
+    }
+}

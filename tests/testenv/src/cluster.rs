@@ -1,0 +1,560 @@
+//! Starting, finding and stopping a local control plane: etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler and kwok (a simulated node), on loopback, on free
+//! ports, from binaries built by `tools/cluster/build.sh`.
+//!
+//! A cluster lives in a state directory holding its certificates, data, logs, kubeconfig and a
+//! `state.json` naming every process by pid. `stop` kills those pids and removes the directory;
+//! `start` on a directory whose cluster is half dead (say, the API server was killed) stops
+//! the rest first, so a crashed run never breaks the next one.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::api::{Api, PostParams};
+use serde::{Deserialize, Serialize};
+
+use crate::pki;
+
+/// The annotation kwok uses to pick the nodes it simulates.
+const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+/// The simulated node's name.
+pub const NODE_NAME: &str = "kwok-node-0";
+
+/// Where the control plane binaries are.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    dir: PathBuf,
+}
+
+impl Binaries {
+    /// Build (or find in the cache) the binaries pinned in `tools/cluster/`. The first build
+    /// takes several minutes; progress goes to stderr.
+    pub fn build(repo_root: &Path) -> anyhow::Result<Self> {
+        let script = repo_root.join("tools/cluster/build.sh");
+        let output = Command::new("bash")
+            .arg(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        if !output.status.success() {
+            bail!(
+                "{} failed (exit {}); see the messages above",
+                script.display(),
+                output.status
+            );
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let dir = stdout
+            .lines()
+            .last()
+            .context("build.sh printed no binary directory")?;
+        Ok(Self {
+            dir: PathBuf::from(dir.trim()),
+        })
+    }
+
+    /// The path of one binary.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The directory holding them (to put on `PATH` for `kubectl`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// One running component.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Component {
+    /// `etcd`, `kube-apiserver`, …
+    pub name: String,
+    /// Its process id.
+    pub pid: u32,
+    /// The port it serves on.
+    pub port: u16,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+/// A started control plane, as recorded in `state.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ControlPlane {
+    /// The state directory.
+    pub dir: PathBuf,
+    /// The admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// `https://127.0.0.1:<port>`.
+    pub server: String,
+    /// Where the binaries are (for `kubectl`).
+    pub bin_dir: PathBuf,
+    /// The API server's audit log (writes only).
+    pub audit_log: PathBuf,
+    /// Every process, in start order.
+    pub components: Vec<Component>,
+}
+
+/// How the processes relate to the one starting them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifetime {
+    /// They keep running after the starter exits (`cargo xtask cluster up`).
+    Detached,
+    /// The kernel kills them when the starting thread exits (test runs). Start from a thread
+    /// that lives as long as the cluster should.
+    TiedToStarter,
+}
+
+impl ControlPlane {
+    /// The cluster recorded in `dir`, if any.
+    pub fn load(dir: &Path) -> anyhow::Result<Option<Self>> {
+        let path = dir.join("state.json");
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(
+                serde_json::from_slice(&bytes)
+                    .with_context(|| format!("reading {}", path.display()))?,
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    /// Whether every recorded process is still alive.
+    pub fn all_alive(&self) -> bool {
+        self.components.iter().all(|c| is_alive(c.pid))
+    }
+
+    /// Start a control plane in `dir`, replacing whatever was recorded there, and wait until
+    /// it is ready: `/readyz` ok, the simulated node Ready, and the `default` service account
+    /// present.
+    pub async fn start(
+        dir: &Path,
+        binaries: &Binaries,
+        lifetime: Lifetime,
+    ) -> anyhow::Result<Self> {
+        if let Some(old) = Self::load(dir)? {
+            old.stop();
+        }
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir.join("logs"))?;
+        let dir = dir.canonicalize()?;
+        let pki_dir = dir.join("pki");
+        pki::generate(&pki_dir)?;
+        let pki = |name: &str| pki_dir.join(name).display().to_string();
+
+        let etcd_port = free_port()?;
+        let etcd_peer_port = free_port()?;
+        let api_port = free_port()?;
+        let server = format!("https://127.0.0.1:{api_port}");
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &server, &pki_dir)?;
+        let audit_policy = dir.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, AUDIT_POLICY)?;
+        let audit_log = dir.join("logs/audit.log");
+
+        let mut plane = Self {
+            dir: dir.clone(),
+            kubeconfig: kubeconfig.clone(),
+            server: server.clone(),
+            bin_dir: binaries.dir().to_path_buf(),
+            audit_log: audit_log.clone(),
+            components: Vec::new(),
+        };
+        let result = async {
+            let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+            let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
+            plane.spawn(
+                binaries,
+                lifetime,
+                "etcd",
+                etcd_port,
+                &[
+                    "--name=default".into(),
+                    format!("--data-dir={}", dir.join("etcd").display()),
+                    format!("--listen-client-urls={etcd_url}"),
+                    format!("--advertise-client-urls={etcd_url}"),
+                    format!("--listen-peer-urls={peer_url}"),
+                    format!("--initial-advertise-peer-urls={peer_url}"),
+                    format!("--initial-cluster=default={peer_url}"),
+                    "--unsafe-no-fsync=true".into(),
+                    "--log-level=warn".into(),
+                ],
+            )?;
+            wait_for_port(etcd_port, Duration::from_secs(30))
+                .await
+                .context("etcd did not start")?;
+
+            let kubeconfig_arg = format!("--kubeconfig={}", kubeconfig.display());
+            plane.spawn(
+                binaries,
+                lifetime,
+                "kube-apiserver",
+                api_port,
+                &[
+                    format!("--etcd-servers={etcd_url}"),
+                    "--bind-address=127.0.0.1".into(),
+                    "--advertise-address=127.0.0.1".into(),
+                    // Loopback may not appear in the kubernetes Service endpoints; nothing here
+                    // reaches the API server through that Service anyway.
+                    "--endpoint-reconciler-type=none".into(),
+                    format!("--secure-port={api_port}"),
+                    format!("--tls-cert-file={}", pki(pki::SERVING_CERT)),
+                    format!("--tls-private-key-file={}", pki(pki::SERVING_KEY)),
+                    format!("--client-ca-file={}", pki(pki::CA_CERT)),
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                    format!(
+                        "--service-account-key-file={}",
+                        pki(pki::SERVICE_ACCOUNT_PUB)
+                    ),
+                    format!(
+                        "--service-account-signing-key-file={}",
+                        pki(pki::SERVICE_ACCOUNT_KEY)
+                    ),
+                    "--authorization-mode=Node,RBAC".into(),
+                    "--enable-admission-plugins=NodeRestriction".into(),
+                    "--service-cluster-ip-range=10.96.0.0/16".into(),
+                    "--allow-privileged=true".into(),
+                    format!("--audit-policy-file={}", audit_policy.display()),
+                    format!("--audit-log-path={}", audit_log.display()),
+                    format!("--cert-dir={}", dir.join("apiserver-certs").display()),
+                ],
+            )?;
+            let client = admin_client(&kubeconfig).await?;
+            let components = plane.components.clone();
+            wait_until(
+                "the API server to be ready",
+                Duration::from_secs(90),
+                &components,
+                || async {
+                    client
+                        .request_text(http_get("/readyz")?)
+                        .await
+                        .map(|body| body.trim() == "ok")
+                        .map_err(anyhow::Error::from)
+                },
+            )
+            .await?;
+
+            let cm_port = free_port()?;
+            plane.spawn(
+                binaries,
+                lifetime,
+                "kube-controller-manager",
+                cm_port,
+                &[
+                    kubeconfig_arg.clone(),
+                    format!("--authentication-kubeconfig={}", kubeconfig.display()),
+                    format!("--authorization-kubeconfig={}", kubeconfig.display()),
+                    "--bind-address=127.0.0.1".into(),
+                    format!("--secure-port={cm_port}"),
+                    format!(
+                        "--cert-dir={}",
+                        dir.join("controller-manager-certs").display()
+                    ),
+                    format!(
+                        "--service-account-private-key-file={}",
+                        pki(pki::SERVICE_ACCOUNT_KEY)
+                    ),
+                    format!("--root-ca-file={}", pki(pki::CA_CERT)),
+                    format!("--cluster-signing-cert-file={}", pki(pki::CA_CERT)),
+                    format!("--cluster-signing-key-file={}", pki(pki::CA_KEY)),
+                    "--use-service-account-credentials=true".into(),
+                    "--leader-elect=false".into(),
+                ],
+            )?;
+            let scheduler_port = free_port()?;
+            plane.spawn(
+                binaries,
+                lifetime,
+                "kube-scheduler",
+                scheduler_port,
+                &[
+                    kubeconfig_arg.clone(),
+                    format!("--authentication-kubeconfig={}", kubeconfig.display()),
+                    format!("--authorization-kubeconfig={}", kubeconfig.display()),
+                    "--bind-address=127.0.0.1".into(),
+                    format!("--secure-port={scheduler_port}"),
+                    format!("--cert-dir={}", dir.join("scheduler-certs").display()),
+                    "--leader-elect=false".into(),
+                ],
+            )?;
+            let kwok_port = free_port()?;
+            plane.spawn(
+                binaries,
+                lifetime,
+                "kwok",
+                kwok_port,
+                &[
+                    kubeconfig_arg,
+                    format!("--config={}", binaries.path("kwok-stages.yaml").display()),
+                    format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
+                    format!("--server-address=127.0.0.1:{kwok_port}"),
+                    "--cidr=10.244.0.0/16".into(),
+                    "--node-ip=10.0.0.1".into(),
+                ],
+            )?;
+            plane.save()?;
+
+            create_fake_node(&client).await?;
+            let components = plane.components.clone();
+            wait_until(
+                "the simulated node to be Ready",
+                Duration::from_secs(60),
+                &components,
+                || async {
+                    let node = Api::<Node>::all(client.clone()).get(NODE_NAME).await?;
+                    Ok(node
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True"))
+                },
+            )
+            .await?;
+            wait_until(
+                "the default service account",
+                Duration::from_secs(60),
+                &components,
+                || async {
+                    Ok(Api::<ServiceAccount>::namespaced(client.clone(), "default")
+                        .get_opt("default")
+                        .await?
+                        .is_some())
+                },
+            )
+            .await?;
+            anyhow::Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => Ok(plane),
+            Err(e) => {
+                let logs = plane.dir.join("logs");
+                plane.stop_processes();
+                Err(e.context(format!(
+                    "starting the local control plane failed; component logs are in {}",
+                    logs.display()
+                )))
+            }
+        }
+    }
+
+    fn spawn(
+        &mut self,
+        binaries: &Binaries,
+        lifetime: Lifetime,
+        name: &str,
+        port: u16,
+        args: &[String],
+    ) -> anyhow::Result<()> {
+        let log = self.dir.join("logs").join(format!("{name}.log"));
+        let out = File::create(&log)?;
+        let mut command = Command::new(binaries.path(name));
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            // Own process group: a Ctrl-C meant for the starter does not reach them.
+            .process_group(0);
+        if lifetime == Lifetime::TiedToStarter {
+            // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", binaries.path(name).display()))?;
+        self.components.push(Component {
+            name: name.to_owned(),
+            pid: child.id(),
+            port,
+            log,
+        });
+        // The child is reaped by `stop` (or by init once the starter exits).
+        std::mem::forget(child);
+        self.save()
+    }
+
+    fn save(&self) -> anyhow::Result<()> {
+        let path = self.dir.join("state.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(self)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Kill every process (TERM, then KILL after a grace period) and remove the state.
+    pub fn stop(&self) {
+        self.stop_processes();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    fn stop_processes(&self) {
+        for component in self.components.iter().rev() {
+            signal(component.pid, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && self.components.iter().any(|c| is_alive(c.pid)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for component in &self.components {
+            if is_alive(component.pid) {
+                signal(component.pid, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// A `kube::Client` with admin rights.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        admin_client(&self.kubeconfig).await
+    }
+}
+
+/// Log every write (not reads) at metadata level, so tests can count what a controller wrote.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+- level: None
+";
+
+fn write_kubeconfig(path: &Path, server: &str, pki_dir: &Path) -> anyhow::Result<()> {
+    let file = |name: &str| pki_dir.join(name).display().to_string();
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "wasmctrl-local", "cluster": {
+            "server": server, "certificate-authority": file(pki::CA_CERT)}}],
+        "users": [{"name": "admin", "user": {
+            "client-certificate": file(pki::ADMIN_CERT), "client-key": file(pki::ADMIN_KEY)}}],
+        "contexts": [{"name": "wasmctrl-local", "context": {"cluster": "wasmctrl-local", "user": "admin"}}],
+        "current-context": "wasmctrl-local",
+    });
+    std::fs::write(path, serde_yaml_ng::to_string(&config)?)?;
+    Ok(())
+}
+
+/// A client for the admin kubeconfig at `path`.
+pub async fn admin_client(path: &Path) -> anyhow::Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn http_get(path: &str) -> anyhow::Result<http::Request<Vec<u8>>> {
+    Ok(http::Request::get(path).body(Vec::new())?)
+}
+
+async fn create_fake_node(client: &kube::Client) -> anyhow::Result<()> {
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": NODE_NAME,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"kubernetes.io/hostname": NODE_NAME, "kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", "type": "kwok"},
+        },
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
+            "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
+        },
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .context("creating the simulated node")?;
+    Ok(())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+async fn wait_for_port(port: u16, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("nothing listens on port {port} after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Poll `check` until it returns true, or fail naming `what` and the last error. Fails at
+/// once, with the end of its log, if one of `components` dies meanwhile.
+async fn wait_until<F, Fut>(
+    what: &str,
+    timeout: Duration,
+    components: &[Component],
+    mut check: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(dead) = components.iter().find(|c| !is_alive(c.pid)) {
+            let log = std::fs::read_to_string(&dead.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            bail!(
+                "{} exited while waiting for {what}; the end of {}:\n{}",
+                dead.name,
+                dead.log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        let last = match check().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => "not yet".to_owned(),
+            Err(e) => format!("{e:#}"),
+        };
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what} (last: {last})");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// Alive and not a zombie.
+pub fn is_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the field after the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}

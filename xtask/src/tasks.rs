@@ -1,0 +1,141 @@
+//! Build, test and bench tasks.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime};
+use wasmctrl_testenv::repo_root;
+
+/// Every plugin crate built for wasm32-wasip2.
+const PLUGINS: [&str; 3] = ["myapp-plugin", "misbehave-plugin", "wrong-world-plugin"];
+
+fn cargo() -> Command {
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    command.current_dir(repo_root());
+    command
+}
+
+fn run(what: &str, command: &mut Command) -> anyhow::Result<()> {
+    eprintln!("xtask: {what}");
+    let status = command
+        .status()
+        .with_context(|| format!("starting: {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Make sure rustc can build for wasm32-wasip2: rustup if it can reach its server, else the
+/// copy bundled in ../shared/toolchain.
+pub fn setup() -> anyhow::Result<()> {
+    let sysroot = String::from_utf8(
+        Command::new("rustc")
+            .args(["--print", "sysroot"])
+            .output()
+            .context("running rustc")?
+            .stdout,
+    )?;
+    if PathBuf::from(sysroot.trim())
+        .join("lib/rustlib/wasm32-wasip2/lib")
+        .is_dir()
+    {
+        return Ok(());
+    }
+    let added = Command::new("rustup")
+        .args(["target", "add", "wasm32-wasip2"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if added {
+        return Ok(());
+    }
+    let bundled = repo_root().join("../shared/toolchain/wasm32-wasip2.sh");
+    if bundled.exists() {
+        return run(
+            "installing the bundled wasm32-wasip2 target",
+            Command::new("sh").arg(bundled),
+        );
+    }
+    bail!("the wasm32-wasip2 target is missing and rustup could not install it")
+}
+
+pub fn build_plugins() -> anyhow::Result<()> {
+    setup()?;
+    let mut command = cargo();
+    command.args(["build", "--target", "wasm32-wasip2", "--profile", "plugin"]);
+    for plugin in PLUGINS {
+        command.args(["-p", plugin]);
+    }
+    run("building plugins", &mut command)
+}
+
+pub fn crds() -> anyhow::Result<()> {
+    run(
+        "regenerating crds/",
+        cargo()
+            .env("WASMCTRL_BLESS", "1")
+            .args(["test", "-p", "myapp-plugin", "--test", "crd"]),
+    )
+}
+
+/// The whole suite. Starts one control plane for every end-to-end test binary to share, and
+/// stops it at the end whatever happened.
+pub fn test() -> anyhow::Result<()> {
+    let started = Instant::now();
+    setup()?;
+    run(
+        "checking formatting",
+        cargo().args(["fmt", "--all", "--", "--check"]),
+    )?;
+    run(
+        "linting",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    build_plugins()?;
+
+    let binaries = Binaries::build(&repo_root())?;
+    let dir = repo_root().join("target/cluster-ci");
+    let runtime = tokio::runtime::Runtime::new()?;
+    let plane_started = Instant::now();
+    let plane = runtime
+        .block_on(ControlPlane::start(
+            &dir,
+            &binaries,
+            Lifetime::TiedToStarter,
+        ))
+        .context("starting the control plane for the tests")?;
+    eprintln!(
+        "xtask: control plane ready in {:.1}s at {}",
+        plane_started.elapsed().as_secs_f64(),
+        plane.server
+    );
+    let result = run(
+        "running the tests",
+        cargo()
+            .env("WASMCTRL_TEST_KUBECONFIG", &plane.kubeconfig)
+            .args(["test", "--workspace"]),
+    );
+    plane.stop();
+    eprintln!(
+        "xtask: test suite took {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    result
+}
+
+pub fn bench() -> anyhow::Result<()> {
+    build_plugins()?;
+    run(
+        "benchmarking plugin calls",
+        cargo().args(["bench", "-p", "wasmctrl", "--bench", "plugin_call"]),
+    )
+}
