@@ -85,6 +85,7 @@ impl TestEnv {
     /// Start a cluster from a thread that never exits, so the processes (tied to it with
     /// PDEATHSIG) live exactly as long as this test process.
     fn start_for_this_process() -> anyhow::Result<Self> {
+        remove_dead_test_clusters();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("test-cluster-keeper".into())
@@ -157,5 +158,30 @@ impl TestEnv {
             .await
             .with_context(|| format!("creating namespace {name}"))?;
         Ok((client, name))
+    }
+}
+
+/// Test processes that started their own cluster leave its state directory behind when they
+/// exit (their processes die with them). Remove those whose processes are all gone.
+fn remove_dead_test_clusters() {
+    let Ok(entries) = std::fs::read_dir(repo_root().join("target")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_test_cluster = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("cluster-test-"));
+        if !is_test_cluster {
+            continue;
+        }
+        let dead = match ControlPlane::load(&path) {
+            Ok(Some(plane)) => plane.components.iter().all(|c| !cluster::is_alive(c.pid)),
+            Ok(None) | Err(_) => true,
+        };
+        if dead {
+            let _ = std::fs::remove_dir_all(&path);
+        }
     }
 }
