@@ -69,3 +69,27 @@ fn damaged_artifact_is_replaced_by_a_recompile() {
         .expect("cached");
     assert!(again.info().from_cache);
 }
+
+#[test]
+fn cached_plugin_loads_by_digest_without_its_bytes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bytes = support::guest_bytes("misbehave_plugin");
+    let digest = wasmctrl::plugin::Digest::of(&bytes);
+    let fresh = engine(dir.path());
+    assert!(
+        fresh
+            .load_cached(&digest, Limits::default())
+            .expect("a miss is not an error")
+            .is_none(),
+        "nothing cached yet"
+    );
+    fresh
+        .load(&bytes, Some(&digest), Limits::default())
+        .expect("compile");
+    let plugin = engine(dir.path())
+        .load_cached(&digest, Limits::default())
+        .expect("load")
+        .expect("cache hit");
+    assert_eq!(plugin.digest(), &digest);
+    answers(&plugin);
+}

@@ -127,7 +127,7 @@ impl From<ReconcileResponse> for RunOutput {
 #[serde(rename_all = "camelCase")]
 struct InspectOutput {
     digest: String,
-    size_bytes: usize,
+    size_bytes: Option<usize>,
     contract_version: Option<String>,
     host_contract_version: &'static str,
     compatible: bool,

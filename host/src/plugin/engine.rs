@@ -93,12 +93,7 @@ impl PluginEngine {
         expected: Option<&Digest>,
         limits: Limits,
     ) -> Result<Plugin, PluginError> {
-        if limits.memory_bytes > self.inner.max_memory_bytes {
-            return Err(PluginError::InvalidLimits(format!(
-                "memory limit {} bytes is above the host's maximum of {} bytes",
-                limits.memory_bytes, self.inner.max_memory_bytes
-            )));
-        }
+        self.check_limits(&limits)?;
         let digest = Digest::of(bytes);
         if let Some(expected) = expected
             && *expected != digest
@@ -131,7 +126,61 @@ impl PluginEngine {
             }
         };
         let load_time = started.elapsed();
+        self.prepare(
+            component,
+            digest,
+            Some(bytes.len()),
+            limits,
+            load_time,
+            from_cache,
+        )
+    }
 
+    /// Load a plugin by digest alone, from the precompiled-artifact cache, without its bytes.
+    ///
+    /// A cached artifact was compiled from bytes verified against this digest, so a caller
+    /// that knows the digest it wants (a policy pins one; a rollback names the previous one)
+    /// need neither fetch nor hash the component again. `Ok(None)` on a cache miss.
+    pub fn load_cached(
+        &self,
+        digest: &Digest,
+        limits: Limits,
+    ) -> Result<Option<Plugin>, PluginError> {
+        self.check_limits(&limits)?;
+        let started = Instant::now();
+        let Some(component) = self
+            .inner
+            .cache
+            .as_ref()
+            .and_then(|cache| cache.load(&self.inner.engine, digest))
+        else {
+            return Ok(None);
+        };
+        let load_time = started.elapsed();
+        self.prepare(component, *digest, None, limits, load_time, true)
+            .map(Some)
+    }
+
+    fn check_limits(&self, limits: &Limits) -> Result<(), PluginError> {
+        if limits.memory_bytes > self.inner.max_memory_bytes {
+            return Err(PluginError::InvalidLimits(format!(
+                "memory limit {} bytes is above the host's maximum of {} bytes",
+                limits.memory_bytes, self.inner.max_memory_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Check the contract and pre-instantiate: everything a call would otherwise repeat.
+    fn prepare(
+        &self,
+        component: Component,
+        digest: Digest,
+        size_bytes: Option<usize>,
+        limits: Limits,
+        load_time: std::time::Duration,
+        from_cache: bool,
+    ) -> Result<Plugin, PluginError> {
         let surface = Surface::of(&self.inner.engine, &component);
         surface.check()?;
         let instance_pre = self
@@ -141,17 +190,16 @@ impl PluginEngine {
             .map_err(|e| PluginError::WrongWorld(format!("{e:#}")))?;
         let pre =
             PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(format!("{e:#}")))?;
-
         Ok(Plugin::new(
             self.inner.clone(),
             pre,
             limits,
             PluginInfo {
                 digest,
-                size_bytes: bytes.len(),
+                size_bytes,
                 contract_version: surface.contract_version().map(str::to_owned),
-                imports: surface.imports.clone(),
-                exports: surface.exports.clone(),
+                imports: surface.imports,
+                exports: surface.exports,
                 load_time,
                 from_cache,
             },

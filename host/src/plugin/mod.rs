@@ -40,8 +40,8 @@ use sandbox::{MemoryCapExceeded, Sandbox};
 pub struct PluginInfo {
     /// Content digest of the component bytes.
     pub digest: Digest,
-    /// Size of the component in bytes.
-    pub size_bytes: usize,
+    /// Size of the component in bytes (unknown when loaded by digest from the cache).
+    pub size_bytes: Option<usize>,
     /// The `wasmctrl:plugin` contract version the plugin exports.
     pub contract_version: Option<String>,
     /// Names the component imports.
