@@ -3,8 +3,12 @@
 mod support;
 
 use serde_json::json;
+use std::time::Duration;
 use support::guest_bytes;
-use wasmctrl::plugin::{EngineOptions, Limits, ObservedObject, PluginEngine, ReconcileRequest};
+
+use wasmctrl::plugin::{
+    EngineOptions, Limits, ObservedObject, PluginEngine, PluginError, ReconcileRequest,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thousand_concurrent_calls_are_independent() {
@@ -55,4 +59,81 @@ async fn futures_lite_join<T: Send + 'static>(handles: Vec<tokio::task::JoinHand
         out.push(handle.await.expect("task"));
     }
     out
+}
+
+fn named(name: &str, behavior: &str) -> ReconcileRequest {
+    ReconcileRequest {
+        parent: json!({"metadata": {"name": name}}).to_string(),
+        config: Some(json!({ "behavior": behavior }).to_string()),
+        ..ReconcileRequest::default()
+    }
+}
+
+/// With one call slot, an async call waits for a running one instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_beyond_the_pool_wait_for_a_slot() {
+    let engine = PluginEngine::new(EngineOptions {
+        max_concurrent_calls: 1,
+        ..EngineOptions::default()
+    })
+    .expect("engine");
+    let plugin = engine
+        .load_async(
+            guest_bytes("misbehave_plugin"),
+            None,
+            Limits {
+                timeout: Duration::from_millis(300),
+                ..Limits::default()
+            },
+        )
+        .await
+        .expect("load");
+    let slow = tokio::spawn({
+        let plugin = plugin.clone();
+        async move { plugin.reconcile(named("slow", "loop")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let fast = plugin
+        .reconcile(named("fast", ""))
+        .await
+        .expect("waits for the slot, then succeeds");
+    assert_eq!(fast.status.expect("status")["parent"], "fast");
+    assert!(matches!(
+        slow.await.expect("task"),
+        Err(PluginError::DeadlineExceeded { .. })
+    ));
+}
+
+/// A caller that bypasses the slots gets a clear sandbox error, not a trap or a hang.
+#[test]
+fn blocking_calls_beyond_the_pool_fail_as_sandbox_errors() {
+    let engine = PluginEngine::new(EngineOptions {
+        max_concurrent_calls: 1,
+        ..EngineOptions::default()
+    })
+    .expect("engine");
+    let plugin = engine
+        .load(
+            &guest_bytes("misbehave_plugin"),
+            None,
+            Limits {
+                timeout: Duration::from_millis(300),
+                ..Limits::default()
+            },
+        )
+        .expect("load");
+    let busy = std::thread::spawn({
+        let plugin = plugin.clone();
+        move || plugin.reconcile_blocking(named("slow", "loop"))
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let err = plugin
+        .reconcile_blocking(named("second", ""))
+        .expect_err("the pool has one slot");
+    assert!(matches!(err, PluginError::Sandbox(_)), "{err}");
+    assert!(busy.join().expect("thread").is_err());
+    // The slot is free again.
+    plugin
+        .reconcile_blocking(named("third", ""))
+        .expect("slot released");
 }

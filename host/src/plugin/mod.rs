@@ -214,9 +214,11 @@ fn classify_failure(error: wasmtime::Error, sandbox: &mut Sandbox, limits: &Limi
             plugin_said: sandbox.log.last_failure(),
         };
     }
-    let message = format!("{error:#}");
-    if message.contains("maximum concurrent") || message.contains("pooling allocator") {
-        return PluginError::Sandbox(message);
+    if error
+        .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+        .is_some()
+    {
+        return PluginError::Sandbox(format!("{error:#}"));
     }
     PluginError::Trap {
         message: error.root_cause().to_string(),
