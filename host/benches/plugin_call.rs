@@ -119,20 +119,22 @@ fn main() {
     let check = plugin.reconcile_blocking(request.clone()).expect("call");
     assert_eq!(check.children.len(), 2);
 
+    // The fixed cost of a call: a plugin that does almost nothing, on a tiny request.
+    let echo = engine
+        .load(
+            &support::guest_bytes("misbehave_plugin"),
+            None,
+            Limits::default(),
+        )
+        .expect("load misbehave");
+    let tiny = ReconcileRequest {
+        parent: r#"{"metadata":{"name":"x"}}"#.to_owned(),
+        ..ReconcileRequest::default()
+    };
+
     // For profilers: `WASMCTRL_BENCH_ONLY_CALLS=myapp|echo perf record …` runs one call loop.
     if let Some(which) = std::env::var_os("WASMCTRL_BENCH_ONLY_CALLS") {
         let (plugin, request) = if which == "echo" {
-            let echo = engine
-                .load(
-                    &support::guest_bytes("misbehave_plugin"),
-                    None,
-                    Limits::default(),
-                )
-                .expect("load misbehave");
-            let tiny = ReconcileRequest {
-                parent: r#"{"metadata":{"name":"x"}}"#.to_owned(),
-                ..ReconcileRequest::default()
-            };
             (echo, tiny)
         } else {
             (plugin, request)
@@ -156,18 +158,6 @@ fn main() {
         std::hint::black_box(response);
     });
 
-    // Fixed cost of a call: a plugin that does almost nothing on a tiny request.
-    let echo = engine
-        .load(
-            &support::guest_bytes("misbehave_plugin"),
-            None,
-            Limits::default(),
-        )
-        .expect("load misbehave");
-    let tiny = ReconcileRequest {
-        parent: r#"{"metadata":{"name":"x"}}"#.to_owned(),
-        ..ReconcileRequest::default()
-    };
     let overhead = measure(CALLS, || {
         std::hint::black_box(echo.reconcile_blocking(tiny.clone()).expect("call"));
     });
