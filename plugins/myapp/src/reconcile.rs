@@ -1,5 +1,7 @@
 use std::collections::BTreeMap;
 
+use serde::Deserialize;
+
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, PodSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
@@ -12,6 +14,19 @@ use wasmctrl_plugin_sdk::{
 };
 
 use crate::types::{DEFAULT_PORT, MyApp, MyAppStatus};
+
+/// The one thing the status needs from the observed Deployment. Decoding just this, instead
+/// of a whole `Deployment`, is most of what keeps a reconcile call cheap.
+#[derive(Deserialize)]
+struct ObservedReadiness {
+    status: Option<ReadinessStatus>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReadinessStatus {
+    ready_replicas: Option<i32>,
+}
 
 /// The app name used in the recommended labels of every child.
 const APP: &str = "myapp";
@@ -54,7 +69,9 @@ impl Reconciler for MyAppReconciler {
         ))?;
         response.add_child(&service(name, port, &selector))?;
 
-        let observed = request.children.get::<Deployment>(name)?;
+        let observed = request
+            .children
+            .get_part::<Deployment, ObservedReadiness>(name)?;
         if observed.is_none() {
             response.event(
                 EventType::Normal,

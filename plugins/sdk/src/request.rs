@@ -103,6 +103,17 @@ impl Observed {
             .transpose()
     }
 
+    /// Part of the object of type `K` named `name`: decoded into `T`, a type holding only the
+    /// fields the plugin reads. serde skips everything else without building it, which is
+    /// much cheaper than decoding a whole Deployment to read one status field.
+    pub fn get_part<K, T>(&self, name: &str) -> Result<Option<T>, Error>
+    where
+        K: k8s_openapi::Resource,
+        T: DeserializeOwned,
+    {
+        self.get_as(K::API_VERSION, K::KIND, name)
+    }
+
     /// Every observed object of type `K`, decoded.
     pub fn list<K>(&self) -> Result<Vec<K>, Error>
     where
