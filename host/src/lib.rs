@@ -2,7 +2,9 @@
 //! hot-swappable WebAssembly plugins.
 //!
 //! Data flows one way: policy → plugin registry → controller → cluster. This crate currently
-//! holds the plugin runtime ([`plugin`]) and the command line ([`cli`]).
+//! holds the policy API ([`policy`]), the plugin runtime ([`plugin`]) and the command line
+//! ([`cli`]).
 
 pub mod cli;
 pub mod plugin;
+pub mod policy;

@@ -76,7 +76,7 @@ pub fn crds() -> anyhow::Result<()> {
         "regenerating crds/",
         cargo()
             .env("WASMCTRL_BLESS", "1")
-            .args(["test", "-p", "myapp-plugin", "--test", "crd"]),
+            .args(["test", "-p", "wasmctrl", "--test", "crds"]),
     )
 }
 

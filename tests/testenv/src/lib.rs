@@ -52,7 +52,7 @@ impl TestEnv {
     }
 
     fn find_or_start() -> anyhow::Result<Self> {
-        if let Some(path) = std::env::var_os("WASMCTRL_TEST_KUBECONFIG") {
+        if let Some(path) = std::env::var_os("WASMCTRL_TEST_KUBECONFIG").filter(|p| !p.is_empty()) {
             let kubeconfig = PathBuf::from(path);
             // When it is ours, the state file sits beside it and tells us more.
             let state = kubeconfig

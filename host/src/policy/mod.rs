@@ -1,0 +1,190 @@
+//! The `ReconcilePolicy` API (`wasmctrl.dev/v1alpha1`, cluster-scoped): which plugin decides
+//! for which parent kind, which child kinds it may produce, what it may read, and under which
+//! limits. The host turns each policy into one running controller.
+//!
+//! The schema rejects what it can (CEL where OpenAPI cannot say it), so a user learns about a
+//! malformed policy from `kubectl apply`, not from the host's logs.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Binds a reconcile plugin to a parent kind.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "wasmctrl.dev",
+    version = "v1alpha1",
+    kind = "ReconcilePolicy",
+    plural = "reconcilepolicies",
+    shortname = "rp",
+    status = "ReconcilePolicyStatus",
+    printcolumn = r#"{"name":"Parent","type":"string","jsonPath":".spec.parent.kind"}"#,
+    printcolumn = r#"{"name":"Plugin","type":"string","jsonPath":".status.activeDigestShort"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ReconcilePolicySpec {
+    /// The parent kind whose objects this policy reconciles.
+    pub parent: KindRef,
+    /// The kinds the plugin may create. The host watches exactly these and refuses anything
+    /// else a plugin returns.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(c, self.exists_one(d, d.apiVersion == c.apiVersion && d.kind == c.kind))").message("each child kind may be listed once"))]
+    pub children: Vec<KindRef>,
+    /// The plugin and its configuration.
+    pub plugin: PluginSpec,
+    /// Read-only objects the plugin receives, from the parent's namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<RelatedSpec>,
+    /// Sandbox limits for each call; unset fields take the host's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<PolicyLimits>,
+    /// Reconcile every parent at least this often, even if nothing changed (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub resync_period_seconds: Option<u32>,
+    /// How many parents of this policy may be reconciled at once (default 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_concurrent_reconciles: Option<u32>,
+    /// Hold a finalizer on each parent and call the plugin with `finalizing: true` on delete;
+    /// the finalizer is removed once the plugin reports `finalized`.
+    #[serde(default)]
+    pub finalize: bool,
+}
+
+/// A kind, by `apiVersion` and `kind`. Resolved through discovery, never by guessing plurals.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub struct KindRef {
+    /// e.g. `apps/v1`, or `v1` for the core group.
+    #[schemars(length(min = 1, max = 317))]
+    pub api_version: String,
+    /// e.g. `Deployment`.
+    #[schemars(length(min = 1, max = 63))]
+    pub kind: String,
+}
+
+/// Where the plugin comes from, and how it is configured.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginSpec {
+    /// The component's source.
+    pub source: PluginSource,
+    /// The `sha256:` digest the component must have; checked before it is compiled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^sha256:[0-9a-f]{64}$"))]
+    pub digest: Option<String>,
+    /// Passed to the plugin as its config (any JSON object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_object")]
+    pub config: Option<serde_json::Value>,
+}
+
+/// Exactly one source.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.file), has(self.configMap)].filter(x, x).size() == 1").message("set exactly one plugin source: file or configMap"))]
+pub struct PluginSource {
+    /// A component on the host's filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<FileSource>,
+    /// A component stored in a ConfigMap's `binaryData`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapSource>,
+}
+
+/// A component file readable by the host.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FileSource {
+    /// Absolute path on the host.
+    #[schemars(length(min = 1))]
+    pub path: String,
+}
+
+/// A component in a ConfigMap's `binaryData`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapSource {
+    /// The ConfigMap's namespace.
+    #[schemars(length(min = 1))]
+    pub namespace: String,
+    /// The ConfigMap's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The `binaryData` key holding the component.
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+/// A kind of read-only object the plugin receives.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RelatedSpec {
+    /// e.g. `v1`.
+    #[schemars(length(min = 1))]
+    pub api_version: String,
+    /// e.g. `ConfigMap`.
+    #[schemars(length(min = 1))]
+    pub kind: String,
+    /// Narrows the objects sent; all of the kind in the parent's namespace when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+/// Per-call sandbox limits.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyLimits {
+    /// Wall-clock deadline per call, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 60000))]
+    pub timeout_ms: Option<u32>,
+    /// Memory cap, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub memory_mib: Option<u32>,
+    /// Cap on the total size of a response, in KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_output_kib: Option<u32>,
+    /// Cap on the number of children one call may return.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_children: Option<u32>,
+}
+
+/// What the host reports about a policy.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ReconcilePolicyStatus {
+    /// The generation of the spec the host last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` and `PluginLoaded`, with reasons and messages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The digest of the plugin serving this policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_digest: Option<String>,
+    /// Its first 12 hex digits, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_digest_short: Option<String>,
+    /// Parents whose last reconcile succeeded.
+    #[serde(default)]
+    pub parents_reconciled: u64,
+    /// Parents whose last reconcile failed.
+    #[serde(default)]
+    pub parents_failing: u64,
+}
+
+/// An object with any fields: the plugin config is the plugin's business.
+fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}

@@ -1,0 +1,121 @@
+//! The ReconcilePolicy CRD, as the real API server enforces it: valid policies are accepted,
+//! and the mistakes its schema and CEL rules exist for are refused at apply time.
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use wasmctrl_testenv::TestEnv;
+
+async fn policies() -> anyhow::Result<Api<DynamicObject>> {
+    let client = TestEnv::get().client().await?;
+    let crd_yaml =
+        std::fs::read_to_string(wasmctrl_testenv::repo_root().join("crds/reconcilepolicy.yaml"))?;
+    let crd: Value = serde_yaml_ng::from_str(&crd_yaml)?;
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+        )),
+    );
+    crds.patch(
+        "reconcilepolicies.wasmctrl.dev",
+        &PatchParams::apply("wasmctrl-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "wasmctrl.dev",
+        "v1alpha1",
+        "ReconcilePolicy",
+    ));
+    Ok(Api::all_with(client, &resource))
+}
+
+fn policy(name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .expect("valid object")
+}
+
+fn valid_spec() -> Value {
+    json!({
+        "parent": {"apiVersion": "example.com/v1", "kind": "MyApp"},
+        "children": [{"apiVersion": "apps/v1", "kind": "Deployment"}, {"apiVersion": "v1", "kind": "Service"}],
+        "plugin": {
+            "source": {"file": {"path": "/plugins/myapp.wasm"}},
+            "digest": format!("sha256:{}", "a".repeat(64)),
+            "config": {"anything": ["goes", 1]}
+        },
+        "limits": {"timeoutMs": 200, "memoryMib": 32},
+        "finalize": true
+    })
+}
+
+/// Server-side dry-run create; `Err(message)` when the API server refuses it.
+async fn dry_run(api: &Api<DynamicObject>, object: &DynamicObject) -> Result<(), String> {
+    // A fresh CRD can take a moment to be served; retry "not found" briefly.
+    for _ in 0..50 {
+        match api
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..PostParams::default()
+                },
+                object,
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(kube::Error::Api(status)) => return Err(status.message),
+            Err(other) => return Err(other.to_string()),
+        }
+    }
+    Err("the ReconcilePolicy API never became available".into())
+}
+
+#[tokio::test]
+async fn valid_policy_is_accepted_and_mistakes_are_refused() -> anyhow::Result<()> {
+    let api = policies().await?;
+    dry_run(&api, &policy("valid", valid_spec()))
+        .await
+        .map_err(anyhow::Error::msg)?;
+
+    let mut cases: Vec<(&str, Value, &str)> = Vec::new();
+    let mut two_sources = valid_spec();
+    two_sources["plugin"]["source"]["configMap"] =
+        json!({"namespace": "wasmctrl", "name": "plugins", "key": "myapp.wasm"});
+    cases.push(("two sources", two_sources, "exactly one plugin source"));
+    let mut no_source = valid_spec();
+    no_source["plugin"]["source"] = json!({});
+    cases.push(("no source", no_source, "exactly one plugin source"));
+    let mut bad_digest = valid_spec();
+    bad_digest["plugin"]["digest"] = json!("md5:abc");
+    cases.push(("bad digest", bad_digest, "spec.plugin.digest"));
+    let mut duplicate_child = valid_spec();
+    duplicate_child["children"] = json!([
+        {"apiVersion": "v1", "kind": "Service"},
+        {"apiVersion": "v1", "kind": "Service"}
+    ]);
+    cases.push(("duplicate child kind", duplicate_child, "listed once"));
+    let mut zero_timeout = valid_spec();
+    zero_timeout["limits"]["timeoutMs"] = json!(0);
+    cases.push(("zero timeout", zero_timeout, "spec.limits.timeoutMs"));
+
+    for (what, spec, expected) in cases {
+        let message = dry_run(&api, &policy("invalid", spec))
+            .await
+            .expect_err(what);
+        assert!(
+            message.contains(expected),
+            "{what}: expected a message about {expected:?}, got {message}"
+        );
+    }
+    Ok(())
+}
