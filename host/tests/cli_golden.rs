@@ -101,3 +101,94 @@ fn myapp_plugin_run_matches_golden_output() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// Run `wasmctrl plugin run PLUGIN` on the golden `defaults` parent with extra arguments.
+fn run_plugin(plugin: &Path, extra: &[&str]) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/myapp/defaults"))
+        .env("WASMCTRL_LOG", "off")
+        .arg("--cache-dir")
+        .arg(support::workspace_root().join("target/test-artifact-cache"))
+        .args(["plugin", "run"])
+        .arg(plugin)
+        .args(["--parent", "parent.yaml"])
+        .args(extra)
+        .output()
+        .expect("run wasmctrl");
+    (
+        output.status.success(),
+        String::from_utf8(output.stderr).expect("utf-8 stderr"),
+    )
+}
+
+#[test]
+fn every_failure_is_one_line_that_names_the_cause() {
+    let config = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(config.path(), r#"{"behavior": "loop"}"#).expect("write config");
+    let hoard = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(hoard.path(), r#"{"behavior": "grow-memory"}"#).expect("write config");
+    let misbehave = support::guest("misbehave_plugin");
+    let config_arg = config.path().to_str().expect("utf-8 path");
+    let hoard_arg = hoard.path().to_str().expect("utf-8 path");
+    let cases: Vec<(&str, PathBuf, Vec<&str>, &str)> = vec![
+        (
+            "missing plugin",
+            PathBuf::from("no-such-plugin.wasm"),
+            vec![],
+            "cannot read plugin no-such-plugin.wasm",
+        ),
+        (
+            "not a component",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/myapp/defaults/parent.yaml"),
+            vec![],
+            "not a WebAssembly file",
+        ),
+        (
+            "wrong world",
+            support::guest("wrong-world"),
+            vec![],
+            "does not export `wasmctrl:plugin/reconciler@0.1.0`",
+        ),
+        (
+            "wrong digest",
+            support::guest("myapp_plugin"),
+            vec![
+                "--digest",
+                "sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            ],
+            "digest mismatch",
+        ),
+        (
+            "deadline",
+            misbehave.clone(),
+            vec!["--config", config_arg, "--timeout-ms", "100"],
+            "exceeded its 100ms deadline",
+        ),
+        (
+            "memory",
+            misbehave,
+            vec!["--config", hoard_arg, "--memory-mib", "16"],
+            "exceeded its memory limit of 16777216 bytes",
+        ),
+        (
+            "missing parent",
+            support::guest("myapp_plugin"),
+            vec!["--children", "nope.yaml"],
+            "cannot read nope.yaml",
+        ),
+    ];
+    for (what, plugin, extra, expected) in cases {
+        let (ok, stderr) = run_plugin(&plugin, &extra);
+        assert!(!ok, "{what}: must fail");
+        assert_eq!(
+            stderr.lines().count(),
+            1,
+            "{what}: one line, got:\n{stderr}"
+        );
+        assert!(stderr.starts_with("error: "), "{what}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{what}: expected {expected:?} in {stderr}"
+        );
+    }
+}

@@ -139,7 +139,10 @@ pub fn test() -> anyhow::Result<()> {
 pub fn bench() -> anyhow::Result<()> {
     build_plugins()?;
     let bench = ["bench", "-p", "wasmctrl", "--bench", "plugin_call"];
-    run("building the benchmark", cargo().args(bench).arg("--no-run"))?;
+    run(
+        "building the benchmark",
+        cargo().args(bench).arg("--no-run"),
+    )?;
     let pinned = Command::new("taskset").arg("-V").output().is_ok();
     if pinned {
         let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

@@ -97,3 +97,47 @@ pub(crate) fn forbid_waiting<T: 'static>(
     linker.allow_shadowing(false);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exporting(names: &[&str]) -> Surface {
+        Surface {
+            imports: Vec::new(),
+            exports: names.iter().map(|n| (*n).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn this_contract_version_is_accepted() {
+        assert!(
+            exporting(&["wasmctrl:plugin/reconciler@0.1.0"])
+                .check()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn another_contract_version_is_named_in_the_error() {
+        let err = exporting(&["wasmctrl:plugin/reconciler@0.2.0"])
+            .check()
+            .expect_err("newer contract");
+        assert!(
+            matches!(&err, PluginError::ContractVersion { found, supported: "0.1.0" } if found == "0.2.0"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("@0.2.0"), "{err}");
+    }
+
+    #[test]
+    fn a_component_without_the_reconciler_lists_what_it_exports() {
+        let err = exporting(&["wasi:http/incoming-handler@0.2.0"])
+            .check()
+            .expect_err("not a plugin");
+        assert!(
+            err.to_string().contains("wasi:http/incoming-handler@0.2.0"),
+            "{err}"
+        );
+    }
+}
