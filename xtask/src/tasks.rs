@@ -118,8 +118,7 @@ pub fn test() -> anyhow::Result<()> {
         plane_started.elapsed().as_secs_f64(),
         plane.server
     );
-    let result = run(
-        "running the tests",
+    let result = run_tests(
         cargo()
             .env("WASMCTRL_TEST_KUBECONFIG", &plane.kubeconfig)
             .args(["test", "--workspace"]),
@@ -129,7 +128,58 @@ pub fn test() -> anyhow::Result<()> {
         "xtask: test suite took {:.0}s",
         started.elapsed().as_secs_f64()
     );
-    result
+    let totals = result?;
+    // One closing line for the whole suite: cargo's own last line is that of whichever test
+    // binary ran last, often a doc-test crate with nothing in it.
+    println!(
+        "tests: {} passed, {} failed, {} skipped",
+        totals.passed, totals.failed, totals.ignored
+    );
+    if totals.failed > 0 || totals.passed == 0 {
+        bail!("the test suite did not pass");
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+/// Run `cargo test`, passing its output through, and add up its `test result:` lines.
+fn run_tests(command: &mut Command) -> anyhow::Result<Totals> {
+    use std::io::{BufRead as _, BufReader};
+    eprintln!("xtask: running the tests");
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("starting cargo test")?;
+    let stdout = child.stdout.take().context("cargo test stdout")?;
+    let mut totals = Totals::default();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(result) = line.strip_prefix("test result: ") {
+            let count = |word: &str| -> u64 {
+                result
+                    .split(';')
+                    .find_map(|part| part.trim().strip_suffix(word))
+                    .and_then(|n| n.trim().rsplit(' ').next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0)
+            };
+            totals.passed += count("passed");
+            totals.failed += count("failed");
+            totals.ignored += count("ignored");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("cargo test failed ({status})");
+    }
+    Ok(totals)
 }
 
 /// The benchmark runs pinned to one CPU (`taskset -c 1`, where taskset exists): on this VM,
