@@ -24,6 +24,16 @@ fn assert_in_sync<K: CustomResourceExt>(file: &str, source: &str) {
     );
 }
 
+/// The names of a CRD version's printer columns.
+fn printer_columns(version: &serde_json::Value) -> Vec<&str> {
+    version["additionalPrinterColumns"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect()
+}
+
 #[test]
 fn myapp_crd_matches_the_rust_types() {
     assert_in_sync::<MyApp>("myapp.yaml", "plugins/myapp/src/types.rs");
@@ -56,12 +66,7 @@ fn myapp_crd_validates_replicas_image_and_port_and_has_status_and_columns() {
         .collect();
     assert_eq!(required, ["image", "replicas"]);
     assert!(version["subresources"]["status"].is_object());
-    let columns: Vec<&str> = version["additionalPrinterColumns"]
-        .as_array()
-        .expect("columns")
-        .iter()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
+    let columns = printer_columns(version);
     assert_eq!(columns, ["Replicas", "Ready", "Age"]);
     assert_eq!(crd["spec"]["scope"], "Namespaced");
 }
@@ -72,11 +77,6 @@ fn reconcile_policy_is_cluster_scoped_with_status_and_columns() {
     assert_eq!(crd["spec"]["scope"], "Cluster");
     let version = &crd["spec"]["versions"][0];
     assert!(version["subresources"]["status"].is_object());
-    let columns: Vec<&str> = version["additionalPrinterColumns"]
-        .as_array()
-        .expect("columns")
-        .iter()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
+    let columns = printer_columns(version);
     assert_eq!(columns, ["Parent", "Plugin", "Ready", "Age"]);
 }

@@ -13,26 +13,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 use wasmctrl_testenv::TestEnv;
-
-/// Poll until `check` holds, for up to `timeout`.
-async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let last = match check().await {
-            Ok(true) => return Ok(()),
-            Ok(false) => "not yet".to_owned(),
-            Err(e) => format!("{e:#}"),
-        };
-        if tokio::time::Instant::now() > deadline {
-            anyhow::bail!("{what}: still false after {timeout:?} ({last})");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
+use wasmctrl_testenv::cluster::eventually;
 
 fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).expect("test object is valid")

@@ -502,8 +502,16 @@ async fn wait_for_port(port: u16, timeout: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Poll `check` until it returns true, or fail naming `what` and the last error. Fails at
-/// once, with the end of its log, if one of `components` dies meanwhile.
+/// Poll `check` until it returns true, or fail naming `what` and the last error.
+pub async fn eventually<F, Fut>(what: &str, timeout: Duration, check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    wait_until(what, timeout, &[], check).await
+}
+
+/// [`eventually`], failing at once, with the end of its log, if one of `components` dies.
 async fn wait_until<F, Fut>(
     what: &str,
     timeout: Duration,
