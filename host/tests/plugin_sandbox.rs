@@ -119,6 +119,25 @@ fn panic_is_a_trap_carrying_the_panic_message() {
 }
 
 #[test]
+fn panic_message_wins_over_earlier_stderr_output() {
+    let engine = engine();
+    let plugin = misbehave(&engine, Limits::default());
+    let err = plugin
+        .reconcile_blocking(request("noisy", "noisy-panic"))
+        .expect_err("panics");
+    match &err {
+        PluginError::Trap { plugin_said, .. } => {
+            let said = plugin_said.as_deref().expect("a message is reported");
+            assert!(
+                said.contains("deliberate panic while reconciling noisy"),
+                "{said}"
+            );
+        }
+        other => panic!("expected Trap, got {other}"),
+    }
+}
+
+#[test]
 fn hundred_megabytes_of_output_are_rejected() {
     let engine = engine();
     // Enough memory and time to build 100 MB of output, so the output cap decides.

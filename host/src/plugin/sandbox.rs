@@ -47,8 +47,10 @@ impl Sandbox {
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
                 tracing::info!(plugin = %self.plugin, stream, "{line}");
             }
-            // A plugin not built with the SDK reports a panic on stderr.
+            // A plugin not built with the SDK reports a panic on stderr; one built with it
+            // has already logged the panic at error level, which says more than stderr.
             if stream == "stderr"
+                && !self.log.has_failure()
                 && let Some(last) = text.lines().rfind(|l| !l.trim().is_empty())
             {
                 self.log.remember_failure(last);
@@ -138,6 +140,10 @@ impl GuestLog {
         self.last_failure = Some(message);
     }
 
+    fn has_failure(&self) -> bool {
+        self.last_failure.is_some()
+    }
+
     /// The plugin's last error-level message, if any.
     pub(crate) fn last_failure(&mut self) -> Option<String> {
         self.last_failure.take()
@@ -182,7 +188,8 @@ impl MemoryCap {
 }
 
 /// Tables hold function references; no honest plugin needs more than this many entries.
-const MAX_TABLE_ELEMENTS: usize = 20_000;
+/// Also sizes the pooled table slots (see `engine_config`).
+pub(crate) const MAX_TABLE_ELEMENTS: usize = 20_000;
 
 impl ResourceLimiter for MemoryCap {
     fn memory_growing(

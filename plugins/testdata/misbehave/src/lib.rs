@@ -44,6 +44,10 @@ impl Reconciler for Misbehave {
                 }
             }
             "panic" => panic!("deliberate panic while reconciling {name}"),
+            "noisy-panic" => {
+                eprintln!("about to fail");
+                panic!("deliberate panic while reconciling {name}")
+            }
             "exit" => std::process::exit(3),
             "sleep" => std::thread::sleep(std::time::Duration::from_secs(3600)),
             "big-output" => {
