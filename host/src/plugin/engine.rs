@@ -12,7 +12,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 
 use super::artifact_cache::ArtifactCache;
 use super::contract::{self, PluginPre, Surface};
-use super::sandbox::Sandbox;
+use super::sandbox::{MAX_TABLE_ELEMENTS, Sandbox};
 use super::{Digest, Limits, Plugin, PluginError, PluginInfo};
 
 /// How often the epoch clock ticks. Deadlines are enforced to within one tick.
@@ -262,7 +262,7 @@ fn engine_config(options: &EngineOptions) -> Config {
         .max_tables_per_component(16)
         .max_memories_per_component(2)
         .max_memory_size(options.max_memory_bytes)
-        .table_elements(20_000)
+        .table_elements(MAX_TABLE_ELEMENTS)
         // Reset slots by rewriting only the pages a call dirtied (found with the
         // PAGEMAP_SCAN ioctl where the kernel has it) instead of dropping them with madvise:
         // the next call then takes no page faults and no TLB-shootdown IPIs. This is most of
