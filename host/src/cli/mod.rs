@@ -3,12 +3,14 @@
 
 mod input;
 mod plugin_cmd;
+mod run_cmd;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 pub use plugin_cmd::{PluginCommand, RunOutput};
+pub use run_cmd::RunCommand;
 
 /// wasmctrl: a Kubernetes operator host whose reconcile logic runs in sandboxed Wasm plugins.
 #[derive(Debug, Parser)]
@@ -27,6 +29,8 @@ pub enum Command {
     /// Work with plugins offline: evaluate a reconcile, inspect a component.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Run the operator host: turn every ReconcilePolicy in the cluster into a controller.
+    Run(RunCommand),
 }
 
 impl Cli {
@@ -35,6 +39,7 @@ impl Cli {
         let cache_dir = self.cache_dir.or_else(default_cache_dir);
         match self.command {
             Command::Plugin(command) => command.run(cache_dir).await,
+            Command::Run(command) => command.run(cache_dir).await,
         }
     }
 }

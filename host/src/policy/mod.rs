@@ -100,7 +100,7 @@ pub struct PluginSource {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct FileSource {
-    /// Absolute path on the host.
+    /// Path on the host; a relative path is resolved against the host's working directory.
     #[schemars(length(min = 1))]
     pub path: String,
 }
@@ -181,10 +181,12 @@ pub struct ReconcilePolicyStatus {
     pub parents_failing: u64,
 }
 
-/// An object with any fields: the plugin config is the plugin's business.
+/// An object with any fields: the plugin config is the plugin's business. Nullable, because
+/// server-side apply turns an empty object into `null`.
 fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
+        "nullable": true,
         "x-kubernetes-preserve-unknown-fields": true,
     })
 }

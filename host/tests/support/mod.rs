@@ -1,56 +1,9 @@
-//! Shared by the host's integration tests: building the guest plugins they run.
-#![allow(dead_code)] // each test binary uses a different part
+//! Shared by the host's integration tests: the guest plugins they run.
+#![allow(dead_code, unused_imports)] // each test binary uses a different part
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+pub use wasmctrl_testenv::plugins::{guest, guest_bytes};
 
-/// Guests the tests use, built together in one cargo invocation.
-const GUESTS: [&str; 3] = ["myapp-plugin", "misbehave-plugin", "wrong-world-plugin"];
-
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("host/ has a parent")
-        .to_path_buf()
-}
-
-fn plugin_dir() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let target = if target.is_absolute() {
-        target
-    } else {
-        workspace_root().join(target)
-    };
-    target.join("wasm32-wasip2").join("plugin")
-}
-
-/// The path of a built guest component, e.g. `guest("myapp_plugin")`. The first call builds
-/// every guest (a no-op when they are up to date).
-pub fn guest(file_stem: &str) -> PathBuf {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut command = Command::new(cargo);
-        command
-            .current_dir(workspace_root())
-            .args(["build", "--quiet", "--target", "wasm32-wasip2", "--profile", "plugin"]);
-        for guest in GUESTS {
-            command.args(["-p", guest]);
-        }
-        let status = command.status().expect("running cargo to build the guest plugins");
-        assert!(
-            status.success(),
-            "building the guest plugins failed; is the wasm32-wasip2 target installed? (`cargo xtask setup`)"
-        );
-    });
-    let path = plugin_dir().join(format!("{file_stem}.wasm"));
-    assert!(path.exists(), "{} was not built", path.display());
-    path
-}
-
-pub fn guest_bytes(file_stem: &str) -> Vec<u8> {
-    std::fs::read(guest(file_stem)).expect("reading a built guest")
+/// The repository root.
+pub fn workspace_root() -> std::path::PathBuf {
+    wasmctrl_testenv::repo_root()
 }

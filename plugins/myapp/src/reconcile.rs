@@ -4,7 +4,8 @@ use serde::Deserialize;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, PodSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
+    ConfigMap, Container, ContainerPort, EnvVar, PodSpec, PodTemplateSpec, Service, ServicePort,
+    ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -13,7 +14,7 @@ use wasmctrl_plugin_sdk::{
     set_condition,
 };
 
-use crate::types::{DEFAULT_PORT, MyApp, MyAppStatus};
+use crate::types::{DEFAULT_PORT, MyApp, MyAppConfig, MyAppStatus};
 
 /// The one thing the status needs from the observed Deployment. Decoding just this, instead
 /// of a whole `Deployment`, is most of what keeps a reconcile call cheap.
@@ -31,14 +32,24 @@ struct ReadinessStatus {
 /// The app name used in the recommended labels of every child.
 const APP: &str = "myapp";
 
+/// Pod template annotation carrying a hash of the ConfigMap's data: a new hash rolls the pods.
+pub const CONFIG_HASH_ANNOTATION: &str = "example.com/config-hash";
+
+/// What the Deployment's pods get from the MyApp's ConfigMap.
+#[derive(Default)]
+struct PodConfig {
+    env: Vec<EnvVar>,
+    hash: Option<String>,
+}
+
 /// Turns a MyApp into a Deployment and a Service.
 pub struct MyAppReconciler;
 
 impl Reconciler for MyAppReconciler {
     type Parent = MyApp;
-    type Config = serde_json::Value;
+    type Config = MyAppConfig;
 
-    fn reconcile(request: &Request<MyApp, serde_json::Value>) -> Result<Response, Error> {
+    fn reconcile(request: &Request<MyApp, MyAppConfig>) -> Result<Response, Error> {
         let app = &request.parent;
         let mut response = Response::new();
         if request.finalizing {
@@ -59,15 +70,27 @@ impl Reconciler for MyAppReconciler {
         }
         let port = app.spec.port.unwrap_or(DEFAULT_PORT);
         let selector = labels::selector(APP, name);
+        let pod_config = match &app.spec.config_map {
+            Some(config_map) => {
+                let found = request.related.get::<ConfigMap>(config_map)?;
+                if found.is_none() {
+                    response.event(
+                        EventType::Warning,
+                        "ConfigMapMissing",
+                        format!("ConfigMap {config_map} not found; running without it"),
+                    );
+                }
+                pod_config(found.as_ref())
+            }
+            None => PodConfig::default(),
+        };
 
-        response.add_child(&deployment(
-            name,
-            &app.spec.image,
-            app.spec.replicas,
-            port,
-            &selector,
-        ))?;
-        response.add_child(&service(name, port, &selector))?;
+        let mut deployment = deployment(name, &app.spec.image, app.spec.replicas, port, &selector);
+        configure_pods(&mut deployment, pod_config);
+        response.add_child(&deployment)?;
+        if request.config.service {
+            response.add_child(&service(name, port, &selector))?;
+        }
 
         let observed = request
             .children
@@ -129,6 +152,53 @@ fn deployment(
             ..DeploymentSpec::default()
         },
         status: None,
+    }
+}
+
+/// The ConfigMap's data as environment variables (sorted, so the output is stable), and a
+/// hash of it.
+fn pod_config(config_map: Option<&ConfigMap>) -> PodConfig {
+    let Some(data) = config_map.and_then(|c| c.data.as_ref()) else {
+        return PodConfig::default();
+    };
+    let env: Vec<EnvVar> = data
+        .iter()
+        .map(|(name, value)| EnvVar {
+            name: name.clone(),
+            value: Some(value.clone()),
+            ..EnvVar::default()
+        })
+        .collect();
+    // FNV-1a: tiny, deterministic and plenty to tell two configs apart.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (name, value) in data {
+        for byte in name.bytes().chain([0]).chain(value.bytes()).chain([0]) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    PodConfig {
+        env,
+        hash: Some(format!("{hash:016x}")),
+    }
+}
+
+fn configure_pods(deployment: &mut Deployment, config: PodConfig) {
+    let template = &mut deployment.spec.template;
+    if let Some(hash) = config.hash {
+        template
+            .metadata
+            .get_or_insert_with(ObjectMeta::default)
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(CONFIG_HASH_ANNOTATION.to_owned(), hash);
+    }
+    if !config.env.is_empty()
+        && let Some(container) = template
+            .spec
+            .as_mut()
+            .and_then(|spec| spec.containers.first_mut())
+    {
+        container.env = Some(config.env);
     }
 }
 
@@ -197,6 +267,7 @@ mod tests {
                 replicas,
                 image: "nginx:1.25".into(),
                 port,
+                config_map: None,
             },
         );
         app.metadata.namespace = Some("default".into());
@@ -282,5 +353,101 @@ mod tests {
             .expect("reconcile");
         assert!(response.is_finalized());
         assert!(response.children().is_empty());
+    }
+
+    #[test]
+    fn the_policy_can_turn_the_service_off() {
+        let response = TestRequest::new(&my_app(1, None))
+            .config(&MyAppConfig { service: false })
+            .reconcile::<MyAppReconciler>()
+            .expect("reconcile");
+        assert_eq!(response.children().len(), 1);
+        assert!(response.child::<Service>("web").is_none());
+    }
+
+    fn config_map(data: &[(&str, &str)]) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("web-config".into()),
+                namespace: Some("default".into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..ConfigMap::default()
+        }
+    }
+
+    fn with_config(data: &[(&str, &str)]) -> Deployment {
+        let mut app = my_app(1, None);
+        app.spec.config_map = Some("web-config".into());
+        TestRequest::new(&app)
+            .related(&config_map(data))
+            .reconcile::<MyAppReconciler>()
+            .expect("reconcile")
+            .child("web")
+            .expect("deployment")
+    }
+
+    fn config_hash(deployment: &Deployment) -> Option<String> {
+        deployment
+            .spec
+            .template
+            .metadata
+            .as_ref()?
+            .annotations
+            .as_ref()?
+            .get(CONFIG_HASH_ANNOTATION)
+            .cloned()
+    }
+
+    #[test]
+    fn a_related_config_map_becomes_the_environment_and_rolls_pods_on_change() {
+        let deployment = with_config(&[("LOG_LEVEL", "info"), ("GREETING", "hello")]);
+        let env = deployment
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .expect("pod spec")
+            .containers[0]
+            .env
+            .clone()
+            .expect("env");
+        let pairs: Vec<(&str, Option<&str>)> = env
+            .iter()
+            .map(|e| (e.name.as_str(), e.value.as_deref()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [("GREETING", Some("hello")), ("LOG_LEVEL", Some("info"))]
+        );
+        let hash = config_hash(&deployment).expect("hash");
+        assert_eq!(
+            Some(hash.clone()),
+            config_hash(&with_config(&[
+                ("GREETING", "hello"),
+                ("LOG_LEVEL", "info")
+            ]))
+        );
+        assert_ne!(
+            Some(hash),
+            config_hash(&with_config(&[("GREETING", "hi"), ("LOG_LEVEL", "info")]))
+        );
+    }
+
+    #[test]
+    fn a_missing_config_map_is_a_warning_not_a_failure() {
+        let mut app = my_app(1, None);
+        app.spec.config_map = Some("absent".into());
+        let response = TestRequest::new(&app)
+            .reconcile::<MyAppReconciler>()
+            .expect("reconcile");
+        assert_eq!(response.events()[0].reason, "ConfigMapMissing");
+        let deployment: Deployment = response.child("web").expect("deployment");
+        assert_eq!(config_hash(&deployment), None);
     }
 }

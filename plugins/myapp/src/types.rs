@@ -32,6 +32,30 @@ pub struct MyAppSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<i32>,
+    /// A ConfigMap in the same namespace whose data becomes the container's environment.
+    /// Editing it rolls the pods. The policy must list ConfigMaps as related objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub config_map: Option<String>,
+}
+
+/// The policy's plugin config.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MyAppConfig {
+    /// Whether each MyApp gets a Service (default true).
+    #[serde(default = "yes")]
+    pub service: bool,
+}
+
+impl Default for MyAppConfig {
+    fn default() -> Self {
+        Self { service: true }
+    }
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// What the controller observed.

@@ -10,6 +10,7 @@
 
 pub mod cluster;
 mod pki;
+pub mod plugins;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

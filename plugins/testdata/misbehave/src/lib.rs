@@ -1,5 +1,8 @@
-//! A plugin that misbehaves on demand, to prove the sandbox holds. The policy config picks
-//! the behaviour: `{"behavior": "loop"}`. Without one it behaves, echoing what it saw.
+//! A plugin that misbehaves on demand, to prove the sandbox and the host hold. The policy
+//! config picks the behaviour: `{"behavior": "loop"}`. Without one it behaves: it desires the
+//! objects listed in `children` verbatim (so a test can ask for anything, allowed or not) and
+//! echoes what it saw as the status. When finalizing it records a `Finalizing` event and
+//! reports `finalized`, unless the behaviour is `hold-finalizer`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -11,6 +14,9 @@ use wasmctrl_plugin_sdk::{Error, Reconciler, Request, Response};
 struct Config {
     #[serde(default)]
     behavior: String,
+    /// Desired children, returned as given.
+    #[serde(default)]
+    children: Vec<Value>,
 }
 
 /// Calls seen by this instance. A fresh sandbox per call means it is always 1.
@@ -29,6 +35,20 @@ impl Reconciler for Misbehave {
             .unwrap_or_default()
             .to_owned();
         let mut response = Response::new();
+        if request.finalizing {
+            response.event(
+                wasmctrl_plugin_sdk::EventType::Normal,
+                "Finalizing",
+                format!("cleaning up after {name}"),
+            );
+            if request.config.behavior != "hold-finalizer" {
+                response.finalized();
+            }
+            return Ok(response);
+        }
+        for child in &request.config.children {
+            response.add_child(child)?;
+        }
         match request.config.behavior.as_str() {
             "loop" => {
                 let mut n = 0u64;

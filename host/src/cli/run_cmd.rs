@@ -1,0 +1,126 @@
+//! `wasmctrl run`: the operator host.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::controller::{Host, HostOptions};
+use crate::plugin::{EngineOptions, PluginEngine};
+
+/// Run the operator host against a cluster.
+#[derive(Debug, Args)]
+pub struct RunCommand {
+    /// Kubeconfig to use; without it, `KUBECONFIG`, `~/.kube/config` or the in-cluster
+    /// service account, in that order.
+    #[arg(long, env = "WASMCTRL_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context (default: the current context).
+    #[arg(long, env = "WASMCTRL_CONTEXT")]
+    context: Option<String>,
+    /// Reconcile every parent at least this often (a policy's resyncPeriodSeconds wins).
+    #[arg(long, env = "WASMCTRL_RESYNC_SECONDS", default_value_t = 300)]
+    resync_seconds: u64,
+    /// First retry delay after a failed reconcile, in milliseconds; doubles per failure.
+    #[arg(long, env = "WASMCTRL_BACKOFF_BASE_MS", default_value_t = 1000)]
+    backoff_base_ms: u64,
+    /// Longest retry delay, in seconds.
+    #[arg(long, env = "WASMCTRL_BACKOFF_MAX_SECONDS", default_value_t = 300)]
+    backoff_max_seconds: u64,
+    /// At most one Event per parent and reason in this many seconds.
+    #[arg(long, env = "WASMCTRL_EVENT_INTERVAL_SECONDS", default_value_t = 60)]
+    event_interval_seconds: u64,
+    /// Watch parents, children and related objects in this namespace only (for a host
+    /// installed with namespaced RBAC). Default: all namespaces.
+    #[arg(long, env = "WASMCTRL_NAMESPACE")]
+    namespace: Option<String>,
+    /// Run only the ReconcilePolicies matching this label selector (e.g. `shard=a`).
+    #[arg(long, env = "WASMCTRL_POLICY_SELECTOR")]
+    policy_selector: Option<String>,
+    /// Plugin calls that may run at once, across all policies.
+    #[arg(long, env = "WASMCTRL_MAX_CONCURRENT_CALLS", default_value_t = 64)]
+    max_concurrent_calls: u32,
+    /// The largest memory limit any policy may give its plugin, in MiB.
+    #[arg(long, env = "WASMCTRL_MAX_PLUGIN_MEMORY_MIB", default_value_t = 512)]
+    max_plugin_memory_mib: usize,
+}
+
+impl RunCommand {
+    /// Connect, then run until SIGINT or SIGTERM.
+    pub async fn run(self, cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
+        let client = self.client().await?;
+        let version = client
+            .apiserver_version()
+            .await
+            .context("reaching the API server")?;
+        tracing::info!(server = %version.git_version, "connected to the API server");
+        let engine = PluginEngine::new(EngineOptions {
+            cache_dir,
+            max_concurrent_calls: self.max_concurrent_calls,
+            max_memory_bytes: self.max_plugin_memory_mib << 20,
+        })
+        .context("starting the plugin engine")?;
+        let options = HostOptions {
+            resync: Duration::from_secs(self.resync_seconds.max(1)),
+            backoff_base: Duration::from_millis(self.backoff_base_ms.max(1)),
+            backoff_max: Duration::from_secs(self.backoff_max_seconds.max(1)),
+            event_interval: Duration::from_secs(self.event_interval_seconds),
+            namespace: self.namespace,
+            policy_selector: self.policy_selector,
+        };
+        Host::new(client, engine, options)
+            .run(shutdown_signal())
+            .await
+    }
+
+    async fn client(&self) -> anyhow::Result<kube::Client> {
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let kubeconfig = Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                let options = KubeConfigOptions {
+                    context: self.context.clone(),
+                    ..KubeConfigOptions::default()
+                };
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .with_context(|| format!("loading kubeconfig {}", path.display()))?
+            }
+            None if self.context.is_some() => {
+                let options = KubeConfigOptions {
+                    context: self.context.clone(),
+                    ..KubeConfigOptions::default()
+                };
+                kube::Config::from_kubeconfig(&options)
+                    .await
+                    .context("loading the kubeconfig")?
+            }
+            None => kube::Config::infer()
+                .await
+                .context("finding cluster credentials (kubeconfig or in-cluster)")?,
+        };
+        kube::Client::try_from(config).context("building the Kubernetes client")
+    }
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM (what Kubernetes sends a pod).
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown requested");
+}

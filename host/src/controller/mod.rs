@@ -1,0 +1,189 @@
+//! The operator host: every `ReconcilePolicy` in the cluster becomes one running controller
+//! whose decisions come from the policy's plugin.
+//!
+//! - [`Host`] watches ReconcilePolicies and starts, restarts and stops one policy controller
+//!   per policy, each in its own task, so one policy's trouble never reaches another.
+//! - `policy_controller` takes a policy from plugin loading and kind discovery to a running
+//!   kube-runtime `Controller`; `reconcile` is one reconcile of one parent.
+//! - `children`, `status` and `backoff` are the pure decisions the reconciler acts on.
+
+mod backoff;
+mod children;
+mod events;
+mod kinds;
+mod policy_controller;
+mod policy_status;
+mod reconcile;
+mod source;
+mod status;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client, ResourceExt as _};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::plugin::PluginEngine;
+use crate::policy::ReconcilePolicy;
+use policy_controller::Shared;
+
+pub use children::{
+    DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, policy_label_value,
+};
+pub use status::RECONCILED;
+
+/// Host-wide defaults that a policy may override.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    /// How often every parent is reconciled when nothing changed.
+    pub resync: Duration,
+    /// First retry delay after a failed reconcile; doubles per consecutive failure.
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// At most one Event per parent and reason in this interval.
+    pub event_interval: Duration,
+    /// Watch parents, children and related objects in this namespace only (a host installed
+    /// with namespaced RBAC); `None` watches the whole cluster.
+    pub namespace: Option<String>,
+    /// Run only the ReconcilePolicies matching this label selector, so several hosts can
+    /// split the policies of one cluster between them.
+    pub policy_selector: Option<String>,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        Self {
+            resync: Duration::from_secs(300),
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            event_interval: Duration::from_secs(60),
+            namespace: None,
+            policy_selector: None,
+        }
+    }
+}
+
+/// The operator host.
+pub struct Host {
+    shared: Arc<Shared>,
+}
+
+/// A running policy controller.
+struct Running {
+    /// The policy version it runs: a new uid or generation means a restart.
+    uid: Option<String>,
+    generation: Option<i64>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Host {
+    /// A host that talks to the cluster through `client` and runs plugins on `engine`.
+    pub fn new(client: Client, engine: PluginEngine, options: HostOptions) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                client,
+                engine,
+                options,
+            }),
+        }
+    }
+
+    /// Watch ReconcilePolicies and run their controllers until `shutdown` completes, then
+    /// stop every controller gracefully.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let api: Api<ReconcilePolicy> = Api::all(self.shared.client.clone());
+        let mut config = watcher::Config::default();
+        if let Some(selector) = &self.shared.options.policy_selector {
+            config = config.labels(selector);
+        }
+        let mut policies = std::pin::pin!(watcher(api, config).default_backoff());
+        let mut running: HashMap<String, Running> = HashMap::new();
+        let mut listed: HashSet<String> = HashSet::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let event = tokio::select! {
+                () = &mut shutdown => break,
+                event = policies.next() => event,
+            };
+            match event {
+                Some(Ok(watcher::Event::Apply(policy) | watcher::Event::InitApply(policy))) => {
+                    listed.insert(policy.name_any());
+                    self.ensure(&mut running, policy);
+                }
+                Some(Ok(watcher::Event::Delete(policy))) => {
+                    if let Some(old) = running.remove(&policy.name_any()) {
+                        tracing::info!(policy = %policy.name_any(), "policy deleted; stopping its controller");
+                        old.stop.cancel();
+                    }
+                }
+                Some(Ok(watcher::Event::Init)) => listed.clear(),
+                Some(Ok(watcher::Event::InitDone)) => {
+                    // Policies deleted while the watch was down.
+                    running.retain(|name, r| {
+                        let keep = listed.contains(name);
+                        if !keep {
+                            r.stop.cancel();
+                        }
+                        keep
+                    });
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(error = %error, "watching ReconcilePolicies (is the CRD installed?)");
+                }
+                None => break,
+            }
+        }
+        tracing::info!(controllers = running.len(), "shutting down");
+        for r in running.values() {
+            r.stop.cancel();
+        }
+        for (_, r) in running {
+            let _ = r.task.await;
+        }
+        Ok(())
+    }
+
+    /// Make sure the controller for `policy` runs this version of it.
+    fn ensure(&self, running: &mut HashMap<String, Running>, policy: ReconcilePolicy) {
+        let name = policy.name_any();
+        let uid = policy.metadata.uid.clone();
+        let generation = policy.metadata.generation;
+        let previous = running.remove(&name);
+        if let Some(r) = &previous
+            && r.uid == uid
+            && r.generation == generation
+        {
+            running.extend(previous.map(|r| (name, r)));
+            return;
+        }
+        let stop = CancellationToken::new();
+        let shared = self.shared.clone();
+        let policy = Arc::new(policy);
+        let child_stop = stop.clone();
+        let task = tokio::spawn(async move {
+            // The old controller finishes its in-flight reconciles before the new one starts,
+            // so no parent is ever reconciled by both.
+            if let Some(previous) = previous {
+                tracing::info!(policy = %policy.name_any(), "policy changed; restarting its controller");
+                previous.stop.cancel();
+                let _ = previous.task.await;
+            }
+            policy_controller::run(policy, shared, child_stop).await;
+        });
+        running.insert(
+            name,
+            Running {
+                uid,
+                generation,
+                stop,
+                task,
+            },
+        );
+    }
+}

@@ -1,0 +1,425 @@
+//! One policy's controller, from start to stop: load the plugin, resolve the kinds through
+//! discovery (waiting, with `Ready=False`, for a kind that is not served yet), then run a
+//! kube-runtime `Controller` over the parent kind, its children and its related kinds until
+//! told to stop. Stopping is graceful: reconciles in flight finish first.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use kube::api::Api;
+use kube::core::{ApiResource, DynamicObject, Selector, TypeMeta};
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Client, ResourceExt as _};
+use tokio_util::sync::CancellationToken;
+
+use super::HostOptions;
+use super::backoff::Backoff;
+use super::children::{self, AllowedKind};
+use super::events::EventSink;
+use super::kinds::{self, KindError, ResolvedKind};
+use super::policy_status::{PolicyStatusWriter, State};
+use super::reconcile::{self, ChildCache, PolicyContext, RelatedCache};
+use super::source;
+use crate::plugin::{Digest, Limits, Plugin, PluginEngine, PluginError};
+use crate::policy::{KindRef, PolicyLimits, ReconcilePolicy};
+
+/// How often a running policy's counts are written to its status (when they changed).
+const STATUS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// What every policy controller shares.
+pub(crate) struct Shared {
+    pub client: Client,
+    pub engine: PluginEngine,
+    pub options: HostOptions,
+}
+
+/// Run `policy` until `stop` is cancelled.
+pub(crate) async fn run(
+    policy: Arc<ReconcilePolicy>,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
+    let name = policy.name_any();
+    let mut status = PolicyStatusWriter::new(Api::all(shared.client.clone()), &policy);
+    let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(15));
+    let mut plugin: Option<Plugin> = None;
+    loop {
+        match prepare(&policy, &shared, &mut status, &mut plugin).await {
+            Some(parts) => {
+                run_controller(&policy, &shared, parts, status, stop).await;
+                tracing::info!(policy = %name, "policy controller stopped");
+                return;
+            }
+            None => {
+                status.flush().await;
+                let delay = retry.failed(&()).delay;
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+        }
+    }
+}
+
+/// The resolved pieces a controller needs.
+struct Parts {
+    plugin: Plugin,
+    parent: ResolvedKind,
+    children: Vec<(KindRef, ResolvedKind)>,
+    related: Vec<(ResolvedKind, Option<Selector>)>,
+}
+
+/// Load the plugin (once) and resolve every kind. On failure the reason is in `status` and
+/// `None` is returned, for the caller to try again.
+async fn prepare(
+    policy: &ReconcilePolicy,
+    shared: &Shared,
+    status: &mut PolicyStatusWriter,
+    plugin: &mut Option<Plugin>,
+) -> Option<Parts> {
+    let name = policy.name_any();
+    if plugin.is_none() {
+        match load_plugin(policy, shared).await {
+            Ok(loaded) => {
+                let info = loaded.info();
+                tracing::info!(policy = %name, digest = %info.digest, from_cache = info.from_cache, load_time = ?info.load_time, "plugin loaded");
+                status.set_plugin(
+                    State::ok("Loaded", format!("plugin {} loaded", info.digest)),
+                    Some(&info.digest),
+                );
+                *plugin = Some(loaded);
+            }
+            Err((reason, message)) => {
+                tracing::warn!(policy = %name, reason, %message, "plugin not loaded");
+                status.set_plugin(State::failed(reason, message.clone()), None);
+                status.set_ready(State::failed("PluginNotLoaded", message));
+                return None;
+            }
+        }
+    }
+    let spec = &policy.spec;
+    let resolve_all = async {
+        let parent = kinds::resolve(&shared.client, &spec.parent).await?;
+        let mut children = Vec::new();
+        for child in &spec.children {
+            children.push((child.clone(), kinds::resolve(&shared.client, child).await?));
+        }
+        let mut related = Vec::new();
+        for rel in &spec.related {
+            let kind = KindRef {
+                api_version: rel.api_version.clone(),
+                kind: rel.kind.clone(),
+            };
+            related.push(kinds::resolve(&shared.client, &kind).await?);
+        }
+        Ok::<_, KindError>((parent, children, related))
+    };
+    let (parent, children, related) = match resolve_all.await {
+        Ok(kinds) => kinds,
+        Err(error) => {
+            let reason = match error {
+                KindError::NotFound { .. } => "KindNotFound",
+                KindError::Discovery { .. } => "DiscoveryFailed",
+            };
+            tracing::info!(policy = %name, %error, "waiting for kinds");
+            status.set_ready(State::failed(reason, error.to_string()));
+            return None;
+        }
+    };
+    let mut selected = Vec::new();
+    for (rel, kind) in spec.related.iter().zip(related) {
+        let selector = match rel.selector.clone().map(Selector::try_from).transpose() {
+            Ok(selector) => selector,
+            Err(error) => {
+                status.set_ready(State::failed(
+                    "InvalidSelector",
+                    format!("related {} selector: {error}", rel.kind),
+                ));
+                return None;
+            }
+        };
+        selected.push((kind, selector));
+    }
+    Some(Parts {
+        plugin: plugin.clone()?,
+        parent,
+        children,
+        related: selected,
+    })
+}
+
+/// Fetch and load the policy's plugin; on failure, a condition reason and message.
+async fn load_plugin(
+    policy: &ReconcilePolicy,
+    shared: &Shared,
+) -> Result<Plugin, (&'static str, String)> {
+    let spec = &policy.spec.plugin;
+    let expected = spec
+        .digest
+        .as_deref()
+        .map(str::parse::<Digest>)
+        .transpose()
+        .map_err(|e| ("InvalidDigest", e.to_string()))?;
+    let bytes = source::fetch(&shared.client, &spec.source)
+        .await
+        .map_err(|e| ("SourceUnavailable", format!("{e:#}")))?;
+    let limits = limits(policy.spec.limits.as_ref());
+    shared
+        .engine
+        .load_async(bytes, expected, limits)
+        .await
+        .map_err(|e| {
+            let reason = match e {
+                PluginError::DigestMismatch { .. } => "DigestMismatch",
+                PluginError::ContractVersion { .. } => "ContractVersionMismatch",
+                PluginError::InvalidLimits(_) => "InvalidLimits",
+                _ => "InvalidPlugin",
+            };
+            (reason, e.to_string())
+        })
+}
+
+/// The policy's limits over the host's defaults.
+fn limits(policy: Option<&PolicyLimits>) -> Limits {
+    let mut limits = Limits::default();
+    if let Some(policy) = policy {
+        if let Some(ms) = policy.timeout_ms {
+            limits.timeout = Duration::from_millis(u64::from(ms));
+        }
+        if let Some(mib) = policy.memory_mib {
+            limits.memory_bytes = (mib as usize) << 20;
+        }
+        if let Some(kib) = policy.max_output_kib {
+            limits.max_output_bytes = (kib as usize) << 10;
+        }
+        if let Some(n) = policy.max_children {
+            limits.max_children = n as usize;
+        }
+    }
+    limits
+}
+
+/// A watch stream of `resource`, cached in a store, with `managedFields` dropped: plugins
+/// never see them and the host does not need to hold them.
+fn cached_watch(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    config: watcher::Config,
+) -> (
+    Store<DynamicObject>,
+    impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send + 'static,
+) {
+    let writer = reflector::store::Writer::new(resource.clone());
+    let reader = writer.as_reader();
+    let api: Api<DynamicObject> = match namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
+        None => Api::all_with(client.clone(), resource),
+    };
+    // List responses leave out each item's apiVersion and kind; plugins and the convergence
+    // check need them, so every cached object gets them back.
+    let types = TypeMeta {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+    };
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(move |object: &mut DynamicObject| {
+            object.managed_fields_mut().clear();
+            if object.types.is_none() {
+                object.types = Some(types.clone());
+            }
+        })
+        .reflect(writer);
+    (reader, stream)
+}
+
+async fn run_controller(
+    policy: &ReconcilePolicy,
+    shared: &Shared,
+    parts: Parts,
+    mut status: PolicyStatusWriter,
+    stop: CancellationToken,
+) {
+    let name = policy.name_any();
+    let spec = &policy.spec;
+    let client = &shared.client;
+    let policy_label = children::policy_label_value(&name);
+    let owned_selector = format!("{}={policy_label}", children::POLICY_LABEL);
+
+    // A namespace restriction applies to namespaced kinds; cluster-scoped ones are watched
+    // cluster-wide (and need cluster RBAC).
+    let scope = |kind: &ResolvedKind| {
+        shared
+            .options
+            .namespace
+            .as_deref()
+            .filter(|_| kind.namespaced)
+    };
+    let (parents, parent_stream) = cached_watch(
+        client,
+        &parts.parent.resource,
+        scope(&parts.parent),
+        watcher::Config::default(),
+    );
+    let mut controller = Controller::for_stream_with(
+        parent_stream.applied_objects(),
+        parents.clone(),
+        parts.parent.resource.clone(),
+    );
+
+    let mut child_caches = Vec::new();
+    for (kind, resolved) in &parts.children {
+        let (store, stream) = cached_watch(
+            client,
+            &resolved.resource,
+            scope(resolved),
+            watcher::Config::default().labels(&owned_selector),
+        );
+        controller =
+            controller.owns_stream_with(stream.touched_objects(), resolved.resource.clone());
+        child_caches.push(ChildCache {
+            allowed: AllowedKind {
+                api_version: kind.api_version.clone(),
+                kind: kind.kind.clone(),
+                namespaced: resolved.namespaced,
+            },
+            resource: resolved.resource.clone(),
+            store,
+        });
+    }
+
+    let mut related_caches = Vec::new();
+    for (resolved, selector) in &parts.related {
+        let config = match selector {
+            Some(selector) => watcher::Config::default().labels_from(selector),
+            None => watcher::Config::default(),
+        };
+        let (store, stream) = cached_watch(client, &resolved.resource, scope(resolved), config);
+        let parents_of = parents.clone();
+        let parent_resource = parts.parent.resource.clone();
+        // A related object concerns every parent in its namespace.
+        let mapper = move |object: DynamicObject| {
+            let namespace = object.metadata.namespace.clone();
+            parents_of
+                .state_filter(|p| p.metadata.namespace == namespace)
+                .into_iter()
+                .map(|p| ObjectRef::from_obj_with(&*p, parent_resource.clone()))
+                .collect::<Vec<_>>()
+        };
+        controller = controller.watches_stream_with(
+            stream.touched_objects(),
+            mapper,
+            resolved.resource.clone(),
+        );
+        related_caches.push(RelatedCache { store });
+    }
+
+    // kube-runtime's store readiness wakes only one waiter at a time, so one task waits for
+    // every cache and publishes the result to all reconciles.
+    let (ready_tx, caches_ready) = tokio::sync::watch::channel(false);
+    let stores: Vec<Store<DynamicObject>> = child_caches
+        .iter()
+        .map(|c| c.store.clone())
+        .chain(related_caches.iter().map(|r| r.store.clone()))
+        .collect();
+    let wait_for_caches = async move {
+        for store in stores {
+            if store.wait_until_ready().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+        let _ = ready_tx.send(true);
+        std::future::pending::<()>().await
+    };
+
+    let field_manager: String = format!("wasmctrl/{name}").chars().take(128).collect();
+    let ctx = Arc::new(PolicyContext {
+        client: client.clone(),
+        policy: name.clone(),
+        finalizer: spec
+            .finalize
+            .then(|| format!("wasmctrl.dev/{policy_label}")),
+        policy_label,
+        field_manager: field_manager.clone(),
+        parent: parts.parent.resource.clone(),
+        children: child_caches,
+        related: related_caches,
+        config: spec
+            .plugin
+            .config
+            .as_ref()
+            .filter(|c| !c.is_null())
+            .map(ToString::to_string),
+        plugin: parts.plugin,
+        resync: Duration::from_secs(
+            spec.resync_period_seconds
+                .map_or(shared.options.resync.as_secs(), u64::from),
+        ),
+        backoff: Backoff::new(shared.options.backoff_base, shared.options.backoff_max),
+        reconciled: Mutex::new(Default::default()),
+        events: EventSink::new(client.clone(), field_manager, shared.options.event_interval),
+        caches_ready,
+    });
+
+    status.set_ready(State::ok(
+        "Running",
+        format!(
+            "reconciling {} {} with {} child kind(s)",
+            spec.parent.api_version,
+            spec.parent.kind,
+            spec.children.len()
+        ),
+    ));
+    status.flush().await;
+    tracing::info!(policy = %name, parent = %spec.parent.kind, "policy controller running");
+
+    let concurrency = spec.max_concurrent_reconciles.unwrap_or(4).max(1);
+    let shutdown = stop.clone();
+    let run = controller
+        .with_config(
+            controller::Config::default()
+                .concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX)),
+        )
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                // Reconcile failures are logged where they happen; this is the rest
+                // (watch and queue errors).
+                if !matches!(error, controller::Error::ReconcilerFailed(..)) {
+                    tracing::warn!(error = %error, "controller error");
+                }
+            }
+        });
+
+    let report = async {
+        loop {
+            tokio::time::sleep(STATUS_INTERVAL).await;
+            let (reconciled, failing) = counts(&ctx, &parents);
+            status.set_counts(reconciled, failing);
+            status.flush().await;
+        }
+    };
+    tokio::select! {
+        () = run => {}
+        () = report => {}
+        () = wait_for_caches => {}
+    }
+}
+
+/// Parents whose last reconcile succeeded and failed, among those that still exist.
+fn counts(ctx: &PolicyContext, parents: &Store<DynamicObject>) -> (u64, u64) {
+    let exists = |key: &ObjectRef<DynamicObject>| parents.get(key).is_some();
+    ctx.backoff.retain(exists);
+    let mut reconciled = ctx
+        .reconciled
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    reconciled.retain(exists);
+    (reconciled.len() as u64, ctx.backoff.failing() as u64)
+}

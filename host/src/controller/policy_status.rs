@@ -1,0 +1,135 @@
+//! The ReconcilePolicy's status as one running policy controller reports it: `Ready` and
+//! `PluginLoaded` with reasons a user can act on, the active digest, and parent counts.
+//! Written only when something changed.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+use crate::plugin::Digest;
+use crate::policy::{ReconcilePolicy, ReconcilePolicyStatus};
+
+/// The field manager the host writes policy status with.
+const FIELD_MANAGER: &str = "wasmctrl";
+
+/// One condition's state, before timestamps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct State {
+    pub ok: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl State {
+    pub fn ok(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            ok: true,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    pub fn failed(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Writes one policy's status.
+pub(crate) struct PolicyStatusWriter {
+    api: Api<ReconcilePolicy>,
+    name: String,
+    generation: Option<i64>,
+    current: ReconcilePolicyStatus,
+    written: Option<ReconcilePolicyStatus>,
+}
+
+impl PolicyStatusWriter {
+    /// Start from the status the policy already has, so unchanged conditions keep their
+    /// transition times across host restarts.
+    pub fn new(api: Api<ReconcilePolicy>, policy: &ReconcilePolicy) -> Self {
+        let current = policy.status.clone().unwrap_or_default();
+        Self {
+            api,
+            name: policy.metadata.name.clone().unwrap_or_default(),
+            generation: policy.metadata.generation,
+            written: Some(current.clone()),
+            current,
+        }
+    }
+
+    pub fn set_plugin(&mut self, state: State, digest: Option<&Digest>) {
+        self.set_condition("PluginLoaded", state);
+        if let Some(digest) = digest {
+            self.current.active_digest = Some(digest.to_string());
+            self.current.active_digest_short = Some(digest.short());
+        }
+    }
+
+    pub fn set_ready(&mut self, state: State) {
+        self.set_condition("Ready", state);
+    }
+
+    pub fn set_counts(&mut self, reconciled: u64, failing: u64) {
+        self.current.parents_reconciled = reconciled;
+        self.current.parents_failing = failing;
+    }
+
+    fn set_condition(&mut self, type_: &str, state: State) {
+        let status = if state.ok { "True" } else { "False" };
+        let conditions = &mut self.current.conditions;
+        let previous = conditions.iter().position(|c| c.type_ == type_);
+        let last_transition_time = previous
+            .map(|i| &conditions[i])
+            .filter(|c| c.status == status)
+            .map_or_else(
+                || Time(jiff::Timestamp::now()),
+                |c| c.last_transition_time.clone(),
+            );
+        let condition = Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: state.reason.to_owned(),
+            message: super::events::truncate(state.message, 4096),
+            observed_generation: self.generation,
+            last_transition_time,
+        };
+        match previous {
+            Some(i) => conditions[i] = condition,
+            None => conditions.push(condition),
+        }
+    }
+
+    /// Write the status if it changed since the last write. Failures are logged and retried
+    /// with the next flush.
+    pub async fn flush(&mut self) {
+        self.current.observed_generation = self.generation;
+        if self.written.as_ref() == Some(&self.current) {
+            return;
+        }
+        let body = json!({
+            "apiVersion": "wasmctrl.dev/v1alpha1",
+            "kind": "ReconcilePolicy",
+            "metadata": {"name": self.name},
+            "status": self.current,
+        });
+        match self
+            .api
+            .patch_status(
+                &self.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+        {
+            Ok(_) => self.written = Some(self.current.clone()),
+            Err(error) => {
+                tracing::warn!(policy = %self.name, error = %error, "could not write policy status");
+            }
+        }
+    }
+}

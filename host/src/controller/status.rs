@@ -1,0 +1,199 @@
+//! The parent's status as the host writes it: the plugin's status, plus `observedGeneration`
+//! and a `Reconciled` condition, with `lastTransitionTime` stamped by the host (plugins have
+//! no clock) and kept when a condition's status has not changed, so a steady state produces
+//! an identical status and no write.
+
+use serde_json::{Value, json};
+
+use crate::plugin::JsonObject;
+
+/// The condition the host owns on every parent.
+pub const RECONCILED: &str = "Reconciled";
+
+/// The outcome the `Reconciled` condition reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// `True` when the reconcile succeeded.
+    pub success: bool,
+    /// CamelCase reason.
+    pub reason: String,
+    /// What happened, for a human.
+    pub message: String,
+}
+
+/// The status to write after a successful reconcile: the plugin's status with
+/// `observedGeneration` and the `Reconciled` condition added, and transition times stamped.
+pub fn after_success(
+    plugin_status: Option<JsonObject>,
+    generation: Option<i64>,
+    observed_status: Option<&Value>,
+    outcome: &Outcome,
+    now: &str,
+) -> JsonObject {
+    let mut status = plugin_status.unwrap_or_default();
+    if let Some(generation) = generation {
+        status.insert("observedGeneration".into(), json!(generation));
+    }
+    let conditions = match status.remove("conditions") {
+        Some(Value::Array(conditions)) => conditions,
+        _ => Vec::new(),
+    };
+    let conditions = with_reconciled(conditions, generation, observed_status, outcome, now);
+    status.insert("conditions".into(), Value::Array(conditions));
+    status
+}
+
+/// The conditions to write after a failed reconcile: the observed ones, with `Reconciled`
+/// replaced. Everything else in the status is left as it was, so a failure never erases what
+/// the last success reported.
+pub fn after_failure(
+    generation: Option<i64>,
+    observed_status: Option<&Value>,
+    outcome: &Outcome,
+    now: &str,
+) -> Vec<Value> {
+    let observed = observed_status
+        .and_then(|s| s.get("conditions"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    with_reconciled(observed, generation, observed_status, outcome, now)
+}
+
+fn with_reconciled(
+    mut conditions: Vec<Value>,
+    generation: Option<i64>,
+    observed_status: Option<&Value>,
+    outcome: &Outcome,
+    now: &str,
+) -> Vec<Value> {
+    conditions.retain(|c| c.get("type").and_then(Value::as_str) != Some(RECONCILED));
+    let mut reconciled = json!({
+        "type": RECONCILED,
+        "status": if outcome.success { "True" } else { "False" },
+        "reason": outcome.reason,
+        "message": outcome.message,
+    });
+    if let Some(generation) = generation {
+        reconciled["observedGeneration"] = json!(generation);
+    }
+    conditions.push(reconciled);
+    for condition in &mut conditions {
+        stamp_transition(condition, observed_status, now);
+    }
+    conditions
+}
+
+/// Give `condition` a `lastTransitionTime`: the observed one if the status did not change,
+/// otherwise `now`. A plugin cannot know either, so whatever it sent is replaced.
+fn stamp_transition(condition: &mut Value, observed_status: Option<&Value>, now: &str) {
+    let Value::Object(fields) = condition else {
+        return;
+    };
+    let kind = fields.get("type").and_then(Value::as_str);
+    let state = fields.get("status").and_then(Value::as_str);
+    let previous = observed_status
+        .and_then(|s| s.get("conditions"))
+        .and_then(Value::as_array)
+        .and_then(|observed| {
+            observed.iter().find(|o| {
+                o.get("type").and_then(Value::as_str) == kind
+                    && o.get("status").and_then(Value::as_str) == state
+            })
+        })
+        .and_then(|o| o.get("lastTransitionTime"))
+        .and_then(Value::as_str);
+    fields.insert("lastTransitionTime".into(), json!(previous.unwrap_or(now)));
+}
+
+/// Whether writing `desired` would change the observed status.
+pub fn is_unchanged(desired: &JsonObject, observed_status: Option<&Value>) -> bool {
+    match observed_status {
+        Some(Value::Object(observed)) => {
+            super::children::is_subset(
+                &Value::Object(desired.clone()),
+                &Value::Object(observed.clone()),
+            ) && observed.keys().all(|k| desired.contains_key(k))
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> Outcome {
+        Outcome {
+            success: true,
+            reason: "Reconciled".into(),
+            message: "2 children".into(),
+        }
+    }
+
+    fn plugin_status() -> JsonObject {
+        let Value::Object(status) = json!({
+            "readyReplicas": 3,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "AllReady", "message": ""}],
+        }) else {
+            unreachable!()
+        };
+        status
+    }
+
+    #[test]
+    fn adds_generation_and_reconciled_and_stamps_times() {
+        let status = after_success(Some(plugin_status()), Some(4), None, &ok(), "T1");
+        assert_eq!(status["observedGeneration"], 4);
+        assert_eq!(status["readyReplicas"], 3);
+        let conditions = status["conditions"].as_array().expect("list");
+        assert_eq!(conditions.len(), 2);
+        assert_eq!(conditions[1]["type"], RECONCILED);
+        assert_eq!(conditions[1]["status"], "True");
+        assert_eq!(conditions[1]["observedGeneration"], 4);
+        assert!(conditions.iter().all(|c| c["lastTransitionTime"] == "T1"));
+    }
+
+    #[test]
+    fn a_steady_state_is_an_identical_status() {
+        let first = after_success(Some(plugin_status()), Some(4), None, &ok(), "T1");
+        let observed = Value::Object(first.clone());
+        let second = after_success(Some(plugin_status()), Some(4), Some(&observed), &ok(), "T2");
+        assert_eq!(first, second);
+        assert!(is_unchanged(&second, Some(&observed)));
+    }
+
+    #[test]
+    fn a_changed_condition_gets_a_new_transition_time() {
+        let first = Value::Object(after_success(
+            Some(plugin_status()),
+            Some(4),
+            None,
+            &ok(),
+            "T1",
+        ));
+        let failed = Outcome {
+            success: false,
+            reason: "PluginFailed".into(),
+            message: "trap".into(),
+        };
+        let conditions = after_failure(Some(5), Some(&first), &failed, "T2");
+        assert_eq!(conditions[0]["type"], "Ready");
+        assert_eq!(
+            conditions[0]["lastTransitionTime"], "T1",
+            "Ready did not change"
+        );
+        assert_eq!(conditions[1]["status"], "False");
+        assert_eq!(conditions[1]["lastTransitionTime"], "T2");
+        assert_eq!(conditions[1]["message"], "trap");
+    }
+
+    #[test]
+    fn a_dropped_field_is_a_change() {
+        let mut observed = after_success(Some(plugin_status()), Some(4), None, &ok(), "T1");
+        let desired = observed.clone();
+        observed.insert("extra".into(), json!(1));
+        assert!(!is_unchanged(&desired, Some(&Value::Object(observed))));
+        assert!(!is_unchanged(&desired, None));
+    }
+}

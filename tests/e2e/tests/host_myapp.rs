@@ -1,0 +1,275 @@
+//! The MyApp operator, end to end: a wasmctrl host running the MyApp plugin against the real
+//! control plane (with a controller-manager, a scheduler and a kwok node, so Deployments
+//! really become ready).
+
+mod support;
+
+use serde_json::{Value, json};
+use support::*;
+use wasmctrl_testenv::TestEnv;
+
+fn myapp_policy(config: Value) -> Value {
+    json!({
+        "parent": {"apiVersion": "example.com/v1", "kind": "MyApp"},
+        "children": [
+            {"apiVersion": "apps/v1", "kind": "Deployment"},
+            {"apiVersion": "v1", "kind": "Service"},
+        ],
+        "related": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "selector": {"matchLabels": {"example.com/myapp-config": "true"}},
+        }],
+        "plugin": {"source": file_source("myapp_plugin"), "config": config},
+        "maxConcurrentReconciles": 4,
+    })
+}
+
+fn myapp(name: &str, replicas: i64, image: &str) -> Value {
+    json!({
+        "apiVersion": "example.com/v1", "kind": "MyApp",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "image": image},
+    })
+}
+
+fn owner_is(child: &Value, parent: &Value) -> bool {
+    child["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|refs| {
+            refs.iter().any(|r| {
+                r["uid"] == parent["metadata"]["uid"]
+                    && r["controller"] == true
+                    && r["blockOwnerDeletion"] == true
+            })
+        })
+}
+
+fn ready(app: &Value) -> bool {
+    let status = &app["status"];
+    status["readyReplicas"] == app["spec"]["replicas"]
+        && status["observedGeneration"] == app["metadata"]["generation"]
+        && condition(app, "Ready").is_some_and(|c| c["status"] == "True")
+        && condition(app, "Reconciled").is_some_and(|c| c["status"] == "True")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn myapp_converges_follows_changes_repairs_drift_and_prunes() -> anyhow::Result<()> {
+    const TEST: &str = "myapp-lifecycle";
+    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+
+    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
+    let services = api(&client, &resource("", "v1", "Service"), &ns);
+
+    // Create: a Deployment and a Service owned by the MyApp; status converges to Ready.
+    apply(&myapps, myapp("web", 3, "nginx:1.25")).await?;
+    let app = wait_for_object(&myapps, "web", "MyApp web to be ready", ready).await?;
+    let deployment =
+        wait_for_object(&deployments, "web", "Deployment web", |d| owner_is(d, &app)).await?;
+    let service = wait_for_object(&services, "web", "Service web", |s| owner_is(s, &app)).await?;
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    assert_eq!(
+        deployment["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "wasmctrl"
+    );
+    assert_eq!(service["metadata"]["labels"]["wasmctrl.dev/policy"], TEST);
+
+    // Scale: the Deployment follows and the status catches up.
+    let mut scaled = myapp("web", 5, "nginx:1.25");
+    apply(&myapps, scaled.clone()).await?;
+    wait_for_object(&deployments, "web", "Deployment scaled to 5", |d| {
+        d["spec"]["replicas"] == 5
+    })
+    .await?;
+    wait_for_object(&myapps, "web", "MyApp web ready at 5", |a| {
+        ready(a) && a["status"]["readyReplicas"] == 5
+    })
+    .await?;
+
+    // New image: the pod template is rolled.
+    scaled["spec"]["image"] = json!("nginx:1.27");
+    apply(&myapps, scaled).await?;
+    wait_for_object(&deployments, "web", "Deployment on the new image", |d| {
+        d["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx:1.27"
+    })
+    .await?;
+
+    // Drift: a deleted Service is recreated, a hand-edited replica count is corrected.
+    let old_uid = service["metadata"]["uid"].clone();
+    services.delete("web", &Default::default()).await?;
+    wait_for_object(&services, "web", "Service web recreated", |s| {
+        s["metadata"]["uid"] != old_uid
+    })
+    .await?;
+    deployments
+        .patch(
+            "web",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await?;
+    wait_for_object(&deployments, "web", "hand-edited replicas corrected", |d| {
+        d["spec"]["replicas"] == 5
+    })
+    .await?;
+
+    // A config change that drops the Service: it is pruned, the Deployment is not touched.
+    // (Its controller keeps writing its status, so compare what wasmctrl would change: the
+    // spec, through the generation, and the desired-state fingerprint.)
+    let fingerprint = |d: &Value| {
+        (
+            d["metadata"]["generation"].clone(),
+            d["metadata"]["annotations"]["wasmctrl.dev/desired-hash"].clone(),
+        )
+    };
+    let before = fingerprint(&get(&deployments, "web").await?.expect("exists"));
+    apply_policy(&client, TEST, TEST, myapp_policy(json!({"service": false}))).await?;
+    wait_gone(&services, "web", "Service web pruned").await?;
+    let deployment = get(&deployments, "web")
+        .await?
+        .expect("the Deployment stays");
+    assert_eq!(
+        fingerprint(&deployment),
+        before,
+        "the Deployment must not be written when only the Service changes"
+    );
+
+    // Delete: children are garbage-collected with their owner.
+    myapps.delete("web", &Default::default()).await?;
+    wait_gone(&deployments, "web", "Deployment web garbage-collected").await?;
+
+    host.stop().await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_related_config_map_reaches_the_plugin_and_its_changes_re_reconcile() -> anyhow::Result<()>
+{
+    const TEST: &str = "myapp-related";
+    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
+    let config = |greeting: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "api-config", "labels": {"example.com/myapp-config": "true"}},
+            "data": {"GREETING": greeting},
+        })
+    };
+    apply(&config_maps, config("hello")).await?;
+    let mut app = myapp("api", 1, "ghcr.io/example/api:1.4.0");
+    app["spec"]["configMap"] = json!("api-config");
+    apply(&myapps, app).await?;
+
+    let env_greeting =
+        |d: &Value| d["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"].clone();
+    let first = wait_for_object(&deployments, "api", "env from the ConfigMap", |d| {
+        env_greeting(d) == "hello"
+    })
+    .await?;
+    let first_hash =
+        first["spec"]["template"]["metadata"]["annotations"]["example.com/config-hash"].clone();
+    assert!(first_hash.is_string(), "the config hash annotation is set");
+
+    apply(&config_maps, config("bonjour")).await?;
+    let second = wait_for_object(&deployments, "api", "env follows the ConfigMap", |d| {
+        env_greeting(d) == "bonjour"
+    })
+    .await?;
+    assert_ne!(
+        second["spec"]["template"]["metadata"]["annotations"]["example.com/config-hash"],
+        first_hash,
+        "a new config hash rolls the pods"
+    );
+
+    host.stop().await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_host_writes_nothing_when_everything_converged() -> anyhow::Result<()> {
+    const TEST: &str = "myapp-restart";
+    let env = TestEnv::get();
+    let Some(audit_log) = env.audit_log() else {
+        eprintln!("skipped: this cluster has no audit log wasmctrl started");
+        return Ok(());
+    };
+    let (client, ns) = env.namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
+    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    for name in ["a", "b", "c"] {
+        apply(&myapps, myapp(name, 2, "nginx:1.25")).await?;
+    }
+    for name in ["a", "b", "c"] {
+        wait_for_object(&myapps, name, "MyApp ready", ready).await?;
+    }
+    // Let the last status writes and their echoes settle, then restart.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    host.stop().await?;
+
+    let before = writes_in(audit_log, &ns)?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    // The restarted host lists everything and reconciles every parent at once; give it
+    // ample time to write, if it were going to.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    let after = writes_in(audit_log, &ns)?;
+    let new: Vec<&String> = after.iter().skip(before.len()).collect();
+    assert!(
+        new.is_empty(),
+        "a converged restart must not write, but wrote: {new:#?}"
+    );
+
+    // And the restarted host is alive: a change is acted on.
+    apply(&myapps, myapp("a", 3, "nginx:1.25")).await?;
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
+    wait_for_object(&deployments, "a", "restarted host scales a", |d| {
+        d["spec"]["replicas"] == 3
+    })
+    .await?;
+
+    host.stop().await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+/// Writes by the admin user (the host in these tests) to objects in `namespace`, except
+/// Events, in audit-log order.
+fn writes_in(audit_log: &std::path::Path, namespace: &str) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(audit_log)?;
+    let marker = format!("/namespaces/{namespace}/");
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|e| {
+            let uri = e["requestURI"].as_str().unwrap_or_default();
+            let verb = e["verb"].as_str().unwrap_or_default();
+            e["stage"] == "ResponseComplete"
+                && uri.contains(&marker)
+                && !uri.contains("/events")
+                && matches!(verb, "create" | "update" | "patch" | "delete")
+                && e["userAgent"]
+                    .as_str()
+                    .is_none_or(|ua| !ua.contains("kube-controller-manager"))
+                && e["user"]["username"] == "admin"
+        })
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["verb"].as_str().unwrap_or_default(),
+                e["requestURI"].as_str().unwrap_or_default()
+            )
+        })
+        .collect())
+}

@@ -1,0 +1,274 @@
+//! What the host's end-to-end tests share: CRDs installed once, a wasmctrl host running
+//! in-process for one test (scoped to its namespace and its own policies, so tests running
+//! side by side never act on each other's objects), and small object helpers.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use wasmctrl::controller::{Host, HostOptions};
+use wasmctrl::plugin::{EngineOptions, PluginEngine};
+use wasmctrl_testenv::{TestEnv, cluster::eventually};
+
+/// Label that ties a test's policies to the host the test runs.
+pub const TEST_LABEL: &str = "e2e.wasmctrl.dev/test";
+
+/// How long anything that needs the host to act may take.
+pub const ACT: Duration = Duration::from_secs(30);
+
+pub fn resource(group: &str, version: &str, kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
+}
+
+pub fn crds_api(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &resource("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+    )
+}
+
+/// Server-side apply a CRD and wait until its kind is served.
+pub async fn install_crd(client: &Client, crd: &Value) -> anyhow::Result<()> {
+    let name = crd["metadata"]["name"]
+        .as_str()
+        .context("CRD without a name")?;
+    crds_api(client)
+        .patch(
+            name,
+            &PatchParams::apply("wasmctrl-e2e").force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .with_context(|| format!("applying CRD {name}"))?;
+    let group = crd["spec"]["group"].as_str().unwrap_or_default().to_owned();
+    let kind = crd["spec"]["names"]["kind"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let version = crd["spec"]["versions"][0]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let gvk = GroupVersionKind::gvk(&group, &version, &kind);
+    eventually(&format!("{kind} to be served"), ACT, || {
+        let client = client.clone();
+        let gvk = gvk.clone();
+        async move { Ok(kube::discovery::pinned_kind(&client, &gvk).await.is_ok()) }
+    })
+    .await
+}
+
+/// Install the repository's CRDs (ReconcilePolicy, MyApp).
+pub async fn install_repo_crds(client: &Client) -> anyhow::Result<()> {
+    for file in ["crds/reconcilepolicy.yaml", "crds/myapp.yaml"] {
+        let text = std::fs::read_to_string(wasmctrl_testenv::repo_root().join(file))?;
+        install_crd(client, &serde_yaml_ng::from_str(&text)?).await?;
+    }
+    Ok(())
+}
+
+/// A CRD for a test-only namespaced kind with a status subresource and a free-form spec.
+pub fn test_crd(group: &str, kind: &str) -> Value {
+    let plural = format!("{}s", kind.to_lowercase());
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {
+            "group": group,
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                    },
+                }},
+            }],
+        },
+    })
+}
+
+/// A wasmctrl host running in this test process, watching only `namespace` and only the
+/// policies labelled for this test.
+pub struct HostUnderTest {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl HostUnderTest {
+    pub async fn start(test: &str, namespace: &str) -> anyhow::Result<Self> {
+        let client = TestEnv::get().client().await?;
+        let engine = PluginEngine::new(EngineOptions {
+            cache_dir: Some(std::env::temp_dir().join("wasmctrl-e2e-artifacts")),
+            max_concurrent_calls: 8,
+            max_memory_bytes: 128 << 20,
+        })?;
+        let options = HostOptions {
+            namespace: Some(namespace.to_owned()),
+            policy_selector: Some(format!("{TEST_LABEL}={test}")),
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(8),
+            event_interval: Duration::from_secs(30),
+            ..HostOptions::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(Host::new(client, engine, options).run(async {
+            let _ = stopped.await;
+        }));
+        Ok(Self {
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// Stop gracefully and wait for every controller to finish.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.context("host task panicked")?
+    }
+}
+
+impl Drop for HostUnderTest {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The ReconcilePolicy API.
+pub fn policies(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &resource("wasmctrl.dev", "v1alpha1", "ReconcilePolicy"),
+    )
+}
+
+/// Create or update policy `name` for `test` with `spec`.
+pub async fn apply_policy(
+    client: &Client,
+    test: &str,
+    name: &str,
+    spec: Value,
+) -> anyhow::Result<()> {
+    let policy = json!({
+        "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
+        "metadata": {"name": name, "labels": {TEST_LABEL: test}},
+        "spec": spec,
+    });
+    policies(client)
+        .patch(
+            name,
+            &PatchParams::apply("wasmctrl-e2e").force(),
+            &Patch::Apply(&policy),
+        )
+        .await
+        .with_context(|| format!("applying policy {name}"))?;
+    Ok(())
+}
+
+/// The path of a built plugin, as a file source.
+pub fn file_source(plugin: &str) -> Value {
+    let path = wasmctrl_testenv::plugins::guest(plugin);
+    json!({"file": {"path": path.to_string_lossy()}})
+}
+
+/// An API for `resource` in `namespace`.
+pub fn api(client: &Client, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), namespace, resource)
+}
+
+/// Server-side apply `object` (a JSON manifest) as the test's own field manager.
+pub async fn apply(api: &Api<DynamicObject>, object: Value) -> anyhow::Result<DynamicObject> {
+    let name = object["metadata"]["name"]
+        .as_str()
+        .context("object without a name")?
+        .to_owned();
+    api.patch(
+        &name,
+        &PatchParams::apply("wasmctrl-e2e").force(),
+        &Patch::Apply(&object),
+    )
+    .await
+    .with_context(|| format!("applying {name}"))
+}
+
+/// The object as JSON, or `None` if it does not exist.
+pub async fn get(api: &Api<DynamicObject>, name: &str) -> anyhow::Result<Option<Value>> {
+    Ok(api
+        .get_opt(name)
+        .await?
+        .map(|o| serde_json::to_value(o).unwrap_or_default()))
+}
+
+/// The condition `type_` of `object`'s status.
+pub fn condition<'a>(object: &'a Value, type_: &str) -> Option<&'a Value> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+/// Wait until `check` accepts the object (which must exist).
+pub async fn wait_for_object(
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    let found = std::sync::Mutex::new(Value::Null);
+    eventually(what, ACT, || {
+        let fetched = get(api, name);
+        let check = &check;
+        let found = &found;
+        async move {
+            Ok(match fetched.await? {
+                Some(object) if check(&object) => {
+                    *found.lock().expect("not poisoned") = object;
+                    true
+                }
+                _ => false,
+            })
+        }
+    })
+    .await?;
+    Ok(found.into_inner().expect("not poisoned"))
+}
+
+/// Wait until the object is gone.
+pub async fn wait_gone(api: &Api<DynamicObject>, name: &str, what: &str) -> anyhow::Result<()> {
+    eventually(
+        what,
+        ACT,
+        || async move { Ok(get(api, name).await?.is_none()) },
+    )
+    .await
+}
+
+/// Event reasons recorded on objects named `name` in `namespace`.
+pub async fn event_reasons(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), namespace);
+    Ok(events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default()))
+        .collect())
+}

@@ -1,0 +1,59 @@
+//! The guest plugins the tests run, built on first use.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Guests the tests use, built together in one cargo invocation.
+const GUESTS: [&str; 3] = ["myapp-plugin", "misbehave-plugin", "wrong-world-plugin"];
+
+/// Where cargo puts plugin components (honours `CARGO_TARGET_DIR`, as CI sets it).
+pub fn plugin_dir() -> PathBuf {
+    let root = crate::repo_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let target = if target.is_absolute() {
+        target
+    } else {
+        root.join(target)
+    };
+    target.join("wasm32-wasip2").join("plugin")
+}
+
+/// The path of a built guest component, e.g. `guest("myapp_plugin")`. The first call in a
+/// process builds every guest (a no-op when they are up to date), so tests never run a stale
+/// plugin.
+pub fn guest(file_stem: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut command = Command::new(cargo);
+        command.current_dir(crate::repo_root()).args([
+            "build",
+            "--quiet",
+            "--target",
+            "wasm32-wasip2",
+            "--profile",
+            "plugin",
+        ]);
+        for guest in GUESTS {
+            command.args(["-p", guest]);
+        }
+        let status = command
+            .status()
+            .expect("running cargo to build the guest plugins");
+        assert!(
+            status.success(),
+            "building the guest plugins failed; is the wasm32-wasip2 target installed? (`cargo xtask setup`)"
+        );
+    });
+    let path = plugin_dir().join(format!("{file_stem}.wasm"));
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
+/// The bytes of a built guest component.
+pub fn guest_bytes(file_stem: &str) -> Vec<u8> {
+    std::fs::read(guest(file_stem)).expect("reading a built guest")
+}
