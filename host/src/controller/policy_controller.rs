@@ -11,7 +11,7 @@ use kube::api::Api;
 use kube::core::{ApiResource, DynamicObject, Selector, TypeMeta};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::{PredicateConfig, WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 use tokio_util::sync::CancellationToken;
 
@@ -266,8 +266,12 @@ async fn run_controller(
         scope(&parts.parent),
         watcher::Config::default(),
     );
+    // Status-only updates (the host's own status writes among them) do not trigger a
+    // reconcile: they would turn every failure into an immediate retry and defeat backoff.
     let mut controller = Controller::for_stream_with(
-        parent_stream.applied_objects(),
+        parent_stream
+            .applied_objects()
+            .predicate_filter(parent_changed, PredicateConfig::default()),
         parents.clone(),
         parts.parent.resource.clone(),
     );
@@ -410,6 +414,23 @@ async fn run_controller(
         () = report => {}
         () = wait_for_caches => {}
     }
+}
+
+/// A fingerprint of what a parent's reconcile depends on besides its children: spec (via the
+/// generation), labels, annotations, finalizers and deletion.
+fn parent_changed(parent: &DynamicObject) -> Option<u64> {
+    use std::hash::{Hash as _, Hasher as _};
+    let meta = &parent.metadata;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    meta.generation.hash(&mut hasher);
+    meta.labels.hash(&mut hasher);
+    meta.annotations.hash(&mut hasher);
+    meta.finalizers.hash(&mut hasher);
+    meta.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// Parents whose last reconcile succeeded and failed, among those that still exist.

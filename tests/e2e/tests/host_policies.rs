@@ -1,0 +1,429 @@
+//! The host's guarantees with plugins that fail, overreach or hold finalizers, and with
+//! several policies: a failure changes nothing, a refused answer changes nothing, finalizers
+//! wait for the plugin, and policies start, stop and wait for their kinds independently.
+//!
+//! These use the `misbehave` test plugin, which desires exactly the children its config lists.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+use wasmctrl_testenv::TestEnv;
+
+const GROUP: &str = "e2e.wasmctrl.dev";
+
+fn policy_for(kind: &str, children: Value, config: Value) -> Value {
+    json!({
+        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": kind},
+        "children": children,
+        "plugin": {"source": file_source("misbehave_plugin"), "config": config},
+    })
+}
+
+fn config_map(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": "v"}})
+}
+
+fn parent(kind: &str, name: &str) -> Value {
+    json!({"apiVersion": format!("{GROUP}/v1"), "kind": kind, "metadata": {"name": name}, "spec": {}})
+}
+
+fn reconciled(object: &Value) -> Option<&str> {
+    condition(object, "Reconciled").and_then(|c| c["status"].as_str())
+}
+
+async fn install_test_kinds(client: &kube::Client) -> anyhow::Result<()> {
+    install_repo_crds(client).await?;
+    install_crd(client, &test_crd(GROUP, "Widget")).await?;
+    install_crd(client, &test_crd(GROUP, "Gadget")).await
+}
+
+/// The attempt number and retry delay in a `Reconciled=False` message.
+fn attempt_and_delay(message: &str) -> Option<(u32, f64)> {
+    let rest = &message[message.rfind("(attempt ")? + "(attempt ".len()..];
+    let (attempt, rest) = rest.split_once(", next retry in ")?;
+    let delay = rest.strip_suffix("s)")?;
+    Some((attempt.parse().ok()?, delay.parse().ok()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_plugin_changes_nothing_backs_off_and_recovers() -> anyhow::Result<()> {
+    const TEST: &str = "policy-failing-plugin";
+    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    install_test_kinds(&client).await?;
+    let children = json!([{"apiVersion": "v1", "kind": "ConfigMap"}]);
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_for(
+            "Widget",
+            children.clone(),
+            json!({"children": [config_map("keep")]}),
+        ),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+
+    apply(&widgets, parent("Widget", "w")).await?;
+    wait_for_object(&widgets, "w", "w reconciled", |w| {
+        reconciled(w) == Some("True")
+    })
+    .await?;
+    let kept = wait_for_object(&config_maps, "keep", "child keep", |_| true).await?;
+
+    // The plugin now panics, and would prune `keep` if it could.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_for(
+            "Widget",
+            children.clone(),
+            json!({"behavior": "panic", "children": []}),
+        ),
+    )
+    .await?;
+    let failed = wait_for_object(&widgets, "w", "w to report the panic at attempt 3", |w| {
+        condition(w, "Reconciled")
+            .and_then(|c| c["message"].as_str())
+            .and_then(attempt_and_delay)
+            .is_some_and(|(attempt, _)| attempt >= 3)
+    })
+    .await?;
+    let reconciled_condition = condition(&failed, "Reconciled").expect("present");
+    assert_eq!(reconciled_condition["status"], "False");
+    assert_eq!(reconciled_condition["reason"], "PluginFailed");
+    let message = reconciled_condition["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("deliberate panic while reconciling w"),
+        "{message}"
+    );
+    // Retries back off: base 0.5 s, doubling per attempt.
+    let (attempt, delay) = attempt_and_delay(message).expect("parsed");
+    assert_eq!(delay, 0.5 * f64::from(1u32 << (attempt - 1)), "{message}");
+    let still = get(&config_maps, "keep")
+        .await?
+        .expect("a failing plugin must not prune");
+    assert_eq!(
+        still["metadata"]["resourceVersion"],
+        kept["metadata"]["resourceVersion"]
+    );
+    assert_eq!(
+        failed["status"]["parent"], "w",
+        "the last good status is kept"
+    );
+    let events = event_reasons(&client, &ns, "w").await?;
+    assert!(
+        events.contains(&("Warning".into(), "PluginFailed".into())),
+        "{events:?}"
+    );
+
+    // A plugin that reports an error is the same story with its own reason.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_for("Widget", children.clone(), json!({"behavior": "error"})),
+    )
+    .await?;
+    wait_for_object(&widgets, "w", "w to report the plugin's error", |w| {
+        condition(w, "Reconciled").is_some_and(|c| {
+            c["reason"] == "PluginReportedError"
+                && c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("backend for w unavailable"))
+        })
+    })
+    .await?;
+    assert!(get(&config_maps, "keep").await?.is_some());
+
+    // Fixed: the parent recovers, and only now is the no-longer-desired child pruned.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_for("Widget", children, json!({"children": []})),
+    )
+    .await?;
+    wait_for_object(&widgets, "w", "w recovered", |w| {
+        reconciled(w) == Some("True")
+    })
+    .await?;
+    wait_gone(&config_maps, "keep", "keep pruned after recovery").await?;
+
+    host.stop().await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_the_policy_does_not_allow_are_refused_and_nothing_is_created()
+-> anyhow::Result<()> {
+    const TEST: &str = "policy-refusals";
+    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    install_test_kinds(&client).await?;
+    // Namespaces are allowed by kind, but a namespaced parent may not own one.
+    let children = json!([{"apiVersion": "v1", "kind": "ConfigMap"}, {"apiVersion": "v1", "kind": "Namespace"}]);
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    apply(&widgets, parent("Widget", "w")).await?;
+
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "stolen"}});
+    let mut elsewhere = config_map("elsewhere");
+    elsewhere["metadata"]["namespace"] = json!("kube-system");
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("{ns}-escape")}});
+    let cases = [
+        (secret, "Secret, which the policy does not allow"),
+        (elsewhere, "children must be in their parent's namespace"),
+        (
+            namespace.clone(),
+            "children must share their parent's scope",
+        ),
+    ];
+    for (i, (bad, expected)) in cases.into_iter().enumerate() {
+        // Each answer also holds a valid ConfigMap: refusing means none of it is applied.
+        let config = json!({"children": [config_map("valid"), bad]});
+        apply_policy(
+            &client,
+            TEST,
+            TEST,
+            policy_for("Widget", children.clone(), config),
+        )
+        .await?;
+        let refused = wait_for_object(&widgets, "w", &format!("refusal {i}"), |w| {
+            condition(w, "Reconciled").is_some_and(|c| {
+                c["reason"] == "InvalidChildren"
+                    && c["message"].as_str().is_some_and(|m| m.contains(expected))
+            })
+        })
+        .await?;
+        assert_eq!(reconciled(&refused), Some("False"));
+    }
+    assert!(
+        get(&config_maps, "valid").await?.is_none(),
+        "nothing from a refused answer is applied"
+    );
+    let kube_system = api(&client, &resource("", "v1", "ConfigMap"), "kube-system");
+    assert!(get(&kube_system, "elsewhere").await?.is_none());
+    let namespaces: kube::Api<kube::api::DynamicObject> =
+        kube::Api::all_with(client.clone(), &resource("", "v1", "Namespace"));
+    assert!(get(&namespaces, &format!("{ns}-escape")).await?.is_none());
+    let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
+    assert!(get(&secrets, "stolen").await?.is_none());
+    let events = event_reasons(&client, &ns, "w").await?;
+    assert!(
+        events.contains(&("Warning".into(), "InvalidChildren".into())),
+        "{events:?}"
+    );
+
+    host.stop().await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalizer_is_released_only_when_the_plugin_says_finalized() -> anyhow::Result<()> {
+    const TEST: &str = "policy-finalize";
+    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    install_test_kinds(&client).await?;
+    let children = json!([{"apiVersion": "v1", "kind": "ConfigMap"}]);
+    let spec = |behavior: &str| {
+        let mut spec = policy_for(
+            "Widget",
+            children.clone(),
+            json!({"behavior": behavior, "children": [config_map("owned")]}),
+        );
+        spec["finalize"] = json!(true);
+        spec
+    };
+    apply_policy(&client, TEST, TEST, spec("hold-finalizer")).await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    let finalizer = format!("wasmctrl.dev/{TEST}");
+
+    apply(&widgets, parent("Widget", "w")).await?;
+    wait_for_object(&widgets, "w", "the finalizer to be added", |w| {
+        w["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.contains(&json!(finalizer)))
+    })
+    .await?;
+    wait_for_object(&config_maps, "owned", "child owned", |_| true).await?;
+
+    // Deleted while the plugin holds on: the parent stays, marked for deletion.
+    widgets.delete("w", &Default::default()).await?;
+    wait_for_object(&widgets, "w", "w marked for deletion", |w| {
+        w["metadata"]["deletionTimestamp"].is_string()
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        get(&widgets, "w").await?.is_some(),
+        "the finalizer must hold until the plugin is done"
+    );
+    let events = event_reasons(&client, &ns, "w").await?;
+    assert!(
+        events.contains(&("Normal".into(), "Finalizing".into())),
+        "the finalize path ran: {events:?}"
+    );
+
+    // The plugin finishes: the finalizer goes, the parent goes, its children are collected.
+    apply_policy(&client, TEST, TEST, spec("")).await?;
+    wait_gone(&widgets, "w", "w deleted after finalizing").await?;
+    wait_gone(&config_maps, "owned", "child garbage-collected").await?;
+
+    host.stop().await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_run_side_by_side_and_stop_alone() -> anyhow::Result<()> {
+    const TEST: &str = "policy-side-by-side";
+    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    install_test_kinds(&client).await?;
+    let (widget_policy, gadget_policy) = (format!("{TEST}-widgets"), format!("{TEST}-gadgets"));
+    apply_policy(
+        &client,
+        TEST,
+        &widget_policy,
+        policy_for("Widget", json!([]), json!({})),
+    )
+    .await?;
+    apply_policy(
+        &client,
+        TEST,
+        &gadget_policy,
+        policy_for("Gadget", json!([]), json!({})),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let gadgets = api(&client, &resource(GROUP, "v1", "Gadget"), &ns);
+    let echoed = |o: &Value| o["status"]["parent"] == o["metadata"]["name"];
+
+    apply(&widgets, parent("Widget", "w1")).await?;
+    apply(&gadgets, parent("Gadget", "g1")).await?;
+    wait_for_object(&widgets, "w1", "w1 reconciled", echoed).await?;
+    wait_for_object(&gadgets, "g1", "g1 reconciled", echoed).await?;
+
+    policies(&client)
+        .delete(&widget_policy, &Default::default())
+        .await?;
+    // Gadgets keep being reconciled; new Widgets no longer are.
+    apply(&gadgets, parent("Gadget", "g2")).await?;
+    wait_for_object(
+        &gadgets,
+        "g2",
+        "g2 reconciled after the widget policy went",
+        echoed,
+    )
+    .await?;
+    apply(&widgets, parent("Widget", "w2")).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let w2 = get(&widgets, "w2").await?.expect("exists");
+    assert!(
+        w2["status"].is_null(),
+        "no controller may touch Widgets now: {w2}"
+    );
+
+    host.stop().await?;
+    policies(&client)
+        .delete(&gadget_policy, &Default::default())
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_waits_for_its_crd_and_reports_plugin_problems() -> anyhow::Result<()> {
+    const TEST: &str = "policy-late-crd";
+    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    // A group no earlier run has installed, so the kind really does not exist yet.
+    let group = format!("{ns}.late.wasmctrl.dev");
+    let spec = json!({
+        "parent": {"apiVersion": format!("{group}/v1"), "kind": "Sprocket"},
+        "plugin": {"source": file_source("misbehave_plugin")},
+    });
+    apply_policy(&client, TEST, TEST, spec).await?;
+    let bad_digest = format!("{TEST}-bad-digest");
+    apply_policy(&client, TEST, &bad_digest, json!({
+        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+        "plugin": {"source": file_source("misbehave_plugin"), "digest": format!("sha256:{}", "0".repeat(64))},
+    }))
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let policy_api = policies(&client);
+
+    let waiting = wait_for_object(&policy_api, TEST, "Ready=False, KindNotFound", |p| {
+        condition(p, "Ready")
+            .is_some_and(|c| c["status"] == "False" && c["reason"] == "KindNotFound")
+    })
+    .await?;
+    assert!(
+        condition(&waiting, "Ready")
+            .and_then(|c| c["message"].as_str())
+            .is_some_and(|m| m.contains("Sprocket")),
+        "{waiting}"
+    );
+    let refused = wait_for_object(
+        &policy_api,
+        &bad_digest,
+        "PluginLoaded=False, DigestMismatch",
+        |p| {
+            condition(p, "PluginLoaded")
+                .is_some_and(|c| c["status"] == "False" && c["reason"] == "DigestMismatch")
+        },
+    )
+    .await?;
+    assert_eq!(
+        condition(&refused, "Ready").map(|c| c["status"].clone()),
+        Some(json!("False"))
+    );
+
+    let crd = test_crd(&group, "Sprocket");
+    install_crd(&client, &crd).await?;
+    let ready = wait_for_object(&policy_api, TEST, "Ready=True once the CRD exists", |p| {
+        condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    assert_eq!(
+        condition(&ready, "PluginLoaded").map(|c| c["status"].clone()),
+        Some(json!("True"))
+    );
+    assert!(
+        ready["status"]["activeDigest"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("sha256:"))
+    );
+    let sprockets = api(&client, &resource(&group, "v1", "Sprocket"), &ns);
+    apply(&sprockets, json!({"apiVersion": format!("{group}/v1"), "kind": "Sprocket", "metadata": {"name": "s"}, "spec": {}})).await?;
+    wait_for_object(&sprockets, "s", "s reconciled", |s| {
+        s["status"]["parent"] == "s"
+    })
+    .await?;
+    wait_for_object(
+        &policy_api,
+        TEST,
+        "the policy to count one reconciled parent",
+        |p| p["status"]["parentsReconciled"] == 1 && p["status"]["parentsFailing"] == 0,
+    )
+    .await?;
+
+    host.stop().await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    policy_api.delete(&bad_digest, &Default::default()).await?;
+    let name = crd["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    crds_api(&client).delete(&name, &Default::default()).await?;
+    Ok(())
+}
