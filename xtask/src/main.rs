@@ -3,6 +3,7 @@
 
 mod cluster_cmd;
 mod tasks;
+mod up;
 
 use clap::{Parser, Subcommand};
 
@@ -15,6 +16,9 @@ struct Xtask {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start everything: the control plane, CRDs, the MyApp policy and sample MyApps, and
+    /// the host in the foreground. Ctrl-C tears it down.
+    Up,
     /// Install the wasm32-wasip2 target if it is missing.
     Setup,
     /// Build every plugin component (target/wasm32-wasip2/plugin/*.wasm).
@@ -34,6 +38,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Xtask::parse().command {
+        Command::Up => up::up(),
         Command::Setup => tasks::setup(),
         Command::BuildPlugins => tasks::build_plugins(),
         Command::Crds => tasks::crds(),

@@ -11,13 +11,28 @@ use wasmctrl_testenv::repo_root;
 /// Every plugin crate built for wasm32-wasip2.
 const PLUGINS: [&str; 3] = ["myapp-plugin", "misbehave-plugin", "wrong-world-plugin"];
 
-fn cargo() -> Command {
+pub fn cargo() -> Command {
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     command.current_dir(repo_root());
+    // `cargo run` gives xtask the variables describing xtask itself. Build scripts such as
+    // ring's rerun when those change, so passing them on would make every build from xtask
+    // and every build from a shell invalidate each other.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || matches!(
+                &*name,
+                "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE"
+            )
+        {
+            command.env_remove(&*name);
+        }
+    }
     command
 }
 
-fn run(what: &str, command: &mut Command) -> anyhow::Result<()> {
+pub fn run(what: &str, command: &mut Command) -> anyhow::Result<()> {
     eprintln!("xtask: {what}");
     let status = command
         .status()

@@ -142,6 +142,7 @@ async fn myapp_converges_follows_changes_repairs_drift_and_prunes() -> anyhow::R
     wait_gone(&deployments, "web", "Deployment web garbage-collected").await?;
 
     host.stop().await?;
+    delete_namespace(&client, &ns).await?;
     policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())
 }
@@ -192,6 +193,7 @@ async fn a_related_config_map_reaches_the_plugin_and_its_changes_re_reconcile() 
     );
 
     host.stop().await?;
+    delete_namespace(&client, &ns).await?;
     policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())
 }
@@ -240,6 +242,7 @@ async fn a_restarted_host_writes_nothing_when_everything_converged() -> anyhow::
     .await?;
 
     host.stop().await?;
+    delete_namespace(&client, &ns).await?;
     policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())
 }

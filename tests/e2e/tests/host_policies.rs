@@ -157,6 +157,7 @@ async fn a_failing_plugin_changes_nothing_backs_off_and_recovers() -> anyhow::Re
     wait_gone(&config_maps, "keep", "keep pruned after recovery").await?;
 
     host.stop().await?;
+    delete_namespace(&client, &ns).await?;
     policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())
 }
@@ -223,6 +224,7 @@ async fn children_the_policy_does_not_allow_are_refused_and_nothing_is_created()
     );
 
     host.stop().await?;
+    delete_namespace(&client, &ns).await?;
     policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())
 }
@@ -280,6 +282,7 @@ async fn a_finalizer_is_released_only_when_the_plugin_says_finalized() -> anyhow
     wait_gone(&config_maps, "owned", "child garbage-collected").await?;
 
     host.stop().await?;
+    delete_namespace(&client, &ns).await?;
     policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())
 }
@@ -335,6 +338,7 @@ async fn policies_run_side_by_side_and_stop_alone() -> anyhow::Result<()> {
     );
 
     host.stop().await?;
+    delete_namespace(&client, &ns).await?;
     policies(&client)
         .delete(&gadget_policy, &Default::default())
         .await?;
@@ -418,6 +422,7 @@ async fn a_policy_waits_for_its_crd_and_reports_plugin_problems() -> anyhow::Res
     .await?;
 
     host.stop().await?;
+    delete_namespace(&client, &ns).await?;
     policy_api.delete(TEST, &Default::default()).await?;
     policy_api.delete(&bad_digest, &Default::default()).await?;
     let name = crd["metadata"]["name"]

@@ -7,18 +7,27 @@ use std::sync::OnceLock;
 /// Guests the tests use, built together in one cargo invocation.
 const GUESTS: [&str; 3] = ["myapp-plugin", "misbehave-plugin", "wrong-world-plugin"];
 
-/// Where cargo puts plugin components (honours `CARGO_TARGET_DIR`, as CI sets it).
-pub fn plugin_dir() -> PathBuf {
+/// Cargo's target directory (honours `CARGO_TARGET_DIR`, as CI sets it).
+pub fn target_dir() -> PathBuf {
     let root = crate::repo_root();
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let target = if target.is_absolute() {
+    if target.is_absolute() {
         target
     } else {
         root.join(target)
-    };
-    target.join("wasm32-wasip2").join("plugin")
+    }
+}
+
+/// Where cargo puts plugin components.
+pub fn plugin_dir() -> PathBuf {
+    target_dir().join("wasm32-wasip2").join("plugin")
+}
+
+/// Where the component `file_stem` is once built (without building it).
+pub fn guest_path(file_stem: &str) -> PathBuf {
+    plugin_dir().join(format!("{file_stem}.wasm"))
 }
 
 /// The path of a built guest component, e.g. `guest("myapp_plugin")`. The first call in a
@@ -48,7 +57,7 @@ pub fn guest(file_stem: &str) -> PathBuf {
             "building the guest plugins failed; is the wasm32-wasip2 target installed? (`cargo xtask setup`)"
         );
     });
-    let path = plugin_dir().join(format!("{file_stem}.wasm"));
+    let path = guest_path(file_stem);
     assert!(path.exists(), "{} was not built", path.display());
     path
 }

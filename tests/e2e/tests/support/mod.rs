@@ -272,3 +272,13 @@ pub async fn event_reasons(
         .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default()))
         .collect())
 }
+
+/// Delete a test's namespace once it passed (a failed test leaves it for inspection).
+pub async fn delete_namespace(client: &Client, namespace: &str) -> anyhow::Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .delete(namespace, &Default::default())
+        .await
+        .with_context(|| format!("deleting namespace {namespace}"))?;
+    Ok(())
+}
