@@ -33,7 +33,12 @@ enum Command {
     /// Run the whole test suite: formatting, lints, unit, plugin and end-to-end tests.
     Test,
     /// Run the benchmarks and print their tables for BENCHMARKS.md.
-    Bench,
+    Bench {
+        /// Which: `plugin` (call latency), `convergence` (N MyApps against a fresh control
+        /// plane; sizes from WASMCTRL_BENCH_SIZES, default 1000,5000), or `all`.
+        #[arg(default_value = "all")]
+        which: tasks::BenchSet,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -44,6 +49,6 @@ fn main() -> anyhow::Result<()> {
         Command::Crds => tasks::crds(),
         Command::Cluster { command } => cluster_cmd::run(command),
         Command::Test => tasks::test(),
-        Command::Bench => tasks::bench(),
+        Command::Bench { which } => tasks::bench(which),
     }
 }

@@ -9,7 +9,12 @@ use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime};
 use wasmctrl_testenv::repo_root;
 
 /// Every plugin crate built for wasm32-wasip2.
-const PLUGINS: [&str; 3] = ["myapp-plugin", "misbehave-plugin", "wrong-world-plugin"];
+const PLUGINS: [&str; 4] = [
+    "myapp-plugin",
+    "myapp-v2-plugin",
+    "misbehave-plugin",
+    "wrong-world-plugin",
+];
 
 pub fn cargo() -> Command {
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
@@ -76,14 +81,25 @@ pub fn setup() -> anyhow::Result<()> {
     bail!("the wasm32-wasip2 target is missing and rustup could not install it")
 }
 
+/// One cargo invocation per plugin: building them together would unify their features, and
+/// myapp-v2 needs MyApp's logic without MyApp's component export.
 pub fn build_plugins() -> anyhow::Result<()> {
     setup()?;
-    let mut command = cargo();
-    command.args(["build", "--target", "wasm32-wasip2", "--profile", "plugin"]);
     for plugin in PLUGINS {
-        command.args(["-p", plugin]);
+        run(
+            &format!("building plugin {plugin}"),
+            cargo().args([
+                "build",
+                "--target",
+                "wasm32-wasip2",
+                "--profile",
+                "plugin",
+                "-p",
+                plugin,
+            ]),
+        )?;
     }
-    run("building plugins", &mut command)
+    Ok(())
 }
 
 pub fn crds() -> anyhow::Result<()> {
@@ -197,12 +213,39 @@ fn run_tests(command: &mut Command) -> anyhow::Result<Totals> {
     Ok(totals)
 }
 
-/// The benchmark runs pinned to one CPU (`taskset -c 1`, where taskset exists): on this VM,
-/// threads that migrate between vCPUs make per-call latencies bimodal, and a figure should
-/// not depend on where the scheduler happened to put a thread. Run the bench binary directly
-/// for unpinned figures.
-pub fn bench() -> anyhow::Result<()> {
+/// Which benchmarks `cargo xtask bench` runs.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchSet {
+    /// Plugin call latency (criterion-style, pinned to one CPU).
+    Plugin,
+    /// Convergence of many MyApps against a real control plane.
+    Convergence,
+    /// Both.
+    All,
+}
+
+pub fn bench(which: BenchSet) -> anyhow::Result<()> {
     build_plugins()?;
+    if which != BenchSet::Convergence {
+        bench_plugin_calls()?;
+    }
+    if which != BenchSet::Plugin {
+        // Not pinned: the host, the control plane and the load generator share the machine,
+        // as they would in a small cluster. Each size gets a fresh control plane.
+        Binaries::build(&repo_root())?;
+        run(
+            "benchmarking convergence",
+            cargo().args(["bench", "-p", "wasmctrl-e2e", "--bench", "convergence"]),
+        )?;
+    }
+    Ok(())
+}
+
+/// The plugin-call benchmark runs pinned to one CPU (`taskset -c 1`, where taskset exists):
+/// on this VM, threads that migrate between vCPUs make per-call latencies bimodal, and a
+/// figure should not depend on where the scheduler happened to put a thread. Run the bench
+/// binary directly for unpinned figures.
+fn bench_plugin_calls() -> anyhow::Result<()> {
     let bench = ["bench", "-p", "wasmctrl", "--bench", "plugin_call"];
     run(
         "building the benchmark",

@@ -16,6 +16,7 @@ mod policy_status;
 mod reconcile;
 mod source;
 mod status;
+mod swap;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -24,16 +25,18 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, ResourceExt as _};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::plugin::PluginEngine;
-use crate::policy::ReconcilePolicy;
+use crate::policy::{ReconcilePolicy, ReconcilePolicySpec};
 use policy_controller::Shared;
 
 pub use children::{
     DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, policy_label_value,
 };
+pub use reconcile::PLUGIN_DIGEST_ANNOTATION;
 pub use status::RECONCILED;
 
 /// Host-wide defaults that a policy may override.
@@ -75,9 +78,12 @@ pub struct Host {
 
 /// A running policy controller.
 struct Running {
-    /// The policy version it runs: a new uid or generation means a restart.
+    /// The policy version it runs: a new uid means a new controller.
     uid: Option<String>,
     generation: Option<i64>,
+    spec: ReconcilePolicySpec,
+    /// Hands a plugin-only change to the running controller (a hot swap).
+    updates: watch::Sender<Arc<ReconcilePolicy>>,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -149,41 +155,65 @@ impl Host {
         Ok(())
     }
 
-    /// Make sure the controller for `policy` runs this version of it.
+    /// Make sure the controller for `policy` runs this version of it: nothing if it already
+    /// does, a hot swap if only the plugin changed, a restart otherwise.
     fn ensure(&self, running: &mut HashMap<String, Running>, policy: ReconcilePolicy) {
         let name = policy.name_any();
         let uid = policy.metadata.uid.clone();
         let generation = policy.metadata.generation;
         let previous = running.remove(&name);
-        if let Some(r) = &previous
-            && r.uid == uid
-            && r.generation == generation
-        {
-            running.extend(previous.map(|r| (name, r)));
-            return;
+        if let Some(mut r) = previous {
+            if r.uid == uid && r.generation == generation {
+                running.insert(name, r);
+                return;
+            }
+            if r.uid == uid
+                && only_the_plugin_differs(&r.spec, &policy.spec)
+                && !r.task.is_finished()
+            {
+                tracing::info!(policy = %name, generation, "plugin changed; swapping it in place");
+                r.generation = generation;
+                r.spec = policy.spec.clone();
+                let _ = r.updates.send(Arc::new(policy));
+                running.insert(name, r);
+                return;
+            }
+            running.insert(name.clone(), r);
         }
+        let previous = running.remove(&name);
         let stop = CancellationToken::new();
         let shared = self.shared.clone();
-        let policy = Arc::new(policy);
+        let spec = policy.spec.clone();
+        let (updates, updates_rx) = watch::channel(Arc::new(policy));
         let child_stop = stop.clone();
+        let policy_name = name.clone();
         let task = tokio::spawn(async move {
             // The old controller finishes its in-flight reconciles before the new one starts,
             // so no parent is ever reconciled by both.
             if let Some(previous) = previous {
-                tracing::info!(policy = %policy.name_any(), "policy changed; restarting its controller");
+                tracing::info!(policy = %policy_name, "policy changed; restarting its controller");
                 previous.stop.cancel();
                 let _ = previous.task.await;
             }
-            policy_controller::run(policy, shared, child_stop).await;
+            policy_controller::run(updates_rx, shared, child_stop).await;
         });
         running.insert(
             name,
             Running {
                 uid,
                 generation,
+                spec,
+                updates,
                 stop,
                 task,
             },
         );
     }
+}
+
+/// Whether two versions of a policy differ in `spec.plugin` alone.
+fn only_the_plugin_differs(old: &ReconcilePolicySpec, new: &ReconcilePolicySpec) -> bool {
+    let mut aligned = old.clone();
+    aligned.plugin = new.plugin.clone();
+    aligned == *new
 }

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use futures::StreamExt as _;
 use kube::api::Api;
 use kube::core::{ApiResource, DynamicObject, Selector, TypeMeta};
@@ -13,6 +14,7 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::HostOptions;
@@ -21,8 +23,9 @@ use super::children::{self, AllowedKind};
 use super::events::EventSink;
 use super::kinds::{self, KindError, ResolvedKind};
 use super::policy_status::{PolicyStatusWriter, State};
-use super::reconcile::{self, ChildCache, PolicyContext, RelatedCache};
+use super::reconcile::{self, ActivePlugin, ChildCache, PolicyContext, RelatedCache};
 use super::source;
+use super::swap;
 use crate::plugin::{Digest, Limits, Plugin, PluginEngine, PluginError};
 use crate::policy::{KindRef, PolicyLimits, ReconcilePolicy};
 
@@ -36,12 +39,14 @@ pub(crate) struct Shared {
     pub options: HostOptions,
 }
 
-/// Run `policy` until `stop` is cancelled.
+/// Run a policy until `stop` is cancelled. `updates` carries the policy, and later versions
+/// of it that differ only in their plugin (those are hot-swapped, not restarted).
 pub(crate) async fn run(
-    policy: Arc<ReconcilePolicy>,
+    mut updates: watch::Receiver<Arc<ReconcilePolicy>>,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
+    let mut policy = updates.borrow_and_update().clone();
     let name = policy.name_any();
     let mut status = PolicyStatusWriter::new(Api::all(shared.client.clone()), &policy);
     let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(15));
@@ -49,7 +54,7 @@ pub(crate) async fn run(
     loop {
         match prepare(&policy, &shared, &mut status, &mut plugin).await {
             Some(parts) => {
-                run_controller(&policy, &shared, parts, status, stop).await;
+                run_controller(policy, &shared, parts, status, stop, updates).await;
                 tracing::info!(policy = %name, "policy controller stopped");
                 return;
             }
@@ -58,6 +63,12 @@ pub(crate) async fn run(
                 let delay = retry.failed(&()).delay;
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
+                    Ok(()) = updates.changed() => {
+                        // A new plugin spec while waiting: load that one instead.
+                        policy = updates.borrow_and_update().clone();
+                        status.set_generation(policy.metadata.generation);
+                        plugin = None;
+                    }
                     () = stop.cancelled() => return,
                 }
             }
@@ -153,7 +164,7 @@ async fn prepare(
 }
 
 /// Fetch and load the policy's plugin; on failure, a condition reason and message.
-async fn load_plugin(
+pub(crate) async fn load_plugin(
     policy: &ReconcilePolicy,
     shared: &Shared,
 ) -> Result<Plugin, (&'static str, String)> {
@@ -184,7 +195,7 @@ async fn load_plugin(
 }
 
 /// The policy's limits over the host's defaults.
-fn limits(policy: Option<&PolicyLimits>) -> Limits {
+pub(crate) fn limits(policy: Option<&PolicyLimits>) -> Limits {
     let mut limits = Limits::default();
     if let Some(policy) = policy {
         if let Some(ms) = policy.timeout_ms {
@@ -239,11 +250,12 @@ fn cached_watch(
 }
 
 async fn run_controller(
-    policy: &ReconcilePolicy,
-    shared: &Shared,
+    policy: Arc<ReconcilePolicy>,
+    shared: &Arc<Shared>,
     parts: Parts,
     mut status: PolicyStatusWriter,
     stop: CancellationToken,
+    updates: watch::Receiver<Arc<ReconcilePolicy>>,
 ) {
     let name = policy.name_any();
     let spec = &policy.spec;
@@ -353,13 +365,10 @@ async fn run_controller(
         parent: parts.parent.resource.clone(),
         children: child_caches,
         related: related_caches,
-        config: spec
-            .plugin
-            .config
-            .as_ref()
-            .filter(|c| !c.is_null())
-            .map(ToString::to_string),
-        plugin: parts.plugin,
+        active: ArcSwap::from_pointee(ActivePlugin {
+            plugin: parts.plugin,
+            config: swap::config_text(&spec.plugin),
+        }),
         resync: Duration::from_secs(
             spec.resync_period_seconds
                 .map_or(shared.options.resync.as_secs(), u64::from),
@@ -384,11 +393,16 @@ async fn run_controller(
 
     let concurrency = spec.max_concurrent_reconciles.unwrap_or(4).max(1);
     let shutdown = stop.clone();
+    // A swap re-enqueues every parent through this channel.
+    let (requeue_all, requeue_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let run = controller
         .with_config(
             controller::Config::default()
                 .concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX)),
         )
+        .reconcile_all_on(futures::stream::unfold(requeue_rx, |mut rx| async move {
+            rx.recv().await.map(|()| ((), rx))
+        }))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -401,30 +415,46 @@ async fn run_controller(
             }
         });
 
+    let status = Arc::new(tokio::sync::Mutex::new(status));
+    let swapper = swap::run(
+        ctx.clone(),
+        shared.clone(),
+        policy.clone(),
+        updates,
+        status.clone(),
+        requeue_all,
+    );
     let report = async {
         loop {
             tokio::time::sleep(STATUS_INTERVAL).await;
             let (reconciled, failing) = counts(&ctx, &parents);
+            let mut status = status.lock().await;
             status.set_counts(reconciled, failing);
             status.flush().await;
         }
     };
+    // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {
         () = run => {}
-        () = report => {}
-        () = wait_for_caches => {}
+        () = async { tokio::join!(report, wait_for_caches, swapper); } => {}
     }
 }
 
 /// A fingerprint of what a parent's reconcile depends on besides its children: spec (via the
-/// generation), labels, annotations, finalizers and deletion.
+/// generation), labels, annotations (except the plugin digest the host records itself),
+/// finalizers and deletion.
 fn parent_changed(parent: &DynamicObject) -> Option<u64> {
     use std::hash::{Hash as _, Hasher as _};
     let meta = &parent.metadata;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     meta.generation.hash(&mut hasher);
     meta.labels.hash(&mut hasher);
-    meta.annotations.hash(&mut hasher);
+    if let Some(annotations) = &meta.annotations {
+        annotations
+            .iter()
+            .filter(|(key, _)| key.as_str() != reconcile::PLUGIN_DIGEST_ANNOTATION)
+            .for_each(|entry| entry.hash(&mut hasher));
+    }
     meta.finalizers.hash(&mut hasher);
     meta.deletion_timestamp
         .as_ref()

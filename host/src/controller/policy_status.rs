@@ -65,9 +65,26 @@ impl PolicyStatusWriter {
     pub fn set_plugin(&mut self, state: State, digest: Option<&Digest>) {
         self.set_condition("PluginLoaded", state);
         if let Some(digest) = digest {
-            self.current.active_digest = Some(digest.to_string());
+            let digest_text = digest.to_string();
+            if self.current.active_digest.as_ref() != Some(&digest_text) {
+                self.current.active_since = Some(Time(jiff::Timestamp::now()));
+            }
+            self.current.active_digest = Some(digest_text);
             self.current.active_digest_short = Some(digest.short());
         }
+    }
+
+    /// The policy was updated in place (a hot swap): report on its new generation.
+    pub fn set_generation(&mut self, generation: Option<i64>) {
+        self.generation = generation;
+        for condition in &mut self.current.conditions {
+            condition.observed_generation = generation;
+        }
+    }
+
+    /// The active plugin changed now.
+    pub fn set_active_since_now(&mut self) {
+        self.current.active_since = Some(Time(jiff::Timestamp::now()));
     }
 
     pub fn set_ready(&mut self, state: State) {

@@ -14,6 +14,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource as _, ResourceExt as _};
 use serde_json::{Value, json};
 
+use arc_swap::ArcSwap;
+
 use super::backoff::{Backoff, Retry};
 use super::children::{self, AllowedKind, DesiredChild, InvalidChild, ParentIdentity};
 use super::events::EventSink;
@@ -48,8 +50,9 @@ pub(crate) struct PolicyContext {
     pub parent: ApiResource,
     pub children: Vec<ChildCache>,
     pub related: Vec<RelatedCache>,
-    pub plugin: Plugin,
-    pub config: Option<String>,
+    /// The plugin and config serving this policy. Each reconcile takes what is active when
+    /// it starts; a swap affects only reconciles that start after it.
+    pub active: ArcSwap<ActivePlugin>,
     pub resync: Duration,
     pub backoff: Backoff<ObjectRef<DynamicObject>>,
     /// Parents whose last reconcile succeeded.
@@ -58,6 +61,16 @@ pub(crate) struct PolicyContext {
     /// Becomes true once every child and related cache has listed its objects.
     pub caches_ready: tokio::sync::watch::Receiver<bool>,
 }
+
+/// The plugin serving a policy and the config it is called with, swapped as one.
+pub(crate) struct ActivePlugin {
+    pub plugin: Plugin,
+    pub config: Option<String>,
+}
+
+/// Annotation on each parent: the digest of the plugin that last reconciled it, so a user
+/// can follow a rollout (`kubectl get myapps -o jsonpath=...`).
+pub const PLUGIN_DIGEST_ANNOTATION: &str = "wasmctrl.dev/plugin-digest";
 
 /// A failed reconcile and when to retry it.
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +108,8 @@ pub(crate) enum ReconcileError {
     Status(#[source] kube::Error),
     #[error("updating the parent's finalizers: {0}")]
     Finalizer(#[source] kube::Error),
+    #[error("recording the plugin digest on the parent: {0}")]
+    Annotate(#[source] kube::Error),
     #[error("the caches are not ready")]
     CachesNotReady,
 }
@@ -111,6 +126,7 @@ impl ReconcileError {
             Self::Prune { .. } => "PruneFailed",
             Self::Status(_) => "StatusWriteFailed",
             Self::Finalizer(_) => "FinalizerFailed",
+            Self::Annotate(_) => "AnnotateFailed",
             Self::CachesNotReady => "CachesNotReady",
         }
     }
@@ -205,15 +221,16 @@ async fn reconcile_parent(
         add_finalizer(parent, &identity, finalizer, ctx).await?;
     }
 
+    let active = ctx.active.load_full();
     let observed = observed_children(&identity, ctx);
     let request = ReconcileRequest {
         parent: serde_json::to_string(parent).unwrap_or_default(),
         children: observed.iter().map(|(_, o)| observed_object(o)).collect(),
         related: related_objects(&identity, ctx),
-        config: ctx.config.clone(),
+        config: active.config.clone(),
         finalizing: false,
     };
-    let response = ctx.plugin.reconcile(request).await?;
+    let response = active.plugin.reconcile(request).await?;
 
     let allowed: Vec<AllowedKind> = ctx.children.iter().map(|c| c.allowed.clone()).collect();
     let desired = children::prepare(response.children, &allowed, &identity, &ctx.policy_label)
@@ -241,10 +258,11 @@ async fn reconcile_parent(
         message: format!(
             "{} children desired by plugin {}",
             desired.len(),
-            ctx.plugin.digest()
+            active.plugin.digest()
         ),
     };
     write_status(parent, &identity, response.status, &outcome, ctx).await?;
+    record_plugin_digest(parent, &identity, active.plugin.digest(), ctx).await?;
     publish_plugin_events(parent, ctx, response.events).await;
     Ok(Action::requeue(
         response.requeue_after.unwrap_or(ctx.resync),
@@ -443,6 +461,38 @@ async fn write_status(
     Ok(())
 }
 
+/// Record which plugin reconciled the parent, when that changed. Server-side apply with the
+/// policy's field manager owns just this one annotation.
+async fn record_plugin_digest(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    digest: &crate::plugin::Digest,
+    ctx: &PolicyContext,
+) -> Result<(), ReconcileError> {
+    let digest = digest.to_string();
+    if parent.annotations().get(PLUGIN_DIGEST_ANNOTATION) == Some(&digest) {
+        return Ok(());
+    }
+    let body = json!({
+        "apiVersion": identity.api_version,
+        "kind": identity.kind,
+        "metadata": {
+            "name": identity.name,
+            "namespace": identity.namespace,
+            "annotations": {PLUGIN_DIGEST_ANNOTATION: digest},
+        },
+    });
+    dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
+        .patch(
+            &identity.name,
+            &PatchParams::apply(&ctx.field_manager).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(ReconcileError::Annotate)?;
+    Ok(())
+}
+
 /// Set `Reconciled=False` with the cause and record a Warning Event. Best effort: the failure
 /// itself is what the controller acts on.
 async fn report_failure(
@@ -523,15 +573,16 @@ async fn finalize(
     identity: &ParentIdentity,
     ctx: &PolicyContext,
 ) -> Result<Action, ReconcileError> {
+    let active = ctx.active.load_full();
     let observed = observed_children(identity, ctx);
     let request = ReconcileRequest {
         parent: serde_json::to_string(parent).unwrap_or_default(),
         children: observed.iter().map(|(_, o)| observed_object(o)).collect(),
         related: related_objects(identity, ctx),
-        config: ctx.config.clone(),
+        config: active.config.clone(),
         finalizing: true,
     };
-    let response = ctx.plugin.reconcile(request).await?;
+    let response = active.plugin.reconcile(request).await?;
     publish_plugin_events(parent, ctx, response.events).await;
     if !response.finalized {
         tracing::info!("plugin has not finished finalizing; will ask again");

@@ -173,6 +173,9 @@ pub struct ReconcilePolicyStatus {
     /// Its first 12 hex digits, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_digest_short: Option<String>,
+    /// When the active plugin started serving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     /// Parents whose last reconcile succeeded.
     #[serde(default)]
     pub parents_reconciled: u64,

@@ -5,7 +5,12 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Guests the tests use, built together in one cargo invocation.
-const GUESTS: [&str; 3] = ["myapp-plugin", "misbehave-plugin", "wrong-world-plugin"];
+const GUESTS: [&str; 4] = [
+    "myapp-plugin",
+    "myapp-v2-plugin",
+    "misbehave-plugin",
+    "wrong-world-plugin",
+];
 
 /// Cargo's target directory (honours `CARGO_TARGET_DIR`, as CI sets it).
 pub fn target_dir() -> PathBuf {
@@ -36,26 +41,20 @@ pub fn guest_path(file_stem: &str) -> PathBuf {
 pub fn guest(file_stem: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut command = Command::new(cargo);
-        command.current_dir(crate::repo_root()).args([
-            "build",
-            "--quiet",
-            "--target",
-            "wasm32-wasip2",
-            "--profile",
-            "plugin",
-        ]);
+        // One cargo invocation per plugin: building them together would unify features,
+        // and myapp-v2 needs MyApp's logic without MyApp's component export.
         for guest in GUESTS {
-            command.args(["-p", guest]);
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = Command::new(cargo)
+                .current_dir(crate::repo_root())
+                .args(["build", "--quiet", "--target", "wasm32-wasip2", "--profile", "plugin", "-p", guest])
+                .status()
+                .expect("running cargo to build the guest plugins");
+            assert!(
+                status.success(),
+                "building {guest} failed; is the wasm32-wasip2 target installed? (`cargo xtask setup`)"
+            );
         }
-        let status = command
-            .status()
-            .expect("running cargo to build the guest plugins");
-        assert!(
-            status.success(),
-            "building the guest plugins failed; is the wasm32-wasip2 target installed? (`cargo xtask setup`)"
-        );
     });
     let path = guest_path(file_stem);
     assert!(path.exists(), "{} was not built", path.display());

@@ -1,0 +1,467 @@
+//! Convergence benchmark: N MyApps created at once, reconciled by a wasmctrl host, against a
+//! fresh local control plane per size.
+//!
+//! Reports, per size: time until every MyApp is reconciled (children applied, status written
+//! with `observedGeneration` and `Reconciled=True`), time until every MyApp is `Ready` (its
+//! Deployment's pod is ready, which also measures the controller-manager, scheduler and kwok),
+//! the writes the host issued (from the API server's audit log), and the host's peak RSS.
+//! Then the baseline: a plain kube client issuing the first pass of the same writes (apply
+//! Deployment, apply Service, apply status) with the same concurrency, which is what the API
+//! server allows; the ratio says what the host's watches, caches, queue and plugin calls cost.
+//!
+//! Run with `cargo xtask bench convergence` (sizes: `WASMCTRL_BENCH_SIZES=1000,5000`).
+//! The host runs in a child process (this binary, re-executed) so its RSS is its own.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::{StreamExt as _, TryStreamExt as _};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Client, ResourceExt as _};
+use serde_json::{Value, json};
+use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, admin_client};
+
+/// Concurrency of the host's policy and of the baseline client.
+const CONCURRENCY: u32 = 16;
+/// Env var that turns this binary into the host under test: `namespace|selector|kubeconfig`.
+const HOST_MODE: &str = "WASMCTRL_BENCH_HOST";
+const SELECTOR_LABEL: &str = "bench.wasmctrl.dev/run";
+
+fn main() -> anyhow::Result<()> {
+    if let Ok(spec) = std::env::var(HOST_MODE) {
+        return run_host(&spec);
+    }
+    // `cargo bench` passes `--bench`; anything else is a filter we do not support.
+    let sizes: Vec<usize> = std::env::var("WASMCTRL_BENCH_SIZES")
+        .unwrap_or_else(|_| "1000,5000".into())
+        .split(',')
+        .map(|s| s.trim().parse().context("WASMCTRL_BENCH_SIZES"))
+        .collect::<anyhow::Result<_>>()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let binaries = Binaries::build(&wasmctrl_testenv::repo_root())?;
+    let plugin = wasmctrl_testenv::plugins::guest("myapp_plugin");
+    let mut rows = Vec::new();
+    for n in sizes {
+        let dir = wasmctrl_testenv::plugins::target_dir().join(format!("cluster-bench-{n}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let plane = runtime.block_on(ControlPlane::start(
+            &dir,
+            &binaries,
+            Lifetime::TiedToStarter,
+        ))?;
+        let result = runtime.block_on(bench_size(n, &plane, &plugin));
+        plane.stop();
+        let _ = std::fs::remove_dir_all(&dir);
+        rows.push(result?);
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+struct Row {
+    n: usize,
+    host_reconciled: Duration,
+    host_ready: Duration,
+    host_writes: BTreeMap<String, usize>,
+    host_peak_rss_mib: f64,
+    baseline: Duration,
+    baseline_writes: usize,
+}
+
+async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<Row> {
+    let client = admin_client(&plane.kubeconfig).await?;
+    install_crds(&client).await?;
+    let run = format!("n{n}");
+
+    // The host, in its own process.
+    let host_ns = create_namespace(&client, &format!("bench-host-{n}")).await?;
+    apply_policy(&client, &run, plugin).await?;
+    let mut host = std::process::Command::new(std::env::current_exe()?)
+        .env(
+            HOST_MODE,
+            format!(
+                "{host_ns}|{SELECTOR_LABEL}={run}|{}",
+                plane.kubeconfig.display()
+            ),
+        )
+        .env("WASMCTRL_LOG", "warn")
+        .spawn()
+        .context("starting the host")?;
+    let host_pid = host.id();
+    wait_policy_ready(&client, "bench").await?;
+    let audit_before = audit_lines(&plane.audit_log)?;
+
+    let myapps = Api::<DynamicObject>::namespaced_with(client.clone(), &host_ns, &myapp_resource());
+    let watch = tokio::spawn(watch_progress(myapps.clone(), n));
+    let started = Instant::now();
+    create_myapps(&myapps, n).await?;
+    let (reconciled_at, ready_at) = watch.await??;
+    let host_reconciled = reconciled_at.duration_since(started);
+    let host_ready = ready_at.duration_since(started);
+    // Let the last echoes settle before counting.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let host_peak_rss_mib = peak_rss_mib(host_pid).unwrap_or(f64::NAN);
+    let host_writes = count_writes(&plane.audit_log, audit_before, &host_ns)?;
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(host_pid as libc::pid_t, libc::SIGTERM);
+    }
+    let _ = host.wait();
+
+    // The baseline: the same first-pass writes from a plain client.
+    let base_ns = create_namespace(&client, &format!("bench-base-{n}")).await?;
+    let base_myapps =
+        Api::<DynamicObject>::namespaced_with(client.clone(), &base_ns, &myapp_resource());
+    let audit_before = audit_lines(&plane.audit_log)?;
+    let started = Instant::now();
+    let created = create_myapps(&base_myapps, n).await?;
+    baseline_writes(&client, &base_ns, created).await?;
+    let baseline = started.elapsed();
+    let baseline_writes = count_writes(&plane.audit_log, audit_before, &base_ns)?
+        .iter()
+        .filter(|(k, _)| !k.starts_with("create myapps"))
+        .map(|(_, v)| v)
+        .sum();
+
+    Ok(Row {
+        n,
+        host_reconciled,
+        host_ready,
+        host_writes,
+        host_peak_rss_mib,
+        baseline,
+        baseline_writes,
+    })
+}
+
+fn myapp_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "MyApp"))
+}
+
+async fn install_crds(client: &Client) -> anyhow::Result<()> {
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+        )),
+    );
+    for file in ["crds/reconcilepolicy.yaml", "crds/myapp.yaml"] {
+        let crd: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(
+            wasmctrl_testenv::repo_root().join(file),
+        )?)?;
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .context("crd name")?
+            .to_owned();
+        crds.patch(
+            &name,
+            &PatchParams::apply("bench").force(),
+            &Patch::Apply(&crd),
+        )
+        .await?;
+    }
+    wasmctrl_testenv::cluster::eventually("CRDs served", Duration::from_secs(60), || {
+        let client = client.clone();
+        async move {
+            let gvk = GroupVersionKind::gvk("example.com", "v1", "MyApp");
+            let policy = GroupVersionKind::gvk("wasmctrl.dev", "v1alpha1", "ReconcilePolicy");
+            Ok(kube::discovery::pinned_kind(&client, &gvk).await.is_ok()
+                && kube::discovery::pinned_kind(&client, &policy).await.is_ok())
+        }
+    })
+    .await
+}
+
+async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<String> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+    )?;
+    namespaces.create(&PostParams::default(), &ns).await?;
+    Ok(name.to_owned())
+}
+
+async fn apply_policy(client: &Client, run: &str, plugin: &Path) -> anyhow::Result<()> {
+    let policies: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "wasmctrl.dev",
+            "v1alpha1",
+            "ReconcilePolicy",
+        )),
+    );
+    let policy = json!({
+        "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
+        "metadata": {"name": "bench", "labels": {SELECTOR_LABEL: run}},
+        "spec": {
+            "parent": {"apiVersion": "example.com/v1", "kind": "MyApp"},
+            "children": [{"apiVersion": "apps/v1", "kind": "Deployment"}, {"apiVersion": "v1", "kind": "Service"}],
+            "plugin": {"source": {"file": {"path": plugin.to_string_lossy()}}},
+            "maxConcurrentReconciles": CONCURRENCY,
+        },
+    });
+    policies
+        .patch(
+            "bench",
+            &PatchParams::apply("bench").force(),
+            &Patch::Apply(&policy),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn wait_policy_ready(client: &Client, name: &str) -> anyhow::Result<()> {
+    let policies: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "wasmctrl.dev",
+            "v1alpha1",
+            "ReconcilePolicy",
+        )),
+    );
+    wasmctrl_testenv::cluster::eventually(
+        "the bench policy to be ready",
+        Duration::from_secs(60),
+        || {
+            let policies = policies.clone();
+            async move {
+                let policy = serde_json::to_value(policies.get(name).await?)?;
+                Ok(policy["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                }))
+            }
+        },
+    )
+    .await
+}
+
+/// Create `n` MyApps with 32 requests in flight; returns their names and uids.
+async fn create_myapps(
+    api: &Api<DynamicObject>,
+    n: usize,
+) -> anyhow::Result<Vec<(String, String)>> {
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let app: DynamicObject = serde_json::from_value(json!({
+                    "apiVersion": "example.com/v1", "kind": "MyApp",
+                    "metadata": {"name": format!("app-{i:05}")},
+                    "spec": {"replicas": 1, "image": "nginx:1.27"},
+                }))?;
+                let created = api.create(&PostParams::default(), &app).await?;
+                Ok::<_, anyhow::Error>((
+                    created.name_any(),
+                    created.metadata.uid.unwrap_or_default(),
+                ))
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect()
+        .await
+}
+
+/// Watch MyApps until all `n` are reconciled, then until all are Ready.
+async fn watch_progress(api: Api<DynamicObject>, n: usize) -> anyhow::Result<(Instant, Instant)> {
+    let mut state: HashMap<String, (bool, bool)> = HashMap::new();
+    let mut reconciled_at = None;
+    let stream = watcher(api, watcher::Config::default()).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30 * 60);
+    loop {
+        let next = tokio::time::timeout_at(deadline, stream.try_next()).await;
+        let Ok(Ok(Some(app))) = next else {
+            bail!("watch ended or timed out; {} of {n} seen", state.len());
+        };
+        let value = serde_json::to_value(&app)?;
+        let condition = |t: &str| {
+            value["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == t && c["status"] == "True"))
+        };
+        let reconciled = condition("Reconciled")
+            && value["status"]["observedGeneration"] == value["metadata"]["generation"];
+        state.insert(
+            app.name_any(),
+            (reconciled, reconciled && condition("Ready")),
+        );
+        if reconciled_at.is_none() && state.len() == n && state.values().all(|s| s.0) {
+            reconciled_at = Some(Instant::now());
+        }
+        if state.len() == n && state.values().all(|s| s.1) {
+            let ready_at = Instant::now();
+            return Ok((reconciled_at.unwrap_or(ready_at), ready_at));
+        }
+    }
+}
+
+/// For each MyApp: apply the Deployment and Service its plugin desires (computed natively by
+/// the same reconciler) and its status, with `CONCURRENCY` MyApps in flight.
+async fn baseline_writes(
+    client: &Client,
+    ns: &str,
+    apps: Vec<(String, String)>,
+) -> anyhow::Result<()> {
+    let deployments = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", "Deployment")),
+    );
+    let services = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Service")),
+    );
+    let myapps = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &myapp_resource());
+    let params = Arc::new(PatchParams::apply("baseline").force());
+    futures::stream::iter(apps)
+        .map(|(name, uid)| {
+            let (deployments, services, myapps, params) = (deployments.clone(), services.clone(), myapps.clone(), params.clone());
+            async move {
+                let parent = json!({
+                    "apiVersion": "example.com/v1", "kind": "MyApp",
+                    "metadata": {"name": name, "namespace": ns, "uid": uid, "generation": 1},
+                    "spec": {"replicas": 1, "image": "nginx:1.27"},
+                });
+                let response = wasmctrl_plugin_sdk::testing::TestRequest::new(&parent)
+                    .reconcile::<myapp_plugin::MyAppReconciler>()
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let owner = json!([{"apiVersion": "example.com/v1", "kind": "MyApp", "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true}]);
+                for mut child in response.children().iter().map(|c| serde_json::from_str::<Value>(c)).collect::<Result<Vec<_>, _>>()? {
+                    child["metadata"]["ownerReferences"] = owner.clone();
+                    let api = if child["kind"] == "Deployment" { &deployments } else { &services };
+                    api.patch(&name, &params, &Patch::Apply(&child)).await?;
+                }
+                let mut status: Value = response.status_json().map(serde_json::from_str).transpose()?.unwrap_or_default();
+                status["observedGeneration"] = json!(1);
+                let body = json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": name}, "status": status});
+                myapps.patch_status(&name, &params, &Patch::Apply(&body)).await?;
+                Ok::<_, anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(CONCURRENCY as usize)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+fn audit_lines(path: &Path) -> anyhow::Result<usize> {
+    Ok(std::fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0))
+}
+
+/// Writes in `namespace` logged after line `skip`, by verb and resource.
+fn count_writes(
+    path: &Path,
+    skip: usize,
+    namespace: &str,
+) -> anyhow::Result<BTreeMap<String, usize>> {
+    let text = std::fs::read_to_string(path)?;
+    let marker = format!("/namespaces/{namespace}/");
+    let mut counts = BTreeMap::new();
+    for event in text
+        .lines()
+        .skip(skip)
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    {
+        let uri = event["requestURI"].as_str().unwrap_or_default();
+        let verb = event["verb"].as_str().unwrap_or_default();
+        if event["stage"] != "ResponseComplete"
+            || !uri.contains(&marker)
+            || event["user"]["username"] != "admin"
+        {
+            continue;
+        }
+        if !matches!(verb, "create" | "update" | "patch" | "delete") {
+            continue;
+        }
+        let path = uri.split('?').next().unwrap_or_default();
+        let rest = &path[path.find(&marker).unwrap_or(0) + marker.len()..];
+        let mut parts = rest.split('/');
+        let resource = parts.next().unwrap_or_default();
+        let sub = parts.nth(1).map(|s| format!("/{s}")).unwrap_or_default();
+        *counts.entry(format!("{verb} {resource}{sub}")).or_insert(0) += 1;
+    }
+    Ok(counts)
+}
+
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "\n| MyApps | host: all reconciled | host: all Ready | host writes | host peak RSS | baseline (same first-pass writes, plain client) | ratio |"
+    );
+    println!("|---:|---:|---:|---|---:|---:|---:|");
+    for row in rows {
+        let writes: Vec<String> = row
+            .host_writes
+            .iter()
+            .filter(|(k, _)| !k.starts_with("create myapps"))
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect();
+        println!(
+            "| {} | {:.1} s | {:.1} s | {} | {:.0} MiB | {:.1} s ({} writes) | {:.2}× |",
+            row.n,
+            row.host_reconciled.as_secs_f64(),
+            row.host_ready.as_secs_f64(),
+            writes.join(", "),
+            row.host_peak_rss_mib,
+            row.baseline.as_secs_f64(),
+            row.baseline_writes,
+            row.host_reconciled.as_secs_f64() / row.baseline.as_secs_f64(),
+        );
+    }
+}
+
+/// Host mode: run a wasmctrl host until SIGTERM.
+fn run_host(spec: &str) -> anyhow::Result<()> {
+    let mut parts = spec.splitn(3, '|');
+    let (Some(namespace), Some(selector), Some(kubeconfig)) =
+        (parts.next(), parts.next(), parts.next())
+    else {
+        bail!("{HOST_MODE} must be namespace|selector|kubeconfig");
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let client = admin_client(&PathBuf::from(kubeconfig)).await?;
+        let engine = wasmctrl::plugin::PluginEngine::new(wasmctrl::plugin::EngineOptions {
+            cache_dir: Some(std::env::temp_dir().join("wasmctrl-bench-artifacts")),
+            ..Default::default()
+        })?;
+        let options = wasmctrl::controller::HostOptions {
+            namespace: Some(namespace.to_owned()),
+            policy_selector: Some(selector.to_owned()),
+            ..Default::default()
+        };
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        wasmctrl::controller::Host::new(client, engine, options)
+            .run(async move {
+                term.recv().await;
+            })
+            .await
+    })
+}
