@@ -192,3 +192,53 @@ fn every_failure_is_one_line_that_names_the_cause() {
         );
     }
 }
+
+/// `wasmctrl plugin diff ACTIVE CANDIDATE ...`, as YAML.
+fn diff(active: &str, candidate: &str, extra: &[&str]) -> serde_yaml_ng::Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+        .args(["plugin", "diff"])
+        .arg(support::guest(active))
+        .arg(support::guest(candidate))
+        .arg("--parent")
+        .arg(support::workspace_root().join("plugins/myapp/examples/myapp-web.yaml"))
+        .args(extra)
+        .output()
+        .expect("running wasmctrl");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_yaml_ng::from_slice(&output.stdout).expect("YAML output")
+}
+
+#[test]
+fn plugin_diff_shows_what_a_candidate_would_change() {
+    let same = diff("myapp_plugin", "myapp_plugin", &[]);
+    assert_eq!(same["verdict"], "Unchanged");
+
+    let v2 = diff("myapp_plugin", "myapp_v2_plugin", &[]);
+    assert_eq!(v2["verdict"], "WouldChange");
+    assert_eq!(
+        v2["detail"].as_str().unwrap_or_default(),
+        "~ Deployment web: .metadata.labels.example.com/plugin-version (absent) -> \"v2\"\n\
+         ~ Service web: .metadata.labels.example.com/plugin-version (absent) -> \"v2\""
+    );
+    assert_ne!(v2["activeDigest"], v2["candidateDigest"]);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("panic.yaml");
+    std::fs::write(&config, "behavior: panic\n").expect("write");
+    let failing = diff(
+        "myapp_plugin",
+        "misbehave_plugin",
+        &["--candidate-config", config.to_str().expect("utf-8")],
+    );
+    assert_eq!(failing["verdict"], "WouldFail");
+    assert!(
+        failing["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("deliberate panic")),
+        "{failing:?}"
+    );
+}

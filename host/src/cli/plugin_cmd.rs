@@ -1,4 +1,4 @@
-//! `wasmctrl plugin run` and `wasmctrl plugin inspect`: the plugin runtime without a cluster.
+//! `wasmctrl plugin run | diff | inspect`: the plugin runtime without a cluster.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::input;
 use crate::plugin::{
     CONTRACT_VERSION, Digest, EngineOptions, JsonObject, Limits, ObservedObject, Plugin,
-    PluginEngine, PluginEvent, ReconcileRequest, ReconcileResponse,
+    PluginEngine, PluginEvent, ReconcileRequest, ReconcileResponse, Verdict,
 };
 
 /// Offline plugin commands.
@@ -20,24 +20,29 @@ pub enum PluginCommand {
     Run {
         /// The plugin component (.wasm).
         plugin: PathBuf,
-        /// The parent object (YAML or JSON).
-        #[arg(long)]
-        parent: PathBuf,
-        /// Observed children (YAML or JSON; multi-document and `kind: List` files work).
-        #[arg(long = "children", value_name = "FILE")]
-        children: Vec<PathBuf>,
-        /// Related objects (YAML or JSON).
-        #[arg(long = "related", value_name = "FILE")]
-        related: Vec<PathBuf>,
-        /// The plugin config (one YAML or JSON object).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Call as if the parent were being deleted.
-        #[arg(long)]
-        finalizing: bool,
+        #[command(flatten)]
+        request: RequestArgs,
         /// Refuse the plugin unless its bytes hash to this `sha256:` digest.
         #[arg(long)]
         digest: Option<Digest>,
+        #[command(flatten)]
+        limits: LimitArgs,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = Format::Yaml)]
+        output: Format,
+    },
+    /// Show what a candidate plugin would do differently from the active one for one parent:
+    /// the comparison a shadow run makes for every parent in the cluster.
+    Diff {
+        /// The active plugin component (.wasm).
+        active: PathBuf,
+        /// The candidate plugin component (.wasm).
+        candidate: PathBuf,
+        #[command(flatten)]
+        request: RequestArgs,
+        /// The candidate's config, when it differs from `--config`.
+        #[arg(long)]
+        candidate_config: Option<PathBuf>,
         #[command(flatten)]
         limits: LimitArgs,
         /// Output format.
@@ -52,6 +57,57 @@ pub enum PluginCommand {
         #[arg(short, long, value_enum, default_value_t = Format::Yaml)]
         output: Format,
     },
+}
+
+/// What the plugin is asked: the parent and what the cluster holds for it.
+#[derive(Debug, clap::Args)]
+pub struct RequestArgs {
+    /// The parent object (YAML or JSON).
+    #[arg(long)]
+    parent: PathBuf,
+    /// Observed children (YAML or JSON; multi-document and `kind: List` files work).
+    #[arg(long = "children", value_name = "FILE")]
+    children: Vec<PathBuf>,
+    /// Related objects (YAML or JSON).
+    #[arg(long = "related", value_name = "FILE")]
+    related: Vec<PathBuf>,
+    /// The plugin config (one YAML or JSON object).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Call as if the parent were being deleted.
+    #[arg(long)]
+    finalizing: bool,
+}
+
+impl RequestArgs {
+    fn request(&self) -> anyhow::Result<ReconcileRequest> {
+        Ok(ReconcileRequest {
+            parent: input::read_object(&self.parent)?.to_string(),
+            children: read_all(&self.children)?,
+            related: read_all(&self.related)?,
+            config: read_config(self.config.as_deref())?,
+            finalizing: self.finalizing,
+        })
+    }
+}
+
+fn read_config(path: Option<&Path>) -> anyhow::Result<Option<String>> {
+    Ok(path
+        .map(input::read_object)
+        .transpose()?
+        .map(|c| c.to_string()))
+}
+
+/// What `plugin diff` prints.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DiffOutput {
+    active_digest: String,
+    candidate_digest: String,
+    /// `Unchanged`, `WouldChange` or `WouldFail`.
+    verdict: &'static str,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    detail: String,
 }
 
 /// Sandbox limits for one call; the defaults are the host's.
@@ -142,26 +198,13 @@ impl PluginCommand {
         match self {
             Self::Run {
                 plugin,
-                parent,
-                children,
-                related,
-                config,
-                finalizing,
+                request,
                 digest,
                 limits,
                 output,
             } => {
-                let request = ReconcileRequest {
-                    parent: input::read_object(&parent)?.to_string(),
-                    children: read_all(&children)?,
-                    related: read_all(&related)?,
-                    config: config
-                        .as_deref()
-                        .map(input::read_object)
-                        .transpose()?
-                        .map(|c| c.to_string()),
-                    finalizing,
-                };
+                let parent = request.parent.clone();
+                let request = request.request()?;
                 let engine = PluginEngine::new(EngineOptions {
                     cache_dir,
                     ..EngineOptions::default()
@@ -172,6 +215,44 @@ impl PluginCommand {
                     .await
                     .with_context(|| format!("reconciling {}", parent.display()))?;
                 print(&RunOutput::from(response), output)
+            }
+            Self::Diff {
+                active,
+                candidate,
+                request,
+                candidate_config,
+                limits,
+                output,
+            } => {
+                let request = request.request()?;
+                let candidate_request = ReconcileRequest {
+                    config: read_config(candidate_config.as_deref())?.or(request.config.clone()),
+                    ..request.clone()
+                };
+                let engine = PluginEngine::new(EngineOptions {
+                    cache_dir,
+                    ..EngineOptions::default()
+                })?;
+                let active = load(&engine, &active, None, limits.limits())?;
+                let candidate = load(&engine, &candidate, None, limits.limits())?;
+                let verdict = crate::plugin::compare(
+                    &active.reconcile(request).await,
+                    &candidate.reconcile(candidate_request).await,
+                );
+                let (verdict, detail) = match verdict {
+                    Verdict::Unchanged => ("Unchanged", String::new()),
+                    Verdict::WouldChange(detail) => ("WouldChange", detail),
+                    Verdict::WouldFail(detail) => ("WouldFail", detail),
+                };
+                print(
+                    &DiffOutput {
+                        active_digest: active.digest().to_string(),
+                        candidate_digest: candidate.digest().to_string(),
+                        verdict,
+                        detail,
+                    },
+                    output,
+                )
             }
             Self::Inspect { plugin, output } => {
                 // No cache: the point is to show what compiling costs.

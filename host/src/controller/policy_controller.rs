@@ -20,14 +20,14 @@ use tokio_util::sync::CancellationToken;
 use super::HostOptions;
 use super::backoff::Backoff;
 use super::children::{self, AllowedKind};
-use super::events::EventSink;
+use super::events::{self, EventSink};
 use super::kinds::{self, KindError, ResolvedKind};
 use super::policy_status::{PolicyStatusWriter, State};
 use super::reconcile::{self, ActivePlugin, ChildCache, PolicyContext, RelatedCache};
 use super::source;
 use super::swap;
-use crate::plugin::{Digest, Limits, Plugin, PluginEngine, PluginError};
-use crate::policy::{KindRef, PolicyLimits, ReconcilePolicy};
+use crate::plugin::{Digest, Limits, Plugin, PluginEngine, PluginError, Verdict};
+use crate::policy::{CandidateStatus, KindRef, PolicyLimits, ReconcilePolicy, ShadowExample};
 
 /// How often a running policy's counts are written to its status (when they changed).
 const STATUS_INTERVAL: Duration = Duration::from_secs(5);
@@ -169,16 +169,29 @@ pub(crate) async fn load_plugin(
     shared: &Shared,
 ) -> Result<Plugin, (&'static str, String)> {
     let spec = &policy.spec.plugin;
-    let expected = spec
-        .digest
-        .as_deref()
+    load_from(
+        shared,
+        &spec.source,
+        spec.digest.as_deref(),
+        limits(policy.spec.limits.as_ref()),
+    )
+    .await
+}
+
+/// Fetch a component from `source`, verify it against `digest` when given, and load it.
+pub(crate) async fn load_from(
+    shared: &Shared,
+    source: &crate::policy::PluginSource,
+    digest: Option<&str>,
+    limits: Limits,
+) -> Result<Plugin, (&'static str, String)> {
+    let expected = digest
         .map(str::parse::<Digest>)
         .transpose()
         .map_err(|e| ("InvalidDigest", e.to_string()))?;
-    let bytes = source::fetch(&shared.client, &spec.source)
+    let bytes = source::fetch(&shared.client, source)
         .await
         .map_err(|e| ("SourceUnavailable", format!("{e:#}")))?;
-    let limits = limits(policy.spec.limits.as_ref());
     shared
         .engine
         .load_async(bytes, expected, limits)
@@ -369,6 +382,8 @@ async fn run_controller(
             plugin: parts.plugin,
             config: swap::config_text(&spec.plugin),
         }),
+        candidate: arc_swap::ArcSwapOption::empty(),
+        shadow: Mutex::new(Default::default()),
         resync: Duration::from_secs(
             spec.resync_period_seconds
                 .map_or(shared.options.resync.as_secs(), u64::from),
@@ -428,8 +443,10 @@ async fn run_controller(
         loop {
             tokio::time::sleep(STATUS_INTERVAL).await;
             let (reconciled, failing) = counts(&ctx, &parents);
+            let candidate = candidate_counts(&ctx, &parents);
             let mut status = status.lock().await;
             status.set_counts(reconciled, failing);
+            status.set_candidate_counts(candidate);
             status.flush().await;
         }
     };
@@ -473,4 +490,59 @@ fn counts(ctx: &PolicyContext, parents: &Store<DynamicObject>) -> (u64, u64) {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     reconciled.retain(exists);
     (reconciled.len() as u64, ctx.backoff.failing() as u64)
+}
+
+/// How many parents the candidate serves, and its shadow verdicts for the others, with a
+/// few examples (sorted, so an unchanged picture writes nothing).
+fn candidate_counts(
+    ctx: &PolicyContext,
+    parents: &Store<DynamicObject>,
+) -> Option<CandidateStatus> {
+    use kube::core::SelectorExt as _;
+    const EXAMPLES: usize = 5;
+    let candidate = ctx.candidate.load_full()?;
+    let mut verdicts = reconcile::lock(&ctx.shadow);
+    verdicts.retain(|key, _| parents.get(key).is_some());
+    let mut status = CandidateStatus {
+        digest: candidate.serving.plugin.digest().to_string(),
+        canary_parents: candidate.canary.as_ref().map_or(0, |selector| {
+            parents
+                .state()
+                .iter()
+                .filter(|p| selector.matches(p.labels()))
+                .count() as u64
+        }),
+        evaluated: verdicts.len() as u64,
+        ..CandidateStatus::default()
+    };
+    let mut examples = Vec::new();
+    for (key, verdict) in verdicts.iter() {
+        let parent = match &key.namespace {
+            Some(ns) => format!("{ns}/{}", key.name),
+            None => key.name.clone(),
+        };
+        match verdict {
+            Verdict::Unchanged => status.unchanged += 1,
+            Verdict::WouldChange(detail) => {
+                status.would_change += 1;
+                examples.push(ShadowExample {
+                    parent,
+                    verdict: "WouldChange".into(),
+                    detail: events::truncate(detail.clone(), 1024),
+                });
+            }
+            Verdict::WouldFail(detail) => {
+                status.would_fail += 1;
+                examples.push(ShadowExample {
+                    parent,
+                    verdict: "WouldFail".into(),
+                    detail: events::truncate(detail.clone(), 1024),
+                });
+            }
+        }
+    }
+    examples.sort_by(|a, b| a.parent.cmp(&b.parent));
+    examples.truncate(EXAMPLES);
+    status.examples = examples;
+    Some(status)
 }

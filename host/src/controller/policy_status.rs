@@ -8,7 +8,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::plugin::Digest;
-use crate::policy::{ReconcilePolicy, ReconcilePolicyStatus};
+use crate::policy::{CandidateStatus, ReconcilePolicy, ReconcilePolicyStatus};
 
 /// The field manager the host writes policy status with.
 const FIELD_MANAGER: &str = "wasmctrl";
@@ -85,6 +85,32 @@ impl PolicyStatusWriter {
     /// The active plugin changed now.
     pub fn set_active_since_now(&mut self) {
         self.current.active_since = Some(Time(jiff::Timestamp::now()));
+    }
+
+    /// The candidate's condition (`CandidateLoaded`), or no candidate at all.
+    pub fn set_candidate(&mut self, state: Option<State>, digest: Option<&Digest>) {
+        match state {
+            Some(state) => self.set_condition("CandidateLoaded", state),
+            None => {
+                self.current
+                    .conditions
+                    .retain(|c| c.type_ != "CandidateLoaded");
+                self.current.candidate = None;
+            }
+        }
+        if let Some(digest) = digest {
+            self.current.candidate = Some(CandidateStatus {
+                digest: digest.to_string(),
+                ..CandidateStatus::default()
+            });
+        }
+    }
+
+    /// The candidate's shadow and canary counts.
+    pub fn set_candidate_counts(&mut self, counts: Option<CandidateStatus>) {
+        if let (Some(current), Some(counts)) = (&mut self.current.candidate, counts) {
+            *current = counts;
+        }
     }
 
     pub fn set_ready(&mut self, state: State) {

@@ -21,7 +21,8 @@ use super::children::{self, AllowedKind, DesiredChild, InvalidChild, ParentIdent
 use super::events::EventSink;
 use super::status::{self, Outcome};
 use crate::plugin::{
-    EventType as PluginEventType, ObservedObject, Plugin, PluginError, ReconcileRequest,
+    EventType as PluginEventType, ObservedObject, Plugin, PluginError, ReconcileRequest, Verdict,
+    compare,
 };
 
 /// A child kind as one policy's reconciles see it: what the policy allows, and the cache of
@@ -53,6 +54,10 @@ pub(crate) struct PolicyContext {
     /// The plugin and config serving this policy. Each reconcile takes what is active when
     /// it starts; a swap affects only reconciles that start after it.
     pub active: ArcSwap<ActivePlugin>,
+    /// The candidate plugin, if the policy names one.
+    pub candidate: arc_swap::ArcSwapOption<Candidate>,
+    /// The candidate's shadow verdict per parent, since it was loaded.
+    pub shadow: Mutex<std::collections::HashMap<ObjectRef<DynamicObject>, Verdict>>,
     pub resync: Duration,
     pub backoff: Backoff<ObjectRef<DynamicObject>>,
     /// Parents whose last reconcile succeeded.
@@ -66,6 +71,13 @@ pub(crate) struct PolicyContext {
 pub(crate) struct ActivePlugin {
     pub plugin: Plugin,
     pub config: Option<String>,
+}
+
+/// A candidate plugin: serving the parents its canary selector matches, and evaluated in
+/// shadow for all others.
+pub(crate) struct Candidate {
+    pub serving: ActivePlugin,
+    pub canary: Option<kube::core::Selector>,
 }
 
 /// Annotation on each parent: the digest of the plugin that last reconciled it, so a user
@@ -157,10 +169,7 @@ pub(crate) async fn reconcile(
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);
     let result = tracing::Instrument::instrument(reconcile_parent(&parent, &ctx), span).await;
     let record = |ok: bool| {
-        let mut reconciled = ctx
-            .reconciled
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut reconciled = lock(&ctx.reconciled);
         if ok {
             reconciled.insert(key.clone());
         } else {
@@ -222,15 +231,38 @@ async fn reconcile_parent(
     }
 
     let active = ctx.active.load_full();
+    let candidate = ctx.candidate.load_full();
+    let canary = canary_for(candidate.as_deref(), parent);
+    let serving = canary.map_or(&*active, |c| &c.serving);
     let observed = observed_children(&identity, ctx);
     let request = ReconcileRequest {
         parent: serde_json::to_string(parent).unwrap_or_default(),
         children: observed.iter().map(|(_, o)| observed_object(o)).collect(),
         related: related_objects(&identity, ctx),
-        config: active.config.clone(),
+        config: serving.config.clone(),
         finalizing: false,
     };
-    let response = active.plugin.reconcile(request).await?;
+    let key = ObjectRef::from_obj_with(parent, ctx.parent.clone());
+    let answer = match (&candidate, canary) {
+        (Some(shadow), None) => {
+            let shadow_request = ReconcileRequest {
+                config: shadow.serving.config.clone(),
+                ..request.clone()
+            };
+            let answer = serving.plugin.reconcile(request).await;
+            let verdict = compare(
+                &answer,
+                &shadow.serving.plugin.reconcile(shadow_request).await,
+            );
+            lock(&ctx.shadow).insert(key, verdict);
+            answer
+        }
+        _ => {
+            lock(&ctx.shadow).remove(&key);
+            serving.plugin.reconcile(request).await
+        }
+    };
+    let response = answer?;
 
     let allowed: Vec<AllowedKind> = ctx.children.iter().map(|c| c.allowed.clone()).collect();
     let desired = children::prepare(response.children, &allowed, &identity, &ctx.policy_label)
@@ -258,11 +290,11 @@ async fn reconcile_parent(
         message: format!(
             "{} children desired by plugin {}",
             desired.len(),
-            active.plugin.digest()
+            serving.plugin.digest()
         ),
     };
     write_status(parent, &identity, response.status, &outcome, ctx).await?;
-    record_plugin_digest(parent, &identity, active.plugin.digest(), ctx).await?;
+    record_plugin_digest(parent, &identity, serving.plugin.digest(), ctx).await?;
     publish_plugin_events(parent, ctx, response.events).await;
     Ok(Action::requeue(
         response.requeue_after.unwrap_or(ctx.resync),
@@ -574,6 +606,9 @@ async fn finalize(
     ctx: &PolicyContext,
 ) -> Result<Action, ReconcileError> {
     let active = ctx.active.load_full();
+    let candidate = ctx.candidate.load_full();
+    let canary = canary_for(candidate.as_deref(), parent);
+    let active = canary.map_or(&*active, |c| &c.serving);
     let observed = observed_children(identity, ctx);
     let request = ReconcileRequest {
         parent: serde_json::to_string(parent).unwrap_or_default(),
@@ -670,6 +705,27 @@ fn dynamic_api(
 
 fn reference(parent: &DynamicObject, ctx: &PolicyContext) -> ObjectReference {
     parent.object_ref(&ctx.parent)
+}
+
+/// The candidate, if it serves `parent` as a canary.
+fn canary_for<'a>(
+    candidate: Option<&'a Candidate>,
+    parent: &DynamicObject,
+) -> Option<&'a Candidate> {
+    use kube::core::SelectorExt as _;
+    candidate.filter(|c| {
+        c.canary
+            .as_ref()
+            .is_some_and(|selector| selector.matches(parent.labels()))
+    })
+}
+
+/// Lock a mutex that only holds plain bookkeeping: a panic elsewhere cannot leave it
+/// inconsistent, so poisoning is ignored.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The current time as Kubernetes writes it (RFC 3339, seconds).

@@ -16,16 +16,17 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::core::Selector;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, ResourceExt as _};
 use notify::Watcher as _;
 use tokio::sync::{Mutex, mpsc, watch};
 
-use super::policy_controller::{Shared, load_plugin};
+use super::policy_controller::{Shared, load_from, load_plugin};
 use super::policy_status::{PolicyStatusWriter, State};
-use super::reconcile::{ActivePlugin, PolicyContext};
+use super::reconcile::{ActivePlugin, Candidate, PolicyContext, lock};
 use crate::plugin::{Digest, Plugin};
-use crate::policy::{PluginSource, PluginSpec, ReconcilePolicy};
+use crate::policy::{CandidateSpec, PluginSource, PluginSpec, ReconcilePolicy};
 
 /// Plugins kept loaded after they are swapped out, so swapping back to one (a rollback) is
 /// a pointer swap.
@@ -46,6 +47,17 @@ pub(crate) async fn run(
 ) {
     let mut recent: VecDeque<Plugin> = VecDeque::new();
     let mut source_changes = SourceWatch::start(&shared, &policy.spec.plugin.source);
+    let mut candidate: Option<CandidateSpec> = None;
+    sync_candidate(
+        &ctx,
+        &shared,
+        &policy,
+        &mut candidate,
+        &status,
+        &requeue_all,
+    )
+    .await;
+    status.lock().await.flush().await;
     loop {
         tokio::select! {
             changed = updates.changed() => {
@@ -65,6 +77,15 @@ pub(crate) async fn run(
             }
         }
         swap_to(&ctx, &shared, &policy, &mut recent, &status, &requeue_all).await;
+        sync_candidate(
+            &ctx,
+            &shared,
+            &policy,
+            &mut candidate,
+            &status,
+            &requeue_all,
+        )
+        .await;
         status.lock().await.flush().await;
     }
 }
@@ -138,6 +159,77 @@ async fn swap_to(
         recent.retain(|p| p.digest() != plugin.digest() && *p.digest() != from);
         recent.push_front(current.plugin.clone());
         recent.truncate(RECENT_PLUGINS);
+    }
+}
+
+/// Load, replace or drop the candidate plugin when the policy's candidate changed.
+async fn sync_candidate(
+    ctx: &PolicyContext,
+    shared: &Shared,
+    policy: &ReconcilePolicy,
+    loaded: &mut Option<CandidateSpec>,
+    status: &Mutex<PolicyStatusWriter>,
+    requeue_all: &mpsc::UnboundedSender<()>,
+) {
+    let wanted = policy.spec.plugin.candidate.clone();
+    if wanted == *loaded {
+        return;
+    }
+    let name = policy.name_any();
+    let Some(spec) = &wanted else {
+        ctx.candidate.store(None);
+        lock(&ctx.shadow).clear();
+        status.lock().await.set_candidate(None, None);
+        *loaded = None;
+        let _ = requeue_all.send(());
+        tracing::info!(policy = %name, "candidate plugin removed");
+        return;
+    };
+    let limits = super::policy_controller::limits(policy.spec.limits.as_ref());
+    let canary = match spec
+        .canary
+        .as_ref()
+        .map(|c| Selector::try_from(c.selector.clone()))
+        .transpose()
+    {
+        Ok(canary) => canary,
+        Err(error) => {
+            let state = State::failed("InvalidSelector", format!("canary selector: {error}"));
+            status.lock().await.set_candidate(Some(state), None);
+            return;
+        }
+    };
+    match load_from(shared, &spec.source, spec.digest.as_deref(), limits).await {
+        Ok(plugin) => {
+            let config = spec
+                .config
+                .as_ref()
+                .filter(|c| !c.is_null())
+                .map(ToString::to_string)
+                .or_else(|| config_text(&policy.spec.plugin));
+            let digest = *plugin.digest();
+            let mode = if canary.is_some() { "canary" } else { "shadow" };
+            ctx.candidate.store(Some(Arc::new(Candidate {
+                serving: ActivePlugin { plugin, config },
+                canary,
+            })));
+            lock(&ctx.shadow).clear();
+            let message = format!("candidate {digest} loaded ({mode})");
+            status
+                .lock()
+                .await
+                .set_candidate(Some(State::ok("Loaded", message)), Some(&digest));
+            *loaded = wanted;
+            let _ = requeue_all.send(());
+            tracing::info!(policy = %name, %digest, mode, "candidate plugin loaded; re-evaluating every parent");
+        }
+        Err((reason, message)) => {
+            tracing::warn!(policy = %name, reason, %message, "candidate plugin refused");
+            status
+                .lock()
+                .await
+                .set_candidate(Some(State::failed(reason, message)), None);
+        }
     }
 }
 

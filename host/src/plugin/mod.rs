@@ -11,6 +11,7 @@
 mod artifact_cache;
 mod call;
 mod contract;
+mod diff;
 mod digest;
 mod engine;
 mod error;
@@ -26,6 +27,7 @@ pub use call::{
     EventType, JsonObject, ObservedObject, PluginEvent, ReconcileRequest, ReconcileResponse,
 };
 pub use contract::CONTRACT_VERSION;
+pub use diff::{Verdict, compare};
 pub use digest::{Digest, InvalidDigest};
 pub use engine::{EngineOptions, PluginEngine};
 pub use error::{PluginError, ReportedKind};

@@ -81,6 +81,39 @@ pub struct PluginSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "any_object")]
     pub config: Option<serde_json::Value>,
+    /// A second plugin to try before making it the active one. Without `canary` it runs in
+    /// shadow: evaluated for every parent beside the active plugin, nothing applied, the
+    /// differences counted in the policy status. With `canary`, it serves the parents the
+    /// selector matches. Promote it by moving it to the active fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<CandidateSpec>,
+}
+
+/// The candidate plugin.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CandidateSpec {
+    /// The component's source.
+    pub source: PluginSource,
+    /// The `sha256:` digest the component must have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^sha256:[0-9a-f]{64}$"))]
+    pub digest: Option<String>,
+    /// The candidate's config; the active plugin's config when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_object")]
+    pub config: Option<serde_json::Value>,
+    /// Serve the matching parents with the candidate (the rest keep the active plugin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanarySpec>,
+}
+
+/// Which parents a canary candidate serves.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CanarySpec {
+    /// Parents whose labels match.
+    pub selector: LabelSelector,
 }
 
 /// Exactly one source.
@@ -176,12 +209,53 @@ pub struct ReconcilePolicyStatus {
     /// When the active plugin started serving.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// What the candidate plugin would do differently, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<CandidateStatus>,
     /// Parents whose last reconcile succeeded.
     #[serde(default)]
     pub parents_reconciled: u64,
     /// Parents whose last reconcile failed.
     #[serde(default)]
     pub parents_failing: u64,
+}
+
+/// The candidate plugin's standing.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CandidateStatus {
+    /// The candidate's digest.
+    pub digest: String,
+    /// Parents the candidate serves as a canary.
+    #[serde(default)]
+    pub canary_parents: u64,
+    /// Parents the candidate was evaluated for in shadow (since it was loaded).
+    #[serde(default)]
+    pub evaluated: u64,
+    /// Of those, parents whose desired children or status would change.
+    #[serde(default)]
+    pub would_change: u64,
+    /// Parents the candidate would fail on.
+    #[serde(default)]
+    pub would_fail: u64,
+    /// Parents the candidate would leave exactly as they are.
+    #[serde(default)]
+    pub unchanged: u64,
+    /// A few of the differences, by parent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<ShadowExample>,
+}
+
+/// One parent the candidate would treat differently.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowExample {
+    /// `namespace/name`.
+    pub parent: String,
+    /// `WouldChange` or `WouldFail`.
+    pub verdict: String,
+    /// What would change (`+`/`-`/`~` per child, and the first differing field), or the error.
+    pub detail: String,
 }
 
 /// An object with any fields: the plugin config is the plugin's business. Nullable, because

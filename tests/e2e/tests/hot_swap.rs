@@ -428,3 +428,122 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
         .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyhow::Result<()> {
+    const TEST: &str = "swap-candidate";
+    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
+    let with_candidate = |candidate: Value| {
+        let mut spec = policy(file_source("myapp_plugin"), Some(&v1), json!({}));
+        spec["plugin"]["candidate"] = candidate;
+        spec
+    };
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(file_source("myapp_plugin"), Some(&v1), json!({})),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
+    let policy_api = policies(&client);
+    for (name, track) in [
+        ("a", "stable"),
+        ("b", "stable"),
+        ("c", "canary"),
+        ("d", "canary"),
+    ] {
+        let mut app = myapp(name);
+        app["metadata"]["labels"] = json!({"track": track});
+        apply(&myapps, app).await?;
+    }
+    for name in ["a", "b", "c", "d"] {
+        wait_for_object(&myapps, name, "on v1", |a| served_by(a, &v1)).await?;
+    }
+    let v2_label = |d: &Value| d["metadata"]["labels"][VERSION_LABEL] == "v2";
+
+    // Shadow: every parent evaluated by v2, differences counted, nothing applied.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        with_candidate(json!({"source": file_source("myapp_v2_plugin"), "digest": v2})),
+    )
+    .await?;
+    let shadow = wait_for_object(&policy_api, TEST, "shadow counts", |p| {
+        let c = &p["status"]["candidate"];
+        c["digest"] == v2.as_str()
+            && c["evaluated"] == 4
+            && c["wouldChange"] == 4
+            && c["unchanged"] == 0
+    })
+    .await?;
+    let example = &shadow["status"]["candidate"]["examples"][0];
+    assert_eq!(example["verdict"], "WouldChange");
+    assert!(
+        example["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("plugin-version")),
+        "{example}"
+    );
+    for name in ["a", "b", "c", "d"] {
+        let d = get(&deployments, name).await?.expect("exists");
+        assert!(!v2_label(&d), "a shadow candidate applies nothing");
+        assert!(served_by(&get(&myapps, name).await?.expect("exists"), &v1));
+    }
+
+    // A candidate that would fail is counted as such.
+    let failing =
+        json!({"source": file_source("misbehave_plugin"), "config": {"behavior": "panic"}});
+    apply_policy(&client, TEST, TEST, with_candidate(failing)).await?;
+    wait_for_object(&policy_api, TEST, "would-fail counts", |p| {
+        p["status"]["candidate"]["wouldFail"] == 4
+    })
+    .await?;
+
+    // Canary: the selected parents move to v2, the others stay on v1 (and stay in shadow).
+    let canary = json!({
+        "source": file_source("myapp_v2_plugin"), "digest": v2,
+        "canary": {"selector": {"matchLabels": {"track": "canary"}}},
+    });
+    apply_policy(&client, TEST, TEST, with_candidate(canary)).await?;
+    for name in ["c", "d"] {
+        wait_for_object(&myapps, name, "canary on v2", |a| served_by(a, &v2)).await?;
+        wait_for_object(&deployments, name, "canary children from v2", v2_label).await?;
+    }
+    wait_for_object(&policy_api, TEST, "canary counts", |p| {
+        let c = &p["status"]["candidate"];
+        c["canaryParents"] == 2 && c["evaluated"] == 2 && c["wouldChange"] == 2
+    })
+    .await?;
+    for name in ["a", "b"] {
+        assert!(served_by(&get(&myapps, name).await?.expect("exists"), &v1));
+        assert!(!v2_label(&get(&deployments, name).await?.expect("exists")));
+    }
+
+    // Promote: v2 becomes the active plugin for everyone.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(file_source("myapp_v2_plugin"), Some(&v2), json!({})),
+    )
+    .await?;
+    for name in ["a", "b", "c", "d"] {
+        wait_for_object(&deployments, name, "promoted to v2", v2_label).await?;
+    }
+    let promoted = wait_for_object(&policy_api, TEST, "no candidate left", |p| {
+        p["status"]["candidate"].is_null()
+    })
+    .await?;
+    assert_eq!(promoted["status"]["activeDigest"], v2.as_str());
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
