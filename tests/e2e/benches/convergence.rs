@@ -386,6 +386,15 @@ fn count_writes(
         if !matches!(verb, "create" | "update" | "patch" | "delete") {
             continue;
         }
+        // The control plane's own components share the admin identity here; their writes
+        // (pods, bindings, their Events) are not the host's.
+        let agent = event["userAgent"].as_str().unwrap_or_default();
+        if ["kube-controller-manager", "kube-scheduler", "kwok"]
+            .iter()
+            .any(|component| agent.contains(component))
+        {
+            continue;
+        }
         let path = uri.split('?').next().unwrap_or_default();
         let rest = &path[path.find(&marker).unwrap_or(0) + marker.len()..];
         let mut parts = rest.split('/');
