@@ -70,6 +70,7 @@ pub struct KindRef {
 /// Where the plugin comes from, and how it is configured.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.source.http) || has(self.digest)").message("a plugin fetched over http needs a digest"))]
 pub struct PluginSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -92,6 +93,7 @@ pub struct PluginSpec {
 /// The candidate plugin.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.source.http) || has(self.digest)").message("a plugin fetched over http needs a digest"))]
 pub struct CandidateSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -119,7 +121,7 @@ pub struct CanarySpec {
 /// Exactly one source.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("[has(self.file), has(self.configMap)].filter(x, x).size() == 1").message("set exactly one plugin source: file or configMap"))]
+#[x_kube(validation = Rule::new("[has(self.file), has(self.configMap), has(self.http)].filter(x, x).size() == 1").message("set exactly one plugin source: file, configMap or http"))]
 pub struct PluginSource {
     /// A component on the host's filesystem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -127,6 +129,34 @@ pub struct PluginSource {
     /// A component stored in a ConfigMap's `binaryData`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map: Option<ConfigMapSource>,
+    /// A component served over HTTP(S). The `digest` is mandatory with this source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpSource>,
+}
+
+/// A component at an HTTP(S) URL.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpSource {
+    /// `https://…` (or `http://…`).
+    #[schemars(regex(pattern = r"^https?://"))]
+    pub url: String,
+    /// A Secret with credentials: `token` (sent as a bearer token) or `username` and
+    /// `password` (basic auth).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretRef>,
+}
+
+/// A Secret, by namespace and name.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    /// The Secret's namespace.
+    #[schemars(length(min = 1))]
+    pub namespace: String,
+    /// The Secret's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
 }
 
 /// A component file readable by the host.

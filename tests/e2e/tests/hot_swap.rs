@@ -547,3 +547,148 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
     policy_api.delete(TEST, &Default::default()).await?;
     Ok(())
 }
+
+/// A loopback HTTP server for plugin downloads: `GET /<file>` with `Authorization: Bearer
+/// <token>` serves the built plugin `<file>` (without `.wasm`). The first request it ever
+/// gets is answered 503, so the host's retry is exercised.
+fn serve_plugins(token: &'static str) -> anyhow::Result<std::net::SocketAddr> {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    std::thread::spawn(move || {
+        let mut first = true;
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(&stream);
+            let mut request_line = String::new();
+            let _ = reader.read_line(&mut request_line);
+            let mut authorized = false;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                authorized |=
+                    line.eq_ignore_ascii_case(&format!("authorization: Bearer {token}\r\n"));
+            }
+            let path = request_line
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("/")
+                .trim_start_matches('/')
+                .to_owned();
+            let file = wasmctrl_testenv::plugins::guest_path(path.trim_end_matches(".wasm"));
+            let (status, body) = if std::mem::take(&mut first) {
+                ("503 Service Unavailable", Vec::new())
+            } else if !authorized {
+                ("401 Unauthorized", Vec::new())
+            } else {
+                match std::fs::read(&file) {
+                    Ok(bytes) => ("200 OK", bytes),
+                    Err(_) => ("404 Not Found", Vec::new()),
+                }
+            };
+            let mut stream = &stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(&body);
+        }
+    });
+    Ok(address)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest()
+-> anyhow::Result<()> {
+    const TEST: &str = "swap-http";
+    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
+    let address = serve_plugins("s3cret")?;
+    let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
+    apply(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry"}, "stringData": {"token": "s3cret"}})).await?;
+    let http = |file: &str, secret: bool| {
+        let mut source = json!({"http": {"url": format!("http://{address}/{file}.wasm")}});
+        if secret {
+            source["http"]["secretRef"] = json!({"namespace": ns, "name": "registry"});
+        }
+        source
+    };
+    let policy_api = policies(&client);
+
+    // The schema insists on a digest for http sources.
+    let refused = apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(http("myapp_plugin", true), None, json!({})),
+    )
+    .await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("needs a digest")),
+        "{refused:?}"
+    );
+
+    // First download: a 503 (retried), then the plugin, with the bearer token from the Secret.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(http("myapp_plugin", true), Some(&v1), json!({})),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    apply(&myapps, myapp("web")).await?;
+    wait_for_object(&myapps, "web", "web on v1 over http", |a| served_by(a, &v1)).await?;
+
+    // Without credentials the server says 401, and the policy says why v1 stays.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(http("myapp_v2_plugin", false), Some(&v2), json!({})),
+    )
+    .await?;
+    let unavailable = wait_for_object(&policy_api, TEST, "401 reported", |p| {
+        condition(p, "PluginLoaded").is_some_and(|c| c["reason"] == "SourceUnavailable")
+    })
+    .await?;
+    let message = condition(&unavailable, "PluginLoaded")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("401"), "{message}");
+    // Bytes that do not match the digest are refused before compiling. (The digest must be
+    // one this host has not loaded: a loaded digest is served from memory, whatever the URL.)
+    let other = digest_of("misbehave_plugin");
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(http("myapp_v2_plugin", true), Some(&other), json!({})),
+    )
+    .await?;
+    wait_for_object(&policy_api, TEST, "digest mismatch", |p| {
+        condition(p, "PluginLoaded").is_some_and(|c| c["reason"] == "DigestMismatch")
+    })
+    .await?;
+    // And the right ones swap in.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(http("myapp_v2_plugin", true), Some(&v2), json!({})),
+    )
+    .await?;
+    wait_for_object(&myapps, "web", "web on v2 over http", |a| served_by(a, &v2)).await?;
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
