@@ -48,17 +48,17 @@ pub(crate) async fn run(
     let mut recent: VecDeque<Plugin> = VecDeque::new();
     let mut source_changes = SourceWatch::start(&shared, &policy.spec.plugin.source);
     let mut candidate: Option<CandidateSpec> = None;
-    sync_candidate(
-        &ctx,
-        &shared,
-        &policy,
-        &mut candidate,
-        &status,
-        &requeue_all,
-    )
-    .await;
-    status.lock().await.flush().await;
     loop {
+        sync_candidate(
+            &ctx,
+            &shared,
+            &policy,
+            &mut candidate,
+            &status,
+            &requeue_all,
+        )
+        .await;
+        status.lock().await.flush().await;
         tokio::select! {
             changed = updates.changed() => {
                 if changed.is_err() {
@@ -77,16 +77,6 @@ pub(crate) async fn run(
             }
         }
         swap_to(&ctx, &shared, &policy, &mut recent, &status, &requeue_all).await;
-        sync_candidate(
-            &ctx,
-            &shared,
-            &policy,
-            &mut candidate,
-            &status,
-            &requeue_all,
-        )
-        .await;
-        status.lock().await.flush().await;
     }
 }
 

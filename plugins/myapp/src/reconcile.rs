@@ -256,7 +256,7 @@ fn status(app: &MyApp, ready_replicas: i32) -> MyAppStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MyAppSpec;
+    use crate::types::MyAppSpec;
     use k8s_openapi::api::apps::v1::DeploymentStatus;
     use wasmctrl_plugin_sdk::testing::TestRequest;
 
