@@ -73,6 +73,15 @@ struct Row {
     host_peak_rss_mib: f64,
     baseline: Duration,
     baseline_writes: usize,
+    swaps: [Swap; 2],
+}
+
+/// One hot swap: from the policy update to the policy reporting the new digest, and to the
+/// first and the last parent reconciled by it.
+struct Swap {
+    active: Duration,
+    first: Duration,
+    last: Duration,
 }
 
 async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<Row> {
@@ -83,6 +92,7 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     // The host, in its own process.
     let host_ns = create_namespace(&client, &format!("bench-host-{n}")).await?;
     apply_policy(&client, &run, plugin).await?;
+    let _ = std::fs::remove_dir_all(artifact_cache());
     let mut host = std::process::Command::new(std::env::current_exe()?)
         .env(
             HOST_MODE,
@@ -109,6 +119,12 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     tokio::time::sleep(Duration::from_secs(2)).await;
     let host_peak_rss_mib = peak_rss_mib(host_pid).unwrap_or(f64::NAN);
     let host_writes = count_writes(&plane.audit_log, audit_before, &host_ns)?;
+
+    // Hot swap to v2 (compiled now: the host's artifact cache started empty), then back to
+    // v1 (its precompiled artifact is on disk since the host started).
+    let v2 = wasmctrl_testenv::plugins::guest("myapp_v2_plugin");
+    let to_v2 = measure_swap(&client, &run, &v2, &myapps, n).await?;
+    let back_to_v1 = measure_swap(&client, &run, plugin, &myapps, n).await?;
     // SAFETY: kill has no memory-safety preconditions.
     unsafe {
         libc::kill(host_pid as libc::pid_t, libc::SIGTERM);
@@ -138,6 +154,7 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         host_peak_rss_mib,
         baseline,
         baseline_writes,
+        swaps: [to_v2, back_to_v1],
     })
 }
 
@@ -355,6 +372,64 @@ async fn baseline_writes(
     Ok(())
 }
 
+fn artifact_cache() -> PathBuf {
+    std::env::temp_dir().join("wasmctrl-bench-artifacts")
+}
+
+async fn measure_swap(
+    client: &Client,
+    run: &str,
+    plugin: &Path,
+    myapps: &Api<DynamicObject>,
+    n: usize,
+) -> anyhow::Result<Swap> {
+    let digest = wasmctrl::plugin::Digest::of(&std::fs::read(plugin)?).to_string();
+    let watch = {
+        let (myapps, digest) = (myapps.clone(), digest.clone());
+        tokio::spawn(async move {
+            let mut reached: HashMap<String, Instant> = HashMap::new();
+            let mut stream =
+                std::pin::pin!(watcher(myapps, watcher::Config::default()).applied_objects());
+            while let Some(app) = stream.try_next().await? {
+                if app.annotations().get("wasmctrl.dev/plugin-digest") == Some(&digest) {
+                    reached.entry(app.name_any()).or_insert_with(Instant::now);
+                    if reached.len() == n {
+                        break;
+                    }
+                }
+            }
+            let first = reached.values().min().copied();
+            let last = reached.values().max().copied();
+            Ok::<_, anyhow::Error>((first, last))
+        })
+    };
+    let policies: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "wasmctrl.dev",
+            "v1alpha1",
+            "ReconcilePolicy",
+        )),
+    );
+    let started = Instant::now();
+    apply_policy(client, run, plugin).await?;
+    let mut active = None;
+    while active.is_none() {
+        let policy = serde_json::to_value(policies.get("bench").await?)?;
+        if policy["status"]["activeDigest"] == digest.as_str() {
+            active = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (first, last) = tokio::time::timeout(Duration::from_secs(600), watch).await???;
+    let since = |t: Option<Instant>| t.map_or(Duration::ZERO, |t| t.duration_since(started));
+    Ok(Swap {
+        active: active.unwrap_or_default(),
+        first: since(first),
+        last: since(last),
+    })
+}
+
 fn audit_lines(path: &Path) -> anyhow::Result<usize> {
     Ok(std::fs::read_to_string(path)
         .map(|t| t.lines().count())
@@ -442,6 +517,24 @@ fn print_table(rows: &[Row]) {
             row.host_reconciled.as_secs_f64() / row.baseline.as_secs_f64(),
         );
     }
+    println!(
+        "\n| MyApps | swap | policy reports the new digest | first parent on it | last parent on it |"
+    );
+    println!("|---:|---|---:|---:|---:|");
+    for row in rows {
+        for (what, swap) in ["v1 → v2 (compiled)", "v2 → v1 (artifact cache hit)"]
+            .iter()
+            .zip(&row.swaps)
+        {
+            println!(
+                "| {} | {what} | {:.2} s | {:.2} s | {:.1} s |",
+                row.n,
+                swap.active.as_secs_f64(),
+                swap.first.as_secs_f64(),
+                swap.last.as_secs_f64()
+            );
+        }
+    }
 }
 
 /// Host mode: run a wasmctrl host until SIGTERM.
@@ -458,7 +551,7 @@ fn run_host(spec: &str) -> anyhow::Result<()> {
     runtime.block_on(async {
         let client = admin_client(&PathBuf::from(kubeconfig)).await?;
         let engine = wasmctrl::plugin::PluginEngine::new(wasmctrl::plugin::EngineOptions {
-            cache_dir: Some(std::env::temp_dir().join("wasmctrl-bench-artifacts")),
+            cache_dir: Some(artifact_cache()),
             ..Default::default()
         })?;
         let options = wasmctrl::controller::HostOptions {
