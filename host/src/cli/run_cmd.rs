@@ -42,6 +42,9 @@ pub struct RunCommand {
     /// Plugin calls that may run at once, across all policies.
     #[arg(long, env = "WASMCTRL_MAX_CONCURRENT_CALLS", default_value_t = 64)]
     max_concurrent_calls: u32,
+    /// Bound on the precompiled-plugin cache on disk, in MiB (least recently used go first).
+    #[arg(long, env = "WASMCTRL_CACHE_MAX_MIB", default_value_t = 1024)]
+    cache_max_mib: u64,
     /// The largest memory limit any policy may give its plugin, in MiB.
     #[arg(long, env = "WASMCTRL_MAX_PLUGIN_MEMORY_MIB", default_value_t = 512)]
     max_plugin_memory_mib: usize,
@@ -60,6 +63,7 @@ impl RunCommand {
             cache_dir,
             max_concurrent_calls: self.max_concurrent_calls,
             max_memory_bytes: self.max_plugin_memory_mib << 20,
+            cache_max_bytes: self.cache_max_mib << 20,
         })
         .context("starting the plugin engine")?;
         let options = HostOptions {

@@ -25,14 +25,18 @@ pub(crate) struct ArtifactCache {
     dir: PathBuf,
     /// Identifies the engine configuration and wasmtime version artifacts were compiled for.
     engine_key: String,
+    /// The directory is kept under this many bytes of artifacts; the least recently used
+    /// go first.
+    max_bytes: u64,
 }
 
 impl ArtifactCache {
-    pub(crate) fn new(dir: PathBuf, engine: &Engine) -> std::io::Result<Self> {
+    pub(crate) fn new(dir: PathBuf, engine: &Engine, max_bytes: u64) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
         Ok(Self {
             dir,
             engine_key: engine_key(engine),
+            max_bytes,
         })
     }
 
@@ -52,7 +56,13 @@ impl ArtifactCache {
         // same engine configuration (the key is in its name), into a directory only the host
         // writes to. wasmtime still checks the header and the compatibility hash.
         match unsafe { Component::deserialize_file(engine, &path) } {
-            Ok(component) => Some(component),
+            Ok(component) => {
+                // The modification time is the recency eviction goes by.
+                if let Ok(file) = std::fs::File::options().append(true).open(&path) {
+                    let _ = file.set_modified(std::time::SystemTime::now());
+                }
+                Some(component)
+            }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "discarding unusable precompiled plugin");
                 let _ = std::fs::remove_file(&path);
@@ -69,7 +79,36 @@ impl ArtifactCache {
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         std::fs::write(&tmp, &bytes)?;
         std::fs::rename(&tmp, &path)?;
+        self.evict(&path);
         Ok(())
+    }
+
+    /// Delete the least recently used artifacts until the directory fits `max_bytes`, never
+    /// the one just written. A process that has an evicted artifact mapped keeps using it
+    /// (the mapping outlives the file); the next load of that digest recompiles.
+    fn evict(&self, keep: &Path) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut artifacts: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+            .filter_map(|e| {
+                let meta = e.metadata().ok()?;
+                Some((meta.modified().ok()?, meta.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = artifacts.iter().map(|(_, len, _)| len).sum();
+        artifacts.sort();
+        for (_, len, path) in artifacts {
+            if total <= self.max_bytes {
+                break;
+            }
+            if path != keep && std::fs::remove_file(&path).is_ok() {
+                tracing::info!(path = %path.display(), "evicted a precompiled plugin from the cache");
+                total -= len;
+            }
+        }
     }
 
     pub(crate) fn dir(&self) -> &Path {
@@ -93,4 +132,44 @@ fn engine_key(engine: &Engine) -> String {
     let mut hasher = Sha256Hasher(Sha256::new());
     std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut hasher);
     hex::encode(&hasher.0.finalize()[..8])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smallest component there is.
+    const EMPTY_COMPONENT: &[u8] = b"\0asm\x0d\0\x01\0";
+
+    #[test]
+    fn the_cache_stays_under_its_bound_evicting_the_least_recently_used() {
+        let engine = Engine::default();
+        let component = Component::new(&engine, EMPTY_COMPONENT).expect("empty component");
+        let size = component.serialize().expect("serialize").len() as u64;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache =
+            ArtifactCache::new(dir.path().into(), &engine, size * 2 + size / 2).expect("cache");
+        let digests: Vec<Digest> = (0u8..3).map(|i| Digest::of(&[i])).collect();
+        let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+        cache.store(&digests[0], &component).expect("store");
+        pause();
+        cache.store(&digests[1], &component).expect("store");
+        pause();
+        // Using the first makes the second the least recently used.
+        assert!(cache.load(&engine, &digests[0]).is_some());
+        pause();
+        cache.store(&digests[2], &component).expect("store");
+        assert!(
+            cache.load(&engine, &digests[0]).is_some(),
+            "recently used: kept"
+        );
+        assert!(
+            cache.load(&engine, &digests[1]).is_none(),
+            "least recently used: evicted"
+        );
+        assert!(
+            cache.load(&engine, &digests[2]).is_some(),
+            "just written: kept"
+        );
+    }
 }

@@ -32,6 +32,8 @@ pub struct EngineOptions {
     pub max_concurrent_calls: u32,
     /// The largest memory cap any plugin may be given.
     pub max_memory_bytes: usize,
+    /// Bound on the precompiled-artifact cache on disk (least recently used evicted first).
+    pub cache_max_bytes: u64,
 }
 
 impl Default for EngineOptions {
@@ -40,6 +42,7 @@ impl Default for EngineOptions {
             cache_dir: None,
             max_concurrent_calls: 64,
             max_memory_bytes: 512 << 20,
+            cache_max_bytes: 1 << 30,
         }
     }
 }
@@ -68,7 +71,7 @@ impl PluginEngine {
         contract::wasmctrl::plugin::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         let cache = options
             .cache_dir
-            .map(|dir| ArtifactCache::new(dir, &engine))
+            .map(|dir| ArtifactCache::new(dir, &engine, options.cache_max_bytes))
             .transpose()?;
         start_epoch_clock(&engine).context("starting the plugin epoch clock")?;
         Ok(Self {

@@ -112,6 +112,7 @@ impl HostUnderTest {
             cache_dir: Some(std::env::temp_dir().join("wasmctrl-e2e-artifacts")),
             max_concurrent_calls: 8,
             max_memory_bytes: 128 << 20,
+            ..EngineOptions::default()
         })?;
         let options = HostOptions {
             namespace: Some(namespace.to_owned()),
