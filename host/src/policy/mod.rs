@@ -70,7 +70,7 @@ pub struct KindRef {
 /// Where the plugin comes from, and how it is configured.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.source.http) || has(self.digest)").message("a plugin fetched over http needs a digest"))]
+#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci)) || has(self.digest)").message("a plugin fetched over http or from a registry needs a digest"))]
 pub struct PluginSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -93,7 +93,7 @@ pub struct PluginSpec {
 /// The candidate plugin.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.source.http) || has(self.digest)").message("a plugin fetched over http needs a digest"))]
+#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci)) || has(self.digest)").message("a plugin fetched over http or from a registry needs a digest"))]
 pub struct CandidateSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -121,7 +121,7 @@ pub struct CanarySpec {
 /// Exactly one source.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("[has(self.file), has(self.configMap), has(self.http)].filter(x, x).size() == 1").message("set exactly one plugin source: file, configMap or http"))]
+#[x_kube(validation = Rule::new("[has(self.file), has(self.configMap), has(self.http), has(self.oci)].filter(x, x).size() == 1").message("set exactly one plugin source: file, configMap, http or oci"))]
 pub struct PluginSource {
     /// A component on the host's filesystem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,6 +132,25 @@ pub struct PluginSource {
     /// A component served over HTTP(S). The `digest` is mandatory with this source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpSource>,
+    /// A component in an OCI registry, as a Wasm artifact (a layer of media type
+    /// `application/wasm`). The `digest` (of the component) is mandatory with this source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oci: Option<OciSource>,
+}
+
+/// A Wasm artifact in an OCI registry.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OciSource {
+    /// `registry/repository:tag` or `registry/repository@sha256:…`.
+    #[schemars(length(min = 1))]
+    pub reference: String,
+    /// Talk plain HTTP to the registry (a registry on loopback or inside the cluster network).
+    #[serde(default)]
+    pub insecure: bool,
+    /// A Secret with credentials: `token`, or `username` and `password`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretRef>,
 }
 
 /// A component at an HTTP(S) URL.

@@ -692,3 +692,97 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
     policy_api.delete(TEST, &Default::default()).await?;
     Ok(())
 }
+
+/// Push a built plugin to `registry` as a Wasm OCI artifact (config
+/// `application/vnd.wasm.config.v0+json`, one `application/wasm` layer).
+async fn push_plugin(registry: &str, repository: &str, plugin: &str) -> anyhow::Result<String> {
+    use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+    let reference = format!("{registry}/{repository}:{}", plugin.replace('_', "-"));
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..Default::default()
+    });
+    let layer = ImageLayer::new(
+        std::fs::read(guest(plugin))?,
+        "application/wasm".into(),
+        None,
+    );
+    let config = Config::new(
+        b"{}".to_vec(),
+        "application/vnd.wasm.config.v0+json".into(),
+        None,
+    );
+    client
+        .push(
+            &reference.parse()?,
+            &[layer],
+            config,
+            &oci_client::secrets::RegistryAuth::Anonymous,
+            None,
+        )
+        .await?;
+    Ok(reference)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
+    const TEST: &str = "swap-oci";
+    let registry =
+        tokio::task::spawn_blocking(wasmctrl_testenv::registry::Registry::start).await??;
+    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
+    let v1_ref = push_plugin(&registry.address, "plugins/myapp", "myapp_plugin").await?;
+    let v2_ref = push_plugin(&registry.address, "plugins/myapp", "myapp_v2_plugin").await?;
+    let oci = |reference: &str| json!({"oci": {"reference": reference, "insecure": true}});
+    let policy_api = policies(&client);
+
+    let refused = apply_policy(&client, TEST, TEST, policy(oci(&v1_ref), None, json!({}))).await;
+    assert!(refused.is_err_and(|e| format!("{e:#}").contains("needs a digest")));
+
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(oci(&v1_ref), Some(&v1), json!({})),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    apply(&myapps, myapp("web")).await?;
+    wait_for_object(&myapps, "web", "web on v1 from the registry", |a| {
+        served_by(a, &v1)
+    })
+    .await?;
+
+    // A tag that does not exist is reported; v1 keeps serving.
+    let missing = format!("{}/plugins/myapp:absent", registry.address);
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(oci(&missing), Some(&v2), json!({})),
+    )
+    .await?;
+    wait_for_object(&policy_api, TEST, "missing tag reported", |p| {
+        condition(p, "PluginLoaded").is_some_and(|c| c["reason"] == "SourceUnavailable")
+    })
+    .await?;
+
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(oci(&v2_ref), Some(&v2), json!({})),
+    )
+    .await?;
+    wait_for_object(&myapps, "web", "web on v2 from the registry", |a| {
+        served_by(a, &v2)
+    })
+    .await?;
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}

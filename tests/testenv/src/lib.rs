@@ -11,6 +11,7 @@
 pub mod cluster;
 mod pki;
 pub mod plugins;
+pub mod registry;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
