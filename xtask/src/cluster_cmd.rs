@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use clap::Subcommand;
-use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, is_alive};
+use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, is_alive, memory_mib};
 use wasmctrl_testenv::{default_cluster_dir, repo_root};
 
 #[derive(Subcommand)]
@@ -60,7 +60,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             println!("server:     {}", plane.server);
             println!("kubeconfig: {}", plane.kubeconfig.display());
             for c in &plane.components {
-                let rss = rss_mib(c.pid)
+                let rss = memory_mib(c.pid, "VmRSS")
                     .map(|m| format!("{m:.0} MiB"))
                     .unwrap_or_default();
                 println!(
@@ -86,18 +86,4 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
 fn print_env(plane: &ControlPlane) {
     println!("export KUBECONFIG={}", plane.kubeconfig.display());
     println!("export PATH={}:$PATH", plane.bin_dir.display());
-}
-
-/// Resident memory of a process, from /proc.
-fn rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib / 1024.0)
 }

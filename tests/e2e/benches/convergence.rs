@@ -24,7 +24,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
-use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, admin_client};
+use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, admin_client, memory_mib};
 
 /// Concurrency of the host's policy and of the baseline client.
 const CONCURRENCY: u32 = 16;
@@ -117,7 +117,7 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let host_ready = ready_at.duration_since(started);
     // Let the last echoes settle before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let host_peak_rss_mib = peak_rss_mib(host_pid).unwrap_or(f64::NAN);
+    let host_peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
     let host_writes = count_writes(&plane.audit_log, audit_before, &host_ns)?;
 
     // Hot swap to v2 (compiled now: the host's artifact cache started empty), then back to
@@ -478,19 +478,6 @@ fn count_writes(
         *counts.entry(format!("{verb} {resource}{sub}")).or_insert(0) += 1;
     }
     Ok(counts)
-}
-
-fn peak_rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib / 1024.0)
 }
 
 fn print_table(rows: &[Row]) {

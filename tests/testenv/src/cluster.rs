@@ -555,6 +555,21 @@ fn signal(pid: u32, sig: libc::c_int) {
     }
 }
 
+/// A memory figure of a process from `/proc/<pid>/status`, in MiB: `field` is e.g. `VmRSS`
+/// (resident now) or `VmHWM` (peak resident).
+pub fn memory_mib(pid: u32, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
 /// Alive and not a zombie.
 pub fn is_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
