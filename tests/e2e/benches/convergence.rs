@@ -86,7 +86,7 @@ struct Swap {
 
 async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<Row> {
     let client = admin_client(&plane.kubeconfig).await?;
-    install_crds(&client).await?;
+    wasmctrl_testenv::crds::install_repo_crds(&client).await?;
     let run = format!("n{n}");
 
     // The host, in its own process.
@@ -160,42 +160,6 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
 
 fn myapp_resource() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "MyApp"))
-}
-
-async fn install_crds(client: &Client) -> anyhow::Result<()> {
-    let crds: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "apiextensions.k8s.io",
-            "v1",
-            "CustomResourceDefinition",
-        )),
-    );
-    for file in ["crds/reconcilepolicy.yaml", "crds/myapp.yaml"] {
-        let crd: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(
-            wasmctrl_testenv::repo_root().join(file),
-        )?)?;
-        let name = crd["metadata"]["name"]
-            .as_str()
-            .context("crd name")?
-            .to_owned();
-        crds.patch(
-            &name,
-            &PatchParams::apply("bench").force(),
-            &Patch::Apply(&crd),
-        )
-        .await?;
-    }
-    wasmctrl_testenv::cluster::eventually("CRDs served", Duration::from_secs(60), || {
-        let client = client.clone();
-        async move {
-            let gvk = GroupVersionKind::gvk("example.com", "v1", "MyApp");
-            let policy = GroupVersionKind::gvk("wasmctrl.dev", "v1alpha1", "ReconcilePolicy");
-            Ok(kube::discovery::pinned_kind(&client, &gvk).await.is_ok()
-                && kube::discovery::pinned_kind(&client, &policy).await.is_ok())
-        }
-    })
-    .await
 }
 
 async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<String> {

@@ -1,30 +1,14 @@
 //! The ReconcilePolicy CRD, as the real API server enforces it: valid policies are accepted,
 //! and the mistakes its schema and CEL rules exist for are refused at apply time.
 
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use wasmctrl_testenv::TestEnv;
 
 async fn policies() -> anyhow::Result<Api<DynamicObject>> {
     let client = TestEnv::get().client().await?;
-    let crd_yaml =
-        std::fs::read_to_string(wasmctrl_testenv::repo_root().join("crds/reconcilepolicy.yaml"))?;
-    let crd: Value = serde_yaml_ng::from_str(&crd_yaml)?;
-    let crds: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "apiextensions.k8s.io",
-            "v1",
-            "CustomResourceDefinition",
-        )),
-    );
-    crds.patch(
-        "reconcilepolicies.wasmctrl.dev",
-        &PatchParams::apply("wasmctrl-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
+    wasmctrl_testenv::crds::install_repo_crds(&client).await?;
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "wasmctrl.dev",
         "v1alpha1",

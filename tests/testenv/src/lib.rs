@@ -9,6 +9,7 @@
 //! the kernel stops when the process exits.
 
 pub mod cluster;
+pub mod crds;
 mod pki;
 pub mod plugins;
 pub mod registry;

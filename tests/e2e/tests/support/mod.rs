@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use wasmctrl::controller::{Host, HostOptions};
 use wasmctrl::plugin::{EngineOptions, PluginEngine};
+#[allow(unused_imports)] // each test binary uses a different part
+pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};
 use wasmctrl_testenv::{TestEnv, cluster::eventually};
 
 /// Label that ties a test's policies to the host the test runs.
@@ -23,53 +25,6 @@ pub const ACT: Duration = Duration::from_secs(30);
 
 pub fn resource(group: &str, version: &str, kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
-}
-
-pub fn crds_api(client: &Client) -> Api<DynamicObject> {
-    Api::all_with(
-        client.clone(),
-        &resource("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
-    )
-}
-
-/// Server-side apply a CRD and wait until its kind is served.
-pub async fn install_crd(client: &Client, crd: &Value) -> anyhow::Result<()> {
-    let name = crd["metadata"]["name"]
-        .as_str()
-        .context("CRD without a name")?;
-    crds_api(client)
-        .patch(
-            name,
-            &PatchParams::apply("wasmctrl-e2e").force(),
-            &Patch::Apply(crd),
-        )
-        .await
-        .with_context(|| format!("applying CRD {name}"))?;
-    let group = crd["spec"]["group"].as_str().unwrap_or_default().to_owned();
-    let kind = crd["spec"]["names"]["kind"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let version = crd["spec"]["versions"][0]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let gvk = GroupVersionKind::gvk(&group, &version, &kind);
-    eventually(&format!("{kind} to be served"), ACT, || {
-        let client = client.clone();
-        let gvk = gvk.clone();
-        async move { Ok(kube::discovery::pinned_kind(&client, &gvk).await.is_ok()) }
-    })
-    .await
-}
-
-/// Install the repository's CRDs (ReconcilePolicy, MyApp).
-pub async fn install_repo_crds(client: &Client) -> anyhow::Result<()> {
-    for file in ["crds/reconcilepolicy.yaml", "crds/myapp.yaml"] {
-        let text = std::fs::read_to_string(wasmctrl_testenv::repo_root().join(file))?;
-        install_crd(client, &serde_yaml_ng::from_str(&text)?).await?;
-    }
-    Ok(())
 }
 
 /// A CRD for a test-only namespaced kind with a status subresource and a free-form spec.
