@@ -301,6 +301,7 @@ async fn run_controller(
         parts.parent.resource.clone(),
     );
 
+    let mut allowed = Vec::new();
     let mut child_caches = Vec::new();
     for (kind, resolved) in &parts.children {
         let (store, stream) = cached_watch(
@@ -311,12 +312,12 @@ async fn run_controller(
         );
         controller =
             controller.owns_stream_with(stream.touched_objects(), resolved.resource.clone());
+        allowed.push(AllowedKind {
+            api_version: kind.api_version.clone(),
+            kind: kind.kind.clone(),
+            namespaced: resolved.namespaced,
+        });
         child_caches.push(ChildCache {
-            allowed: AllowedKind {
-                api_version: kind.api_version.clone(),
-                kind: kind.kind.clone(),
-                namespaced: resolved.namespaced,
-            },
             resource: resolved.resource.clone(),
             store,
         });
@@ -376,6 +377,7 @@ async fn run_controller(
         policy_label,
         field_manager: field_manager.clone(),
         parent: parts.parent.resource.clone(),
+        allowed,
         children: child_caches,
         related: related_caches,
         active: ArcSwap::from_pointee(ActivePlugin {

@@ -25,10 +25,9 @@ use crate::plugin::{
     compare,
 };
 
-/// A child kind as one policy's reconciles see it: what the policy allows, and the cache of
-/// the children it already has.
+/// A child kind as one policy's reconciles see it: the cache of the children it already has.
+/// Its index is its index in [`PolicyContext::allowed`].
 pub(crate) struct ChildCache {
-    pub allowed: AllowedKind,
     pub resource: ApiResource,
     pub store: Store<DynamicObject>,
 }
@@ -49,6 +48,8 @@ pub(crate) struct PolicyContext {
     /// The finalizer this policy holds on parents, when it asks for one.
     pub finalizer: Option<String>,
     pub parent: ApiResource,
+    /// The child kinds the policy allows, in the order of `children`.
+    pub allowed: Vec<AllowedKind>,
     pub children: Vec<ChildCache>,
     pub related: Vec<RelatedCache>,
     /// The plugin and config serving this policy. Each reconcile takes what is active when
@@ -264,9 +265,13 @@ async fn reconcile_parent(
     };
     let response = answer?;
 
-    let allowed: Vec<AllowedKind> = ctx.children.iter().map(|c| c.allowed.clone()).collect();
-    let desired = children::prepare(response.children, &allowed, &identity, &ctx.policy_label)
-        .map_err(ReconcileError::InvalidChildren)?;
+    let desired = children::prepare(
+        response.children,
+        &ctx.allowed,
+        &identity,
+        &ctx.policy_label,
+    )
+    .map_err(ReconcileError::InvalidChildren)?;
 
     let mut applied = 0;
     for child in &desired {
@@ -388,7 +393,7 @@ async fn apply_child(child: &DesiredChild, ctx: &PolicyContext) -> Result<bool, 
             return Ok(false);
         }
         tracing::debug!(
-            kind = %cache.allowed.kind,
+            kind = %ctx.allowed[child.kind_index].kind,
             name = %child.name,
             differs_at = children::first_difference(&child.object, &observed).as_deref().unwrap_or(".metadata.annotations (hash)"),
             "child drifted from its desired state"
@@ -402,7 +407,7 @@ async fn apply_child(child: &DesiredChild, ctx: &PolicyContext) -> Result<bool, 
     )
     .await
     .map_err(|source| ReconcileError::Apply {
-        kind: cache.allowed.kind.clone(),
+        kind: ctx.allowed[child.kind_index].kind.clone(),
         name: child.name.clone(),
         source,
     })?;
@@ -446,7 +451,7 @@ async fn prune(
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => {
                 return Err(ReconcileError::Prune {
-                    kind: cache.allowed.kind.clone(),
+                    kind: ctx.allowed[*index].kind.clone(),
                     name,
                     source,
                 });
