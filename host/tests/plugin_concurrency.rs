@@ -130,7 +130,7 @@ fn blocking_calls_beyond_the_pool_fail_as_sandbox_errors() {
     let err = plugin
         .reconcile_blocking(named("second", ""))
         .expect_err("the pool has one slot");
-    assert!(matches!(err, PluginError::Sandbox(_)), "{err}");
+    assert!(matches!(err, PluginError::PoolExhausted(_)), "{err}");
     assert!(busy.join().expect("thread").is_err());
     // The slot is free again.
     plugin

@@ -33,6 +33,7 @@ pub(crate) struct ArtifactCache {
 impl ArtifactCache {
     pub(crate) fn new(dir: PathBuf, engine: &Engine, max_bytes: u64) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
+        remove_abandoned_temporaries(&dir);
         Ok(Self {
             dir,
             engine_key: engine_key(engine),
@@ -116,6 +117,38 @@ impl ArtifactCache {
     }
 }
 
+/// Delete temporary files that a process killed between write and rename left behind: those
+/// of processes that no longer run, and any older than an hour. They would otherwise fill the
+/// directory outside the eviction bound, which counts only finished artifacts.
+fn remove_abandoned_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let hour = std::time::Duration::from_secs(3600);
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(writer) = path
+            .extension()
+            .and_then(|x| x.to_str())
+            .and_then(|x| x.strip_prefix("tmp"))
+        else {
+            continue;
+        };
+        let writer_alive = writer
+            .parse::<u32>()
+            .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age > hour);
+        if (!writer_alive || old) && std::fs::remove_file(&path).is_ok() {
+            tracing::info!(path = %path.display(), "removed an abandoned temporary artifact");
+        }
+    }
+}
+
 /// A stable name for the engine's compatibility hash. wasmtime only promises that the hash
 /// changes when compatibility does, so it is fed through SHA-256 to get a name that is the
 /// same in every process.
@@ -137,6 +170,24 @@ fn engine_key(engine: &Engine) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temporaries_of_dead_writers_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // No process has pid u32::MAX - 1; this test's own process is alive.
+        let dead = dir.path().join(format!("abc-key.tmp{}", u32::MAX - 1));
+        let live = dir
+            .path()
+            .join(format!("def-key.tmp{}", std::process::id()));
+        let artifact = dir.path().join("abc-key.cwasm");
+        for path in [&dead, &live, &artifact] {
+            std::fs::write(path, b"x").expect("write");
+        }
+        ArtifactCache::new(dir.path().into(), &Engine::default(), 1 << 20).expect("cache");
+        assert!(!dead.exists(), "a dead writer's temporary is removed");
+        assert!(live.exists(), "a live writer may still rename it");
+        assert!(artifact.exists(), "artifacts are not temporaries");
+    }
 
     /// The smallest component there is.
     const EMPTY_COMPONENT: &[u8] = b"\0asm\x0d\0\x01\0";

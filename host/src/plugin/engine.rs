@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use tokio::sync::Semaphore;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::artifact_cache::ArtifactCache;
+use super::call_slots::CallSlots;
 use super::contract::{self, PluginPre, Surface};
 use super::sandbox::{MAX_TABLE_ELEMENTS, Sandbox};
 use super::{Digest, Limits, Plugin, PluginError, PluginInfo};
@@ -28,7 +28,9 @@ pub struct EngineOptions {
     /// Where precompiled artifacts are kept. `None` compiles every load.
     pub cache_dir: Option<PathBuf>,
     /// How many plugin calls may run at once, across all plugins. Sizes the instance pool;
-    /// further calls wait for a slot instead of failing.
+    /// further calls wait for a slot instead of failing. Shared fairly between tenants
+    /// (policies): none may hold more than three quarters, and a freed slot goes to the
+    /// waiting tenant that holds the fewest.
     pub max_concurrent_calls: u32,
     /// The largest memory cap any plugin may be given.
     pub max_memory_bytes: usize,
@@ -57,7 +59,7 @@ pub(crate) struct EngineInner {
     pub(crate) engine: Engine,
     linker: Linker<Sandbox>,
     cache: Option<ArtifactCache>,
-    pub(crate) call_slots: Arc<Semaphore>,
+    pub(crate) call_slots: Arc<CallSlots>,
     max_memory_bytes: usize,
 }
 
@@ -79,7 +81,7 @@ impl PluginEngine {
                 engine,
                 linker,
                 cache,
-                call_slots: Arc::new(Semaphore::new(options.max_concurrent_calls as usize)),
+                call_slots: CallSlots::new(options.max_concurrent_calls as usize),
                 max_memory_bytes: options.max_memory_bytes,
             }),
         })

@@ -65,6 +65,15 @@ pub enum PluginError {
         /// The configured limit.
         limit_bytes: usize,
     },
+    /// The plugin tried to hand the host more data in one call than its output limit allows
+    /// (plus headroom for the answer's structure); the host stopped copying it.
+    #[error(
+        "plugin output exceeds the copy limit of {limit_bytes} bytes; the host stopped copying it"
+    )]
+    OutputCopyRefused {
+        /// How much the host would copy.
+        limit_bytes: usize,
+    },
     /// More children than allowed.
     #[error("plugin returned {count} children, over the limit of {limit}")]
     TooManyChildren {
@@ -84,9 +93,14 @@ pub enum PluginError {
         /// The plugin's explanation.
         message: String,
     },
-    /// The sandbox itself failed (e.g. the instance pool is exhausted).
+    /// The sandbox itself failed.
     #[error("plugin sandbox failure: {0}")]
     Sandbox(String),
+    /// The instance pool had no room for this call (too many plugin instances at once).
+    /// [`Plugin::reconcile_as`](super::Plugin::reconcile_as) waits and retries; only a
+    /// caller that bypasses the call slots sees it.
+    #[error("plugin sandbox failure: the instance pool is exhausted: {0}")]
+    PoolExhausted(String),
 }
 
 /// The kinds of error a plugin can report, mirroring the contract's `reconcile-error`.
@@ -118,6 +132,7 @@ impl PluginError {
             self,
             Self::DeadlineExceeded { .. }
                 | Self::Sandbox(_)
+                | Self::PoolExhausted(_)
                 | Self::Reported {
                     kind: ReportedKind::Transient,
                     ..

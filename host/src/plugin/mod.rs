@@ -10,6 +10,7 @@
 
 mod artifact_cache;
 mod call;
+mod call_slots;
 mod contract;
 mod diff;
 mod digest;
@@ -125,25 +126,61 @@ impl Plugin {
         &self,
         request: ReconcileRequest,
     ) -> Result<ReconcileResponse, PluginError> {
-        let _slot = self
-            .inner
-            .engine
-            .call_slots
-            .acquire()
-            .await
-            .map_err(|_| PluginError::Sandbox("the plugin engine is shutting down".into()))?;
+        self.reconcile_as("", request).await
+    }
+
+    /// [`Plugin::reconcile`] on behalf of `tenant` (a policy): the engine's call slots are
+    /// shared fairly between tenants, so one tenant's slow or looping calls cannot starve
+    /// another's. If the instance pool is momentarily exhausted (plugins with many core
+    /// instances), the call waits for running calls to finish, up to its own timeout, rather
+    /// than failing.
+    pub async fn reconcile_as(
+        &self,
+        tenant: &str,
+        request: ReconcileRequest,
+    ) -> Result<ReconcileResponse, PluginError> {
+        let slots = &self.inner.engine.call_slots;
+        let started = std::time::Instant::now();
+        let mut request = request;
+        loop {
+            let released = slots.released();
+            let slot = slots
+                .acquire(tenant)
+                .await
+                .ok_or_else(|| PluginError::Sandbox("the plugin engine is shutting down".into()))?;
+            let attempt = self.attempt_in_slot(request).await;
+            drop(slot);
+            match attempt {
+                Attempt::PoolExhausted(returned, _)
+                    if started.elapsed() < self.inner.limits.timeout =>
+                {
+                    // Capacity comes back when some call ends.
+                    let _ = tokio::time::timeout(EPOCH_TICK * 20, released).await;
+                    request = returned;
+                }
+                attempt => return attempt.into_result(),
+            }
+        }
+    }
+
+    /// One attempt, off the async runtime's toes (see [`Plugin::reconcile`]).
+    async fn attempt_in_slot(&self, request: ReconcileRequest) -> Attempt {
         match tokio::runtime::Handle::current().runtime_flavor() {
             tokio::runtime::RuntimeFlavor::CurrentThread => {
                 let plugin = self.clone();
                 let span = tracing::Span::current();
                 tokio::task::spawn_blocking(move || {
                     let _span = span.enter();
-                    plugin.reconcile_blocking(request)
+                    plugin.attempt(request)
                 })
                 .await
-                .map_err(|e| PluginError::Sandbox(format!("plugin call task failed: {e}")))?
+                .unwrap_or_else(|e| {
+                    Attempt::Done(Err(PluginError::Sandbox(format!(
+                        "plugin call task failed: {e}"
+                    ))))
+                })
             }
-            _ => tokio::task::block_in_place(|| self.reconcile_blocking(request)),
+            _ => tokio::task::block_in_place(|| self.attempt(request)),
         }
     }
 
@@ -152,11 +189,17 @@ impl Plugin {
     /// Blocks for up to the plugin's timeout. From async code use [`Plugin::reconcile`]. The
     /// caller must not run more calls at once than the engine's `max_concurrent_calls`
     /// ([`Plugin::reconcile`] enforces that); past it, instantiation fails with
-    /// [`PluginError::Sandbox`].
+    /// [`PluginError::PoolExhausted`].
     pub fn reconcile_blocking(
         &self,
         request: ReconcileRequest,
     ) -> Result<ReconcileResponse, PluginError> {
+        self.attempt(request).into_result()
+    }
+
+    /// Instantiate in a fresh store and call. When the instance pool has no room, the
+    /// request comes back untouched, so the caller can wait and try again without copying it.
+    fn attempt(&self, request: ReconcileRequest) -> Attempt {
         let inner = &*self.inner;
         let limits = &inner.limits;
         let mut store = Store::new(
@@ -164,24 +207,60 @@ impl Plugin {
             Sandbox::new(inner.label.clone(), limits.memory_bytes),
         );
         store.limiter(|sandbox| &mut sandbox.memory);
+        // Bound what the host copies out of the guest, before it copies: without this, one
+        // large string aliased by many list entries would cost its size once per entry.
+        store.set_hostcall_fuel(copy_limit(limits));
         store.set_epoch_deadline(deadline_ticks(limits.timeout));
         store.epoch_deadline_trap();
 
-        let answer = inner.pre.instantiate(&mut store).and_then(|instance| {
-            instance
+        let answer = match inner.pre.instantiate(&mut store) {
+            Err(error)
+                if error
+                    .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+                    .is_some() =>
+            {
+                return Attempt::PoolExhausted(request, format!("{error:#}"));
+            }
+            Err(error) => Err(error),
+            Ok(instance) => instance
                 .wasmctrl_plugin_reconciler()
-                .call_reconcile(&mut store, &request.into())
-        });
+                .call_reconcile(&mut store, &request.into()),
+        };
         store.data_mut().forward_stdio();
         let dropped = store.data().log.dropped();
         if dropped > 0 {
             tracing::warn!(plugin = %inner.label, dropped, "plugin log budget exhausted; messages dropped");
         }
-        match answer {
+        Attempt::Done(match answer {
             Ok(answer) => call::accept(answer, limits),
             Err(error) => Err(classify_failure(error, store.data_mut(), limits)),
+        })
+    }
+}
+
+/// How one try at a call ended.
+enum Attempt {
+    Done(Result<ReconcileResponse, PluginError>),
+    /// No room in the instance pool; the request, unused, and wasmtime's message.
+    PoolExhausted(ReconcileRequest, String),
+}
+
+impl Attempt {
+    fn into_result(self) -> Result<ReconcileResponse, PluginError> {
+        match self {
+            Self::Done(result) => result,
+            Self::PoolExhausted(_, message) => Err(PluginError::PoolExhausted(message)),
         }
     }
+}
+
+/// Bytes the host copies out of one call at most: the output limit, plus a quarter for the
+/// answer's structure (list and record headers) and the plugin's log messages.
+fn copy_limit(limits: &Limits) -> usize {
+    limits
+        .max_output_bytes
+        .saturating_add(limits.max_output_bytes / 4)
+        .saturating_add(64 << 10)
 }
 
 /// Ticks until the deadline: one more than the timeout needs, so the trap fires after the
@@ -216,11 +295,15 @@ fn classify_failure(error: wasmtime::Error, sandbox: &mut Sandbox, limits: &Limi
             plugin_said: sandbox.log.last_failure(),
         };
     }
-    if error
-        .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
-        .is_some()
-    {
-        return PluginError::Sandbox(format!("{error:#}"));
+    // wasmtime's hostcall-fuel error is a private type; its message is the stable part.
+    if error.chain().any(|cause| {
+        cause
+            .to_string()
+            .starts_with("too much data is being copied")
+    }) {
+        return PluginError::OutputCopyRefused {
+            limit_bytes: copy_limit(limits),
+        };
     }
     PluginError::Trap {
         message: error.root_cause().to_string(),

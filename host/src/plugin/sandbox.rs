@@ -166,11 +166,15 @@ fn truncate_on_char_boundary(s: &mut String, max: usize) {
     }
 }
 
-/// Caps linear memory growth. Refusing growth with an error (rather than returning `false`,
-/// which a Rust guest turns into an abort with a generic message) makes the trap carry this
-/// type, so the host reports "memory limit exceeded" precisely.
+/// Caps linear memory growth, counted over every memory the plugin has: a component made of
+/// several core modules, each with its own memory, gets one budget, not one per memory.
+/// Refusing growth with an error (rather than returning `false`, which a Rust guest turns
+/// into an abort with a generic message) makes the trap carry this type, so the host reports
+/// "memory limit exceeded" precisely.
 pub(crate) struct MemoryCap {
     limit: usize,
+    /// Bytes of linear memory granted so far, all memories together.
+    used: usize,
 }
 
 /// The error a refused memory growth traps with.
@@ -183,7 +187,7 @@ pub(crate) struct MemoryCapExceeded {
 
 impl MemoryCap {
     fn new(limit: usize) -> Self {
-        Self { limit }
+        Self { limit, used: 0 }
     }
 }
 
@@ -194,17 +198,20 @@ pub(crate) const MAX_TABLE_ELEMENTS: usize = 20_000;
 impl ResourceLimiter for MemoryCap {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.limit {
+        // A new memory is announced as a growth from 0, so creation counts too.
+        let total = self.used.saturating_add(desired.saturating_sub(current));
+        if total > self.limit {
             return Err(MemoryCapExceeded {
                 limit: self.limit,
-                requested: desired,
+                requested: total,
             }
             .into());
         }
+        self.used = total;
         Ok(true)
     }
 

@@ -1,0 +1,255 @@
+//! The engine's call slots, shared fairly between tenants (in the host, policies).
+//!
+//! A plain semaphore hands slots out first come, first served: a policy whose plugin loops
+//! until its deadline, reconciling many parents at once, would hold every slot and make the
+//! other policies' calls queue behind it. Here:
+//! - no tenant holds more than [`CallSlots::tenant_cap`] slots (three quarters of them when
+//!   there are four or more), so a newcomer finds a free slot at once;
+//! - a freed slot goes to the waiting tenant that holds the fewest, earliest first among
+//!   equals, so tenants converge to equal shares under contention.
+//!
+//! A slot is a guard: dropping it (also when the call's future is cancelled, even between
+//! being granted a slot and noticing) gives the slot back.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{Notify, oneshot};
+
+/// Slots, who holds them, and who waits.
+pub(crate) struct CallSlots {
+    total: usize,
+    state: Mutex<State>,
+    /// Signalled whenever a slot is given back, for callers that wait on something a
+    /// finishing call frees (instance-pool capacity).
+    released: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    free: usize,
+    held: HashMap<Arc<str>, usize>,
+    waiting: VecDeque<Waiter>,
+}
+
+struct Waiter {
+    tenant: Arc<str>,
+    grant: oneshot::Sender<Slot>,
+}
+
+/// One held slot; given back on drop.
+pub(crate) struct Slot {
+    slots: Arc<CallSlots>,
+    tenant: Arc<str>,
+    /// False only while a grant that could not be delivered is being taken back.
+    armed: bool,
+}
+
+impl CallSlots {
+    pub(crate) fn new(total: usize) -> Arc<Self> {
+        let total = total.max(1);
+        Arc::new(Self {
+            total,
+            state: Mutex::new(State {
+                free: total,
+                ..State::default()
+            }),
+            released: Notify::new(),
+        })
+    }
+
+    /// The most slots one tenant may hold: all of them when there are too few to share.
+    pub(crate) fn tenant_cap(&self) -> usize {
+        if self.total >= 4 {
+            self.total - self.total / 4
+        } else {
+            self.total
+        }
+    }
+
+    /// Wait for a slot for `tenant`. `None` only if the slots are gone (never, in practice).
+    pub(crate) async fn acquire(self: &Arc<Self>, tenant: &str) -> Option<Slot> {
+        let receiver = {
+            let mut state = self.lock();
+            let tenant: Arc<str> = Arc::from(tenant);
+            let held = state.held.get(&tenant).copied().unwrap_or(0);
+            // While a slot is free, every waiter is at its cap (a release serves the others
+            // first), so a caller under its cap takes the free slot without queueing.
+            if state.free > 0 && held < self.tenant_cap() {
+                state.free -= 1;
+                *state.held.entry(tenant.clone()).or_insert(0) += 1;
+                return Some(Slot {
+                    slots: self.clone(),
+                    tenant,
+                    armed: true,
+                });
+            }
+            let (grant, receiver) = oneshot::channel();
+            state.waiting.push_back(Waiter { tenant, grant });
+            receiver
+        };
+        receiver.await.ok()
+    }
+
+    /// Wait until some slot is given back.
+    pub(crate) async fn released(&self) {
+        self.released.notified().await;
+    }
+
+    /// Return a slot of `tenant` and pass free slots on to waiters, fewest-held first.
+    fn release(self: &Arc<Self>, tenant: &Arc<str>) {
+        let mut undeliverable = Vec::new();
+        {
+            let mut state = self.lock();
+            state.free += 1;
+            if let Some(held) = state.held.get_mut(tenant) {
+                *held -= 1;
+                if *held == 0 {
+                    state.held.remove(tenant);
+                }
+            }
+            while state.free > 0 {
+                let Some(index) = self.next_waiter(&mut state) else {
+                    break;
+                };
+                let Some(waiter) = state.waiting.remove(index) else {
+                    break;
+                };
+                state.free -= 1;
+                *state.held.entry(waiter.tenant.clone()).or_insert(0) += 1;
+                let slot = Slot {
+                    slots: self.clone(),
+                    tenant: waiter.tenant.clone(),
+                    armed: true,
+                };
+                if let Err(mut slot) = waiter.grant.send(slot) {
+                    // The waiter gave up; take the grant back without recursing.
+                    slot.armed = false;
+                    undeliverable.push(slot);
+                    state.free += 1;
+                    if let Some(held) = state.held.get_mut(&waiter.tenant) {
+                        *held -= 1;
+                        if *held == 0 {
+                            state.held.remove(&waiter.tenant);
+                        }
+                    }
+                }
+            }
+        }
+        drop(undeliverable);
+        self.released.notify_waiters();
+    }
+
+    /// The waiter to serve next: among live waiters whose tenant is under its cap, the one
+    /// whose tenant holds the fewest slots, earliest first.
+    fn next_waiter(&self, state: &mut State) -> Option<usize> {
+        state.waiting.retain(|w| !w.grant.is_closed());
+        let cap = self.tenant_cap();
+        state
+            .waiting
+            .iter()
+            .enumerate()
+            .map(|(index, w)| (state.held.get(&w.tenant).copied().unwrap_or(0), index))
+            .filter(|(held, _)| *held < cap)
+            .min()
+            .map(|(_, index)| index)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Counters only; a panic elsewhere cannot leave them half-updated.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.armed {
+            self.slots.release(&self.tenant);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn no_slot_within(slots: &Arc<CallSlots>, tenant: &str, wait: Duration) -> bool {
+        tokio::time::timeout(wait, slots.acquire(tenant))
+            .await
+            .is_err()
+    }
+
+    #[tokio::test]
+    async fn one_tenant_cannot_take_every_slot() {
+        let slots = CallSlots::new(8);
+        assert_eq!(slots.tenant_cap(), 6);
+        let mut held = Vec::new();
+        for _ in 0..6 {
+            held.push(slots.acquire("hog").await.expect("slot"));
+        }
+        assert!(
+            no_slot_within(&slots, "hog", Duration::from_millis(50)).await,
+            "the hog is at its cap"
+        );
+        // Another tenant gets one at once, while the hog holds its cap.
+        let other = tokio::time::timeout(Duration::from_millis(50), slots.acquire("b"))
+            .await
+            .expect("immediate")
+            .expect("slot");
+        drop(other);
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn a_freed_slot_goes_to_the_tenant_holding_the_fewest() {
+        let slots = CallSlots::new(3);
+        let a1 = slots.acquire("a").await.expect("slot");
+        let _a1b = slots.acquire("a").await.expect("slot");
+        let _b1 = slots.acquire("b").await.expect("slot");
+        // a queues first, then c. When one of a's slots frees, a still holds one and c none,
+        // so c is served first.
+        let a2 = tokio::spawn({
+            let slots = slots.clone();
+            async move { slots.acquire("a").await.map(|s| s.tenant.to_string()) }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let c = tokio::spawn({
+            let slots = slots.clone();
+            async move { slots.acquire("c").await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(a1);
+        let served = tokio::time::timeout(Duration::from_millis(200), c)
+            .await
+            .expect("c served")
+            .expect("task")
+            .expect("slot");
+        assert_eq!(&*served.tenant, "c");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!a2.is_finished(), "a waits: c held fewer");
+        // When c is done, a's turn comes.
+        drop(served);
+        let a = tokio::time::timeout(Duration::from_millis(200), a2)
+            .await
+            .expect("a served")
+            .expect("task");
+        assert_eq!(a.as_deref(), Some("a"));
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_waiter_does_not_leak_its_slot() {
+        let slots = CallSlots::new(1);
+        let first = slots.acquire("a").await.expect("slot");
+        assert!(no_slot_within(&slots, "b", Duration::from_millis(20)).await);
+        drop(first);
+        let again = tokio::time::timeout(Duration::from_millis(100), slots.acquire("c"))
+            .await
+            .expect("the slot came back")
+            .expect("slot");
+        drop(again);
+        assert_eq!(slots.lock().free, 1);
+    }
+}
