@@ -45,6 +45,11 @@ pub struct RunCommand {
     /// Bound on the precompiled-plugin cache on disk, in MiB (least recently used go first).
     #[arg(long, env = "WASMCTRL_CACHE_MAX_MIB", default_value_t = 1024)]
     cache_max_mib: u64,
+    /// The one namespace whose Secrets a policy's `secretRef` may name (plugin registry
+    /// credentials). Default: the namespace the host runs in (`POD_NAMESPACE`, or the service
+    /// account's namespace in a pod); outside a cluster, none, so every `secretRef` is refused.
+    #[arg(long, env = "WASMCTRL_CREDENTIALS_NAMESPACE")]
+    credentials_namespace: Option<String>,
     /// The largest memory limit any policy may give its plugin, in MiB.
     #[arg(long, env = "WASMCTRL_MAX_PLUGIN_MEMORY_MIB", default_value_t = 512)]
     max_plugin_memory_mib: usize,
@@ -73,6 +78,7 @@ impl RunCommand {
             event_interval: Duration::from_secs(self.event_interval_seconds),
             namespace: self.namespace,
             policy_selector: self.policy_selector,
+            credentials_namespace: self.credentials_namespace.or_else(own_namespace),
         };
         Host::new(client, engine, options)
             .run(shutdown_signal())
@@ -107,6 +113,17 @@ impl RunCommand {
         };
         kube::Client::try_from(config).context("building the Kubernetes client")
     }
+}
+
+/// The namespace this host runs in, when it runs in a pod.
+fn own_namespace() -> Option<String> {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok()
+        })
+        .map(|namespace| namespace.trim().to_owned())
+        .filter(|namespace| !namespace.is_empty())
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM (what Kubernetes sends a pod).

@@ -319,6 +319,22 @@ fn prepare_one(
     })
 }
 
+/// `None` when the controller of an object with these ownerReferences is the parent with
+/// `parent_uid`; otherwise who controls it instead, in words for a `ChildConflict` message.
+pub fn foreign_controller(
+    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+    parent_uid: &str,
+) -> Option<String> {
+    match owners.iter().find(|owner| owner.controller == Some(true)) {
+        Some(owner) if owner.uid == parent_uid => None,
+        Some(owner) => Some(format!(
+            "its controller is {} {} (uid {})",
+            owner.kind, owner.name, owner.uid
+        )),
+        None => Some("it has no controller".to_owned()),
+    }
+}
+
 /// `object[field]` as a JSON object, created (or replaced, if it is not an object) as needed.
 fn object_field<'a>(object: &'a mut JsonObject, field: &str) -> &'a mut JsonObject {
     let slot = object
@@ -424,6 +440,37 @@ pub fn policy_label_value(policy: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn owner(
+        uid: &str,
+        controller: Option<bool>,
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "e2e.wasmctrl.dev/v1".into(),
+            kind: "Widget".into(),
+            name: format!("w-{uid}"),
+            uid: uid.into(),
+            controller,
+            block_owner_deletion: None,
+        }
+    }
+
+    #[test]
+    fn only_a_child_this_parent_controls_is_ours() {
+        assert_eq!(foreign_controller(&[owner("me", Some(true))], "me"), None);
+        assert_eq!(
+            foreign_controller(&[], "me").as_deref(),
+            Some("it has no controller")
+        );
+        assert_eq!(
+            foreign_controller(&[owner("me", None)], "me").as_deref(),
+            Some("it has no controller"),
+            "a plain ownerReference is not control"
+        );
+        let other = foreign_controller(&[owner("me", None), owner("other", Some(true))], "me")
+            .expect("controlled by another");
+        assert!(other.contains("Widget w-other (uid other)"), "{other}");
+    }
 
     fn allowed() -> Vec<AllowedKind> {
         vec![

@@ -11,12 +11,15 @@ mod backoff;
 mod children;
 mod events;
 mod kinds;
+mod parent_claims;
 mod policy_controller;
 mod policy_status;
 mod reconcile;
+mod release;
 mod source;
 mod status;
 mod swap;
+mod watch_health;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -37,6 +40,7 @@ pub use children::{
     DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, policy_label_value,
 };
 pub use reconcile::PLUGIN_DIGEST_ANNOTATION;
+pub use release::POLICY_FINALIZER;
 pub use status::RECONCILED;
 
 /// Host-wide defaults that a policy may override.
@@ -56,6 +60,10 @@ pub struct HostOptions {
     /// Run only the ReconcilePolicies matching this label selector, so several hosts can
     /// split the policies of one cluster between them.
     pub policy_selector: Option<String>,
+    /// The only namespace whose Secrets a policy's `secretRef` may name; `None` refuses
+    /// every `secretRef`. Editing policies is a privileged act, but it must not grant
+    /// reading every Secret in the cluster.
+    pub credentials_namespace: Option<String>,
 }
 
 impl Default for HostOptions {
@@ -67,6 +75,7 @@ impl Default for HostOptions {
             event_interval: Duration::from_secs(60),
             namespace: None,
             policy_selector: None,
+            credentials_namespace: None,
         }
     }
 }
@@ -86,6 +95,8 @@ struct Running {
     updates: watch::Sender<Arc<ReconcilePolicy>>,
     stop: CancellationToken,
     task: JoinHandle<()>,
+    /// The policy is being deleted and the task releases its parents.
+    retiring: bool,
 }
 
 impl Host {
@@ -96,8 +107,14 @@ impl Host {
                 client,
                 engine,
                 options,
+                metrics: Arc::new(crate::metrics::Metrics::new()),
             }),
         }
+    }
+
+    /// The host's metrics, shared with every policy controller it runs.
+    pub fn metrics(&self) -> Arc<crate::metrics::Metrics> {
+        self.shared.metrics.clone()
     }
 
     /// Watch ReconcilePolicies and run their controllers until `shutdown` completes, then
@@ -117,13 +134,20 @@ impl Host {
                 () = &mut shutdown => break,
                 event = policies.next() => event,
             };
+            // Controllers of deleted policies stay in the map until their task ends, so a
+            // policy re-created under the same name waits for the old one.
+            running.retain(|_, r| !(r.stop.is_cancelled() && r.task.is_finished()));
             match event {
                 Some(Ok(watcher::Event::Apply(policy) | watcher::Event::InitApply(policy))) => {
                     listed.insert(policy.name_any());
-                    self.ensure(&mut running, policy);
+                    if policy.metadata.deletion_timestamp.is_some() {
+                        self.retire(&mut running, policy);
+                    } else {
+                        self.ensure(&mut running, policy);
+                    }
                 }
                 Some(Ok(watcher::Event::Delete(policy))) => {
-                    if let Some(old) = running.remove(&policy.name_any()) {
+                    if let Some(old) = running.get(&policy.name_any()) {
                         tracing::info!(policy = %policy.name_any(), "policy deleted; stopping its controller");
                         old.stop.cancel();
                     }
@@ -155,6 +179,43 @@ impl Host {
         Ok(())
     }
 
+    /// Stop the controller of a policy that is being deleted, then release the finalizers it
+    /// holds on parents and let the policy go (retried until it works).
+    fn retire(&self, running: &mut HashMap<String, Running>, policy: ReconcilePolicy) {
+        let name = policy.name_any();
+        if running
+            .get(&name)
+            .is_some_and(|r| r.retiring && r.uid == policy.metadata.uid)
+        {
+            return;
+        }
+        let shared = self.shared.clone();
+        let policy = Arc::new(policy);
+        let retired = policy.clone();
+        let entry = Running::after(
+            running.remove(&name),
+            &retired,
+            true,
+            move |_, stop| async move {
+                let retry = backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+                loop {
+                    let namespace = shared.options.namespace.as_deref();
+                    let Err(error) = release::retire(&shared.client, &policy, namespace).await
+                    else {
+                        return;
+                    };
+                    let delay = retry.failed(&()).delay;
+                    tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), retry_in = ?delay, "could not release the policy's parents");
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = stop.cancelled() => return,
+                    }
+                }
+            },
+        );
+        running.insert(name, entry);
+    }
+
     /// Make sure the controller for `policy` runs this version of it: nothing if it already
     /// does, a hot swap if only the plugin changed, a restart otherwise.
     fn ensure(&self, running: &mut HashMap<String, Running>, policy: ReconcilePolicy) {
@@ -163,11 +224,12 @@ impl Host {
         let generation = policy.metadata.generation;
         let previous = running.remove(&name);
         if let Some(mut r) = previous {
-            if r.uid == uid && r.generation == generation {
+            if r.uid == uid && r.generation == generation && !r.stop.is_cancelled() {
                 running.insert(name, r);
                 return;
             }
             if r.uid == uid
+                && !r.retiring
                 && only_the_plugin_differs(&r.spec, &policy.spec)
                 && !r.task.is_finished()
             {
@@ -180,34 +242,50 @@ impl Host {
             }
             running.insert(name.clone(), r);
         }
-        let previous = running.remove(&name);
-        let stop = CancellationToken::new();
         let shared = self.shared.clone();
-        let spec = policy.spec.clone();
-        let (updates, updates_rx) = watch::channel(Arc::new(policy));
-        let child_stop = stop.clone();
-        let policy_name = name.clone();
+        let policy = Arc::new(policy);
+        let entry = Running::after(running.remove(&name), &policy, false, |updates, stop| {
+            policy_controller::run(updates, shared, stop)
+        });
+        running.insert(name, entry);
+    }
+}
+
+impl Running {
+    /// Run `work` for `policy` once `previous` (if any) has stopped: the old controller
+    /// finishes its in-flight reconciles before anything new starts, so no parent is ever
+    /// reconciled by both.
+    fn after<F, Fut>(
+        previous: Option<Running>,
+        policy: &Arc<ReconcilePolicy>,
+        retiring: bool,
+        work: F,
+    ) -> Self
+    where
+        F: FnOnce(watch::Receiver<Arc<ReconcilePolicy>>, CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let stop = CancellationToken::new();
+        let (updates, updates_rx) = watch::channel(policy.clone());
+        let work_stop = stop.clone();
+        let name = policy.name_any();
         let task = tokio::spawn(async move {
-            // The old controller finishes its in-flight reconciles before the new one starts,
-            // so no parent is ever reconciled by both.
             if let Some(previous) = previous {
-                tracing::info!(policy = %policy_name, "policy changed; restarting its controller");
+                tracing::info!(policy = %name, "policy changed; stopping its previous controller first");
                 previous.stop.cancel();
                 let _ = previous.task.await;
             }
-            policy_controller::run(updates_rx, shared, child_stop).await;
+            work(updates_rx, work_stop).await;
         });
-        running.insert(
-            name,
-            Running {
-                uid,
-                generation,
-                spec,
-                updates,
-                stop,
-                task,
-            },
-        );
+        Self {
+            uid: policy.metadata.uid.clone(),
+            generation: policy.metadata.generation,
+            spec: policy.spec.clone(),
+            updates,
+            stop,
+            task,
+            retiring,
+        }
     }
 }
 

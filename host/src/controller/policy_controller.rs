@@ -22,10 +22,13 @@ use super::backoff::Backoff;
 use super::children::{self, AllowedKind};
 use super::events::{self, EventSink};
 use super::kinds::{self, KindError, ResolvedKind};
+use super::parent_claims;
 use super::policy_status::{PolicyStatusWriter, State};
 use super::reconcile::{self, ActivePlugin, ChildCache, PolicyContext, RelatedCache};
+use super::release;
 use super::source;
 use super::swap;
+use super::watch_health::WatchHealth;
 use crate::plugin::{Digest, Limits, Plugin, PluginEngine, PluginError, Verdict};
 use crate::policy::{CandidateStatus, KindRef, PolicyLimits, ReconcilePolicy, ShadowExample};
 
@@ -37,6 +40,7 @@ pub(crate) struct Shared {
     pub client: Client,
     pub engine: PluginEngine,
     pub options: HostOptions,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Run a policy until `stop` is cancelled. `updates` carries the policy, and later versions
@@ -52,7 +56,13 @@ pub(crate) async fn run(
     let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(15));
     let mut plugin: Option<Plugin> = None;
     loop {
-        match prepare(&policy, &shared, &mut status, &mut plugin).await {
+        // A fetch or discovery that hangs must not hold up the policy's restart or
+        // deletion: stopping wins over preparing.
+        let prepared = tokio::select! {
+            parts = prepare(&policy, &shared, &mut status, &mut plugin) => parts,
+            () = stop.cancelled() => return,
+        };
+        match prepared {
             Some(parts) => {
                 run_controller(policy, &shared, parts, status, stop, updates).await;
                 tracing::info!(policy = %name, "policy controller stopped");
@@ -114,7 +124,7 @@ async fn prepare(
     }
     let spec = &policy.spec;
     let resolve_all = async {
-        let parent = kinds::resolve(&shared.client, &spec.parent).await?;
+        let parent = kinds::resolve(&shared.client, &spec.parent.kind_ref()).await?;
         let mut children = Vec::new();
         for child in &spec.children {
             children.push((child.clone(), kinds::resolve(&shared.client, child).await?));
@@ -141,6 +151,39 @@ async fn prepare(
             return None;
         }
     };
+    match parent_claims::claimed_by(&shared.client, policy).await {
+        Ok(None) => {}
+        Ok(Some(other)) => {
+            let message = format!(
+                "policy {other} already reconciles {} {}{}; give both a different spec.parent.namespace, or delete one",
+                spec.parent.api_version,
+                spec.parent.kind,
+                spec.parent
+                    .namespace
+                    .as_deref()
+                    .map(|ns| format!(" in namespace {ns}"))
+                    .unwrap_or_default()
+            );
+            tracing::warn!(policy = %name, %other, "parent kind taken");
+            status.set_ready(State::failed("ParentKindTaken", message));
+            return None;
+        }
+        Err(error) => {
+            status.set_ready(State::failed(
+                "DiscoveryFailed",
+                format!(
+                    "listing ReconcilePolicies to check who reconciles this parent kind: {error}"
+                ),
+            ));
+            return None;
+        }
+    }
+    if let Some(problem) =
+        parent_scope_problem(policy, &parent, shared.options.namespace.as_deref())
+    {
+        status.set_ready(problem);
+        return None;
+    }
     let mut selected = Vec::new();
     for (rel, kind) in spec.related.iter().zip(related) {
         let selector = match rel.selector.clone().map(Selector::try_from).transpose() {
@@ -161,6 +204,108 @@ async fn prepare(
         children,
         related: selected,
     })
+}
+
+/// Kinds that left `spec.children` (now, or in an earlier run) and still have children: kept,
+/// not pruned, and named in the `ChildrenManaged` condition until none are left.
+async fn report_unmanaged_children(
+    client: &Client,
+    policy: &ReconcilePolicy,
+    status: &mut PolicyStatusWriter,
+    namespace: Option<&str>,
+) {
+    let spec = &policy.spec;
+    let (managed, unmanaged) = status.child_kinds();
+    let mut candidates: Vec<KindRef> = Vec::new();
+    for kind in managed.iter().chain(unmanaged) {
+        if !spec.children.contains(kind) && !candidates.contains(kind) {
+            candidates.push(kind.clone());
+        }
+    }
+    let label = children::policy_label_value(&policy.name_any());
+    let left = if candidates.is_empty() {
+        Vec::new()
+    } else {
+        match release::unmanaged_children(client, &candidates, namespace, &label).await {
+            Ok(left) => left,
+            Err(error) => {
+                // Unknown: keep reporting what was reported before.
+                tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), "could not count children of removed kinds");
+                candidates.into_iter().map(|kind| (kind, 0)).collect()
+            }
+        }
+    };
+    let condition = (!left.is_empty()).then(|| {
+        let kinds = left
+            .iter()
+            .map(|(kind, count)| match count {
+                0 => format!("{} {}", kind.api_version, kind.kind),
+                n => format!("{n} {} {}", kind.api_version, kind.kind),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        State::failed(
+            "ChildKindRemoved",
+            format!(
+                "{kinds} labelled {}={label} remain from kinds no longer in spec.children; the host kept them and no longer manages them (they go with their parents, or delete them yourself)",
+                children::POLICY_LABEL
+            ),
+        )
+    });
+    status.set_optional("ChildrenManaged", condition);
+    status.set_child_kinds(
+        spec.children.clone(),
+        left.into_iter().map(|(kind, _)| kind).collect(),
+    );
+}
+
+/// Whether every related kind is narrowed by a selector. One that is not makes the host cache
+/// every object of that kind in the watched namespaces and hand all of them to every call.
+fn related_cost(related: &[(ResolvedKind, Option<Selector>)]) -> Option<State> {
+    if related.is_empty() {
+        return None;
+    }
+    let unselected: Vec<String> = related
+        .iter()
+        .filter(|(_, selector)| selector.is_none())
+        .map(|(kind, _)| format!("{} {}", kind.resource.api_version, kind.resource.kind))
+        .collect();
+    Some(if unselected.is_empty() {
+        State::ok("Selected", "every related kind has a selector")
+    } else {
+        State::failed(
+            "UnselectedRelatedKind",
+            format!(
+                "related {} without a selector: the host caches every such object in the watched namespaces and passes all of them to each call; add a selector",
+                unselected.join(", ")
+            ),
+        )
+    })
+}
+
+/// Why `spec.parent.namespace` cannot work with this parent kind or this host, if it cannot.
+fn parent_scope_problem(
+    policy: &ReconcilePolicy,
+    parent: &ResolvedKind,
+    host_namespace: Option<&str>,
+) -> Option<State> {
+    let namespace = policy.spec.parent.namespace.as_deref()?;
+    if !parent.namespaced {
+        return Some(State::failed(
+            "InvalidNamespace",
+            format!(
+                "{} is cluster-scoped; spec.parent.namespace {namespace:?} cannot apply",
+                parent.resource.kind
+            ),
+        ));
+    }
+    match host_namespace {
+        Some(host) if host != namespace => Some(State::failed(
+            "NamespaceNotWatched",
+            format!("spec.parent.namespace is {namespace:?}, but this host watches only {host:?}"),
+        )),
+        _ => None,
+    }
 }
 
 /// Fetch and load the policy's plugin; on failure, a condition reason and message.
@@ -189,9 +334,13 @@ pub(crate) async fn load_from(
         .map(str::parse::<Digest>)
         .transpose()
         .map_err(|e| ("InvalidDigest", e.to_string()))?;
-    let bytes = source::fetch(&shared.client, source)
-        .await
-        .map_err(|e| ("SourceUnavailable", format!("{e:#}")))?;
+    let bytes = source::fetch(
+        &shared.client,
+        source,
+        shared.options.credentials_namespace.as_deref(),
+    )
+    .await
+    .map_err(|e| ("SourceUnavailable", format!("{e:#}")))?;
     shared
         .engine
         .load_async(bytes, expected, limits)
@@ -234,6 +383,7 @@ fn cached_watch(
     resource: &ApiResource,
     namespace: Option<&str>,
     config: watcher::Config,
+    health: &Arc<WatchHealth>,
 ) -> (
     Store<DynamicObject>,
     impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send + 'static,
@@ -250,8 +400,11 @@ fn cached_watch(
         api_version: resource.api_version.clone(),
         kind: resource.kind.clone(),
     };
+    let health = health.clone();
+    let kind = format!("{} {}", resource.api_version, resource.kind);
     let stream = watcher(api, config)
         .default_backoff()
+        .inspect(move |event| health.observe(&kind, event))
         .modify(move |object: &mut DynamicObject| {
             object.managed_fields_mut().clear();
             if object.types.is_none() {
@@ -275,21 +428,22 @@ async fn run_controller(
     let client = &shared.client;
     let policy_label = children::policy_label_value(&name);
     let owned_selector = format!("{}={policy_label}", children::POLICY_LABEL);
+    let health = Arc::new(WatchHealth::default());
 
     // A namespace restriction applies to namespaced kinds; cluster-scoped ones are watched
     // cluster-wide (and need cluster RBAC).
-    let scope = |kind: &ResolvedKind| {
-        shared
-            .options
-            .namespace
-            .as_deref()
-            .filter(|_| kind.namespaced)
-    };
+    let namespace = spec
+        .parent
+        .namespace
+        .as_deref()
+        .or(shared.options.namespace.as_deref());
+    let scope = |kind: &ResolvedKind| namespace.filter(|_| kind.namespaced);
     let (parents, parent_stream) = cached_watch(
         client,
         &parts.parent.resource,
         scope(&parts.parent),
         watcher::Config::default(),
+        &health,
     );
     // Status-only updates (the host's own status writes among them) do not trigger a
     // reconcile: they would turn every failure into an immediate retry and defeat backoff.
@@ -309,6 +463,7 @@ async fn run_controller(
             &resolved.resource,
             scope(resolved),
             watcher::Config::default().labels(&owned_selector),
+            &health,
         );
         controller =
             controller.owns_stream_with(stream.touched_objects(), resolved.resource.clone());
@@ -329,7 +484,8 @@ async fn run_controller(
             Some(selector) => watcher::Config::default().labels_from(selector),
             None => watcher::Config::default(),
         };
-        let (store, stream) = cached_watch(client, &resolved.resource, scope(resolved), config);
+        let (store, stream) =
+            cached_watch(client, &resolved.resource, scope(resolved), config, &health);
         let parents_of = parents.clone();
         let parent_resource = parts.parent.resource.clone();
         // A related object concerns every parent in its namespace.
@@ -367,13 +523,13 @@ async fn run_controller(
         std::future::pending::<()>().await
     };
 
-    let field_manager: String = format!("wasmctrl/{name}").chars().take(128).collect();
+    let field_manager = field_manager_for(&name);
     let ctx = Arc::new(PolicyContext {
         client: client.clone(),
         policy: name.clone(),
         finalizer: spec
             .finalize
-            .then(|| format!("wasmctrl.dev/{policy_label}")),
+            .then(|| release::parent_finalizer(&policy_label)),
         policy_label,
         field_manager: field_manager.clone(),
         parent: parts.parent.resource.clone(),
@@ -393,10 +549,32 @@ async fn run_controller(
         backoff: Backoff::new(shared.options.backoff_base, shared.options.backoff_max),
         reconciled: Mutex::new(Default::default()),
         events: EventSink::new(client.clone(), field_manager, shared.options.event_interval),
+        metrics: shared.metrics.clone(),
         caches_ready,
     });
 
-    status.set_ready(State::ok(
+    // The policy's own finalizer must be in place before any parent gets one, so that
+    // deleting the policy can never strand a parent; a policy that stopped finalizing lets
+    // its parents go first.
+    let parent_scope = scope(&parts.parent).map(str::to_owned);
+    if let Err(error) =
+        sync_finalizers(client, &policy, &parts.parent, parent_scope.as_deref()).await
+    {
+        tracing::warn!(policy = %name, error = %format!("{error:#}"), "could not set up finalizers; retrying in the background");
+    }
+    let finalizers = async {
+        let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        while let Err(error) =
+            sync_finalizers(client, &policy, &parts.parent, parent_scope.as_deref()).await
+        {
+            let delay = retry.failed(&()).delay;
+            tracing::warn!(policy = %name, error = %format!("{error:#}"), retry_in = ?delay, "could not set up finalizers");
+            tokio::time::sleep(delay).await;
+        }
+        std::future::pending::<()>().await
+    };
+
+    let running = State::ok(
         "Running",
         format!(
             "reconciling {} {} with {} child kind(s)",
@@ -404,7 +582,10 @@ async fn run_controller(
             spec.parent.kind,
             spec.children.len()
         ),
-    ));
+    );
+    status.set_ready(running.clone());
+    status.set_optional("RelatedNarrowed", related_cost(&parts.related));
+    report_unmanaged_children(client, &policy, &mut status, namespace).await;
     status.flush().await;
     tracing::info!(policy = %name, parent = %spec.parent.kind, "policy controller running");
 
@@ -447,6 +628,7 @@ async fn run_controller(
             let (reconciled, failing) = counts(&ctx, &parents);
             let candidate = candidate_counts(&ctx, &parents);
             let mut status = status.lock().await;
+            status.set_ready(health.problem().unwrap_or_else(|| running.clone()));
             status.set_counts(reconciled, failing);
             status.set_candidate_counts(candidate);
             status.flush().await;
@@ -455,8 +637,57 @@ async fn run_controller(
     // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {
         () = run => {}
-        () = async { tokio::join!(report, wait_for_caches, swapper); } => {}
+        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers); } => {}
     }
+}
+
+/// The server-side apply field manager of a policy: `wasmctrl/<policy>`, within the API
+/// server's 128 characters. A longer name keeps a prefix and gains a hash of the whole name,
+/// so two long policy names that share a prefix never share a field manager (and so never
+/// take each other's fields).
+fn field_manager_for(policy: &str) -> String {
+    use sha2::Digest as _;
+    const MAX: usize = 128;
+    let whole = format!("wasmctrl/{policy}");
+    if whole.len() <= MAX {
+        return whole;
+    }
+    let hash = hex::encode(&sha2::Sha256::digest(policy.as_bytes())[..6]);
+    let mut prefix = whole;
+    prefix.truncate(MAX - hash.len() - 1);
+    format!("{prefix}-{hash}")
+}
+
+/// Bring the finalizers in line with `spec.finalize`: a finalizing policy carries
+/// [`release::POLICY_FINALIZER`]; one that stopped finalizing releases its parents, then drops it.
+async fn sync_finalizers(
+    client: &Client,
+    policy: &ReconcilePolicy,
+    parent: &ResolvedKind,
+    namespace: Option<&str>,
+) -> anyhow::Result<()> {
+    let name = policy.name_any();
+    let uid = policy.metadata.uid.as_deref();
+    if policy.spec.finalize {
+        return release::set_policy_finalizer(client, &name, uid, true).await;
+    }
+    if !policy
+        .finalizers()
+        .iter()
+        .any(|f| f == release::POLICY_FINALIZER)
+    {
+        return Ok(());
+    }
+    let label = children::policy_label_value(&name);
+    let released = release::release_parents(
+        client,
+        parent,
+        namespace,
+        &release::parent_finalizer(&label),
+    )
+    .await?;
+    tracing::info!(policy = %name, released, "policy no longer finalizes; parents released");
+    release::set_policy_finalizer(client, &name, uid, false).await
 }
 
 /// A fingerprint of what a parent's reconcile depends on besides its children: spec (via the
@@ -547,4 +778,20 @@ fn candidate_counts(
     examples.truncate(EXAMPLES);
     status.examples = examples;
     Some(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_managers_fit_the_limit_and_long_names_never_collide() {
+        assert_eq!(field_manager_for("myapp"), "wasmctrl/myapp");
+        let stem = "p".repeat(200);
+        let (a, b) = (format!("{stem}-a"), format!("{stem}-b"));
+        let (fa, fb) = (field_manager_for(&a), field_manager_for(&b));
+        assert!(fa.len() <= 128 && fb.len() <= 128, "{fa} {fb}");
+        assert_ne!(fa, fb);
+        assert!(fa.starts_with("wasmctrl/ppp"), "{fa}");
+    }
 }

@@ -8,7 +8,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::plugin::Digest;
-use crate::policy::{CandidateStatus, ReconcilePolicy, ReconcilePolicyStatus};
+use crate::policy::{CandidateStatus, KindRef, ReconcilePolicy, ReconcilePolicyStatus};
 
 /// The field manager the host writes policy status with.
 const FIELD_MANAGER: &str = "wasmctrl";
@@ -113,8 +113,29 @@ impl PolicyStatusWriter {
         }
     }
 
+    /// A condition that only some policies have (e.g. `RelatedNarrowed`), or none.
+    pub fn set_optional(&mut self, type_: &str, state: Option<State>) {
+        match state {
+            Some(state) => self.set_condition(type_, state),
+            None => self.current.conditions.retain(|c| c.type_ != type_),
+        }
+    }
+
     pub fn set_ready(&mut self, state: State) {
         self.set_condition("Ready", state);
+    }
+
+    /// The child kinds the last run managed, and those it left unmanaged.
+    pub fn child_kinds(&self) -> (&[KindRef], &[KindRef]) {
+        (
+            &self.current.child_kinds,
+            &self.current.unmanaged_child_kinds,
+        )
+    }
+
+    pub fn set_child_kinds(&mut self, managed: Vec<KindRef>, unmanaged: Vec<KindRef>) {
+        self.current.child_kinds = managed;
+        self.current.unmanaged_child_kinds = unmanaged;
     }
 
     pub fn set_counts(&mut self, reconciled: u64, failing: u64) {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -18,12 +18,24 @@ use arc_swap::ArcSwap;
 
 use super::backoff::{Backoff, Retry};
 use super::children::{self, AllowedKind, DesiredChild, InvalidChild, ParentIdentity};
-use super::events::EventSink;
+use super::events::{EventSink, Published};
 use super::status::{self, Outcome};
+use crate::metrics::{Metrics, ReconcileResult};
 use crate::plugin::{
-    EventType as PluginEventType, ObservedObject, Plugin, PluginError, ReconcileRequest, Verdict,
-    compare,
+    EventType as PluginEventType, ObservedObject, Plugin, PluginError, ReconcileRequest,
+    ReportedKind, Verdict, compare,
 };
+
+/// The shortest delay a plugin's `requeue-after` can ask for: a plugin answering 0 must not
+/// turn one parent into a tight loop that holds a call slot for ever.
+pub(crate) const MIN_REQUEUE: Duration = Duration::from_secs(1);
+
+/// Most Events one reconcile may record; the rest are dropped (and counted), so a plugin
+/// cannot flood the Events API by inventing a new reason per Event.
+pub(crate) const MAX_EVENTS_PER_RECONCILE: usize = 10;
+
+/// Longest a reconcile waits for the caches to sync before it fails (and is retried).
+const CACHE_SYNC_WAIT: Duration = Duration::from_secs(5);
 
 /// A child kind as one policy's reconciles see it: the cache of the children it already has.
 /// Its index is its index in [`PolicyContext::allowed`].
@@ -64,6 +76,7 @@ pub(crate) struct PolicyContext {
     /// Parents whose last reconcile succeeded.
     pub reconciled: Mutex<HashSet<ObjectRef<DynamicObject>>>,
     pub events: EventSink,
+    pub metrics: Arc<Metrics>,
     /// Becomes true once every child and related cache has listed its objects.
     pub caches_ready: tokio::sync::watch::Receiver<bool>,
 }
@@ -92,6 +105,9 @@ pub(crate) struct Failure {
     #[source]
     pub error: ReconcileError,
     pub retry: Retry,
+    /// Retrying cannot help until something the reconcile reads changes: wait for a watch
+    /// event instead of a timer.
+    pub await_change: bool,
 }
 
 /// What can fail in one reconcile. Each variant is one condition reason.
@@ -103,6 +119,15 @@ pub(crate) enum ReconcileError {
     Plugin(#[from] PluginError),
     #[error("the plugin's answer was refused, nothing was changed: {}", describe(.0))]
     InvalidChildren(Vec<InvalidChild>),
+    #[error(
+        "{kind} {name} already exists and is not controlled by this parent ({owner}); wasmctrl never changes an object it does not own: delete or rename it, or let the plugin choose another name"
+    )]
+    ChildConflict {
+        kind: String,
+        name: String,
+        /// Who does control it, in words.
+        owner: String,
+    },
     #[error("applying {kind} {name}: {source}")]
     Apply {
         kind: String,
@@ -123,7 +148,9 @@ pub(crate) enum ReconcileError {
     Finalizer(#[source] kube::Error),
     #[error("recording the plugin digest on the parent: {0}")]
     Annotate(#[source] kube::Error),
-    #[error("the caches are not ready")]
+    #[error(
+        "the caches of the policy's kinds have not synced; the policy's Ready condition says which kind cannot be watched and why"
+    )]
     CachesNotReady,
 }
 
@@ -135,6 +162,7 @@ impl ReconcileError {
             Self::Plugin(PluginError::Reported { .. }) => "PluginReportedError",
             Self::Plugin(_) => "PluginFailed",
             Self::InvalidChildren(_) => "InvalidChildren",
+            Self::ChildConflict { .. } => "ChildConflict",
             Self::Apply { .. } => "ApplyFailed",
             Self::Prune { .. } => "PruneFailed",
             Self::Status(_) => "StatusWriteFailed",
@@ -142,6 +170,18 @@ impl ReconcileError {
             Self::Annotate(_) => "AnnotateFailed",
             Self::CachesNotReady => "CachesNotReady",
         }
+    }
+
+    /// Whether the contract says to wait for a change rather than retry: the plugin reported
+    /// a permanent error or an invalid parent, so the same request would fail the same way.
+    pub fn awaits_change(&self) -> bool {
+        matches!(
+            self,
+            Self::Plugin(PluginError::Reported {
+                kind: ReportedKind::Permanent | ReportedKind::InvalidParent,
+                ..
+            })
+        )
     }
 }
 
@@ -178,17 +218,29 @@ pub(crate) async fn reconcile(
         }
     };
     match result {
-        Ok(action) => {
+        Ok((action, requeued)) => {
             record(true);
             ctx.backoff.succeeded(&key);
+            let result = if requeued {
+                ReconcileResult::RequeueAfter
+            } else {
+                ReconcileResult::Success
+            };
+            ctx.metrics.reconciled(&ctx.policy, result);
             Ok(action)
         }
         Err(error) => {
             record(false);
+            ctx.metrics.reconciled(&ctx.policy, ReconcileResult::Error);
             let retry = ctx.backoff.failed(&key);
-            tracing::warn!(policy = %ctx.policy, parent = %key, attempt = retry.attempt, retry_in = ?retry.delay, error = %error, "reconcile failed");
-            report_failure(&parent, &ctx, &error, retry).await;
-            Err(Failure { error, retry })
+            let await_change = error.awaits_change();
+            tracing::warn!(policy = %ctx.policy, parent = %key, attempt = retry.attempt, retry_in = ?(!await_change).then_some(retry.delay), error = %error, "reconcile failed");
+            report_failure(&parent, &ctx, &error, retry, await_change).await;
+            Err(Failure {
+                error,
+                retry,
+                await_change,
+            })
         }
     }
 }
@@ -199,20 +251,32 @@ pub(crate) fn error_policy(
     failure: &Failure,
     _ctx: Arc<PolicyContext>,
 ) -> Action {
-    Action::requeue(failure.retry.delay)
+    if failure.await_change {
+        Action::await_change()
+    } else {
+        Action::requeue(failure.retry.delay)
+    }
 }
 
+/// The plugin's requeue delay, never below [`MIN_REQUEUE`]; the resync period without one.
+fn requeue_delay(asked: Option<Duration>, resync: Duration) -> Duration {
+    asked.map_or(resync, |delay| delay.max(MIN_REQUEUE))
+}
+
+/// One reconcile; on success, the next action and whether the plugin asked for the requeue.
 async fn reconcile_parent(
     parent: &DynamicObject,
     ctx: &PolicyContext,
-) -> Result<Action, ReconcileError> {
+) -> Result<(Action, bool), ReconcileError> {
     // Observed children must come from synced caches: an empty cache would look like
     // "nothing exists yet" and turn a converged parent into a round of writes.
-    ctx.caches_ready
-        .clone()
-        .wait_for(|ready| *ready)
-        .await
-        .map_err(|_| ReconcileError::CachesNotReady)?;
+    // The wait is bounded: a kind that cannot be listed must not hold reconciles (and with
+    // them a restart or shutdown) for ever. The policy's Ready condition says which and why.
+    let mut caches_ready = ctx.caches_ready.clone();
+    match tokio::time::timeout(CACHE_SYNC_WAIT, caches_ready.wait_for(|ready| *ready)).await {
+        Ok(Ok(_)) => {}
+        _ => return Err(ReconcileError::CachesNotReady),
+    }
     let identity = identity(parent, &ctx.parent)?;
     let deleting = parent.metadata.deletion_timestamp.is_some();
     let holds_finalizer = ctx
@@ -221,10 +285,10 @@ async fn reconcile_parent(
         .is_some_and(|f| parent.finalizers().contains(f));
     if deleting {
         return if holds_finalizer {
-            finalize(parent, &identity, ctx).await
+            finalize(parent, &identity, ctx).await.map(|a| (a, false))
         } else {
             // Owned children go with the parent through garbage collection.
-            Ok(Action::await_change())
+            Ok((Action::await_change(), false))
         };
     }
     if let (Some(finalizer), false) = (&ctx.finalizer, holds_finalizer) {
@@ -250,17 +314,34 @@ async fn reconcile_parent(
                 config: shadow.serving.config.clone(),
                 ..request.clone()
             };
-            let answer = serving.plugin.reconcile(request).await;
-            let verdict = compare(
-                &answer,
-                &shadow.serving.plugin.reconcile(shadow_request).await,
-            );
+            let answer = serving.plugin.reconcile_as(&ctx.policy, request).await;
+            let shadow_answer = shadow
+                .serving
+                .plugin
+                .reconcile_as(&ctx.policy, shadow_request)
+                .await;
+            let verdict = match &shadow_answer {
+                // An answer the host would refuse is a failure, however it compares.
+                Ok(response) => match children::prepare(
+                    response.children.clone(),
+                    &ctx.allowed,
+                    &identity,
+                    &ctx.policy_label,
+                ) {
+                    Err(problems) => Verdict::WouldFail(format!(
+                        "the host would refuse its answer: {}",
+                        describe(&problems)
+                    )),
+                    Ok(_) => compare(&answer, &shadow_answer),
+                },
+                Err(_) => compare(&answer, &shadow_answer),
+            };
             lock(&ctx.shadow).insert(key, verdict);
             answer
         }
         _ => {
             lock(&ctx.shadow).remove(&key);
-            serving.plugin.reconcile(request).await
+            serving.plugin.reconcile_as(&ctx.policy, request).await
         }
     };
     let response = answer?;
@@ -275,7 +356,7 @@ async fn reconcile_parent(
 
     let mut applied = 0;
     for child in &desired {
-        if apply_child(child, ctx).await? {
+        if apply_child(child, &identity, ctx).await? {
             applied += 1;
         }
     }
@@ -301,8 +382,9 @@ async fn reconcile_parent(
     write_status(parent, &identity, response.status, &outcome, ctx).await?;
     record_plugin_digest(parent, &identity, serving.plugin.digest(), ctx).await?;
     publish_plugin_events(parent, ctx, response.events).await;
-    Ok(Action::requeue(
-        response.requeue_after.unwrap_or(ctx.resync),
+    Ok((
+        Action::requeue(requeue_delay(response.requeue_after, ctx.resync)),
+        response.requeue_after.is_some(),
     ))
 }
 
@@ -378,36 +460,108 @@ fn related_objects(parent: &ParentIdentity, ctx: &PolicyContext) -> Vec<Observed
         .collect()
 }
 
-/// Server-side apply one child unless the cache shows it already converged. Returns whether
-/// it wrote.
-async fn apply_child(child: &DesiredChild, ctx: &PolicyContext) -> Result<bool, ReconcileError> {
+/// Bring one child to its desired state, unless the cache shows it already converged.
+/// Returns whether it wrote.
+///
+/// Ownership comes first: the host changes only objects whose controller is this parent. A
+/// child missing from the cache (which holds only objects labelled for this policy) is
+/// created, never applied, so an existing object of the same name — a hand-made Service, or
+/// one another parent controls — turns into a `ChildConflict` instead of being taken over.
+async fn apply_child(
+    child: &DesiredChild,
+    parent: &ParentIdentity,
+    ctx: &PolicyContext,
+) -> Result<bool, ReconcileError> {
     let cache = &ctx.children[child.kind_index];
     let mut key = ObjectRef::new_with(&child.name, cache.resource.clone());
     if let Some(namespace) = &child.namespace {
         key = key.within(namespace);
     }
-    if let Some(observed) = cache.store.get(&key)
-        && let Ok(observed) = serde_json::to_value(&*observed)
-    {
-        if children::is_converged(child, &observed) {
-            return Ok(false);
-        }
-        tracing::debug!(
-            kind = %ctx.allowed[child.kind_index].kind,
-            name = %child.name,
-            differs_at = children::first_difference(&child.object, &observed).as_deref().unwrap_or(".metadata.annotations (hash)"),
-            "child drifted from its desired state"
-        );
+    match cache.store.get(&key) {
+        Some(observed) => update_child(child, &observed, parent, ctx).await,
+        None => create_child(child, parent, ctx).await,
     }
-    let api = dynamic_api(&ctx.client, &cache.resource, child.namespace.as_deref());
-    api.patch(
+}
+
+/// Create a child the cache does not know. An `AlreadyExists` means either that the cache has
+/// not seen an earlier create of ours yet, or that someone else's object holds the name: a
+/// live read tells them apart.
+async fn create_child(
+    child: &DesiredChild,
+    parent: &ParentIdentity,
+    ctx: &PolicyContext,
+) -> Result<bool, ReconcileError> {
+    let api = dynamic_api(
+        &ctx.client,
+        &ctx.children[child.kind_index].resource,
+        child.namespace.as_deref(),
+    );
+    let apply_error = |source| ReconcileError::Apply {
+        kind: ctx.allowed[child.kind_index].kind.clone(),
+        name: child.name.clone(),
+        source,
+    };
+    let object: DynamicObject = serde_json::from_value(child.object.clone())
+        .map_err(|e| apply_error(kube::Error::SerdeError(e)))?;
+    let params = PostParams {
+        field_manager: Some(ctx.field_manager.clone()),
+        ..PostParams::default()
+    };
+    match api.create(&params, &object).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let live = api.get(&child.name).await.map_err(apply_error)?;
+            update_child(child, &live, parent, ctx).await
+        }
+        Err(source) => Err(apply_error(source)),
+    }
+}
+
+/// Server-side apply a child that exists, if this parent controls it and it drifted. The
+/// apply carries the observed uid, so an object deleted and re-created by someone else
+/// since the read is refused by the API server rather than taken over.
+async fn update_child(
+    child: &DesiredChild,
+    observed: &DynamicObject,
+    parent: &ParentIdentity,
+    ctx: &PolicyContext,
+) -> Result<bool, ReconcileError> {
+    let kind = &ctx.allowed[child.kind_index].kind;
+    if let Some(owner) = children::foreign_controller(observed.owner_references(), &parent.uid) {
+        return Err(ReconcileError::ChildConflict {
+            kind: kind.clone(),
+            name: child.name.clone(),
+            owner,
+        });
+    }
+    let observed_json = serde_json::to_value(observed).unwrap_or_default();
+    if children::is_converged(child, &observed_json) {
+        return Ok(false);
+    }
+    tracing::debug!(
+        %kind,
+        name = %child.name,
+        differs_at = children::first_difference(&child.object, &observed_json).as_deref().unwrap_or(".metadata.annotations (hash)"),
+        "child drifted from its desired state"
+    );
+    let mut body = child.object.clone();
+    if let (Some(uid), Some(metadata)) = (&observed.metadata.uid, body["metadata"].as_object_mut())
+    {
+        metadata.insert("uid".into(), json!(uid));
+    }
+    dynamic_api(
+        &ctx.client,
+        &ctx.children[child.kind_index].resource,
+        child.namespace.as_deref(),
+    )
+    .patch(
         &child.name,
         &PatchParams::apply(&ctx.field_manager).force(),
-        &Patch::Apply(&child.object),
+        &Patch::Apply(&body),
     )
     .await
     .map_err(|source| ReconcileError::Apply {
-        kind: ctx.allowed[child.kind_index].kind.clone(),
+        kind: kind.clone(),
         name: child.name.clone(),
         source,
     })?;
@@ -484,7 +638,9 @@ async fn write_status(
     let body = json!({
         "apiVersion": identity.api_version,
         "kind": identity.kind,
-        "metadata": {"name": identity.name, "namespace": identity.namespace},
+        // The uid makes the write a precondition: a parent deleted (and perhaps re-created)
+        // since this reconcile read it is refused, never re-created by the apply.
+        "metadata": {"name": identity.name, "namespace": identity.namespace, "uid": identity.uid},
         "status": desired,
     });
     dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
@@ -516,6 +672,7 @@ async fn record_plugin_digest(
         "metadata": {
             "name": identity.name,
             "namespace": identity.namespace,
+            "uid": identity.uid,
             "annotations": {PLUGIN_DIGEST_ANNOTATION: digest},
         },
     });
@@ -537,14 +694,16 @@ async fn report_failure(
     ctx: &PolicyContext,
     error: &ReconcileError,
     retry: Retry,
+    await_change: bool,
 ) {
     let reason = error.reason();
+    let next = if await_change {
+        "not retried until the parent, its children or related objects change".to_owned()
+    } else {
+        format!("next retry in {}s", retry.delay.as_secs_f64())
+    };
     let message = super::events::truncate(
-        format!(
-            "{error:#} (attempt {}, next retry in {}s)",
-            retry.attempt,
-            retry.delay.as_secs_f64()
-        ),
+        format!("{error:#} (attempt {}, {next})", retry.attempt),
         2048,
     );
     if let Ok(identity) = identity(parent, &ctx.parent) {
@@ -559,7 +718,10 @@ async fn report_failure(
             &outcome,
             &now(),
         );
-        let patch = json!({"status": {"conditions": conditions}});
+        let patch = json!({
+            "metadata": {"uid": identity.uid},
+            "status": {"conditions": conditions},
+        });
         if let Err(e) = dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
             .patch_status(
                 &identity.name,
@@ -587,12 +749,23 @@ async fn publish_plugin_events(
     ctx: &PolicyContext,
     events: Vec<crate::plugin::PluginEvent>,
 ) {
-    for event in events {
+    let dropped = events.len().saturating_sub(MAX_EVENTS_PER_RECONCILE);
+    if dropped > 0 {
+        tracing::warn!(
+            dropped,
+            limit = MAX_EVENTS_PER_RECONCILE,
+            "the plugin asked for more Events than one reconcile may record"
+        );
+        ctx.metrics.events_dropped(&ctx.policy, dropped as u64);
+    }
+    let mut over_quota = 0;
+    for event in events.into_iter().take(MAX_EVENTS_PER_RECONCILE) {
         let type_ = match event.type_ {
             PluginEventType::Normal => EventType::Normal,
             PluginEventType::Warning => EventType::Warning,
         };
-        ctx.events
+        let published = ctx
+            .events
             .publish(
                 &reference(parent, ctx),
                 type_,
@@ -601,6 +774,12 @@ async fn publish_plugin_events(
                 event.message,
             )
             .await;
+        if published == Published::OverQuota {
+            over_quota += 1;
+        }
+    }
+    if over_quota > 0 {
+        ctx.metrics.events_dropped(&ctx.policy, over_quota);
     }
 }
 
@@ -622,13 +801,14 @@ async fn finalize(
         config: active.config.clone(),
         finalizing: true,
     };
-    let response = active.plugin.reconcile(request).await?;
+    let response = active.plugin.reconcile_as(&ctx.policy, request).await?;
     publish_plugin_events(parent, ctx, response.events).await;
     if !response.finalized {
         tracing::info!("plugin has not finished finalizing; will ask again");
-        return Ok(Action::requeue(
-            response.requeue_after.unwrap_or(Duration::from_secs(5)),
-        ));
+        return Ok(Action::requeue(requeue_delay(
+            response.requeue_after,
+            Duration::from_secs(5),
+        )));
     }
     if let Some(finalizer) = &ctx.finalizer {
         remove_finalizer(parent, identity, finalizer, ctx).await?;
@@ -684,6 +864,15 @@ async fn json_patch(
     ops: Value,
     ctx: &PolicyContext,
 ) -> Result<(), ReconcileError> {
+    // Every finalizer patch first tests the uid: it applies to the parent this reconcile
+    // read, never to a same-named successor.
+    let mut ops = ops;
+    if let Some(list) = ops.as_array_mut() {
+        list.insert(
+            0,
+            json!({"op": "test", "path": "/metadata/uid", "value": identity.uid}),
+        );
+    }
     let patch: json_patch::Patch = serde_json::from_value(ops)
         .map_err(|e| ReconcileError::Finalizer(kube::Error::SerdeError(e)))?;
     dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
@@ -738,4 +927,39 @@ fn now() -> String {
     jiff::Timestamp::now()
         .round(jiff::Unit::Second)
         .map_or_else(|_| jiff::Timestamp::now().to_string(), |t| t.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requeue_of_zero_is_raised_to_the_floor_and_none_means_resync() {
+        let resync = Duration::from_secs(300);
+        assert_eq!(requeue_delay(Some(Duration::ZERO), resync), MIN_REQUEUE);
+        assert_eq!(
+            requeue_delay(Some(Duration::from_secs(7)), resync),
+            Duration::from_secs(7)
+        );
+        assert_eq!(requeue_delay(None, resync), resync);
+    }
+
+    #[test]
+    fn only_permanent_and_invalid_parent_reports_wait_for_a_change() {
+        let reported = |kind| {
+            ReconcileError::Plugin(PluginError::Reported {
+                kind,
+                message: "m".into(),
+            })
+        };
+        assert!(reported(ReportedKind::Permanent).awaits_change());
+        assert!(reported(ReportedKind::InvalidParent).awaits_change());
+        assert!(!reported(ReportedKind::Transient).awaits_change());
+        assert!(
+            !ReconcileError::Plugin(PluginError::DeadlineExceeded {
+                timeout: Duration::from_secs(1)
+            })
+            .awaits_change()
+        );
+    }
 }

@@ -1,6 +1,11 @@
 //! Fetching a policy's plugin bytes. The plugin module never sees a Kubernetes client, so
 //! sources that live in the cluster (ConfigMaps, credential Secrets) are read here and the
 //! component is handed over as bytes; the engine verifies the digest before compiling.
+//!
+//! Credentials are guarded: editing a policy must not be a way to read any Secret in the
+//! cluster or to send one to any server. A `secretRef` may only name a Secret in the host's
+//! credentials namespace, and credentials only travel over TLS (or to a loopback address,
+//! where they never leave the machine).
 
 use std::time::Duration;
 
@@ -20,17 +25,37 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Attempts per download (HTTP or registry); the delay doubles from the first one.
 const HTTP_ATTEMPTS: u32 = 3;
 const HTTP_FIRST_RETRY: Duration = Duration::from_millis(500);
+/// Longest a whole fetch may take, retries included, so a source that hangs cannot hold a
+/// policy (or its restart) for ever.
+const FETCH_DEADLINE: Duration = Duration::from_secs(180);
 
-/// Read the component `source` points at.
-pub async fn fetch(client: &Client, source: &PluginSource) -> anyhow::Result<Vec<u8>> {
+/// Read the component `source` points at. `credentials_namespace` is the only namespace a
+/// `secretRef` may name; `None` refuses every `secretRef`.
+pub async fn fetch(
+    client: &Client,
+    source: &PluginSource,
+    credentials_namespace: Option<&str>,
+) -> anyhow::Result<Vec<u8>> {
+    tokio::time::timeout(
+        FETCH_DEADLINE,
+        fetch_now(client, source, credentials_namespace),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        bail!(
+            "fetching the plugin took longer than {}s; giving up",
+            FETCH_DEADLINE.as_secs()
+        )
+    })
+}
+
+async fn fetch_now(
+    client: &Client,
+    source: &PluginSource,
+    credentials_namespace: Option<&str>,
+) -> anyhow::Result<Vec<u8>> {
     match (&source.file, &source.config_map, &source.http) {
-        (Some(file), None, None) => {
-            let bytes = tokio::fs::read(&file.path)
-                .await
-                .with_context(|| format!("reading plugin file {}", file.path))?;
-            check_size(bytes.len(), &file.path)?;
-            Ok(bytes)
-        }
+        (Some(file), None, None) => read_file_capped(&file.path).await,
         (None, Some(cm), None) => {
             let where_ = format!("ConfigMap {}/{} key {}", cm.namespace, cm.name, cm.key);
             let config_map = Api::<ConfigMap>::namespaced(client.clone(), &cm.namespace)
@@ -45,8 +70,23 @@ pub async fn fetch(client: &Client, source: &PluginSource) -> anyhow::Result<Vec
             check_size(bytes.len(), &where_)?;
             Ok(bytes)
         }
-        (None, None, Some(http)) if source.oci.is_none() => fetch_http(client, http).await,
-        (None, None, None) if let Some(oci) = &source.oci => fetch_oci(client, oci).await,
+        (None, None, Some(http)) if source.oci.is_none() => {
+            let credentials = match &http.secret_ref {
+                Some(secret) => {
+                    let url = reqwest::Url::parse(&http.url)
+                        .with_context(|| format!("invalid plugin URL {:?}", http.url))?;
+                    let encrypted = url.scheme() == "https";
+                    let loopback = url.host().is_some_and(|host| is_loopback(&host));
+                    check_credentials_transport(&http.url, encrypted || loopback)?;
+                    Some(credentials(client, secret, credentials_namespace).await?)
+                }
+                None => None,
+            };
+            fetch_http(http, credentials).await
+        }
+        (None, None, None) if let Some(oci) = &source.oci => {
+            fetch_oci(client, oci, credentials_namespace).await
+        }
         _ => bail!("the plugin source must name exactly one of file, configMap, http or oci"),
     }
 }
@@ -82,13 +122,25 @@ const WASM_LAYER: &str = "application/wasm";
 /// Pull a Wasm artifact: its manifest, then the `application/wasm` layer, which the client
 /// checks against the layer digest. The component digest the policy pins is checked after,
 /// by the engine.
-async fn fetch_oci(client: &Client, source: &OciSource) -> anyhow::Result<Vec<u8>> {
+async fn fetch_oci(
+    client: &Client,
+    source: &OciSource,
+    credentials_namespace: Option<&str>,
+) -> anyhow::Result<Vec<u8>> {
     let reference: oci_client::Reference = source
         .reference
         .parse()
         .with_context(|| format!("invalid OCI reference {:?}", source.reference))?;
-    let auth = match &source.secret_ref {
-        Some(secret) => match credentials(client, &secret.namespace, &secret.name).await? {
+    let credentials = match &source.secret_ref {
+        Some(secret) => {
+            let loopback = registry_is_loopback(reference.resolve_registry());
+            check_credentials_transport(&source.reference, !source.insecure || loopback)?;
+            Some(credentials(client, secret, credentials_namespace).await?)
+        }
+        None => None,
+    };
+    let auth = match credentials {
+        Some(credentials) => match credentials {
             Credentials::Bearer(token) => oci_client::secrets::RegistryAuth::Bearer(token),
             Credentials::Basic(user, password) => {
                 oci_client::secrets::RegistryAuth::Basic(user, password)
@@ -191,11 +243,10 @@ fn ensure_crypto_provider() {
 
 /// Download over HTTP(S) with timeouts, a size cap, and retries with backoff for failures
 /// that may clear (connection errors, timeouts, 5xx, 429).
-async fn fetch_http(client: &Client, source: &HttpSource) -> anyhow::Result<Vec<u8>> {
-    let credentials = match &source.secret_ref {
-        Some(secret) => Some(credentials(client, &secret.namespace, &secret.name).await?),
-        None => None,
-    };
+async fn fetch_http(
+    source: &HttpSource,
+    credentials: Option<Credentials>,
+) -> anyhow::Result<Vec<u8>> {
     ensure_crypto_provider();
     let http = reqwest::Client::builder()
         .connect_timeout(HTTP_CONNECT_TIMEOUT)
@@ -264,8 +315,14 @@ async fn download(
     Ok(bytes)
 }
 
-/// Read `token`, or `username` and `password`, from a Secret.
-async fn credentials(client: &Client, namespace: &str, name: &str) -> anyhow::Result<Credentials> {
+/// Read `token`, or `username` and `password`, from a Secret in the credentials namespace.
+async fn credentials(
+    client: &Client,
+    secret: &crate::policy::SecretRef,
+    credentials_namespace: Option<&str>,
+) -> anyhow::Result<Credentials> {
+    let (namespace, name) = (&secret.namespace, &secret.name);
+    check_secret_namespace(namespace, credentials_namespace)?;
     let secret = Api::<Secret>::namespaced(client.clone(), namespace)
         .get(name)
         .await
@@ -282,9 +339,112 @@ async fn credentials(client: &Client, namespace: &str, name: &str) -> anyhow::Re
     }
 }
 
+/// A `secretRef` may name only the host's credentials namespace: otherwise anyone who may
+/// edit a policy could have the host read any Secret in the cluster.
+fn check_secret_namespace(namespace: &str, allowed: Option<&str>) -> anyhow::Result<()> {
+    match allowed {
+        Some(allowed) if allowed == namespace => Ok(()),
+        Some(allowed) => bail!(
+            "secretRef names namespace {namespace:?}; this host reads plugin credentials only from {allowed:?} (--credentials-namespace)"
+        ),
+        None => bail!(
+            "secretRef names namespace {namespace:?}, but this host has no credentials namespace; start it with --credentials-namespace"
+        ),
+    }
+}
+
+/// Credentials go only over TLS or to this machine.
+fn check_credentials_transport(target: &str, safe: bool) -> anyhow::Result<()> {
+    if safe {
+        return Ok(());
+    }
+    bail!(
+        "refusing to send credentials to {target} without TLS; use https (or a registry without `insecure`), or drop the secretRef"
+    )
+}
+
+/// Whether a registry (`host[:port]`) is on this machine.
+fn registry_is_loopback(registry: &str) -> bool {
+    let host = registry
+        .rsplit_once(':')
+        .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
+        .map_or(registry, |(host, _)| host)
+        .trim_matches(['[', ']']);
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn is_loopback(host: &url::Host<&str>) -> bool {
+    match host {
+        url::Host::Domain(name) => *name == "localhost",
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    }
+}
+
+/// Read a plugin file, refusing it as soon as it passes the size limit (a path such as
+/// `/dev/zero` must not make the host read without end).
+async fn read_file_capped(path: &str) -> anyhow::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt as _;
+    let file = tokio::fs::File::open(path)
+        .await
+        .with_context(|| format!("reading plugin file {path}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PLUGIN_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .with_context(|| format!("reading plugin file {path}"))?;
+    check_size(bytes.len(), path)?;
+    Ok(bytes)
+}
+
 fn check_size(len: usize, what: &str) -> anyhow::Result<()> {
     if len > MAX_PLUGIN_BYTES {
         bail!("{what} is more than {MAX_PLUGIN_BYTES} bytes, the plugin size limit");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_read_only_from_the_credentials_namespace() {
+        assert!(check_secret_namespace("wasmctrl-system", Some("wasmctrl-system")).is_ok());
+        let other = check_secret_namespace("kube-system", Some("wasmctrl-system"))
+            .expect_err("another namespace");
+        assert!(
+            other.to_string().contains("only from \"wasmctrl-system\""),
+            "{other}"
+        );
+        assert!(check_secret_namespace("wasmctrl-system", None).is_err());
+    }
+
+    #[test]
+    fn credentials_travel_only_over_tls_or_loopback() {
+        let host = |url: &str| {
+            let url = reqwest::Url::parse(url).expect("valid");
+            url.host().is_some_and(|h| is_loopback(&h))
+        };
+        assert!(host("http://127.0.0.1:8080/p.wasm"));
+        assert!(host("http://[::1]/p.wasm"));
+        assert!(host("http://localhost/p.wasm"));
+        assert!(!host("http://plugins.example.com/p.wasm"));
+        assert!(!host("http://10.0.0.1/p.wasm"));
+        assert!(check_credentials_transport("http://x", false).is_err());
+        assert!(registry_is_loopback("127.0.0.1:5000"));
+        assert!(registry_is_loopback("localhost:5000"));
+        assert!(registry_is_loopback("[::1]:5000"));
+        assert!(!registry_is_loopback("localhost.example.com"));
+        assert!(!registry_is_loopback("registry.example.com:443"));
+    }
+
+    #[tokio::test]
+    async fn a_plugin_file_is_cut_off_at_the_size_limit() {
+        let error = read_file_capped("/dev/zero").await.expect_err("endless");
+        assert!(error.to_string().contains("size limit"), "{error}");
+    }
 }

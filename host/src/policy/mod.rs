@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase")]
 pub struct ReconcilePolicySpec {
     /// The parent kind whose objects this policy reconciles.
-    pub parent: KindRef,
+    pub parent: ParentRef,
     /// The kinds the plugin may create. The host watches exactly these and refuses anything
     /// else a plugin returns.
     #[serde(default)]
@@ -53,6 +53,34 @@ pub struct ReconcilePolicySpec {
     /// the finalizer is removed once the plugin reports `finalized`.
     #[serde(default)]
     pub finalize: bool,
+}
+
+/// The parent kind, and the namespace whose parents the policy reconciles.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentRef {
+    /// e.g. `example.com/v1`.
+    #[schemars(length(min = 1, max = 317))]
+    pub api_version: String,
+    /// e.g. `MyApp`.
+    #[schemars(length(min = 1, max = 63))]
+    pub kind: String,
+    /// Reconcile only the parents in this namespace (default: every namespace the host
+    /// watches). One parent kind belongs to one policy: a second policy for the same kind is
+    /// refused (`ParentKindTaken`) unless the two name different namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+}
+
+impl ParentRef {
+    /// The kind alone.
+    pub fn kind_ref(&self) -> KindRef {
+        KindRef {
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+        }
+    }
 }
 
 /// A kind, by `apiVersion` and `kind`. Resolved through discovery, never by guessing plurals.
@@ -267,6 +295,14 @@ pub struct ReconcilePolicyStatus {
     /// Parents whose last reconcile failed.
     #[serde(default)]
     pub parents_failing: u64,
+    /// The child kinds the running controller manages (`spec.children` when it started).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub child_kinds: Vec<KindRef>,
+    /// Kinds removed from `spec.children` whose existing children the host kept: they are no
+    /// longer watched, corrected or pruned (garbage collection still removes them with their
+    /// parent). The `ChildrenManaged` condition says how many there are.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmanaged_child_kinds: Vec<KindRef>,
 }
 
 /// The candidate plugin's standing.

@@ -55,7 +55,7 @@ fn ready(app: &Value) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn myapp_converges_follows_changes_repairs_drift_and_prunes() -> anyhow::Result<()> {
     const TEST: &str = "myapp-lifecycle";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
     let host = HostUnderTest::start(TEST, &ns).await?;
@@ -151,7 +151,7 @@ async fn myapp_converges_follows_changes_repairs_drift_and_prunes() -> anyhow::R
 async fn a_related_config_map_reaches_the_plugin_and_its_changes_re_reconcile() -> anyhow::Result<()>
 {
     const TEST: &str = "myapp-related";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
     let host = HostUnderTest::start(TEST, &ns).await?;
@@ -206,7 +206,7 @@ async fn a_restarted_host_writes_nothing_when_everything_converged() -> anyhow::
         eprintln!("skipped: this cluster has no audit log wasmctrl started");
         return Ok(());
     };
-    let (client, ns) = env.namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);

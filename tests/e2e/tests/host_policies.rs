@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
-use wasmctrl_testenv::TestEnv;
 
 const GROUP: &str = "e2e.wasmctrl.dev";
 
@@ -51,7 +50,7 @@ fn attempt_and_delay(message: &str) -> Option<(u32, f64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_plugin_changes_nothing_backs_off_and_recovers() -> anyhow::Result<()> {
     const TEST: &str = "policy-failing-plugin";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_test_kinds(&client).await?;
     let children = json!([{"apiVersion": "v1", "kind": "ConfigMap"}]);
     apply_policy(
@@ -166,7 +165,7 @@ async fn a_failing_plugin_changes_nothing_backs_off_and_recovers() -> anyhow::Re
 async fn children_the_policy_does_not_allow_are_refused_and_nothing_is_created()
 -> anyhow::Result<()> {
     const TEST: &str = "policy-refusals";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_test_kinds(&client).await?;
     // Namespaces are allowed by kind, but a namespaced parent may not own one.
     let children = json!([{"apiVersion": "v1", "kind": "ConfigMap"}, {"apiVersion": "v1", "kind": "Namespace"}]);
@@ -232,7 +231,7 @@ async fn children_the_policy_does_not_allow_are_refused_and_nothing_is_created()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finalizer_is_released_only_when_the_plugin_says_finalized() -> anyhow::Result<()> {
     const TEST: &str = "policy-finalize";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_test_kinds(&client).await?;
     let children = json!([{"apiVersion": "v1", "kind": "ConfigMap"}]);
     let spec = |behavior: &str| {
@@ -281,16 +280,17 @@ async fn a_finalizer_is_released_only_when_the_plugin_says_finalized() -> anyhow
     wait_gone(&widgets, "w", "w deleted after finalizing").await?;
     wait_gone(&config_maps, "owned", "child garbage-collected").await?;
 
-    host.stop().await?;
-    delete_namespace(&client, &ns).await?;
+    // A finalizing policy is let go by a running host (it holds a finalizer of its own).
     policies(&client).delete(TEST, &Default::default()).await?;
-    Ok(())
+    wait_gone(&policies(&client), TEST, "the policy deleted").await?;
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policies_run_side_by_side_and_stop_alone() -> anyhow::Result<()> {
     const TEST: &str = "policy-side-by-side";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_test_kinds(&client).await?;
     let (widget_policy, gadget_policy) = (format!("{TEST}-widgets"), format!("{TEST}-gadgets"));
     apply_policy(
@@ -348,7 +348,7 @@ async fn policies_run_side_by_side_and_stop_alone() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_waits_for_its_crd_and_reports_plugin_problems() -> anyhow::Result<()> {
     const TEST: &str = "policy-late-crd";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     // A group no earlier run has installed, so the kind really does not exist yet.
     let group = format!("{ns}.late.wasmctrl.dev");

@@ -15,7 +15,6 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::{Value, json};
 use support::*;
 use wasmctrl::plugin::Digest;
-use wasmctrl_testenv::TestEnv;
 use wasmctrl_testenv::plugins::guest;
 
 const DIGEST_ANNOTATION: &str = "wasmctrl.dev/plugin-digest";
@@ -105,7 +104,7 @@ impl Drop for Rollout {
 async fn a_new_plugin_reaches_every_parent_without_errors_and_rolls_back() -> anyhow::Result<()> {
     const TEST: &str = "swap-rollout";
     const PARENTS: usize = 200;
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
     apply_policy(
@@ -221,7 +220,7 @@ async fn a_new_plugin_reaches_every_parent_without_errors_and_rolls_back() -> an
 async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing()
 -> anyhow::Result<()> {
     const TEST: &str = "swap-refusals";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let v1 = digest_of("myapp_plugin");
     apply_policy(
@@ -350,7 +349,7 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> anyhow::Result<()> {
     const TEST: &str = "swap-sources";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
@@ -432,7 +431,7 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyhow::Result<()> {
     const TEST: &str = "swap-candidate";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
     let with_candidate = |candidate: Value| {
@@ -603,7 +602,7 @@ fn serve_plugins(token: &'static str) -> anyhow::Result<std::net::SocketAddr> {
 async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest()
 -> anyhow::Result<()> {
     const TEST: &str = "swap-http";
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
     let address = serve_plugins("s3cret")?;
@@ -729,7 +728,7 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
     const TEST: &str = "swap-oci";
     let registry =
         tokio::task::spawn_blocking(wasmctrl_testenv::registry::Registry::start).await??;
-    let (client, ns) = TestEnv::get().namespace(TEST).await?;
+    let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
     let v1_ref = push_plugin(&registry.address, "plugins/myapp", "myapp_plugin").await?;

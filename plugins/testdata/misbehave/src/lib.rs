@@ -17,6 +17,16 @@ struct Config {
     /// Desired children, returned as given.
     #[serde(default)]
     children: Vec<Value>,
+    /// Ask to be called again after this many milliseconds (0 asks for a hot loop).
+    #[serde(default, rename = "requeueAfterMs")]
+    requeue_after_ms: Option<u64>,
+    /// Record this many Events, each with its own reason.
+    #[serde(default)]
+    events: u32,
+    /// With `behavior: spin`, busy-loop this many iterations before answering, so a test can
+    /// hold a reconcile open for a while.
+    #[serde(default)]
+    spins: u64,
 }
 
 /// Calls seen by this instance. A fresh sandbox per call means it is always 1.
@@ -49,6 +59,16 @@ impl Reconciler for Misbehave {
         for child in &request.config.children {
             response.add_child(child)?;
         }
+        if let Some(ms) = request.config.requeue_after_ms {
+            response.requeue_after(std::time::Duration::from_millis(ms));
+        }
+        for i in 0..request.config.events {
+            response.event(
+                wasmctrl_plugin_sdk::EventType::Normal,
+                format!("Flood{i}"),
+                format!("event {i} for {name}"),
+            );
+        }
         match request.config.behavior.as_str() {
             "loop" => {
                 let mut n = 0u64;
@@ -80,7 +100,17 @@ impl Reconciler for Misbehave {
             "invalid-json" => {
                 response.add_child_json("{\"apiVersion\": \"v1\", \"kind\": ".to_owned());
             }
+            "spin" => {
+                let mut n = 0u64;
+                for _ in 0..request.config.spins {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
             "error" => return Err(Error::transient(format!("backend for {name} unavailable"))),
+            "permanent" => return Err(Error::permanent(format!("{name} can never work"))),
+            "invalid-parent" => {
+                return Err(Error::invalid_parent(format!("{name} has no usable spec")));
+            }
             "log-flood" => {
                 for i in 0..100_000 {
                     wasmctrl_plugin_sdk::info!("flood message {i} for {name}");

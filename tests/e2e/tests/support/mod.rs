@@ -56,13 +56,24 @@ pub fn test_crd(group: &str, kind: &str) -> Value {
 /// A wasmctrl host running in this test process, watching only `namespace` and only the
 /// policies labelled for this test.
 pub struct HostUnderTest {
+    /// The host's metrics, read by tests that count reconciles.
+    pub metrics: std::sync::Arc<wasmctrl::metrics::Metrics>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
 impl HostUnderTest {
     pub async fn start(test: &str, namespace: &str) -> anyhow::Result<Self> {
-        let client = TestEnv::get().client().await?;
+        Self::start_with(TestEnv::get().client().await?, test, namespace).await
+    }
+
+    /// A host whose every request is made as `user` (e.g. a ServiceAccount), so it has
+    /// exactly the permissions RBAC grants that user.
+    pub async fn start_as(test: &str, namespace: &str, user: &str) -> anyhow::Result<Self> {
+        Self::start_with(impersonating_client(user).await?, test, namespace).await
+    }
+
+    async fn start_with(client: Client, test: &str, namespace: &str) -> anyhow::Result<Self> {
         let engine = PluginEngine::new(EngineOptions {
             cache_dir: Some(std::env::temp_dir().join("wasmctrl-e2e-artifacts")),
             max_concurrent_calls: 8,
@@ -75,13 +86,17 @@ impl HostUnderTest {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(8),
             event_interval: Duration::from_secs(30),
+            credentials_namespace: Some(namespace.to_owned()),
             ..HostOptions::default()
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(Host::new(client, engine, options).run(async {
+        let host = Host::new(client, engine, options);
+        let metrics = host.metrics();
+        let task = tokio::spawn(host.run(async {
             let _ = stopped.await;
         }));
         Ok(Self {
+            metrics,
             stop: Some(stop),
             task,
         })
@@ -102,6 +117,18 @@ impl Drop for HostUnderTest {
     }
 }
 
+/// A client that acts as `user` through impersonation by the admin credentials.
+pub async fn impersonating_client(user: &str) -> anyhow::Result<Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(TestEnv::get().kubeconfig())?;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    config.auth_info.impersonate = Some(user.to_owned());
+    Ok(Client::try_from(config)?)
+}
+
 /// The ReconcilePolicy API.
 pub fn policies(client: &Client) -> Api<DynamicObject> {
     Api::all_with(
@@ -110,13 +137,41 @@ pub fn policies(client: &Client) -> Api<DynamicObject> {
     )
 }
 
-/// Create or update policy `name` for `test` with `spec`.
+/// The namespace each test made with [`test_namespace`], by test name.
+static TEST_NAMESPACES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// A fresh namespace for `test` and an admin client. Policies the test applies reconcile
+/// parents in this namespace only (`spec.parent.namespace`), so tests that share a parent
+/// kind run side by side without claiming it from each other.
+pub async fn test_namespace(test: &str) -> anyhow::Result<(Client, String)> {
+    let (client, namespace) = TestEnv::get().namespace(test).await?;
+    TEST_NAMESPACES
+        .lock()
+        .expect("not poisoned")
+        .push((test.to_owned(), namespace.clone()));
+    Ok((client, namespace))
+}
+
+/// Create or update policy `name` for `test` with `spec`. Unless the spec names a parent
+/// namespace, the policy is confined to the test's namespace.
 pub async fn apply_policy(
     client: &Client,
     test: &str,
     name: &str,
-    spec: Value,
+    mut spec: Value,
 ) -> anyhow::Result<()> {
+    let namespace = TEST_NAMESPACES
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .rev()
+        .find(|(t, _)| t == test)
+        .map(|(_, ns)| ns.clone());
+    if let (Some(namespace), Some(parent)) = (namespace, spec["parent"].as_object_mut()) {
+        parent
+            .entry("namespace")
+            .or_insert_with(|| json!(namespace));
+    }
     let policy = json!({
         "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
         "metadata": {"name": name, "labels": {TEST_LABEL: test}},

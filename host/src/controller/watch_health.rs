@@ -1,0 +1,69 @@
+//! Whether each of a policy's watches works. A kind the host cannot list (no RBAC, a CRD
+//! removed, a broken conversion webhook) would otherwise leave its cache unsynced with no
+//! word anywhere: reconciles would wait and the policy would still say `Ready=True`. Every
+//! watch reports here; the policy's `Ready` condition names the kinds that fail and why.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use kube::runtime::watcher;
+
+use super::policy_status::State;
+
+/// The last error of every watch that is failing now, by kind.
+#[derive(Default)]
+pub(crate) struct WatchHealth {
+    failing: Mutex<BTreeMap<String, (&'static str, String)>>,
+}
+
+impl WatchHealth {
+    /// Note what the watch of `kind` just yielded: an error marks it failing, anything
+    /// else healthy.
+    pub fn observe<K>(&self, kind: &str, event: &Result<watcher::Event<K>, watcher::Error>) {
+        let mut failing = self
+            .failing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match event {
+            Err(error) => {
+                failing.insert(kind.to_owned(), classify(error));
+            }
+            Ok(_) => {
+                failing.remove(kind);
+            }
+        }
+    }
+
+    /// The policy's `Ready` state while some watch fails: the first failing kind's reason,
+    /// and every failing kind in the message.
+    pub fn problem(&self) -> Option<State> {
+        let failing = self
+            .failing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (_, (reason, _)) = failing.iter().next()?;
+        let message = failing
+            .iter()
+            .map(|(kind, (_, message))| format!("cannot watch {kind}: {message}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Some(State::failed(reason, message))
+    }
+}
+
+/// A condition reason and message for a watch error.
+fn classify(error: &watcher::Error) -> (&'static str, String) {
+    let code = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status.code),
+        watcher::Error::WatchError(status) => Some(status.code),
+        _ => None,
+    };
+    let reason = match code {
+        Some(403) => "Forbidden",
+        Some(404) => "KindNotFound",
+        _ => "WatchFailed",
+    };
+    (reason, error.to_string())
+}

@@ -1,0 +1,775 @@
+//! The host never touches what it does not own, and no plugin can turn it against the
+//! cluster: an existing object is never taken over, two parents never fight over a child,
+//! a deleted parent is never re-created, a plugin cannot loop or flood Events, an error the
+//! plugin calls permanent waits for a change, and plugin credentials stay where they belong.
+//!
+//! These use the `misbehave` test plugin, which desires exactly the children its config lists.
+
+mod support;
+
+use std::time::Duration;
+
+use kube::api::DynamicObject;
+use serde_json::{Value, json};
+use support::*;
+use wasmctrl::metrics::ReconcileResult;
+
+const GROUP: &str = "e2e.wasmctrl.dev";
+
+fn policy(children: Value, config: Value) -> Value {
+    json!({
+        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+        "children": children,
+        "plugin": {"source": file_source("misbehave_plugin"), "config": config},
+    })
+}
+
+fn config_maps_allowed() -> Value {
+    json!([{"apiVersion": "v1", "kind": "ConfigMap"}])
+}
+
+fn config_map(name: &str, value: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": value}})
+}
+
+fn widget(name: &str) -> Value {
+    json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "metadata": {"name": name}, "spec": {}})
+}
+
+fn reconciled(object: &Value) -> Option<&Value> {
+    condition(object, "Reconciled")
+}
+
+async fn install_kinds(client: &kube::Client) -> anyhow::Result<()> {
+    install_repo_crds(client).await?;
+    install_crd(client, &test_crd(GROUP, "Widget")).await
+}
+
+/// Wait until `name`'s `Reconciled` condition has `reason`, and return its message.
+async fn failure_message(
+    widgets: &kube::Api<DynamicObject>,
+    name: &str,
+    reason: &str,
+) -> anyhow::Result<String> {
+    let failed = wait_for_object(widgets, name, &format!("{reason} on {name}"), |w| {
+        reconciled(w).is_some_and(|c| c["reason"] == reason)
+    })
+    .await?;
+    Ok(reconciled(&failed)
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned())
+}
+
+fn controller_uid(object: &Value) -> Option<&str> {
+    object["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|o| o["controller"] == true)?["uid"]
+        .as_str()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_object_with_the_childs_name_is_never_taken_over() -> anyhow::Result<()> {
+    const TEST: &str = "safety-takeover";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    // A user's own ConfigMap, made by hand before any policy desired that name.
+    let mine = apply(&config_maps, config_map("precious", "user data")).await?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(
+            config_maps_allowed(),
+            json!({"children": [config_map("precious", "plugin data"), config_map("fresh", "x")]}),
+        ),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    apply(&widgets, widget("w")).await?;
+
+    let message = failure_message(&widgets, "w", "ChildConflict").await?;
+    assert!(
+        message.contains("ConfigMap precious already exists")
+            && message.contains("it has no controller"),
+        "{message}"
+    );
+    // Retries change nothing either.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = get(&config_maps, "precious").await?.expect("still there");
+    assert_eq!(
+        after["metadata"]["resourceVersion"],
+        mine.metadata.resource_version.clone().unwrap_or_default(),
+        "the user's object must not be written: {after}"
+    );
+    assert_eq!(after["data"]["k"], "user data");
+    assert!(after["metadata"]["ownerReferences"].is_null(), "{after}");
+    assert!(after["metadata"]["labels"].is_null(), "{after}");
+
+    // Once the user removes their object, the child is created and the parent converges.
+    config_maps.delete("precious", &Default::default()).await?;
+    wait_for_object(&widgets, "w", "w reconciled", |w| {
+        reconciled(w).is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    let created = get(&config_maps, "precious").await?.expect("created");
+    assert_eq!(created["data"]["k"], "plugin data");
+    assert_eq!(
+        controller_uid(&created),
+        widgets.get("w").await?.metadata.uid.as_deref()
+    );
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_parents_desiring_one_child_do_not_fight_the_first_keeps_it() -> anyhow::Result<()> {
+    const TEST: &str = "safety-shared-child";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    // Every parent desires the same fixed name, and asks to be reconciled every second.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(
+            config_maps_allowed(),
+            json!({"children": [config_map("shared", "x")], "requeueAfterMs": 1000}),
+        ),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    apply(&widgets, widget("first")).await?;
+    let first = wait_for_object(&widgets, "first", "first reconciled", |w| {
+        reconciled(w).is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    let shared = get(&config_maps, "shared").await?.expect("created");
+    apply(&widgets, widget("second")).await?;
+    let message = failure_message(&widgets, "second", "ChildConflict").await?;
+    let first_uid = first["metadata"]["uid"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("its controller is Widget first (uid {first_uid})")),
+        "{message}"
+    );
+    // Several resyncs of both later, the child has not moved or been rewritten.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = get(&config_maps, "shared").await?.expect("still there");
+    assert_eq!(controller_uid(&after), Some(first_uid));
+    assert_eq!(
+        after["metadata"]["resourceVersion"],
+        shared["metadata"]["resourceVersion"]
+    );
+    let first = get(&widgets, "first").await?.expect("exists");
+    assert_eq!(
+        reconciled(&first).map(|c| &c["status"]),
+        Some(&json!("True"))
+    );
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_deleted_during_its_reconcile_is_not_re_created() -> anyhow::Result<()> {
+    const TEST: &str = "safety-deleted-parent";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    // The plugin busy-loops for a second or two (well inside its deadline) before answering.
+    let mut spec = policy(
+        config_maps_allowed(),
+        json!({"behavior": "spin", "spins": 4_000_000_000u64}),
+    );
+    spec["limits"] = json!({"timeoutMs": 30000});
+    apply_policy(&client, TEST, TEST, spec).await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    apply(&widgets, widget("w")).await?;
+    wait_for_object(&widgets, "w", "w reconciled", |w| {
+        reconciled(w).is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    // A label change starts a reconcile whose status will not change but whose plugin-digest
+    // annotation (made stale here) will be rewritten: the write that, without a uid
+    // precondition, would create the parent anew.
+    widgets
+        .patch(
+            "w",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {
+                "labels": {"touched": "yes"},
+                "annotations": {wasmctrl::controller::PLUGIN_DIGEST_ANNOTATION: "stale"},
+            }})),
+        )
+        .await?;
+    // Deleted while the plugin is still thinking about it.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    widgets.delete("w", &Default::default()).await?;
+    wait_gone(&widgets, "w", "w deleted").await?;
+    // Long enough for the reconcile in flight to finish and write what it would.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        get(&widgets, "w").await?.is_none(),
+        "a write to a deleted parent must not bring it back"
+    );
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_cannot_hot_loop_a_parent_or_flood_it_with_events() -> anyhow::Result<()> {
+    const TEST: &str = "safety-hot-loop";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    // requeue-after 0 and 100 Events with 100 different reasons, on every reconcile.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(
+            config_maps_allowed(),
+            json!({"requeueAfterMs": 0, "events": 100}),
+        ),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    apply(&widgets, widget("w")).await?;
+    wait_for_object(&widgets, "w", "w reconciled", |w| {
+        reconciled(w).is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    let count = || {
+        host.metrics
+            .reconcile_count(TEST, ReconcileResult::RequeueAfter)
+    };
+    let before = count();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let during = count() - before;
+    // One reconcile per second (the floor), give or take scheduling.
+    assert!(
+        (3..=7).contains(&during),
+        "{during} reconciles in 5 s; the requeue floor is 1 s"
+    );
+    let flood = event_reasons(&client, &ns, "w")
+        .await?
+        .into_iter()
+        .filter(|(_, reason)| reason.starts_with("Flood"))
+        .count();
+    assert!(
+        (1..=10).contains(&flood),
+        "{flood} plugin Events recorded; at most 10 per reconcile, and the reasons repeat"
+    );
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_error_waits_for_a_change_instead_of_retrying() -> anyhow::Result<()> {
+    const TEST: &str = "safety-permanent";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(config_maps_allowed(), json!({"behavior": "permanent"})),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    apply(&widgets, widget("w")).await?;
+    let message = failure_message(&widgets, "w", "PluginReportedError").await?;
+    assert!(
+        message.contains("w can never work")
+            && message.contains("(attempt 1, not retried until the parent"),
+        "{message}"
+    );
+    // With the suite's 0.5 s backoff, a retried parent would be at attempt 4 by now.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        host.metrics.reconcile_count(TEST, ReconcileResult::Error),
+        1
+    );
+
+    // A change to the parent is a new question: it is asked once more.
+    let mut changed = widget("w");
+    changed["spec"] = json!({"size": 2});
+    apply(&widgets, changed).await?;
+    wait_for_object(&widgets, "w", "attempt 2 after the change", |w| {
+        reconciled(w)
+            .and_then(|c| c["message"].as_str())
+            .is_some_and(|m| m.contains("(attempt 2, not retried"))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        host.metrics.reconcile_count(TEST, ReconcileResult::Error),
+        2
+    );
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_credentials_come_only_from_the_hosts_namespace_and_only_over_tls()
+-> anyhow::Result<()> {
+    const TEST: &str = "safety-credentials";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let digest = wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
+        "misbehave_plugin",
+    ))?)
+    .to_string();
+    let with_source = |source: Value| {
+        json!({
+            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+            "children": [],
+            "plugin": {"source": source, "digest": digest},
+        })
+    };
+    // A Secret in another namespace (here kube-system's) is out of reach.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        with_source(json!({"http": {
+            "url": "https://127.0.0.1:1/plugin.wasm",
+            "secretRef": {"namespace": "kube-system", "name": "anything"},
+        }})),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let policy_api = policies(&client);
+    // (The policy may be left from an earlier run: only a verdict on this spec counts.)
+    let current = |p: &Value, c: &Value| c["observedGeneration"] == p["metadata"]["generation"];
+    let refused = wait_for_object(&policy_api, TEST, "the secretRef refused", |p| {
+        condition(p, "PluginLoaded")
+            .is_some_and(|c| c["reason"] == "SourceUnavailable" && current(p, c))
+    })
+    .await?;
+    let message = condition(&refused, "PluginLoaded")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("secretRef names namespace \"kube-system\"")
+            && message.contains(&format!("only from \"{ns}\"")),
+        "{message}"
+    );
+
+    // Credentials never go to a remote server in clear text (nothing is sent: the refusal
+    // comes before any connection, and before the Secret is read).
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        with_source(json!({"http": {
+            "url": "http://plugins.example.invalid/plugin.wasm",
+            "secretRef": {"namespace": ns, "name": "registry"},
+        }})),
+    )
+    .await?;
+    let refused = wait_for_object(&policy_api, TEST, "clear-text credentials refused", |p| {
+        condition(p, "PluginLoaded").is_some_and(|c| {
+            current(p, c)
+                && c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("refusing to send credentials"))
+        })
+    })
+    .await?;
+    let message = condition(&refused, "PluginLoaded").map(|c| c["message"].clone());
+    assert!(
+        message
+            .as_ref()
+            .and_then(Value::as_str)
+            .is_some_and(|m| m.contains("without TLS")),
+        "{message:?}"
+    );
+    host.stop().await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    delete_namespace(&client, &ns).await
+}
+
+/// Grant `subject` (a ServiceAccount in `ns`) a ClusterRole with `rules`, bound cluster-wide.
+async fn grant(client: &kube::Client, ns: &str, name: &str, rules: Value) -> anyhow::Result<()> {
+    let roles = kube::Api::<DynamicObject>::all_with(
+        client.clone(),
+        &resource("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+    );
+    apply(
+        &roles,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": name}, "rules": rules}),
+    )
+    .await?;
+    let bindings = kube::Api::<DynamicObject>::all_with(
+        client.clone(),
+        &resource("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
+    );
+    apply(
+        &bindings,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": name},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": "host", "namespace": ns}]}),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_the_host_cannot_list_is_named_on_the_policy_and_stalls_nothing()
+-> anyhow::Result<()> {
+    const TEST: &str = "safety-forbidden";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    // Everything the host needs for this policy, except reading ConfigMaps (its child kind).
+    let role = format!("{ns}-host");
+    grant(
+        &client,
+        &ns,
+        &role,
+        json!([
+            {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies", "reconcilepolicies/status"], "verbs": ["get", "list", "watch", "patch"]},
+            {"apiGroups": [GROUP], "resources": ["widgets", "widgets/status"], "verbs": ["get", "list", "watch", "patch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ]),
+    )
+    .await?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(
+            config_maps_allowed(),
+            json!({"children": [config_map("c", "x")]}),
+        ),
+    )
+    .await?;
+    let host =
+        HostUnderTest::start_as(TEST, &ns, &format!("system:serviceaccount:{ns}:host")).await?;
+    let policy_api = policies(&client);
+    let forbidden = wait_for_object(&policy_api, TEST, "Ready=False, Forbidden", |p| {
+        condition(p, "Ready").is_some_and(|c| c["reason"] == "Forbidden")
+    })
+    .await?;
+    let message = condition(&forbidden, "Ready")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("cannot watch v1 ConfigMap"), "{message}");
+    assert!(message.contains("forbidden"), "{message}");
+
+    // A parent's reconcile gives up waiting and says so, instead of hanging.
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    apply(&widgets, widget("w")).await?;
+    wait_for_object(&widgets, "w", "CachesNotReady on w", |w| {
+        reconciled(w).is_some_and(|c| c["reason"] == "CachesNotReady")
+    })
+    .await?;
+    // And shutdown does not wait on the cache that can never sync.
+    let started = std::time::Instant::now();
+    host.stop().await?;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+
+    // Granted the missing permission, a new host converges.
+    grant(
+        &client,
+        &ns,
+        &format!("{role}-configmaps"),
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]}]),
+    )
+    .await?;
+    let host =
+        HostUnderTest::start_as(TEST, &ns, &format!("system:serviceaccount:{ns}:host")).await?;
+    wait_for_object(&widgets, "w", "w reconciled", |w| {
+        reconciled(w).is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    wait_for_object(&policy_api, TEST, "Ready=True", |p| {
+        condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+fn finalizers(object: &Value) -> Vec<String> {
+    object["metadata"]["finalizers"]
+        .as_array()
+        .map(|f| {
+            f.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_finalizer_is_left_behind_when_a_policy_stops_finalizing_or_goes_away()
+-> anyhow::Result<()> {
+    const TEST: &str = "safety-finalizers";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let finalizing = |finalize: bool| {
+        let mut spec = policy(config_maps_allowed(), json!({"behavior": "hold-finalizer"}));
+        spec["finalize"] = json!(finalize);
+        spec
+    };
+    apply_policy(&client, TEST, TEST, finalizing(true)).await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let policy_api = policies(&client);
+    let parent_finalizer = format!("wasmctrl.dev/{TEST}");
+    apply(&widgets, widget("kept")).await?;
+    apply(&widgets, widget("doomed")).await?;
+    for name in ["kept", "doomed"] {
+        wait_for_object(&widgets, name, "the parent finalizer", |w| {
+            finalizers(w).contains(&parent_finalizer)
+        })
+        .await?;
+    }
+    let held = get(&policy_api, TEST).await?.expect("exists");
+    assert!(
+        finalizers(&held).contains(&wasmctrl::controller::POLICY_FINALIZER.to_owned()),
+        "a finalizing policy holds its own finalizer: {held}"
+    );
+
+    // The policy stops finalizing: its parents are let go (and none is deleted).
+    apply_policy(&client, TEST, TEST, finalizing(false)).await?;
+    for name in ["kept", "doomed"] {
+        wait_for_object(&widgets, name, "the parent finalizer released", |w| {
+            !finalizers(w).contains(&parent_finalizer)
+        })
+        .await?;
+    }
+    wait_for_object(&policy_api, TEST, "the policy finalizer dropped", |p| {
+        finalizers(p).is_empty()
+    })
+    .await?;
+
+    // Finalizing again, a parent being deleted waits on the plugin, which holds on ...
+    apply_policy(&client, TEST, TEST, finalizing(true)).await?;
+    wait_for_object(&widgets, "doomed", "the parent finalizer again", |w| {
+        finalizers(w).contains(&parent_finalizer)
+    })
+    .await?;
+    widgets.delete("doomed", &Default::default()).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        get(&widgets, "doomed").await?.is_some(),
+        "the plugin holds it"
+    );
+    // ... until the policy is deleted: then nothing holds the parent any more.
+    policy_api.delete(TEST, &Default::default()).await?;
+    wait_gone(
+        &widgets,
+        "doomed",
+        "the terminating parent released and gone",
+    )
+    .await?;
+    wait_gone(&policy_api, TEST, "the policy gone").await?;
+    let kept = get(&widgets, "kept").await?.expect("never deleted");
+    assert!(finalizers(&kept).is_empty(), "{kept}");
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_policy_for_the_same_parents_is_refused_until_the_first_goes() -> anyhow::Result<()>
+{
+    const TEST: &str = "safety-parent-kind";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let older = format!("{TEST}-older");
+    let newer = format!("{TEST}-newer");
+    let labelled = |value: &str| {
+        policy(
+            config_maps_allowed(),
+            json!({"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"by": value}}}]}),
+        )
+    };
+    apply_policy(&client, TEST, &older, labelled("older")).await?;
+    // Creation times have one-second resolution.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    apply_policy(&client, TEST, &newer, labelled("newer")).await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let policy_api = policies(&client);
+    let refused = wait_for_object(&policy_api, &newer, "ParentKindTaken", |p| {
+        condition(p, "Ready").is_some_and(|c| c["reason"] == "ParentKindTaken")
+    })
+    .await?;
+    let message = condition(&refused, "Ready")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains(&format!(
+            "policy {older} already reconciles {GROUP}/v1 Widget"
+        )),
+        "{message}"
+    );
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    apply(&widgets, widget("w")).await?;
+    wait_for_object(&config_maps, "c", "the older policy's child", |c| {
+        c["metadata"]["labels"]["by"] == "older"
+    })
+    .await?;
+    // No fight: a while later the child is still the older policy's, written once.
+    let first = get(&config_maps, "c").await?.expect("exists");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = get(&config_maps, "c").await?.expect("exists");
+    assert_eq!(
+        later["metadata"]["resourceVersion"],
+        first["metadata"]["resourceVersion"]
+    );
+
+    // Two namespaces keep two policies apart: a policy for another namespace is not refused
+    // (this host watches only the test's namespace, which is what it says instead).
+    let elsewhere = format!("{TEST}-elsewhere");
+    let mut other_namespace = labelled("elsewhere");
+    other_namespace["parent"]["namespace"] = json!("some-other-namespace");
+    apply_policy(&client, TEST, &elsewhere, other_namespace).await?;
+    wait_for_object(
+        &policy_api,
+        &elsewhere,
+        "the other namespace's policy checked",
+        |p| condition(p, "Ready").is_some_and(|c| c["reason"] == "NamespaceNotWatched"),
+    )
+    .await?;
+
+    // When the older policy goes, the newer one takes over.
+    policy_api.delete(&older, &Default::default()).await?;
+    wait_for_object(&policy_api, &newer, "the newer policy ready", |p| {
+        condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    wait_for_object(&config_maps, "c", "the newer policy's child", |c| {
+        c["metadata"]["labels"]["by"] == "newer"
+    })
+    .await?;
+    for name in [&newer, &elsewhere] {
+        policy_api.delete(name, &Default::default()).await?;
+    }
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_whose_answer_the_host_would_refuse_counts_as_would_fail_and_costly_watches_are_flagged()
+-> anyhow::Result<()> {
+    const TEST: &str = "safety-shadow-invalid";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let mut spec = policy(
+        config_maps_allowed(),
+        json!({"children": [config_map("c", "x")]}),
+    );
+    // The candidate desires a Secret, which the policy does not allow.
+    spec["plugin"]["candidate"] = json!({
+        "source": file_source("misbehave_plugin"),
+        "config": {"children": [{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}]},
+    });
+    spec["related"] = json!([{"apiVersion": "v1", "kind": "ConfigMap"}]);
+    apply_policy(&client, TEST, TEST, spec).await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    apply(&widgets, widget("w")).await?;
+    let policy_api = policies(&client);
+    let counted = wait_for_object(&policy_api, TEST, "the shadow verdict", |p| {
+        p["status"]["candidate"]["evaluated"] == 1
+    })
+    .await?;
+    let candidate = &counted["status"]["candidate"];
+    assert_eq!(candidate["wouldFail"], 1, "{candidate}");
+    assert_eq!(candidate["wouldChange"], 0, "{candidate}");
+    let detail = candidate["examples"][0]["detail"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        detail.contains("the host would refuse its answer") && detail.contains("v1 Secret"),
+        "{detail}"
+    );
+    let narrowed = condition(&counted, "RelatedNarrowed")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(narrowed["reason"], "UnselectedRelatedKind", "{narrowed}");
+    assert!(
+        narrowed["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("related v1 ConfigMap without a selector")),
+        "{narrowed}"
+    );
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_of_a_kind_removed_from_the_policy_are_kept_and_reported() -> anyhow::Result<()> {
+    const TEST: &str = "safety-removed-kind";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v"}});
+    let both =
+        json!([{"apiVersion": "v1", "kind": "ConfigMap"}, {"apiVersion": "v1", "kind": "Secret"}]);
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(both, json!({"children": [config_map("c", "x"), secret]})),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
+    apply(&widgets, widget("w")).await?;
+    wait_for_object(&secrets, "s", "the Secret child", |_| true).await?;
+
+    // Secret leaves spec.children: the existing Secret is kept, and the policy says so.
+    let mut only_config_maps = policy(
+        config_maps_allowed(),
+        json!({"children": [config_map("c", "x")]}),
+    );
+    apply_policy(&client, TEST, TEST, only_config_maps.clone()).await?;
+    let policy_api = policies(&client);
+    let reported = wait_for_object(&policy_api, TEST, "ChildrenManaged=False", |p| {
+        condition(p, "ChildrenManaged").is_some_and(|c| c["reason"] == "ChildKindRemoved")
+    })
+    .await?;
+    let message = condition(&reported, "ChildrenManaged")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("1 v1 Secret"), "{message}");
+    wait_for_object(&widgets, "w", "w reconciled without the Secret", |w| {
+        reconciled(w).is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    assert!(get(&secrets, "s").await?.is_some(), "kept, not pruned");
+
+    // Once the user deletes it, the next restart of the controller stops reporting it.
+    secrets.delete("s", &Default::default()).await?;
+    only_config_maps["resyncPeriodSeconds"] = json!(120);
+    apply_policy(&client, TEST, TEST, only_config_maps).await?;
+    wait_for_object(&policy_api, TEST, "ChildrenManaged gone", |p| {
+        condition(p, "ChildrenManaged").is_none()
+            && p["status"]["observedGeneration"] == p["metadata"]["generation"]
+    })
+    .await?;
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
