@@ -10,6 +10,7 @@
 mod backoff;
 mod children;
 mod events;
+mod field_ownership;
 mod kinds;
 mod parent_claims;
 mod policy_controller;

@@ -21,6 +21,7 @@ use super::HostOptions;
 use super::backoff::Backoff;
 use super::children::{self, AllowedKind};
 use super::events::{self, EventSink};
+use super::field_ownership::CreatedFields;
 use super::kinds::{self, KindError, ResolvedKind};
 use super::parent_claims;
 use super::policy_status::{PolicyStatusWriter, State};
@@ -384,6 +385,7 @@ fn cached_watch(
     namespace: Option<&str>,
     config: watcher::Config,
     health: &Arc<WatchHealth>,
+    created: Option<Arc<CreatedFields>>,
 ) -> (
     Store<DynamicObject>,
     impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send + 'static,
@@ -406,6 +408,9 @@ fn cached_watch(
         .default_backoff()
         .inspect(move |event| health.observe(&kind, event))
         .modify(move |object: &mut DynamicObject| {
+            if let Some(created) = &created {
+                created.note(object);
+            }
             object.managed_fields_mut().clear();
             if object.types.is_none() {
                 object.types = Some(types.clone());
@@ -444,6 +449,7 @@ async fn run_controller(
         scope(&parts.parent),
         watcher::Config::default(),
         &health,
+        None,
     );
     // Status-only updates (the host's own status writes among them) do not trigger a
     // reconcile: they would turn every failure into an immediate retry and defeat backoff.
@@ -455,15 +461,18 @@ async fn run_controller(
         parts.parent.resource.clone(),
     );
 
+    let field_manager = field_manager_for(&name);
     let mut allowed = Vec::new();
     let mut child_caches = Vec::new();
     for (kind, resolved) in &parts.children {
+        let created = Arc::new(CreatedFields::new(field_manager.clone()));
         let (store, stream) = cached_watch(
             client,
             &resolved.resource,
             scope(resolved),
             watcher::Config::default().labels(&owned_selector),
             &health,
+            Some(created.clone()),
         );
         controller =
             controller.owns_stream_with(stream.touched_objects(), resolved.resource.clone());
@@ -475,6 +484,7 @@ async fn run_controller(
         child_caches.push(ChildCache {
             resource: resolved.resource.clone(),
             store,
+            created,
         });
     }
 
@@ -484,8 +494,14 @@ async fn run_controller(
             Some(selector) => watcher::Config::default().labels_from(selector),
             None => watcher::Config::default(),
         };
-        let (store, stream) =
-            cached_watch(client, &resolved.resource, scope(resolved), config, &health);
+        let (store, stream) = cached_watch(
+            client,
+            &resolved.resource,
+            scope(resolved),
+            config,
+            &health,
+            None,
+        );
         let parents_of = parents.clone();
         let parent_resource = parts.parent.resource.clone();
         // A related object concerns every parent in its namespace.
@@ -523,7 +539,6 @@ async fn run_controller(
         std::future::pending::<()>().await
     };
 
-    let field_manager = field_manager_for(&name);
     let ctx = Arc::new(PolicyContext {
         client: client.clone(),
         policy: name.clone(),
@@ -717,6 +732,16 @@ fn parent_changed(parent: &DynamicObject) -> Option<u64> {
 fn counts(ctx: &PolicyContext, parents: &Store<DynamicObject>) -> (u64, u64) {
     let exists = |key: &ObjectRef<DynamicObject>| parents.get(key).is_some();
     ctx.backoff.retain(exists);
+    for cache in &ctx.children {
+        cache.created.retain(|namespace, name| {
+            let key = ObjectRef::new_with(name, cache.resource.clone());
+            let key = match namespace {
+                Some(namespace) => key.within(namespace),
+                None => key,
+            };
+            cache.store.get(&key).is_some()
+        });
+    }
     let mut reconciled = ctx
         .reconciled
         .lock()

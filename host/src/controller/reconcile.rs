@@ -42,6 +42,8 @@ const CACHE_SYNC_WAIT: Duration = Duration::from_secs(5);
 pub(crate) struct ChildCache {
     pub resource: ApiResource,
     pub store: Store<DynamicObject>,
+    /// Children whose create-time fields must be handed over before an apply.
+    pub created: Arc<super::field_ownership::CreatedFields>,
 }
 
 /// A related kind: a cache of the objects the plugin may read.
@@ -549,12 +551,23 @@ async fn update_child(
     {
         metadata.insert("uid".into(), json!(uid));
     }
-    dynamic_api(
-        &ctx.client,
-        &ctx.children[child.kind_index].resource,
-        child.namespace.as_deref(),
-    )
-    .patch(
+    let cache = &ctx.children[child.kind_index];
+    let api = dynamic_api(&ctx.client, &cache.resource, child.namespace.as_deref());
+    if cache
+        .created
+        .needs_hand_over(child.namespace.as_deref(), &child.name)
+    {
+        cache
+            .created
+            .hand_over(&api, &child.name)
+            .await
+            .map_err(|source| ReconcileError::Apply {
+                kind: kind.clone(),
+                name: child.name.clone(),
+                source,
+            })?;
+    }
+    api.patch(
         &child.name,
         &PatchParams::apply(&ctx.field_manager).force(),
         &Patch::Apply(&body),

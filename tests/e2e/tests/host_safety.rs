@@ -773,3 +773,46 @@ async fn children_of_a_kind_removed_from_the_policy_are_kept_and_reported() -> a
     host.stop().await?;
     delete_namespace(&client, &ns).await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_the_plugin_stops_setting_is_removed_from_a_child_it_created() -> anyhow::Result<()>
+{
+    const TEST: &str = "safety-field-removal";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let with_data = |data: Value| {
+        policy(
+            config_maps_allowed(),
+            json!({"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": data}]}),
+        )
+    };
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        with_data(json!({"k": "v", "extra": "x"})),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    apply(&widgets, widget("w")).await?;
+    wait_for_object(&config_maps, "c", "the child created", |c| {
+        c["data"]["extra"] == "x"
+    })
+    .await?;
+
+    // The plugin drops a field and changes another: both show on the child.
+    apply_policy(&client, TEST, TEST, with_data(json!({"k": "v2"}))).await?;
+    let updated = wait_for_object(&config_maps, "c", "the child updated", |c| {
+        c["data"]["k"] == "v2"
+    })
+    .await?;
+    assert!(
+        updated["data"].get("extra").is_none(),
+        "a field the plugin no longer sets must go: {}",
+        updated["data"]
+    );
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}

@@ -1,0 +1,199 @@
+//! Field ownership of children the host created.
+//!
+//! Children are created with a plain create (so an existing object of the same name is
+//! detected, never taken over), which records their fields under the host's field manager
+//! with operation `Update`. Later changes are server-side applies, recorded under the same
+//! manager with operation `Apply` — a different owner as far as the API server is concerned.
+//! Left alone, a field the plugin stops setting would stay, still owned by the `Update`
+//! entry. So before the first apply to such a child, its `Update` entry is handed over to the
+//! `Apply` entry (as `kubectl` does when it upgrades client-side-applied objects); from then
+//! on, a field the plugin drops is removed.
+//!
+//! The watch marks children that still have such an entry, so converged children cost
+//! nothing: the hand-over happens only on the first real change, and only once.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+use kube::api::{Patch, PatchParams};
+use kube::core::DynamicObject;
+use kube::{Api, ResourceExt as _};
+use serde_json::{Value, json};
+
+/// Children (namespace, name) whose create-time fields are still owned by an `Update` entry
+/// of the host's field manager.
+pub(crate) struct CreatedFields {
+    manager: String,
+    marked: Mutex<HashSet<(Option<String>, String)>>,
+}
+
+impl CreatedFields {
+    pub fn new(manager: String) -> Self {
+        Self {
+            manager,
+            marked: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Look at a child as the watch delivers it, before its managed fields are dropped.
+    pub fn note(&self, object: &DynamicObject) {
+        let key = (object.metadata.namespace.clone(), object.name_any());
+        let created_only = object
+            .managed_fields()
+            .iter()
+            .any(|entry| self.is_ours(entry, "Update"));
+        let mut marked = self.lock();
+        if created_only {
+            marked.insert(key);
+        } else {
+            marked.remove(&key);
+        }
+    }
+
+    /// Whether the child still needs its fields handed over before an apply.
+    pub fn needs_hand_over(&self, namespace: Option<&str>, name: &str) -> bool {
+        self.lock()
+            .contains(&(namespace.map(str::to_owned), name.to_owned()))
+    }
+
+    /// Forget children that are no longer cached.
+    pub fn retain(&self, mut exists: impl FnMut(Option<&str>, &str) -> bool) {
+        self.lock()
+            .retain(|(namespace, name)| exists(namespace.as_deref(), name));
+    }
+
+    /// Hand the `Update` entry of the host's manager over to its `Apply` entry on the live
+    /// object. The patch tests the resourceVersion it read, so a concurrent change is a
+    /// conflict (and a retry), never a lost entry.
+    pub async fn hand_over(&self, api: &Api<DynamicObject>, name: &str) -> Result<(), kube::Error> {
+        let live = api.get(name).await?;
+        let Some(entries) = handed_over(live.managed_fields(), &self.manager) else {
+            return Ok(());
+        };
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version},
+            {"op": "replace", "path": "/metadata/managedFields", "value": entries},
+        ]))
+        .map_err(kube::Error::SerdeError)?;
+        api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await?;
+        Ok(())
+    }
+
+    fn is_ours(&self, entry: &ManagedFieldsEntry, operation: &str) -> bool {
+        entry.manager.as_deref() == Some(self.manager.as_str())
+            && entry.operation.as_deref() == Some(operation)
+            && entry.subresource.as_deref().unwrap_or_default().is_empty()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<(Option<String>, String)>> {
+        // A set of names; a panic elsewhere cannot leave it inconsistent.
+        self.marked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// `entries` with `manager`'s `Update` entry folded into its `Apply` entry (or turned into
+/// one); `None` if there is nothing to hand over.
+pub(crate) fn handed_over(
+    entries: &[ManagedFieldsEntry],
+    manager: &str,
+) -> Option<Vec<ManagedFieldsEntry>> {
+    let fields = CreatedFields::new(manager.to_owned());
+    let update = entries.iter().position(|e| fields.is_ours(e, "Update"))?;
+    let mut entries = entries.to_vec();
+    let update = entries.remove(update);
+    match entries.iter_mut().find(|e| fields.is_ours(e, "Apply")) {
+        Some(apply) => {
+            let mut merged = apply
+                .fields_v1
+                .take()
+                .map_or_else(|| json!({}), |FieldsV1(value)| value);
+            if let Some(FieldsV1(created)) = update.fields_v1 {
+                union(&mut merged, created);
+            }
+            apply.fields_v1 = Some(FieldsV1(merged));
+        }
+        None => entries.push(ManagedFieldsEntry {
+            operation: Some("Apply".into()),
+            ..update
+        }),
+    }
+    Some(entries)
+}
+
+/// Merge field set `other` into `into` (both FieldsV1 trees: objects whose keys are fields).
+fn union(into: &mut Value, other: Value) {
+    match (into, other) {
+        (Value::Object(into), Value::Object(other)) => {
+            for (key, value) in other {
+                match into.get_mut(&key) {
+                    Some(existing) => union(existing, value),
+                    None => {
+                        into.insert(key, value);
+                    }
+                }
+            }
+        }
+        (into, other) if into.is_null() => *into = other,
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(manager: &str, operation: &str, fields: Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            api_version: Some("v1".into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            subresource: None,
+            time: None,
+        }
+    }
+
+    #[test]
+    fn a_lone_create_entry_becomes_the_apply_entry() {
+        let created = entry("wasmctrl/p", "Update", json!({"f:data": {"f:k": {}}}));
+        let other = entry("kubectl", "Update", json!({"f:data": {"f:x": {}}}));
+        let entries = handed_over(&[created, other.clone()], "wasmctrl/p").expect("changed");
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0], other, "other managers are untouched");
+        assert_eq!(entries[1].operation.as_deref(), Some("Apply"));
+        assert_eq!(
+            entries[1].fields_v1,
+            Some(FieldsV1(json!({"f:data": {"f:k": {}}})))
+        );
+    }
+
+    #[test]
+    fn a_create_entry_is_folded_into_an_existing_apply_entry() {
+        let created = entry(
+            "wasmctrl/p",
+            "Update",
+            json!({"f:data": {"f:old": {}}, "f:metadata": {"f:labels": {"f:a": {}}}}),
+        );
+        let applied = entry("wasmctrl/p", "Apply", json!({"f:data": {"f:k": {}}}));
+        let entries = handed_over(&[applied, created], "wasmctrl/p").expect("changed");
+        assert_eq!(entries.len(), 1);
+        assert_eq!(
+            entries[0].fields_v1,
+            Some(FieldsV1(
+                json!({"f:data": {"f:k": {}, "f:old": {}}, "f:metadata": {"f:labels": {"f:a": {}}}})
+            ))
+        );
+    }
+
+    #[test]
+    fn nothing_to_hand_over_without_a_create_entry() {
+        let applied = entry("wasmctrl/p", "Apply", json!({}));
+        let someone = entry("wasmctrl/other", "Update", json!({}));
+        assert_eq!(handed_over(&[applied, someone], "wasmctrl/p"), None);
+    }
+}
