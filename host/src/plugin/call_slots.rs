@@ -3,8 +3,8 @@
 //! A plain semaphore hands slots out first come, first served: a policy whose plugin loops
 //! until its deadline, reconciling many parents at once, would hold every slot and make the
 //! other policies' calls queue behind it. Here:
-//! - no tenant holds more than [`CallSlots::tenant_cap`] slots (three quarters of them when
-//!   there are four or more), so a newcomer finds a free slot at once;
+//! - no tenant holds more than [`CallSlots::tenant_cap`] slots (it leaves a quarter of them,
+//!   and at least one, to the others), so a newcomer finds a free slot at once;
 //! - a freed slot goes to the waiting tenant that holds the fewest, earliest first among
 //!   equals, so tenants converge to equal shares under contention.
 //!
@@ -58,10 +58,11 @@ impl CallSlots {
         })
     }
 
-    /// The most slots one tenant may hold: all of them when there are too few to share.
+    /// The most slots one tenant may hold: all but a quarter (and at least one), unless there
+    /// is only one slot.
     pub(crate) fn tenant_cap(&self) -> usize {
-        if self.total >= 4 {
-            self.total - self.total / 4
+        if self.total >= 2 {
+            self.total - (self.total / 4).max(1)
         } else {
             self.total
         }
@@ -203,12 +204,22 @@ mod tests {
         drop(held);
     }
 
+    #[test]
+    fn a_tenant_always_leaves_a_slot_to_the_others() {
+        let caps: Vec<usize> = [1, 2, 3, 4, 8, 64]
+            .into_iter()
+            .map(|total| CallSlots::new(total).tenant_cap())
+            .collect();
+        assert_eq!(caps, [1, 1, 2, 3, 6, 48]);
+    }
+
     #[tokio::test]
     async fn a_freed_slot_goes_to_the_tenant_holding_the_fewest() {
-        let slots = CallSlots::new(3);
+        let slots = CallSlots::new(4);
         let a1 = slots.acquire("a").await.expect("slot");
         let _a1b = slots.acquire("a").await.expect("slot");
         let _b1 = slots.acquire("b").await.expect("slot");
+        let _b2 = slots.acquire("b").await.expect("slot");
         // a queues first, then c. When one of a's slots frees, a still holds one and c none,
         // so c is served first.
         let a2 = tokio::spawn({

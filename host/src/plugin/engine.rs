@@ -29,8 +29,8 @@ pub struct EngineOptions {
     pub cache_dir: Option<PathBuf>,
     /// How many plugin calls may run at once, across all plugins. Sizes the instance pool;
     /// further calls wait for a slot instead of failing. Shared fairly between tenants
-    /// (policies): none may hold more than three quarters, and a freed slot goes to the
-    /// waiting tenant that holds the fewest.
+    /// (policies): each leaves a quarter of the slots (and at least one) to the others, and a
+    /// freed slot goes to the waiting tenant that holds the fewest.
     pub max_concurrent_calls: u32,
     /// The largest memory cap any plugin may be given.
     pub max_memory_bytes: usize,

@@ -81,6 +81,9 @@ pub struct Component {
     pub port: u16,
     /// Its log file.
     pub log: PathBuf,
+    /// The arguments it was started with, so a fault test can start it again.
+    #[serde(default)]
+    pub args: Vec<String>,
 }
 
 /// A started control plane, as recorded in `state.json`.
@@ -354,7 +357,7 @@ impl ControlPlane {
         args: &[String],
     ) -> anyhow::Result<()> {
         let log = self.dir.join("logs").join(format!("{name}.log"));
-        let out = File::create(&log)?;
+        let out = File::options().create(true).append(true).open(&log)?;
         let mut command = Command::new(binaries.path(name));
         command
             .args(args)
@@ -377,12 +380,17 @@ impl ControlPlane {
         let child = command
             .spawn()
             .with_context(|| format!("starting {name} ({})", binaries.path(name).display()))?;
-        self.components.push(Component {
+        let component = Component {
             name: name.to_owned(),
             pid: child.id(),
             port,
             log,
-        });
+            args: args.to_vec(),
+        };
+        match self.components.iter_mut().find(|c| c.name == name) {
+            Some(existing) => *existing = component,
+            None => self.components.push(component),
+        }
         // The child is reaped by `stop` (or by init once the starter exits).
         std::mem::forget(child);
         self.save()
@@ -392,6 +400,71 @@ impl ControlPlane {
         let path = self.dir.join("state.json");
         std::fs::write(&path, serde_json::to_vec_pretty(self)?)
             .with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Kill one component with SIGKILL, as a crash would, and wait until it is gone. For
+    /// fault tests; [`ControlPlane::start_component`] brings it back.
+    pub async fn kill_component(&self, name: &str) -> anyhow::Result<()> {
+        let component = self
+            .components
+            .iter()
+            .find(|c| c.name == name)
+            .with_context(|| format!("no component {name}"))?;
+        signal(component.pid, libc::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while is_alive(component.pid) {
+            if Instant::now() > deadline {
+                bail!("{name} (pid {}) survived SIGKILL", component.pid);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// Start a killed component again with its original arguments and port, and wait until
+    /// it listens.
+    pub async fn start_component(
+        &mut self,
+        name: &str,
+        binaries: &Binaries,
+        lifetime: Lifetime,
+    ) -> anyhow::Result<()> {
+        let component = self
+            .components
+            .iter()
+            .find(|c| c.name == name)
+            .with_context(|| format!("no component {name}"))?
+            .clone();
+        if is_alive(component.pid) {
+            bail!("{name} is still running");
+        }
+        self.spawn(binaries, lifetime, name, component.port, &component.args)?;
+        wait_for_port(component.port, Duration::from_secs(60))
+            .await
+            .with_context(|| format!("{name} did not come back"))
+    }
+
+    /// Compact etcd's history up to its current revision, so watches that resume from an
+    /// older resourceVersion get `410 Gone` and must relist. Returns the revision compacted.
+    pub fn compact_etcd(&self) -> anyhow::Result<i64> {
+        let etcd = self
+            .components
+            .iter()
+            .find(|c| c.name == "etcd")
+            .context("no etcd")?;
+        // etcd's JSON gateway: a range over one key reports the store's revision.
+        let range = etcd_post(etcd.port, "/v3/kv/range", r#"{"key":"Lw=="}"#)?;
+        let revision: i64 = range["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .or_else(|| range["header"]["revision"].as_i64())
+            .with_context(|| format!("no revision in {range}"))?;
+        etcd_post(
+            etcd.port,
+            "/v3/kv/compaction",
+            &format!(r#"{{"revision":"{revision}","physical":true}}"#),
+        )?;
+        Ok(revision)
     }
 
     /// Kill every process (TERM, then KILL after a grace period) and remove the state.
@@ -544,6 +617,30 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// POST a JSON body to etcd's gRPC gateway on loopback and parse the answer.
+fn etcd_post(port: u16, path: &str, body: &str) -> anyhow::Result<serde_json::Value> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, payload) = response
+        .split_once("\r\n\r\n")
+        .context("no HTTP body from etcd")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("etcd {path}: {head}");
+    }
+    // The gateway may answer chunked; the JSON object is what lies between the braces.
+    let start = payload.find('{').context("no JSON from etcd")?;
+    let end = payload.rfind('}').context("no JSON from etcd")?;
+    Ok(serde_json::from_str(&payload[start..=end])?)
 }
 
 fn signal(pid: u32, sig: libc::c_int) {

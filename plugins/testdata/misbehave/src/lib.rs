@@ -27,6 +27,10 @@ struct Config {
     /// hold a reconcile open for a while.
     #[serde(default)]
     spins: u64,
+    /// Also desire a ConfigMap of the parent's own, `<parent>-own`, holding the parent's
+    /// `spec` as its data (so many parents can each have a child).
+    #[serde(default, rename = "ownChild")]
+    own_child: bool,
 }
 
 /// Calls seen by this instance. A fresh sandbox per call means it is always 1.
@@ -46,6 +50,9 @@ impl Reconciler for Misbehave {
             .to_owned();
         let mut response = Response::new();
         if request.finalizing {
+            if request.config.behavior == "panic-finalizing" {
+                panic!("deliberate panic while finalizing {name}");
+            }
             response.event(
                 wasmctrl_plugin_sdk::EventType::Normal,
                 "Finalizing",
@@ -58,6 +65,21 @@ impl Reconciler for Misbehave {
         }
         for child in &request.config.children {
             response.add_child(child)?;
+        }
+        if request.config.own_child {
+            let data: serde_json::Map<String, Value> = request.parent["spec"]
+                .as_object()
+                .map(|spec| {
+                    spec.iter()
+                        .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            response.add_child(&json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": format!("{name}-own")},
+                "data": data,
+            }))?;
         }
         if let Some(ms) = request.config.requeue_after_ms {
             response.requeue_after(std::time::Duration::from_millis(ms));

@@ -1,0 +1,722 @@
+//! Faults the host must come through with nothing lost: the API server killed and restarted
+//! mid-convergence, watches forced to relist by an etcd compaction, the host itself
+//! SIGKILLed and restarted, two hosts at once, a plugin that traps while finalizing, and
+//! hostile plugins under load beside a well-behaved policy.
+//!
+//! These run on a control plane of their own (they kill parts of it), one test at a time.
+//! Each ends by checking the invariant: every parent converged, each desired child exists
+//! exactly once with the right owner, nothing was deleted that should not have been, and a
+//! resync afterwards writes nothing (the API server's audit log). Each prints how long
+//! convergence took after its fault; RELIABILITY.md records those figures.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::StreamExt as _;
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams};
+use serde_json::{Value, json};
+use support::*;
+use wasmctrl::controller::{Host, HostOptions};
+use wasmctrl::plugin::{EngineOptions, PluginEngine};
+use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, eventually};
+use wasmctrl_testenv::repo_root;
+
+const GROUP: &str = "e2e.wasmctrl.dev";
+/// Parents per fault.
+const PARENTS: usize = 200;
+/// How long convergence may take after a fault.
+const CONVERGE: Duration = Duration::from_secs(120);
+/// Environment of a re-executed test binary that runs a host process (see `host_process`).
+const HOST_ENV: &str = "WASMCTRL_FAULT_HOST";
+
+// ---------------------------------------------------------------------------------------
+// The control plane these tests own, kept by a thread that lives as long as the process (its
+// processes die with that thread), and one test at a time.
+
+enum Request {
+    Kill(&'static str),
+    Start(&'static str),
+    Compact,
+}
+
+struct Plane {
+    kubeconfig: PathBuf,
+    audit_log: PathBuf,
+    requests: mpsc::Sender<(Request, mpsc::Sender<anyhow::Result<()>>)>,
+}
+
+impl Plane {
+    fn get() -> &'static Plane {
+        static PLANE: std::sync::OnceLock<Plane> = std::sync::OnceLock::new();
+        PLANE.get_or_init(|| Self::start().unwrap_or_else(|e| panic!("no fault plane: {e:#}")))
+    }
+
+    fn start() -> anyhow::Result<Plane> {
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (requests, incoming) = mpsc::channel::<(Request, mpsc::Sender<anyhow::Result<()>>)>();
+        std::thread::Builder::new()
+            .name("fault-plane-keeper".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.into()));
+                        return;
+                    }
+                };
+                let started = (|| {
+                    let binaries = Binaries::build(&repo_root())?;
+                    let dir =
+                        repo_root().join(format!("target/cluster-faults-{}", std::process::id()));
+                    let plane = runtime.block_on(ControlPlane::start(
+                        &dir,
+                        &binaries,
+                        Lifetime::TiedToStarter,
+                    ))?;
+                    anyhow::Ok((binaries, plane))
+                })();
+                let (binaries, mut plane) = match started {
+                    Ok(started) => started,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok((plane.kubeconfig.clone(), plane.audit_log.clone())));
+                // Serve fault requests here, so restarted components are children of this
+                // thread too. The loop ends with the process.
+                for (request, reply) in incoming {
+                    let result = runtime.block_on(async {
+                        match request {
+                            Request::Kill(name) => plane.kill_component(name).await,
+                            Request::Start(name) => {
+                                plane
+                                    .start_component(name, &binaries, Lifetime::TiedToStarter)
+                                    .await
+                            }
+                            Request::Compact => plane.compact_etcd().map(|revision| {
+                                eprintln!("faults: etcd compacted at revision {revision}");
+                            }),
+                        }
+                    });
+                    let _ = reply.send(result);
+                }
+            })?;
+        let (kubeconfig, audit_log) = ready_rx.recv().context("the keeper thread died")??;
+        Ok(Plane {
+            kubeconfig,
+            audit_log,
+            requests,
+        })
+    }
+
+    async fn ask(&self, request: Request) -> anyhow::Result<()> {
+        let (reply, answer) = mpsc::channel();
+        self.requests
+            .send((request, reply))
+            .context("the keeper thread is gone")?;
+        tokio::task::spawn_blocking(move || answer.recv().context("no answer from the keeper"))
+            .await??
+    }
+
+    async fn client(&self) -> anyhow::Result<Client> {
+        wasmctrl_testenv::cluster::admin_client(&self.kubeconfig).await
+    }
+}
+
+/// One fault test at a time: they disturb the plane they share.
+async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+// ---------------------------------------------------------------------------------------
+// Hosts: in this process, or as a process of its own that can be SIGKILLed.
+
+struct InProcessHost {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl InProcessHost {
+    async fn start(selector: &str) -> anyhow::Result<Self> {
+        let host = host(Plane::get().client().await?, selector)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(host.run(async {
+            let _ = stopped.await;
+        }));
+        Ok(Self {
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.context("host task panicked")?
+    }
+}
+
+impl Drop for InProcessHost {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn host(client: Client, selector: &str) -> anyhow::Result<Host> {
+    let engine = PluginEngine::new(EngineOptions {
+        cache_dir: Some(std::env::temp_dir().join("wasmctrl-e2e-artifacts")),
+        max_concurrent_calls: 16,
+        max_memory_bytes: 128 << 20,
+        ..EngineOptions::default()
+    })?;
+    Ok(Host::new(
+        client,
+        engine,
+        HostOptions {
+            policy_selector: Some(selector.to_owned()),
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(8),
+            ..HostOptions::default()
+        },
+    ))
+}
+
+/// A host in a process of its own: this test binary, re-executed to run `host_process`.
+struct HostProcess(std::process::Child);
+
+impl HostProcess {
+    fn start(selector: &str) -> anyhow::Result<Self> {
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .args(["--exact", "host_process", "--ignored", "--nocapture"])
+            .env(
+                HOST_ENV,
+                json!({"kubeconfig": Plane::get().kubeconfig, "selector": selector}).to_string(),
+            )
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("starting the host process")?;
+        Ok(Self(child))
+    }
+
+    fn kill(mut self) -> anyhow::Result<()> {
+        self.0.kill()?;
+        self.0.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Not a test: the body of a host process for `HostProcess` (does nothing when run alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs only as the host process of a fault test"]
+async fn host_process() -> anyhow::Result<()> {
+    let Ok(spec) = std::env::var(HOST_ENV) else {
+        return Ok(());
+    };
+    let spec: Value = serde_json::from_str(&spec)?;
+    let kubeconfig = PathBuf::from(spec["kubeconfig"].as_str().context("kubeconfig")?);
+    let client = wasmctrl_testenv::cluster::admin_client(&kubeconfig).await?;
+    let selector = spec["selector"].as_str().context("selector")?;
+    host(client, selector)?.run(std::future::pending()).await
+}
+
+// ---------------------------------------------------------------------------------------
+// Parents, and the invariant every fault test ends with.
+
+fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
+    api(client, &resource(GROUP, "v1", "Widget"), ns)
+}
+
+fn config_maps(client: &Client, ns: &str) -> Api<DynamicObject> {
+    api(client, &resource("", "v1", "ConfigMap"), ns)
+}
+
+/// A policy that gives every Widget in `ns` a ConfigMap `<name>-own` holding its spec, with
+/// a 2 s resync so that "a resync writes nothing" is tested within seconds.
+fn widget_policy(ns: &str, config: Value) -> Value {
+    json!({
+        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "namespace": ns},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "plugin": {"source": file_source("misbehave_plugin"), "config": config},
+        "resyncPeriodSeconds": 2,
+        "maxConcurrentReconciles": 16,
+    })
+}
+
+async fn setup(test: &str, config: Value) -> anyhow::Result<(Client, String)> {
+    let client = Plane::get().client().await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
+    let ns = create_namespace(&client, test).await?;
+    apply_policy(&client, test, test, widget_policy(&ns, config)).await?;
+    // A user's own object in the namespace, which nothing may touch.
+    apply(
+        &config_maps(&client, &ns),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "users-own"}, "data": {"k": "v"}}),
+    )
+    .await?;
+    Ok((client, ns))
+}
+
+async fn create_namespace(client: &Client, test: &str) -> anyhow::Result<String> {
+    let name = format!(
+        "{test}-{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .subsec_nanos()
+    );
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    namespaces
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}}))?,
+        )
+        .await?;
+    Ok(name)
+}
+
+fn widget(name: &str, size: u64) -> Value {
+    json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "metadata": {"name": name}, "spec": {"size": size}})
+}
+
+/// Apply `count` Widgets `w-0…` with `size`, 16 at a time.
+async fn apply_widgets(client: &Client, ns: &str, count: usize, size: u64) -> anyhow::Result<()> {
+    let api = widgets(client, ns);
+    let results: Vec<anyhow::Result<DynamicObject>> = futures::stream::iter((0..count).map(|i| {
+        let api = api.clone();
+        async move { apply(&api, widget(&format!("w-{i}"), size)).await }
+    }))
+    .buffer_unordered(16)
+    .collect()
+    .await;
+    results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(())
+}
+
+/// Parents whose `Reconciled` condition is True for their current generation.
+async fn reconciled_count(client: &Client, ns: &str) -> anyhow::Result<usize> {
+    let list = widgets(client, ns).list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|w| {
+            let w = serde_json::to_value(w).unwrap_or_default();
+            condition(&w, "Reconciled").is_some_and(|c| c["status"] == "True")
+                && w["status"]["observedGeneration"] == w["metadata"]["generation"]
+        })
+        .count())
+}
+
+/// Wait until at least `count` parents are reconciled; how long it took.
+async fn wait_reconciled(client: &Client, ns: &str, count: usize) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    eventually(&format!("{count} parents reconciled"), CONVERGE, || async {
+        Ok(reconciled_count(client, ns).await? >= count)
+    })
+    .await?;
+    Ok(started.elapsed())
+}
+
+/// Wait until every one of the `PARENTS` children holds `size`.
+async fn wait_children_at(client: &Client, ns: &str, size: u64) -> anyhow::Result<()> {
+    let size = size.to_string();
+    eventually(&format!("every child at size {size}"), CONVERGE, || async {
+        let children = children_by_parent(client, ns).await?;
+        Ok(children.len() == PARENTS
+            && children
+                .values()
+                .all(|owned| owned.iter().all(|(_, c)| c["data"]["size"] == size)))
+    })
+    .await
+}
+
+/// The children of each parent, by uid: parent name → (child uid, child data).
+async fn children_by_parent(
+    client: &Client,
+    ns: &str,
+) -> anyhow::Result<BTreeMap<String, Vec<(String, Value)>>> {
+    let parents = widgets(client, ns).list(&ListParams::default()).await?;
+    let uid_to_name: BTreeMap<String, String> = parents
+        .items
+        .iter()
+        .filter_map(|p| Some((p.metadata.uid.clone()?, p.metadata.name.clone()?)))
+        .collect();
+    let children = config_maps(client, ns)
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=wasmctrl"))
+        .await?;
+    let mut by_parent: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
+    for child in children.items {
+        let owner = child
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .and_then(|o| uid_to_name.get(&o.uid))
+            .cloned()
+            .unwrap_or_else(|| {
+                format!(
+                    "<no live parent for {}>",
+                    child.metadata.name.clone().unwrap_or_default()
+                )
+            });
+        by_parent.entry(owner).or_default().push((
+            child.metadata.uid.clone().unwrap_or_default(),
+            json!({"name": child.metadata.name, "data": child.data["data"]}),
+        ));
+    }
+    Ok(by_parent)
+}
+
+/// The invariant: all `count` parents converged with `size`; each has exactly one child,
+/// `<parent>-own`, controlled by it and holding its spec; `kept` children (uids taken
+/// before the fault) were not deleted; the user's ConfigMap is untouched; and a resync
+/// writes nothing.
+async fn check_invariant(
+    client: &Client,
+    ns: &str,
+    count: usize,
+    size: u64,
+    kept: &BTreeMap<String, Vec<(String, Value)>>,
+) -> anyhow::Result<()> {
+    assert_eq!(
+        reconciled_count(client, ns).await?,
+        count,
+        "every parent converged"
+    );
+    let children = children_by_parent(client, ns).await?;
+    assert_eq!(
+        children.len(),
+        count,
+        "one entry per parent: {:?}",
+        children
+            .keys()
+            .filter(|k| k.starts_with('<'))
+            .collect::<Vec<_>>()
+    );
+    for (parent, owned) in &children {
+        assert_eq!(owned.len(), 1, "{parent} has exactly one child: {owned:?}");
+        let (uid, child) = &owned[0];
+        assert_eq!(child["name"], format!("{parent}-own"), "{parent}");
+        assert_eq!(child["data"]["size"], size.to_string(), "{parent}: {child}");
+        if let Some(before) = kept.get(parent) {
+            assert_eq!(
+                &before[0].0, uid,
+                "{parent}'s child was deleted and re-created"
+            );
+        }
+    }
+    let users = get(&config_maps(client, ns), "users-own")
+        .await?
+        .context("the user's ConfigMap was deleted")?;
+    assert_eq!(users["data"]["k"], "v");
+    assert!(users["metadata"]["ownerReferences"].is_null());
+
+    // Two resyncs (2 s each) later, nothing was written.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = host_writes(ns)?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = host_writes(ns)?;
+    let new: Vec<&String> = after.iter().skip(before.len()).collect();
+    assert!(new.is_empty(), "a converged resync wrote: {new:#?}");
+    Ok(())
+}
+
+/// Writes (not Events) to objects in `ns` by the admin user: the host, in these tests.
+fn host_writes(ns: &str) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(&Plane::get().audit_log)?;
+    let marker = format!("/namespaces/{ns}/");
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|e| {
+            let uri = e["requestURI"].as_str().unwrap_or_default();
+            e["stage"] == "ResponseComplete"
+                && uri.contains(&marker)
+                && !uri.contains("/events")
+                && matches!(
+                    e["verb"].as_str().unwrap_or_default(),
+                    "create" | "update" | "patch" | "delete"
+                )
+                && e["user"]["username"] == "admin"
+        })
+        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+        .collect())
+}
+
+fn report(fault: &str, figure: &str) {
+    eprintln!("faults: {fault}: {figure}");
+}
+
+// ---------------------------------------------------------------------------------------
+// The faults.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_killed_mid_convergence_loses_nothing() -> anyhow::Result<()> {
+    const TEST: &str = "fault-apiserver";
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    apply_widgets(&client, &ns, PARENTS, 1).await?;
+    wait_reconciled(&client, &ns, PARENTS / 4).await?;
+
+    Plane::get().ask(Request::Kill("kube-apiserver")).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    Plane::get().ask(Request::Start("kube-apiserver")).await?;
+    let client = Plane::get().client().await?;
+    let took = wait_reconciled(&client, &ns, PARENTS).await?;
+    report(
+        "API server killed for 3 s at 25 % converged",
+        &format!("all {PARENTS} converged {took:.1?} after it came back"),
+    );
+    check_invariant(&client, &ns, PARENTS, 1, &BTreeMap::new()).await?;
+    host.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_forced_to_relist_by_compaction_lose_no_change() -> anyhow::Result<()> {
+    const TEST: &str = "fault-compaction";
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    apply_widgets(&client, &ns, PARENTS, 1).await?;
+    wait_reconciled(&client, &ns, PARENTS).await?;
+    let kept = children_by_parent(&client, &ns).await?;
+
+    // Changes land while the API server is down and etcd's history is compacted: the host's
+    // watches resume from resourceVersions that no longer exist (410 Gone) and must relist.
+    Plane::get().ask(Request::Kill("kube-apiserver")).await?;
+    Plane::get().ask(Request::Compact).await?;
+    Plane::get().ask(Request::Start("kube-apiserver")).await?;
+    let client = Plane::get().client().await?;
+    let started = Instant::now();
+    apply_widgets(&client, &ns, PARENTS, 2).await?;
+    Plane::get().ask(Request::Compact).await?;
+    wait_children_at(&client, &ns, 2).await?;
+    wait_reconciled(&client, &ns, PARENTS).await?;
+    report(
+        "etcd compacted while the API server was down, then during 200 changes",
+        &format!("all changes converged in {:.1?}", started.elapsed()),
+    );
+    check_invariant(&client, &ns, PARENTS, 2, &kept).await?;
+    host.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_sigkilled_mid_convergence_is_replaced_without_loss() -> anyhow::Result<()> {
+    const TEST: &str = "fault-host-kill";
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    let selector = format!("{TEST_LABEL}={TEST}");
+    let first = HostProcess::start(&selector)?;
+    apply_widgets(&client, &ns, PARENTS, 1).await?;
+    wait_reconciled(&client, &ns, PARENTS / 4).await?;
+    first.kill()?;
+    let kept_before = children_by_parent(&client, &ns).await?;
+
+    let started = Instant::now();
+    let second = HostProcess::start(&selector)?;
+    let took = wait_reconciled(&client, &ns, PARENTS).await?;
+    report(
+        "host SIGKILLed at 25 % converged",
+        &format!(
+            "a new host process converged all {PARENTS} in {took:.1?} ({:.1?} after start)",
+            started.elapsed()
+        ),
+    );
+    // Children made before the kill survive it.
+    let kept: BTreeMap<_, _> = kept_before
+        .into_iter()
+        .filter(|(parent, _)| !parent.starts_with('<'))
+        .collect();
+    check_invariant(&client, &ns, PARENTS, 1, &kept).await?;
+    second.kill()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_at_once_converge_without_fighting() -> anyhow::Result<()> {
+    const TEST: &str = "fault-two-hosts";
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    let selector = format!("{TEST_LABEL}={TEST}");
+    let one = InProcessHost::start(&selector).await?;
+    let two = InProcessHost::start(&selector).await?;
+    apply_widgets(&client, &ns, PARENTS, 1).await?;
+    let took = wait_reconciled(&client, &ns, PARENTS).await?;
+    report(
+        "two hosts, no leader election",
+        &format!("all {PARENTS} converged in {took:.1?}; no child duplicated or flapping"),
+    );
+    // Both keep running through the no-write check: neither undoes the other.
+    check_invariant(&client, &ns, PARENTS, 1, &BTreeMap::new()).await?;
+    one.stop().await?;
+    two.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_traps_while_finalizing_holds_parents_until_fixed() -> anyhow::Result<()> {
+    const TEST: &str = "fault-finalizing";
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    let finalizing = |behavior: &str| {
+        let mut spec = widget_policy(&ns, json!({"ownChild": true, "behavior": behavior}));
+        spec["finalize"] = json!(true);
+        spec
+    };
+    apply_policy(&client, TEST, TEST, finalizing("panic-finalizing")).await?;
+    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    const N: usize = 50;
+    apply_widgets(&client, &ns, N, 1).await?;
+    wait_reconciled(&client, &ns, N).await?;
+    let api = widgets(&client, &ns);
+    for i in 0..N / 2 {
+        api.delete(&format!("w-{i}"), &Default::default()).await?;
+    }
+    // The plugin traps on every finalizing call: the deleted parents stay, and say why.
+    eventually("the finalizing failures reported", CONVERGE, || async {
+        let failing = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|w| {
+                let w = serde_json::to_value(w).unwrap_or_default();
+                condition(&w, "Reconciled").is_some_and(|c| c["reason"] == "PluginFailed")
+            })
+            .count();
+        Ok(failing == N / 2)
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(api.list(&ListParams::default()).await?.items.len(), N);
+
+    // Fixed: the deleted parents go, their children with them, the others stay converged.
+    let started = Instant::now();
+    apply_policy(&client, TEST, TEST, finalizing("")).await?;
+    eventually("the deleted parents gone", CONVERGE, || async {
+        Ok(api.list(&ListParams::default()).await?.items.len() == N / 2)
+    })
+    .await?;
+    eventually("their children collected", CONVERGE, || async {
+        Ok(children_by_parent(&client, &ns).await?.len() == N / 2)
+    })
+    .await?;
+    report(
+        "plugin trapping while finalizing 25 parents, then fixed",
+        &format!(
+            "all released and collected {:.1?} after the fix",
+            started.elapsed()
+        ),
+    );
+    check_invariant(&client, &ns, N / 2, 1, &BTreeMap::new()).await?;
+
+    // Deleted while its parents hold finalizers, the policy lets them all go.
+    let plugin_holds = finalizing("hold-finalizer");
+    apply_policy(&client, TEST, TEST, plugin_holds).await?;
+    for i in N / 2..N {
+        api.delete(&format!("w-{i}"), &Default::default()).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        api.list(&ListParams::default()).await?.items.len(),
+        N / 2,
+        "held"
+    );
+    policies(&client).delete(TEST, &Default::default()).await?;
+    eventually("every parent released", CONVERGE, || async {
+        Ok(api.list(&ListParams::default()).await?.items.is_empty())
+    })
+    .await?;
+    wait_gone(&policies(&client), TEST, "the policy gone").await?;
+    host.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_plugins_under_load_do_not_stop_a_good_policy() -> anyhow::Result<()> {
+    const TEST: &str = "fault-hostile";
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    // Alone first, for the baseline.
+    let selector = format!("{TEST_LABEL}={TEST}");
+    let host = InProcessHost::start(&selector).await?;
+    let started = Instant::now();
+    apply_widgets(&client, &ns, PARENTS, 1).await?;
+    wait_reconciled(&client, &ns, PARENTS).await?;
+    let alone = started.elapsed();
+
+    // Every hostile behaviour, 50 parents each, each in a namespace (and policy) of its own.
+    // A log flood is cut off by the log budget and the answer still counts; the others fail.
+    const HOSTILE: [(&str, bool); 7] = [
+        ("loop", true),
+        ("grow-memory", true),
+        ("big-output", true),
+        ("invalid-json", true),
+        ("panic", true),
+        ("exit", true),
+        ("log-flood", false),
+    ];
+    let mut hostile = Vec::new();
+    for (behavior, fails) in HOSTILE {
+        let name = format!("{TEST}-{behavior}");
+        let hostile_ns = create_namespace(&client, &name).await?;
+        let mut spec = widget_policy(&hostile_ns, json!({"behavior": behavior, "ownChild": true}));
+        spec["limits"] = json!({"timeoutMs": 1000});
+        spec["maxConcurrentReconciles"] = json!(4);
+        apply_policy(&client, TEST, &name, spec).await?;
+        apply_widgets(&client, &hostile_ns, 50, 1).await?;
+        hostile.push((name, hostile_ns, fails));
+    }
+    // Let them fail for a while, then the good policy's parents change under that load.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let started = Instant::now();
+    apply_widgets(&client, &ns, PARENTS, 2).await?;
+    wait_children_at(&client, &ns, 2).await?;
+    wait_reconciled(&client, &ns, PARENTS).await?;
+    let loaded = started.elapsed();
+    report(
+        "7 hostile plugins x 50 parents beside a good policy",
+        &format!("200 changes converged in {loaded:.1?} (first convergence alone: {alone:.1?})"),
+    );
+    for (_, hostile_ns, fails) in &hostile {
+        if *fails {
+            assert_eq!(
+                reconciled_count(&client, hostile_ns).await?,
+                0,
+                "no hostile parent converged in {hostile_ns}"
+            );
+            assert!(
+                children_by_parent(&client, hostile_ns).await?.is_empty(),
+                "a failing plugin created nothing in {hostile_ns}"
+            );
+        }
+    }
+    for (name, _, _) in &hostile {
+        policies(&client).delete(name, &Default::default()).await?;
+    }
+    check_invariant(&client, &ns, PARENTS, 2, &BTreeMap::new()).await?;
+    host.stop().await?;
+    Ok(())
+}
