@@ -20,6 +20,7 @@ mod release;
 mod source;
 mod status;
 mod swap;
+mod watch_backoff;
 mod watch_health;
 
 use std::collections::{HashMap, HashSet};
@@ -126,7 +127,8 @@ impl Host {
         if let Some(selector) = &self.shared.options.policy_selector {
             config = config.labels(selector);
         }
-        let mut policies = std::pin::pin!(watcher(api, config).default_backoff());
+        let mut policies =
+            std::pin::pin!(watcher(api, config).backoff(watch_backoff::WatchBackoff::default()));
         let mut running: HashMap<String, Running> = HashMap::new();
         let mut listed: HashSet<String> = HashSet::new();
         let mut shutdown = std::pin::pin!(shutdown);

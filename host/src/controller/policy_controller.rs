@@ -405,7 +405,7 @@ fn cached_watch(
     let health = health.clone();
     let kind = format!("{} {}", resource.api_version, resource.kind);
     let stream = watcher(api, config)
-        .default_backoff()
+        .backoff(super::watch_backoff::WatchBackoff::default())
         .inspect(move |event| health.observe(&kind, event))
         .modify(move |object: &mut DynamicObject| {
             if let Some(created) = &created {
@@ -609,6 +609,7 @@ async fn run_controller(
     // A swap re-enqueues every parent through this channel.
     let (requeue_all, requeue_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let run = controller
+        .trigger_backoff(super::watch_backoff::NoExtraDelay)
         .with_config(
             controller::Config::default()
                 .concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX)),

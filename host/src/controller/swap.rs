@@ -247,8 +247,11 @@ impl SourceWatch {
             let api: Api<ConfigMap> = Api::namespaced(shared.client.clone(), &cm.namespace);
             let config = watcher::Config::default().fields(&format!("metadata.name={}", cm.name));
             let task = tokio::spawn(async move {
-                let mut events =
-                    std::pin::pin!(watcher(api, config).default_backoff().applied_objects());
+                let mut events = std::pin::pin!(
+                    watcher(api, config)
+                        .backoff(super::watch_backoff::WatchBackoff::default())
+                        .applied_objects()
+                );
                 let mut first = true;
                 while let Some(event) = events.next().await {
                     // The initial listing is the version already loaded.
