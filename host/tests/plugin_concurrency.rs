@@ -137,3 +137,66 @@ fn blocking_calls_beyond_the_pool_fail_as_sandbox_errors() {
         .reconcile_blocking(named("third", ""))
         .expect("slot released");
 }
+
+/// A tenant whose plugin ran into its deadline runs one call at a time, at idle priority,
+/// while another tenant's calls go on at full speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_that_hit_its_deadline_runs_one_call_at_a_time_and_others_are_not_slowed() {
+    let engine = PluginEngine::new(EngineOptions {
+        max_concurrent_calls: 8,
+        ..EngineOptions::default()
+    })
+    .expect("engine");
+    let plugin = engine
+        .load_async(
+            guest_bytes("misbehave_plugin"),
+            None,
+            Limits {
+                timeout: Duration::from_millis(200),
+                ..Limits::default()
+            },
+        )
+        .await
+        .expect("load");
+    let first = plugin.reconcile_as("looping", named("l0", "loop")).await;
+    assert!(matches!(first, Err(PluginError::DeadlineExceeded { .. })));
+
+    // Three more looping calls at once: penalized, they run one after another.
+    let started = std::time::Instant::now();
+    let loops: Vec<_> = (1..=3)
+        .map(|i| {
+            let plugin = plugin.clone();
+            tokio::spawn(async move {
+                plugin
+                    .reconcile_as("looping", named(&format!("l{i}"), "loop"))
+                    .await
+            })
+        })
+        .collect();
+    // Meanwhile another tenant's calls take their usual few milliseconds.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 0..5 {
+        let call = std::time::Instant::now();
+        let answer = plugin
+            .reconcile_as("well-behaved", named(&format!("w{i}"), ""))
+            .await
+            .expect("a well-behaved call succeeds");
+        assert_eq!(answer.status.expect("status")["parent"], format!("w{i}"));
+        assert!(
+            call.elapsed() < Duration::from_millis(150),
+            "a well-behaved call took {:?} beside a looping tenant",
+            call.elapsed()
+        );
+    }
+    for handle in loops {
+        assert!(matches!(
+            handle.await.expect("task"),
+            Err(PluginError::DeadlineExceeded { .. })
+        ));
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(580),
+        "three 200 ms calls of a penalized tenant ran side by side ({:?})",
+        started.elapsed()
+    );
+}

@@ -8,11 +8,16 @@
 //! - a freed slot goes to the waiting tenant that holds the fewest, earliest first among
 //!   equals, so tenants converge to equal shares under contention.
 //!
+//! - a tenant whose call just ran into its deadline is *penalized* for a while: it may hold
+//!   one slot only (and its calls run at idle priority, see `idle_lane`), so a looping
+//!   plugin cannot take the machine's CPU from everyone else.
+//!
 //! A slot is a guard: dropping it (also when the call's future is cancelled, even between
 //! being granted a slot and noticing) gives the slot back.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, oneshot};
 
@@ -30,6 +35,8 @@ struct State {
     free: usize,
     held: HashMap<Arc<str>, usize>,
     waiting: VecDeque<Waiter>,
+    /// Tenants whose calls ran out of time, until when.
+    penalized: HashMap<Arc<str>, Instant>,
 }
 
 struct Waiter {
@@ -68,6 +75,41 @@ impl CallSlots {
         }
     }
 
+    /// Restrict `tenant` to one slot (and idle priority) for `period`: its last call ran out
+    /// of time. The anonymous tenant (calls outside any policy) is never penalized.
+    pub(crate) fn penalize(&self, tenant: &str, period: Duration) {
+        if tenant.is_empty() {
+            return;
+        }
+        self.lock()
+            .penalized
+            .insert(Arc::from(tenant), Instant::now() + period);
+    }
+
+    /// Lift `tenant`'s penalty: a call of its finished in time.
+    pub(crate) fn forgive(&self, tenant: &str) {
+        let mut state = self.lock();
+        if !state.penalized.is_empty() {
+            state.penalized.remove(tenant);
+        }
+    }
+
+    /// Whether `tenant` is penalized now.
+    pub(crate) fn is_penalized(&self, tenant: &str) -> bool {
+        self.lock()
+            .penalized
+            .get(tenant)
+            .is_some_and(|until| *until > Instant::now())
+    }
+
+    /// The most slots `tenant` may hold now.
+    fn cap_for(&self, state: &State, tenant: &str) -> usize {
+        match state.penalized.get(tenant) {
+            Some(until) if *until > Instant::now() => 1,
+            _ => self.tenant_cap(),
+        }
+    }
+
     /// Wait for a slot for `tenant`. `None` only if the slots are gone (never, in practice).
     pub(crate) async fn acquire(self: &Arc<Self>, tenant: &str) -> Option<Slot> {
         let receiver = {
@@ -76,7 +118,7 @@ impl CallSlots {
             let held = state.held.get(&tenant).copied().unwrap_or(0);
             // While a slot is free, every waiter is at its cap (a release serves the others
             // first), so a caller under its cap takes the free slot without queueing.
-            if state.free > 0 && held < self.tenant_cap() {
+            if state.free > 0 && held < self.cap_for(&state, &tenant) {
                 state.free -= 1;
                 *state.held.entry(tenant.clone()).or_insert(0) += 1;
                 return Some(Slot {
@@ -145,13 +187,15 @@ impl CallSlots {
     /// whose tenant holds the fewest slots, earliest first.
     fn next_waiter(&self, state: &mut State) -> Option<usize> {
         state.waiting.retain(|w| !w.grant.is_closed());
-        let cap = self.tenant_cap();
+        let now = Instant::now();
+        state.penalized.retain(|_, until| *until > now);
         state
             .waiting
             .iter()
             .enumerate()
-            .map(|(index, w)| (state.held.get(&w.tenant).copied().unwrap_or(0), index))
-            .filter(|(held, _)| *held < cap)
+            .map(|(index, w)| (state.held.get(&w.tenant).copied().unwrap_or(0), index, w))
+            .filter(|(held, _, w)| *held < self.cap_for(state, &w.tenant))
+            .map(|(held, index, _)| (held, index))
             .min()
             .map(|(_, index)| index)
     }
@@ -248,6 +292,33 @@ mod tests {
             .expect("a served")
             .expect("task");
         assert_eq!(a.as_deref(), Some("a"));
+    }
+
+    #[tokio::test]
+    async fn a_penalized_tenant_holds_one_slot_until_forgiven() {
+        let slots = CallSlots::new(8);
+        slots.penalize("loop", Duration::from_secs(60));
+        assert!(slots.is_penalized("loop"));
+        let first = slots.acquire("loop").await.expect("slot");
+        assert!(
+            no_slot_within(&slots, "loop", Duration::from_millis(50)).await,
+            "one slot at a time"
+        );
+        let other = tokio::time::timeout(Duration::from_millis(50), slots.acquire("b"))
+            .await
+            .expect("others are not held back")
+            .expect("slot");
+        slots.forgive("loop");
+        let second = tokio::time::timeout(Duration::from_millis(50), slots.acquire("loop"))
+            .await
+            .expect("forgiven")
+            .expect("slot");
+        drop((first, second, other));
+        slots.penalize("", Duration::from_secs(60));
+        assert!(
+            !slots.is_penalized(""),
+            "calls outside a policy are never penalized"
+        );
     }
 
     #[tokio::test]

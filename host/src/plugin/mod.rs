@@ -16,6 +16,7 @@ mod diff;
 mod digest;
 mod engine;
 mod error;
+mod idle_lane;
 mod limits;
 mod sandbox;
 
@@ -148,8 +149,16 @@ impl Plugin {
                 .acquire(tenant)
                 .await
                 .ok_or_else(|| PluginError::Sandbox("the plugin engine is shutting down".into()))?;
-            let attempt = self.attempt_in_slot(request).await;
+            let idle = slots.is_penalized(tenant);
+            let attempt = self.attempt_in_slot(request, idle).await;
             drop(slot);
+            match &attempt {
+                Attempt::Done(Err(PluginError::DeadlineExceeded { .. })) => {
+                    slots.penalize(tenant, PENALTY);
+                }
+                Attempt::Done(Ok(_)) => slots.forgive(tenant),
+                _ => {}
+            }
             match attempt {
                 Attempt::PoolExhausted(returned, _)
                     if started.elapsed() < self.inner.limits.timeout =>
@@ -163,8 +172,19 @@ impl Plugin {
         }
     }
 
-    /// One attempt, off the async runtime's toes (see [`Plugin::reconcile`]).
-    async fn attempt_in_slot(&self, request: ReconcileRequest) -> Attempt {
+    /// One attempt, off the async runtime's toes (see [`Plugin::reconcile`]); at idle
+    /// priority on a thread of its own when `idle` (the tenant is penalized).
+    async fn attempt_in_slot(&self, request: ReconcileRequest, idle: bool) -> Attempt {
+        if idle {
+            let plugin = self.clone();
+            return idle_lane::run_at_idle_priority(move || plugin.attempt(request))
+                .await
+                .unwrap_or_else(|| {
+                    Attempt::Done(Err(PluginError::Sandbox(
+                        "the idle-priority call thread failed".into(),
+                    )))
+                });
+        }
         match tokio::runtime::Handle::current().runtime_flavor() {
             tokio::runtime::RuntimeFlavor::CurrentThread => {
                 let plugin = self.clone();
@@ -253,6 +273,10 @@ impl Attempt {
         }
     }
 }
+
+/// How long a tenant whose call ran out of time stays penalized (one call at a time, at idle
+/// priority), unless one of its calls finishes in time first.
+const PENALTY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Bytes the host copies out of one call at most: the output limit, plus a quarter for the
 /// answer's structure (list and record headers) and the plugin's log messages.

@@ -56,10 +56,12 @@ struct Plane {
 impl Plane {
     fn get() -> &'static Plane {
         // RUST_LOG=... shows the hosts' logs when a fault needs explaining.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_test_writer()
+                .try_init();
+        }
         static PLANE: std::sync::OnceLock<Plane> = std::sync::OnceLock::new();
         PLANE.get_or_init(|| Self::start().unwrap_or_else(|e| panic!("no fault plane: {e:#}")))
     }
@@ -680,11 +682,14 @@ async fn hostile_plugins_under_load_do_not_stop_a_good_policy() -> anyhow::Resul
     const TEST: &str = "fault-hostile";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    // Alone first, for the baseline.
     let selector = format!("{TEST_LABEL}={TEST}");
     let host = InProcessHost::start(&selector).await?;
-    let started = Instant::now();
     apply_widgets(&client, &ns, PARENTS, 1).await?;
+    wait_reconciled(&client, &ns, PARENTS).await?;
+    // The baseline: 200 changes, alone.
+    let started = Instant::now();
+    apply_widgets(&client, &ns, PARENTS, 2).await?;
+    wait_children_at(&client, &ns, 2).await?;
     wait_reconciled(&client, &ns, PARENTS).await?;
     let alone = started.elapsed();
 
@@ -713,13 +718,16 @@ async fn hostile_plugins_under_load_do_not_stop_a_good_policy() -> anyhow::Resul
     // Let them fail for a while, then the good policy's parents change under that load.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let started = Instant::now();
-    apply_widgets(&client, &ns, PARENTS, 2).await?;
-    wait_children_at(&client, &ns, 2).await?;
+    apply_widgets(&client, &ns, PARENTS, 3).await?;
+    wait_children_at(&client, &ns, 3).await?;
     wait_reconciled(&client, &ns, PARENTS).await?;
     let loaded = started.elapsed();
     report(
         "7 hostile plugins x 50 parents beside a good policy",
-        &format!("200 changes converged in {loaded:.1?} (first convergence alone: {alone:.1?})"),
+        &format!(
+            "200 changes converged in {loaded:.1?}, against {alone:.1?} alone ({:.2}x)",
+            loaded.as_secs_f64() / alone.as_secs_f64()
+        ),
     );
     for (_, hostile_ns, fails) in &hostile {
         if *fails {
@@ -737,7 +745,53 @@ async fn hostile_plugins_under_load_do_not_stop_a_good_policy() -> anyhow::Resul
     for (name, _, _) in &hostile {
         policies(&client).delete(name, &Default::default()).await?;
     }
-    check_invariant(&client, &ns, PARENTS, 2, &BTreeMap::new()).await?;
+    check_invariant(&client, &ns, PARENTS, 3, &BTreeMap::new()).await?;
+    host.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looping_policy_at_high_concurrency_barely_slows_another() -> anyhow::Result<()> {
+    const TEST: &str = "fault-looping";
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    apply_widgets(&client, &ns, PARENTS, 1).await?;
+    wait_reconciled(&client, &ns, PARENTS).await?;
+    let round = |size: u64| {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            let started = Instant::now();
+            apply_widgets(&client, &ns, PARENTS, size).await?;
+            wait_children_at(&client, &ns, size).await?;
+            wait_reconciled(&client, &ns, PARENTS).await?;
+            anyhow::Ok(started.elapsed())
+        }
+    };
+    let alone = round(2).await?;
+
+    // Policy A: a plugin that loops until its 1 s deadline, 50 parents, asking for 16 at once.
+    let looping = format!("{TEST}-a");
+    let looping_ns = create_namespace(&client, &looping).await?;
+    let mut spec = widget_policy(&looping_ns, json!({"behavior": "loop"}));
+    spec["limits"] = json!({"timeoutMs": 1000});
+    apply_policy(&client, TEST, &looping, spec).await?;
+    apply_widgets(&client, &looping_ns, 50, 1).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let beside = round(3).await?;
+    report(
+        "a looping plugin (50 parents, maxConcurrentReconciles 16, 1 s deadline) beside a good policy",
+        &format!(
+            "200 changes converged in {beside:.1?}, against {alone:.1?} alone ({:.2}x)",
+            beside.as_secs_f64() / alone.as_secs_f64()
+        ),
+    );
+    assert_eq!(reconciled_count(&client, &looping_ns).await?, 0);
+    policies(&client)
+        .delete(&looping, &Default::default())
+        .await?;
+    check_invariant(&client, &ns, PARENTS, 3, &BTreeMap::new()).await?;
     host.stop().await?;
     Ok(())
 }

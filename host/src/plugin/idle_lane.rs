@@ -1,0 +1,62 @@
+//! Where the calls of a misbehaving policy run. A plugin that runs into its deadline burns a
+//! core for the whole deadline, and on a small machine that CPU is what every other policy,
+//! the host and the API server need. So a policy whose call just ran out of time is
+//! *penalized* for a while (see `CallSlots::penalize`): it may run one call at a time, and
+//! that call runs on a thread of its own at the kernel's idle priority (`SCHED_IDLE`), which
+//! gets CPU only when nothing else wants it. The deadline is wall-clock, so a starved call
+//! still ends on time; a call that succeeds lifts the penalty.
+
+use std::sync::Once;
+
+/// Run `work` on a new thread at idle priority and wait for its result. `None` if the
+/// thread could not be started or died.
+pub(crate) async fn run_at_idle_priority<T, F>(work: F) -> Option<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let span = tracing::Span::current();
+    std::thread::Builder::new()
+        .name("wasmctrl-idle-call".into())
+        .spawn(move || {
+            let _span = span.enter();
+            lower_own_priority();
+            let _ = tx.send(work());
+        })
+        .ok()?;
+    rx.await.ok()
+}
+
+/// Put the calling thread in the `SCHED_IDLE` class. An unprivileged thread may always lower
+/// its own priority; if the kernel or a seccomp profile refuses, the call still runs (one at
+/// a time), and the refusal is logged once.
+fn lower_own_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: with pid 0, sched_setscheduler changes only the calling thread's scheduling
+    // policy; it reads `param`, a valid local, and touches no other memory.
+    let result = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if result != 0 {
+        static WARNED: Once = Once::new();
+        let error = std::io::Error::last_os_error();
+        WARNED.call_once(|| {
+            tracing::warn!(%error, "cannot run penalized plugin calls at idle priority; they still run one at a time");
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn work_runs_on_a_thread_of_idle_priority() {
+        let policy = run_at_idle_priority(|| {
+            // SAFETY: sched_getscheduler(0) only reads the calling thread's policy.
+            unsafe { libc::sched_getscheduler(0) }
+        })
+        .await
+        .expect("ran");
+        assert_eq!(policy, libc::SCHED_IDLE);
+    }
+}
