@@ -200,3 +200,50 @@ async fn a_tenant_that_hit_its_deadline_runs_one_call_at_a_time_and_others_are_n
         started.elapsed()
     );
 }
+
+/// When the instance pool is full (here: a caller bypassing the call slots holds it), an
+/// async call waits for room, up to its own deadline, instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_finds_the_instance_pool_full_waits_for_room() {
+    let engine = PluginEngine::new(EngineOptions {
+        max_concurrent_calls: 1,
+        ..EngineOptions::default()
+    })
+    .expect("engine");
+    let bytes = guest_bytes("misbehave_plugin");
+    let hog = engine
+        .load(
+            &bytes,
+            None,
+            Limits {
+                timeout: Duration::from_millis(300),
+                ..Limits::default()
+            },
+        )
+        .expect("load");
+    let patient = engine
+        .load_async(
+            bytes,
+            None,
+            Limits {
+                timeout: Duration::from_secs(3),
+                ..Limits::default()
+            },
+        )
+        .await
+        .expect("load");
+    let busy = std::thread::spawn(move || hog.reconcile_blocking(named("hog", "loop")));
+    std::thread::sleep(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    let answer = patient
+        .reconcile_as("patient", named("patient", ""))
+        .await
+        .expect("waits for the pool, then succeeds");
+    assert_eq!(answer.status.expect("status")["parent"], "patient");
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "it could only have run once the hog's instance was gone ({:?})",
+        started.elapsed()
+    );
+    assert!(busy.join().expect("thread").is_err());
+}

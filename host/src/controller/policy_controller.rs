@@ -58,10 +58,17 @@ pub(crate) async fn run(
     let mut plugin: Option<Plugin> = None;
     loop {
         // A fetch or discovery that hangs must not hold up the policy's restart or
-        // deletion: stopping wins over preparing.
+        // deletion, nor a new plugin spec: stopping or an update wins over preparing.
         let prepared = tokio::select! {
-            parts = prepare(&policy, &shared, &mut status, &mut plugin) => parts,
+            parts = prepare(&policy, &shared, &mut status, &mut plugin) => Some(parts),
             () = stop.cancelled() => return,
+            Ok(()) = updates.changed() => None,
+        };
+        let Some(prepared) = prepared else {
+            policy = updates.borrow_and_update().clone();
+            status.set_generation(policy.metadata.generation);
+            plugin = None;
+            continue;
         };
         match prepared {
             Some(parts) => {

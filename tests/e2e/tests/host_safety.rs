@@ -816,3 +816,67 @@ async fn a_field_the_plugin_stops_setting_is_removed_from_a_child_it_created() -
     host.stop().await?;
     delete_namespace(&client, &ns).await
 }
+
+/// A loopback server that accepts connections and never answers.
+fn hanging_server() -> anyhow::Result<std::net::SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    Ok(address)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_fetch_that_hangs_holds_up_neither_a_new_plugin_nor_shutdown() -> anyhow::Result<()>
+{
+    const TEST: &str = "safety-hanging-fetch";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let address = hanging_server()?;
+    let digest = wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
+        "misbehave_plugin",
+    ))?)
+    .to_string();
+    let mut hanging = policy(config_maps_allowed(), json!({}));
+    hanging["plugin"] = json!({
+        "source": {"http": {"url": format!("http://{address}/plugin.wasm")}},
+        "digest": digest,
+    });
+    apply_policy(&client, TEST, TEST, hanging.clone()).await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The server never answers (the download would wait 60 s per attempt); a new plugin
+    // source is taken at once.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(config_maps_allowed(), json!({})),
+    )
+    .await?;
+    let policy_api = policies(&client);
+    wait_for_object(&policy_api, TEST, "Ready with the file plugin", |p| {
+        condition(p, "Ready").is_some_and(|c| {
+            c["status"] == "True" && c["observedGeneration"] == p["metadata"]["generation"]
+        })
+    })
+    .await?;
+
+    // Hanging again, the host still stops at once.
+    apply_policy(&client, TEST, TEST, hanging).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = std::time::Instant::now();
+    host.stop().await?;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "shutdown waited for the fetch: {:?}",
+        started.elapsed()
+    );
+    policy_api.delete(TEST, &Default::default()).await?;
+    delete_namespace(&client, &ns).await
+}
