@@ -880,3 +880,54 @@ async fn a_plugin_fetch_that_hangs_holds_up_neither_a_new_plugin_nor_shutdown() 
     policy_api.delete(TEST, &Default::default()).await?;
     delete_namespace(&client, &ns).await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_kind_whose_crd_is_removed_is_named_on_the_policy() -> anyhow::Result<()> {
+    const TEST: &str = "safety-crd-removed";
+    // A kind of this test's own: removing its CRD must not disturb any other test.
+    const DOOMED_GROUP: &str = "doomed.e2e.wasmctrl.dev";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    install_crd(&client, &test_crd(DOOMED_GROUP, "Doomed")).await?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(
+            json!([{"apiVersion": format!("{DOOMED_GROUP}/v1"), "kind": "Doomed"}]),
+            json!({}),
+        ),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let policy_api = policies(&client);
+    wait_for_object(&policy_api, TEST, "Ready", |p| {
+        condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+
+    crds_api(&client)
+        .delete(&format!("doomeds.{DOOMED_GROUP}"), &Default::default())
+        .await?;
+    let reported = wait_for_object(&policy_api, TEST, "Ready=False, KindNotFound", |p| {
+        condition(p, "Ready").is_some_and(|c| c["reason"] == "KindNotFound")
+    })
+    .await?;
+    let message = condition(&reported, "Ready")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains(&format!("cannot watch {DOOMED_GROUP}/v1 Doomed")),
+        "{message}"
+    );
+    let started = std::time::Instant::now();
+    host.stop().await?;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    policy_api.delete(TEST, &Default::default()).await?;
+    delete_namespace(&client, &ns).await
+}
