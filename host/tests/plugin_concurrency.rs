@@ -182,8 +182,9 @@ async fn a_tenant_that_hit_its_deadline_runs_one_call_at_a_time_and_others_are_n
             .await
             .expect("a well-behaved call succeeds");
         assert_eq!(answer.status.expect("status")["parent"], format!("w{i}"));
+        // Generous: other tests of this binary may be busy on the same two cores.
         assert!(
-            call.elapsed() < Duration::from_millis(150),
+            call.elapsed() < Duration::from_millis(500),
             "a well-behaved call took {:?} beside a looping tenant",
             call.elapsed()
         );
