@@ -50,6 +50,9 @@ pub struct RunCommand {
     /// account's namespace in a pod); outside a cluster, none, so every `secretRef` is refused.
     #[arg(long, env = "WASMCTRL_CREDENTIALS_NAMESPACE")]
     credentials_namespace: Option<String>,
+    /// Serve `/healthz`, `/readyz` and `/metrics` on this address; `off` serves none.
+    #[arg(long, env = "WASMCTRL_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: String,
     /// The largest memory limit any policy may give its plugin, in MiB.
     #[arg(long, env = "WASMCTRL_MAX_PLUGIN_MEMORY_MIB", default_value_t = 512)]
     max_plugin_memory_mib: usize,
@@ -80,9 +83,40 @@ impl RunCommand {
             policy_selector: self.policy_selector,
             credentials_namespace: self.credentials_namespace.or_else(own_namespace),
         };
-        Host::new(client, engine, options)
-            .run(shutdown_signal())
-            .await
+        let host = Host::new(client, engine, options);
+        let listener = match self.listen.as_str() {
+            "off" => None,
+            address => Some(
+                crate::server::bind(address.parse().with_context(|| {
+                    format!("--listen {address:?} is not an address like 0.0.0.0:8080 (or `off`)")
+                })?)
+                .await?,
+            ),
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                shutdown_signal().await;
+                stop.cancel();
+            }
+        });
+        let server = {
+            let (readiness, metrics) = (host.readiness(), host.metrics());
+            let stop = stop.clone();
+            async move {
+                match listener {
+                    Some(listener) => {
+                        tracing::info!(address = ?listener.local_addr().ok(), "serving /healthz, /readyz and /metrics");
+                        crate::server::serve(listener, readiness, metrics, stop.cancelled_owned())
+                            .await
+                    }
+                    None => Ok(()),
+                }
+            }
+        };
+        tokio::try_join!(host.run(stop.clone().cancelled_owned()), server)?;
+        Ok(())
     }
 
     async fn client(&self) -> anyhow::Result<kube::Client> {

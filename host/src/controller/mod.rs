@@ -110,8 +110,14 @@ impl Host {
                 engine,
                 options,
                 metrics: Arc::new(crate::metrics::Metrics::new()),
+                readiness: Arc::new(crate::health::Readiness::default()),
             }),
         }
+    }
+
+    /// The host's readiness, for `/readyz`.
+    pub fn readiness(&self) -> Arc<crate::health::Readiness> {
+        self.shared.readiness.clone()
     }
 
     /// The host's metrics, shared with every policy controller it runs.
@@ -157,6 +163,7 @@ impl Host {
                 }
                 Some(Ok(watcher::Event::Init)) => listed.clear(),
                 Some(Ok(watcher::Event::InitDone)) => {
+                    self.shared.readiness.policies_listed();
                     // Policies deleted while the watch was down.
                     running.retain(|name, r| {
                         let keep = listed.contains(name);

@@ -42,6 +42,7 @@ pub(crate) struct Shared {
     pub engine: PluginEngine,
     pub options: HostOptions,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub readiness: Arc<crate::health::Readiness>,
 }
 
 /// Run a policy until `stop` is cancelled. `updates` carries the policy, and later versions
@@ -536,6 +537,7 @@ async fn run_controller(
         .map(|c| c.store.clone())
         .chain(related_caches.iter().map(|r| r.store.clone()))
         .collect();
+    let mut syncing = shared.readiness.syncing();
     let wait_for_caches = async move {
         for store in stores {
             if store.wait_until_ready().await.is_err() {
@@ -543,6 +545,7 @@ async fn run_controller(
             }
         }
         let _ = ready_tx.send(true);
+        syncing.synced();
         std::future::pending::<()>().await
     };
 

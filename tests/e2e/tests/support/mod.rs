@@ -58,6 +58,8 @@ pub fn test_crd(group: &str, kind: &str) -> Value {
 pub struct HostUnderTest {
     /// The host's metrics, read by tests that count reconciles.
     pub metrics: std::sync::Arc<wasmctrl::metrics::Metrics>,
+    /// The host's readiness, for tests of `/readyz`.
+    pub readiness: std::sync::Arc<wasmctrl::health::Readiness>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<()>>,
 }
@@ -92,11 +94,13 @@ impl HostUnderTest {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let host = Host::new(client, engine, options);
         let metrics = host.metrics();
+        let readiness = host.readiness();
         let task = tokio::spawn(host.run(async {
             let _ = stopped.await;
         }));
         Ok(Self {
             metrics,
+            readiness,
             stop: Some(stop),
             task,
         })

@@ -1,0 +1,130 @@
+//! The host's HTTP listener as a kubelet and Prometheus see it: `/healthz` always, `/readyz`
+//! only once the policies are listed and their caches synced, `/metrics` with
+//! controller-runtime's series after real reconciles.
+
+mod support;
+
+use std::io::{Read as _, Write as _};
+use std::sync::Arc;
+
+use serde_json::json;
+use support::*;
+use wasmctrl::health::Readiness;
+use wasmctrl::metrics::Metrics;
+
+const GROUP: &str = "e2e.wasmctrl.dev";
+
+/// A plain HTTP GET on loopback: the status code and the body.
+async fn http_get(address: std::net::SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(address)?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or(0);
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default();
+        anyhow::Ok((status, body))
+    })
+    .await?
+}
+
+/// Serve the host's endpoints on an ephemeral loopback port until the returned sender fires.
+async fn serve(
+    readiness: Arc<Readiness>,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<(std::net::SocketAddr, tokio::sync::oneshot::Sender<()>)> {
+    let listener = wasmctrl::server::bind("127.0.0.1:0".parse()?).await?;
+    let address = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(wasmctrl::server::serve(
+        listener,
+        readiness,
+        metrics,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    Ok((address, stop))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_has_not_listed_its_policies_is_alive_but_not_ready() -> anyhow::Result<()> {
+    let (address, _stop) = serve(Arc::default(), Arc::default()).await?;
+    assert_eq!(http_get(address, "/healthz").await?, (200, "ok".into()));
+    let (status, body) = http_get(address, "/readyz").await?;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("ReconcilePolicies not listed yet"), "{body}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_host_is_ready_and_its_metrics_count_reconciles() -> anyhow::Result<()> {
+    const TEST: &str = "server-metrics";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        json!({
+            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+            "plugin": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
+        }),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let (address, stop) = serve(host.readiness.clone(), host.metrics.clone()).await?;
+    wasmctrl_testenv::cluster::eventually("/readyz to say ok", ACT, || async {
+        Ok(http_get(address, "/readyz").await? == (200, "ok".into()))
+    })
+    .await?;
+
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    apply(
+        &widgets,
+        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 1}}),
+    )
+    .await?;
+    wait_for_object(&widgets, "w", "w reconciled", |w| {
+        condition(w, "Reconciled").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    let (status, text) = http_get(address, "/metrics").await?;
+    assert_eq!(status, 200);
+    let success =
+        format!(r#"controller_runtime_reconcile_total{{controller="{TEST}",result="success"}} "#);
+    let count: u64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix(&success))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(count >= 1, "no successful reconcile counted:\n{text}");
+    assert!(
+        !text.contains(&format!(
+            r#"controller_runtime_reconcile_errors_total{{controller="{TEST}"}}"#
+        )),
+        "a clean run counts no error:\n{text}"
+    );
+    assert!(
+        text.trim_end().ends_with("# EOF"),
+        "OpenMetrics text ends with # EOF"
+    );
+
+    let _ = stop.send(());
+    host.stop().await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    delete_namespace(&client, &ns).await
+}
