@@ -105,6 +105,8 @@ fn install_and_run(
             .arg("run")
             .arg("--kubeconfig")
             .arg(&plane.kubeconfig)
+            // A workstation: health and metrics on loopback only.
+            .args(["--listen", "127.0.0.1:8080"])
             .current_dir(&root)
             .env(
                 "WASMCTRL_LOG",
