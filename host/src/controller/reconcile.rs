@@ -551,6 +551,11 @@ async fn update_child(
     {
         metadata.insert("uid".into(), json!(uid));
     }
+    let apply_error = |source| ReconcileError::Apply {
+        kind: kind.clone(),
+        name: child.name.clone(),
+        source,
+    };
     let cache = &ctx.children[child.kind_index];
     let api = dynamic_api(&ctx.client, &cache.resource, child.namespace.as_deref());
     if cache
@@ -561,11 +566,7 @@ async fn update_child(
             .created
             .hand_over(&api, &child.name)
             .await
-            .map_err(|source| ReconcileError::Apply {
-                kind: kind.clone(),
-                name: child.name.clone(),
-                source,
-            })?;
+            .map_err(apply_error)?;
     }
     api.patch(
         &child.name,
@@ -573,11 +574,7 @@ async fn update_child(
         &Patch::Apply(&body),
     )
     .await
-    .map_err(|source| ReconcileError::Apply {
-        kind: kind.clone(),
-        name: child.name.clone(),
-        source,
-    })?;
+    .map_err(apply_error)?;
     Ok(true)
 }
 
