@@ -139,7 +139,7 @@ async fn myapp_converges_follows_changes_repairs_drift_and_prunes() -> anyhow::R
 
     // Delete: children are garbage-collected with their owner.
     myapps.delete("web", &Default::default()).await?;
-    wait_gone(&deployments, "web", "Deployment web garbage-collected").await?;
+    wait_collected(&deployments, "web", "Deployment web garbage-collected").await?;
 
     host.stop().await?;
     delete_namespace(&client, &ns).await?;

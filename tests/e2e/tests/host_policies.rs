@@ -278,7 +278,7 @@ async fn a_finalizer_is_released_only_when_the_plugin_says_finalized() -> anyhow
     // The plugin finishes: the finalizer goes, the parent goes, its children are collected.
     apply_policy(&client, TEST, TEST, spec("")).await?;
     wait_gone(&widgets, "w", "w deleted after finalizing").await?;
-    wait_gone(&config_maps, "owned", "child garbage-collected").await?;
+    wait_collected(&config_maps, "owned", "child garbage-collected").await?;
 
     // A finalizing policy is let go by a running host (it holds a finalizer of its own).
     policies(&client).delete(TEST, &Default::default()).await?;

@@ -270,6 +270,23 @@ pub async fn wait_gone(api: &Api<DynamicObject>, name: &str, what: &str) -> anyh
     .await
 }
 
+/// How long garbage collection may take. It is kube-controller-manager's work, not the
+/// host's, and for a kind whose CRD was installed moments ago its collector first has to
+/// notice the kind (its discovery resyncs every 30 s).
+pub const COLLECT: Duration = Duration::from_secs(90);
+
+/// Wait until garbage collection has removed the object.
+pub async fn wait_collected(
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+) -> anyhow::Result<()> {
+    eventually(what, COLLECT, || async move {
+        Ok(get(api, name).await?.is_none())
+    })
+    .await
+}
+
 /// Event reasons recorded on objects named `name` in `namespace`.
 pub async fn event_reasons(
     client: &Client,
