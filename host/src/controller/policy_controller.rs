@@ -581,20 +581,16 @@ async fn run_controller(
     // The policy's own finalizer must be in place before any parent gets one, so that
     // deleting the policy can never strand a parent; a policy that stopped finalizing lets
     // its parents go first.
-    let parent_scope = scope(&parts.parent).map(str::to_owned);
-    if let Err(error) =
-        sync_finalizers(client, &policy, &parts.parent, parent_scope.as_deref()).await
-    {
-        tracing::warn!(policy = %name, error = %format!("{error:#}"), "could not set up finalizers; retrying in the background");
-    }
+    // A failure is retried in the background, beside the controller.
+    let first_sync = sync_finalizers(client, &policy, &parts.parent, namespace).await;
     let finalizers = async {
         let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-        while let Err(error) =
-            sync_finalizers(client, &policy, &parts.parent, parent_scope.as_deref()).await
-        {
+        let mut result = first_sync;
+        while let Err(error) = result {
             let delay = retry.failed(&()).delay;
             tracing::warn!(policy = %name, error = %format!("{error:#}"), retry_in = ?delay, "could not set up finalizers");
             tokio::time::sleep(delay).await;
+            result = sync_finalizers(client, &policy, &parts.parent, namespace).await;
         }
         std::future::pending::<()>().await
     };
