@@ -119,8 +119,7 @@ impl CallSlots {
             // While a slot is free, every waiter is at its cap (a release serves the others
             // first), so a caller under its cap takes the free slot without queueing.
             if state.free > 0 && held < self.cap_for(&state, &tenant) {
-                state.free -= 1;
-                *state.held.entry(tenant.clone()).or_insert(0) += 1;
+                state.take(&tenant);
                 return Some(Slot {
                     slots: self.clone(),
                     tenant,
@@ -144,13 +143,7 @@ impl CallSlots {
         let mut undeliverable = Vec::new();
         {
             let mut state = self.lock();
-            state.free += 1;
-            if let Some(held) = state.held.get_mut(tenant) {
-                *held -= 1;
-                if *held == 0 {
-                    state.held.remove(tenant);
-                }
-            }
+            state.give_back(tenant);
             while state.free > 0 {
                 let Some(index) = self.next_waiter(&mut state) else {
                     break;
@@ -158,8 +151,7 @@ impl CallSlots {
                 let Some(waiter) = state.waiting.remove(index) else {
                     break;
                 };
-                state.free -= 1;
-                *state.held.entry(waiter.tenant.clone()).or_insert(0) += 1;
+                state.take(&waiter.tenant);
                 let slot = Slot {
                     slots: self.clone(),
                     tenant: waiter.tenant.clone(),
@@ -169,13 +161,7 @@ impl CallSlots {
                     // The waiter gave up; take the grant back without recursing.
                     slot.armed = false;
                     undeliverable.push(slot);
-                    state.free += 1;
-                    if let Some(held) = state.held.get_mut(&waiter.tenant) {
-                        *held -= 1;
-                        if *held == 0 {
-                            state.held.remove(&waiter.tenant);
-                        }
-                    }
+                    state.give_back(&waiter.tenant);
                 }
             }
         }
@@ -205,6 +191,25 @@ impl CallSlots {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl State {
+    /// `tenant` takes a free slot.
+    fn take(&mut self, tenant: &Arc<str>) {
+        self.free -= 1;
+        *self.held.entry(tenant.clone()).or_insert(0) += 1;
+    }
+
+    /// `tenant` gives a slot back.
+    fn give_back(&mut self, tenant: &Arc<str>) {
+        self.free += 1;
+        if let Some(held) = self.held.get_mut(tenant) {
+            *held -= 1;
+            if *held == 0 {
+                self.held.remove(tenant);
+            }
+        }
     }
 }
 
