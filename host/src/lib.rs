@@ -3,12 +3,13 @@
 //!
 //! Data flows one way: policy → plugin registry → controller → cluster. This crate holds the
 //! policy API ([`policy`]), the plugin runtime ([`plugin`]), the operator host
-//! ([`controller`]), its [`metrics`] and [`health`], their HTTP [`server`], and the command
+//! ([`controller`]), its [`metrics`], [`health`] and [`leader`] election, their HTTP [`server`], and the command
 //! line ([`cli`]).
 
 pub mod cli;
 pub mod controller;
 pub mod health;
+pub mod leader;
 pub mod metrics;
 pub mod plugin;
 pub mod policy;

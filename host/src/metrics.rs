@@ -7,6 +7,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// How a reconcile ended, as controller-runtime's `result` label spells it.
@@ -41,12 +42,18 @@ struct ControllerLabels {
     controller: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseLabels {
+    name: String,
+}
+
 /// Every metric the host exports.
 pub struct Metrics {
     registry: Registry,
     reconciles: Family<ResultLabels, Counter>,
     reconcile_errors: Family<ControllerLabels, Counter>,
     events_dropped: Family<ControllerLabels, Counter>,
+    leader: Family<LeaseLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -77,11 +84,18 @@ impl Metrics {
             "Events a plugin asked for that the host did not record (over the per-reconcile or per-parent cap)",
             events_dropped.clone(),
         );
+        let leader = Family::<LeaseLabels, Gauge>::default();
+        registry.register(
+            "leader_election_master_status",
+            "Whether this replica leads (1) or stands by (0), per Lease",
+            leader.clone(),
+        );
         Self {
             registry,
             reconciles,
             reconcile_errors,
             events_dropped,
+            leader,
         }
     }
 
@@ -109,6 +123,15 @@ impl Metrics {
                 controller: policy.to_owned(),
             })
             .inc_by(count);
+    }
+
+    /// Whether this replica holds the Lease `name`.
+    pub fn set_leader(&self, name: &str, leading: bool) {
+        self.leader
+            .get_or_create(&LeaseLabels {
+                name: name.to_owned(),
+            })
+            .set(i64::from(leading));
     }
 
     /// How many reconciles of `policy` ended with `result` so far.

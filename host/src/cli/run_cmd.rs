@@ -7,7 +7,13 @@ use anyhow::Context as _;
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
 use crate::controller::{Host, HostOptions};
+use crate::leader::{LeaderElector, Leadership, LeaseConfig, WriteGate};
+use crate::metrics::Metrics;
 use crate::plugin::{EngineOptions, PluginEngine};
 
 /// Run the operator host against a cluster.
@@ -56,12 +62,102 @@ pub struct RunCommand {
     /// The largest memory limit any policy may give its plugin, in MiB.
     #[arg(long, env = "WASMCTRL_MAX_PLUGIN_MEMORY_MIB", default_value_t = 512)]
     max_plugin_memory_mib: usize,
+    /// On SIGTERM, wait at most this long for in-flight reconciles before exiting.
+    #[arg(long, env = "WASMCTRL_SHUTDOWN_TIMEOUT_SECONDS", default_value_t = 30)]
+    shutdown_timeout_seconds: u64,
+    #[command(flatten)]
+    election: ElectionArgs,
+}
+
+/// Leader election among replicas of the host (see `wasmctrl::leader`).
+#[derive(Debug, Args)]
+struct ElectionArgs {
+    /// Elect one leader among the replicas through a Lease; the others stand by with warm
+    /// caches and write nothing.
+    #[arg(long, env = "WASMCTRL_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(
+        long,
+        env = "WASMCTRL_LEADER_ELECT_LEASE_NAME",
+        default_value = "wasmctrl-leader"
+    )]
+    leader_elect_lease_name: String,
+    /// Namespace of the Lease. Default: the namespace the host runs in.
+    #[arg(long, env = "WASMCTRL_LEADER_ELECT_NAMESPACE")]
+    leader_elect_namespace: Option<String>,
+    /// This replica's name in the Lease. Default: `POD_NAME`, else host name and a random suffix.
+    #[arg(long, env = "WASMCTRL_LEADER_ELECT_IDENTITY")]
+    leader_elect_identity: Option<String>,
+    /// How long standbys wait after the Lease last changed before taking over, in seconds.
+    #[arg(
+        long,
+        env = "WASMCTRL_LEADER_ELECT_LEASE_DURATION_SECONDS",
+        default_value_t = 15
+    )]
+    leader_elect_lease_duration_seconds: u64,
+    /// How long the leader tries to renew before it stops leading, in seconds.
+    #[arg(
+        long,
+        env = "WASMCTRL_LEADER_ELECT_RENEW_DEADLINE_SECONDS",
+        default_value_t = 10
+    )]
+    leader_elect_renew_deadline_seconds: u64,
+    /// How often the leader renews and standbys check, in seconds.
+    #[arg(
+        long,
+        env = "WASMCTRL_LEADER_ELECT_RETRY_PERIOD_SECONDS",
+        default_value_t = 2
+    )]
+    leader_elect_retry_period_seconds: u64,
+}
+
+impl ElectionArgs {
+    /// The Lease to campaign for, if leader election is on.
+    fn lease(&self) -> anyhow::Result<Option<LeaseConfig>> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let namespace = self
+            .leader_elect_namespace
+            .clone()
+            .or_else(own_namespace)
+            .context("--leader-elect needs the Lease's namespace: run in a pod or pass --leader-elect-namespace")?;
+        let config = LeaseConfig {
+            name: self.leader_elect_lease_name.clone(),
+            namespace,
+            identity: self
+                .leader_elect_identity
+                .clone()
+                .unwrap_or_else(crate::leader::default_identity),
+            lease_duration: Duration::from_secs(self.leader_elect_lease_duration_seconds),
+            renew_deadline: Duration::from_secs(self.leader_elect_renew_deadline_seconds),
+            retry_period: Duration::from_secs(self.leader_elect_retry_period_seconds),
+        };
+        config
+            .validate()
+            .map_err(|why| anyhow::anyhow!("leader election: {why}"))?;
+        Ok(Some(config))
+    }
 }
 
 impl RunCommand {
     /// Connect, then run until SIGINT or SIGTERM.
     pub async fn run(self, cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
-        let client = self.client().await?;
+        let lease = self.election.lease()?;
+        let config = self.client_config().await?;
+        // The elector and the permission checks talk through `client`; everything the
+        // controllers write goes through the gated one.
+        let client =
+            kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
+        let leadership = match lease {
+            Some(_) => Leadership::standby(),
+            None => Leadership::always(),
+        };
+        let gated = kube::client::ClientBuilder::try_from(config)
+            .context("building the Kubernetes client")?
+            .with_layer(&WriteGate::new(leadership.clone()))
+            .build();
         let version = client
             .apiserver_version()
             .await
@@ -83,7 +179,7 @@ impl RunCommand {
             policy_selector: self.policy_selector,
             credentials_namespace: self.credentials_namespace.or_else(own_namespace),
         };
-        let host = Host::new(client, engine, options);
+        let host = Host::elected(gated, engine, options, leadership.clone());
         let listener = match self.listen.as_str() {
             "off" => None,
             address => Some(
@@ -115,12 +211,56 @@ impl RunCommand {
                 }
             }
         };
-        tokio::try_join!(host.run(stop.clone().cancelled_owned()), server)?;
-        Ok(())
+        let metrics = host.metrics();
+        // The elector keeps renewing while the host drains, and stops only after the last write.
+        let election_stop = CancellationToken::new();
+        let election = lease.map(|lease| {
+            tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "campaigning for leadership");
+            let name = lease.name.clone();
+            let elector = LeaderElector::new(client.clone(), lease, leadership.clone());
+            tokio::spawn(report_leadership(leadership.clone(), metrics.clone(), name));
+            let (stop, election_stop) = (stop.clone(), election_stop.clone());
+            tokio::spawn(async move {
+                let result = elector.run(election_stop).await;
+                if let Err(lost) = &result {
+                    // As controller-runtime does: stop, and let the restart come back as a standby.
+                    tracing::error!(error = %lost, "leadership lost; shutting down");
+                    stop.cancel();
+                }
+                result
+            })
+        });
+        let drain = Duration::from_secs(self.shutdown_timeout_seconds);
+        let host = host.run(stop.clone().cancelled_owned());
+        let drained = async {
+            stop.cancelled().await;
+            tokio::time::sleep(drain).await;
+        };
+        let served = tokio::select! {
+            result = async { tokio::try_join!(host, server) } => result.map(|_| ()),
+            () = drained => {
+                tracing::warn!(timeout = ?drain, "in-flight reconciles did not finish in time; exiting without them");
+                Ok(())
+            }
+        };
+        // No write may follow the release of the lease.
+        leadership.set(false);
+        election_stop.cancel();
+        if let Some(election) = election {
+            match election.await.context("the leader election task failed")? {
+                Ok(mut elector) => {
+                    if let Err(error) = elector.release().await {
+                        tracing::warn!(error = %format!("{error:#}"), "could not release the leader lease; a standby takes over when it expires");
+                    }
+                }
+                Err(lost) => return Err(lost.into()),
+            }
+        }
+        served
     }
 
-    async fn client(&self) -> anyhow::Result<kube::Client> {
-        let config = match &self.kubeconfig {
+    async fn client_config(&self) -> anyhow::Result<kube::Config> {
+        match &self.kubeconfig {
             Some(path) => {
                 let kubeconfig = Kubeconfig::read_from(path)
                     .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -130,7 +270,7 @@ impl RunCommand {
                 };
                 kube::Config::from_custom_kubeconfig(kubeconfig, &options)
                     .await
-                    .with_context(|| format!("loading kubeconfig {}", path.display()))?
+                    .with_context(|| format!("loading kubeconfig {}", path.display()))
             }
             None if self.context.is_some() => {
                 let options = KubeConfigOptions {
@@ -139,13 +279,23 @@ impl RunCommand {
                 };
                 kube::Config::from_kubeconfig(&options)
                     .await
-                    .context("loading the kubeconfig")?
+                    .context("loading the kubeconfig")
             }
             None => kube::Config::infer()
                 .await
-                .context("finding cluster credentials (kubeconfig or in-cluster)")?,
-        };
-        kube::Client::try_from(config).context("building the Kubernetes client")
+                .context("finding cluster credentials (kubeconfig or in-cluster)"),
+        }
+    }
+}
+
+/// Keep `leader_election_master_status` in line with `leadership`; never completes.
+async fn report_leadership(leadership: Arc<Leadership>, metrics: Arc<Metrics>, lease: String) {
+    let mut changes = leadership.subscribe();
+    loop {
+        metrics.set_leader(&lease, *changes.borrow_and_update());
+        if changes.changed().await.is_err() {
+            return std::future::pending().await;
+        }
     }
 }
 

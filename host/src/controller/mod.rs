@@ -102,8 +102,21 @@ struct Running {
 }
 
 impl Host {
-    /// A host that talks to the cluster through `client` and runs plugins on `engine`.
+    /// A host that talks to the cluster through `client` and runs plugins on `engine`, the
+    /// only writer (no leader election).
     pub fn new(client: Client, engine: PluginEngine, options: HostOptions) -> Self {
+        Self::elected(client, engine, options, crate::leader::Leadership::always())
+    }
+
+    /// A host that writes only while `leadership` says this replica leads (see
+    /// [`crate::leader`]); `client` should be gated on the same `leadership` with
+    /// [`crate::leader::WriteGate`].
+    pub fn elected(
+        client: Client,
+        engine: PluginEngine,
+        options: HostOptions,
+        leadership: Arc<crate::leader::Leadership>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 client,
@@ -111,6 +124,7 @@ impl Host {
                 options,
                 metrics: Arc::new(crate::metrics::Metrics::new()),
                 readiness: Arc::new(crate::health::Readiness::default()),
+                leadership,
             }),
         }
     }
@@ -209,6 +223,10 @@ impl Host {
             move |_, stop| async move {
                 let retry = backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
                 loop {
+                    tokio::select! {
+                        () = shared.leadership.until_leader() => {}
+                        () = stop.cancelled() => return,
+                    }
                     let namespace = shared.options.namespace.as_deref();
                     let Err(error) = release::retire(&shared.client, &policy, namespace).await
                     else {

@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     pub options: HostOptions,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub readiness: Arc<crate::health::Readiness>,
+    /// Whether this replica may write; a standby watches and loads but writes nothing.
+    pub leadership: Arc<crate::leader::Leadership>,
 }
 
 /// Run a policy until `stop` is cancelled. `updates` carries the policy, and later versions
@@ -54,7 +56,11 @@ pub(crate) async fn run(
 ) {
     let mut policy = updates.borrow_and_update().clone();
     let name = policy.name_any();
-    let mut status = PolicyStatusWriter::new(Api::all(shared.client.clone()), &policy);
+    let mut status = PolicyStatusWriter::new(
+        Api::all(shared.client.clone()),
+        &policy,
+        shared.leadership.clone(),
+    );
     let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(15));
     let mut plugin: Option<Plugin> = None;
     loop {
@@ -575,17 +581,29 @@ async fn run_controller(
         reconciled: Mutex::new(Default::default()),
         events: EventSink::new(client.clone(), field_manager, shared.options.event_interval),
         metrics: shared.metrics.clone(),
+        leadership: shared.leadership.clone(),
         caches_ready,
     });
 
     // The policy's own finalizer must be in place before any parent gets one, so that
     // deleting the policy can never strand a parent; a policy that stopped finalizing lets
     // its parents go first.
-    // A failure is retried in the background, beside the controller.
-    let first_sync = sync_finalizers(client, &policy, &parts.parent, namespace).await;
+    // A failure is retried in the background, beside the controller. A standby leaves it
+    // to the leader until it leads itself.
+    let first_sync = if shared.leadership.is_leader() {
+        Some(sync_finalizers(client, &policy, &parts.parent, namespace).await)
+    } else {
+        None
+    };
     let finalizers = async {
         let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-        let mut result = first_sync;
+        let mut result = match first_sync {
+            Some(result) => result,
+            None => {
+                shared.leadership.until_leader().await;
+                sync_finalizers(client, &policy, &parts.parent, namespace).await
+            }
+        };
         while let Err(error) = result {
             let delay = retry.failed(&()).delay;
             tracing::warn!(policy = %name, error = %format!("{error:#}"), retry_in = ?delay, "could not set up finalizers");
@@ -636,6 +654,21 @@ async fn run_controller(
         });
 
     let status = Arc::new(tokio::sync::Mutex::new(status));
+    // A standby skips every reconcile: when it takes over, every parent goes through once.
+    let takeover = {
+        let mut leading = shared.leadership.subscribe();
+        let requeue_all = requeue_all.clone();
+        let name = name.clone();
+        async move {
+            while leading.changed().await.is_ok() {
+                if *leading.borrow_and_update() {
+                    tracing::info!(policy = %name, "leading now: reconciling every parent");
+                    let _ = requeue_all.send(());
+                }
+            }
+            std::future::pending::<()>().await;
+        }
+    };
     let swapper = swap::run(
         ctx.clone(),
         shared.clone(),
@@ -659,7 +692,7 @@ async fn run_controller(
     // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {
         () = run => {}
-        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers); } => {}
+        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover); } => {}
     }
 }
 

@@ -3,10 +3,13 @@
 //! Written only when something changed.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use std::sync::Arc;
+
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
+use crate::leader::Leadership;
 use crate::plugin::Digest;
 use crate::policy::{CandidateStatus, KindRef, ReconcilePolicy, ReconcilePolicyStatus};
 
@@ -46,12 +49,18 @@ pub(crate) struct PolicyStatusWriter {
     generation: Option<i64>,
     current: ReconcilePolicyStatus,
     written: Option<ReconcilePolicyStatus>,
+    /// A standby keeps its status to itself; it writes what it has once it leads.
+    leadership: Arc<Leadership>,
 }
 
 impl PolicyStatusWriter {
     /// Start from the status the policy already has, so unchanged conditions keep their
     /// transition times across host restarts.
-    pub fn new(api: Api<ReconcilePolicy>, policy: &ReconcilePolicy) -> Self {
+    pub fn new(
+        api: Api<ReconcilePolicy>,
+        policy: &ReconcilePolicy,
+        leadership: Arc<Leadership>,
+    ) -> Self {
         let current = policy.status.clone().unwrap_or_default();
         Self {
             api,
@@ -59,6 +68,7 @@ impl PolicyStatusWriter {
             generation: policy.metadata.generation,
             written: Some(current.clone()),
             current,
+            leadership,
         }
     }
 
@@ -172,6 +182,11 @@ impl PolicyStatusWriter {
     /// with the next flush.
     pub async fn flush(&mut self) {
         self.current.observed_generation = self.generation;
+        if !self.leadership.is_leader() {
+            // What the leader writes meanwhile is unknown here: write in full once leading.
+            self.written = None;
+            return;
+        }
         if self.written.as_ref() == Some(&self.current) {
             return;
         }

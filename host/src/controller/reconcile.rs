@@ -79,6 +79,8 @@ pub(crate) struct PolicyContext {
     pub reconciled: Mutex<HashSet<ObjectRef<DynamicObject>>>,
     pub events: EventSink,
     pub metrics: Arc<Metrics>,
+    /// A standby reconciles nothing; its caches stay warm for a takeover.
+    pub leadership: Arc<crate::leader::Leadership>,
     /// Becomes true once every child and related cache has listed its objects.
     pub caches_ready: tokio::sync::watch::Receiver<bool>,
 }
@@ -208,6 +210,10 @@ pub(crate) async fn reconcile(
     parent: Arc<DynamicObject>,
     ctx: Arc<PolicyContext>,
 ) -> Result<Action, Failure> {
+    if !ctx.leadership.is_leader() {
+        // Taking over re-enqueues every parent, so nothing waits on this.
+        return Ok(Action::await_change());
+    }
     let key = ObjectRef::from_obj_with(&*parent, ctx.parent.clone());
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);
     let result = tracing::Instrument::instrument(reconcile_parent(&parent, &ctx), span).await;

@@ -1,0 +1,521 @@
+//! Leader election: of several replicas of the host, exactly one writes to the cluster.
+//!
+//! Every replica runs its watches and loads its plugins, so a standby's caches are warm and
+//! a takeover costs one pass over the parents it already holds. Only the holder of a
+//! `coordination.k8s.io/v1` Lease writes. Two mechanisms keep a standby from writing:
+//!
+//! - the controllers ask [`Leadership::is_leader`] before a reconcile, a status flush or a
+//!   finalizer change, and do nothing as a standby;
+//! - every request that is not a read goes through [`WriteGate`], a layer of the host's
+//!   Kubernetes client that refuses it outright while this replica does not lead. A leader
+//!   that loses the lease therefore stops writing at once, even in the middle of a
+//!   reconcile.
+//!
+//! The election follows client-go's `leaderelection` package, so it behaves as Go operators
+//! do with controller-runtime's defaults (15 s lease, 10 s renew deadline, 2 s retry):
+//!
+//! - a Lease held by someone else counts as expired only `lease_duration` after *this*
+//!   replica last saw it change, so no clocks are compared across machines;
+//! - the leader renews every `retry_period` and gives up once `renew_deadline` has passed
+//!   since the start of its last successful renewal — well before the others may take over;
+//! - a leader that shuts down clears the holder, and a standby checking every
+//!   `retry_period` takes over within about that time instead of a whole lease.
+//!
+//! Why not a crate: `kube-leader-election` targets kube 4, and `kube-lease-manager` (kube 5)
+//! sleeps a standby until the lease expires, so a released lease is only taken a whole lease
+//! duration later, and a leader whose renewals fail keeps reporting itself the leader.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Whether this replica leads, shared by the elector, the write gate and the controllers.
+#[derive(Debug)]
+pub struct Leadership {
+    leading: AtomicBool,
+    changes: watch::Sender<bool>,
+}
+
+impl Leadership {
+    /// Leading from the start and for ever: a host run without leader election.
+    pub fn always() -> Arc<Self> {
+        Arc::new(Self::starting(true))
+    }
+
+    /// A standby until an elector makes it the leader.
+    pub fn standby() -> Arc<Self> {
+        Arc::new(Self::starting(false))
+    }
+
+    fn starting(leading: bool) -> Self {
+        Self {
+            leading: AtomicBool::new(leading),
+            changes: watch::channel(leading).0,
+        }
+    }
+
+    /// Whether this replica may write now.
+    pub fn is_leader(&self) -> bool {
+        self.leading.load(Ordering::Acquire)
+    }
+
+    /// Changes of leadership, starting from the current state (seen).
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.changes.subscribe()
+    }
+
+    /// Completes once this replica leads.
+    pub async fn until_leader(&self) {
+        let mut changes = self.subscribe();
+        // The sender lives in `self`, so waiting cannot fail while `self` is borrowed.
+        let _ = changes.wait_for(|leading| *leading).await;
+    }
+
+    /// Start or stop leading. Stopping closes the write gate before anything else sees it.
+    pub fn set(&self, leading: bool) {
+        self.leading.store(leading, Ordering::Release);
+        self.changes.send_replace(leading);
+    }
+}
+
+/// The error a standby's client gives instead of sending a write.
+#[derive(Debug, thiserror::Error)]
+#[error("not the leader: this replica is a standby and sends no {method} {path}")]
+pub struct NotLeader {
+    method: http::Method,
+    path: String,
+}
+
+/// A layer for the host's Kubernetes client that refuses every request but reads while
+/// this replica does not lead (see the module docs).
+#[derive(Debug, Clone)]
+pub struct WriteGate {
+    leadership: Arc<Leadership>,
+}
+
+impl WriteGate {
+    /// Gate writes on `leadership`.
+    pub fn new(leadership: Arc<Leadership>) -> Self {
+        Self { leadership }
+    }
+}
+
+impl<S> tower::Layer<S> for WriteGate {
+    type Service = GatedService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GatedService {
+            inner,
+            leadership: self.leadership.clone(),
+        }
+    }
+}
+
+/// The service [`WriteGate`] wraps around the client's stack.
+#[derive(Debug, Clone)]
+pub struct GatedService<S> {
+    inner: S,
+    leadership: Arc<Leadership>,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for GatedService<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Response: Send + 'static,
+    S::Error: Into<tower::BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = tower::BoxError;
+    type Future = BoxFuture<'static, Result<S::Response, tower::BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let read = matches!(*request.method(), http::Method::GET | http::Method::HEAD);
+        if !read && !self.leadership.is_leader() {
+            let refused = NotLeader {
+                method: request.method().clone(),
+                path: request.uri().path().to_owned(),
+            };
+            return Box::pin(std::future::ready(Err(refused.into())));
+        }
+        let response = self.inner.call(request);
+        Box::pin(async move { response.await.map_err(Into::into) })
+    }
+}
+
+/// Where the Lease is and how it is held; the durations are controller-runtime's defaults.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    /// Name of the Lease.
+    pub name: String,
+    /// Namespace of the Lease (the host's own).
+    pub namespace: String,
+    /// This replica's identity in the Lease (the pod name, where there is one).
+    pub identity: String,
+    /// How long a standby waits after the Lease last changed before it takes over.
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it gives up leading.
+    pub renew_deadline: Duration,
+    /// How often the leader renews and a standby checks.
+    pub retry_period: Duration,
+}
+
+impl LeaseConfig {
+    /// Check that the durations allow a safe election, as client-go does.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.lease_duration <= self.renew_deadline {
+            return Err(format!(
+                "the lease duration ({:?}) must be longer than the renew deadline ({:?})",
+                self.lease_duration, self.renew_deadline
+            ));
+        }
+        if self.renew_deadline <= self.retry_period {
+            return Err(format!(
+                "the renew deadline ({:?}) must be longer than the retry period ({:?})",
+                self.renew_deadline, self.retry_period
+            ));
+        }
+        if self.identity.is_empty() {
+            return Err("the leader election identity is empty".into());
+        }
+        Ok(())
+    }
+}
+
+/// This replica stopped leading while it was running: another took the Lease, or renewing
+/// failed for longer than the renew deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("lost the leader lease {namespace}/{name}: {why}")]
+pub struct LeadershipLost {
+    namespace: String,
+    name: String,
+    why: String,
+}
+
+/// Takes part in the election for one Lease and reports the outcome to a [`Leadership`].
+pub struct LeaderElector {
+    api: Api<Lease>,
+    config: LeaseConfig,
+    leadership: Arc<Leadership>,
+    /// The holder's part of the Lease as last seen, and when it was first seen so.
+    observed: Option<(LeaseSpec, Instant)>,
+}
+
+/// One attempt to take or renew the Lease.
+enum Attempt {
+    Held,
+    HeldByOther(String),
+}
+
+impl LeaderElector {
+    /// An elector for the Lease in `config`, using a client that is *not* write-gated.
+    pub fn new(client: kube::Client, config: LeaseConfig, leadership: Arc<Leadership>) -> Self {
+        Self {
+            api: Api::namespaced(client, &config.namespace),
+            config,
+            leadership,
+            observed: None,
+        }
+    }
+
+    /// Campaign until `stop`, leading whenever the Lease is ours. Returns the elector (for
+    /// [`release`](Self::release)) when stopped, or why leadership was lost.
+    pub async fn run(mut self, stop: CancellationToken) -> Result<Self, LeadershipLost> {
+        use futures::StreamExt as _;
+        use kube::runtime::{WatchStreamExt as _, watcher};
+        let retry = self.config.retry_period;
+        // Watching the Lease shows a standby each renewal (and a release) as it happens, so
+        // it measures expiry from the leader's last renewal rather than from its own last
+        // look; polling every retry period stays as the fallback.
+        let only_the_lease = format!("metadata.name={}", self.config.name);
+        let lease_events = watcher(
+            self.api.clone(),
+            watcher::Config::default().fields(&only_the_lease),
+        )
+        .default_backoff()
+        .applied_objects();
+        let mut lease_events = std::pin::pin!(lease_events);
+        loop {
+            let next_try = Instant::now() + jittered(retry);
+            let wake = match self.try_acquire_or_renew().await {
+                Ok(Attempt::Held) => break,
+                Ok(Attempt::HeldByOther(_)) => self
+                    .observed_expiry()
+                    .map_or(next_try, |expiry| expiry.min(next_try)),
+                Err(error) => {
+                    tracing::warn!(lease = %self.config.name, error = %format!("{error:#}"), "could not take part in the leader election");
+                    next_try
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => return Ok(self),
+                () = tokio::time::sleep_until(wake) => {}
+                Some(Ok(_)) = lease_events.next() => {}
+            }
+        }
+        let mut renewed = Instant::now();
+        self.leadership.set(true);
+        tracing::info!(lease = %self.config.name, identity = %self.config.identity, "became the leader");
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return Ok(self),
+                () = tokio::time::sleep(retry) => {}
+            }
+            let started = Instant::now();
+            let deadline = renewed + self.config.renew_deadline;
+            let why = match tokio::time::timeout_at(deadline, self.try_acquire_or_renew()).await {
+                Ok(Ok(Attempt::Held)) => {
+                    renewed = started;
+                    continue;
+                }
+                Ok(Ok(Attempt::HeldByOther(holder))) => format!("{holder} holds it now"),
+                Ok(Err(error)) if Instant::now() < deadline => {
+                    tracing::warn!(lease = %self.config.name, error = %format!("{error:#}"), "could not renew the leader lease; retrying");
+                    continue;
+                }
+                Ok(Err(error)) => format!("renewing failed until the deadline: {error:#}"),
+                Err(_) => format!(
+                    "not renewed within the renew deadline ({:?})",
+                    self.config.renew_deadline
+                ),
+            };
+            self.leadership.set(false);
+            return Err(LeadershipLost {
+                namespace: self.config.namespace.clone(),
+                name: self.config.name.clone(),
+                why,
+            });
+        }
+    }
+
+    /// Give the Lease up, if this replica holds it, so a standby takes over within its
+    /// retry period. Call it after the last write: the gate must already be closed.
+    pub async fn release(&mut self) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        self.leadership.set(false);
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .context("reading the leader lease")?
+        else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+        self.api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+            .context("releasing the leader lease")?;
+        tracing::info!(lease = %self.config.name, "released the leader lease");
+        Ok(())
+    }
+
+    /// When the Lease as last seen expires, if someone else holds it.
+    fn observed_expiry(&self) -> Option<Instant> {
+        let (spec, seen) = self.observed.as_ref()?;
+        let held_for = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.config.lease_duration, Duration::from_secs);
+        Some(*seen + held_for)
+    }
+
+    /// client-go's `tryAcquireOrRenew`: create the Lease, renew it, or take it over once it
+    /// expired; an optimistic-concurrency conflict means someone else won.
+    async fn try_acquire_or_renew(&mut self) -> anyhow::Result<Attempt> {
+        use anyhow::Context as _;
+        let now = MicroTime(jiff::Timestamp::now());
+        let duration = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .context("reading the leader lease")?
+        else {
+            let spec = LeaseSpec {
+                holder_identity: Some(self.config.identity.clone()),
+                lease_duration_seconds: Some(duration),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            };
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.config.name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(spec.clone()),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => {
+                    self.observed = Some((spec, Instant::now()));
+                    Ok(Attempt::Held)
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    Ok(Attempt::HeldByOther("another replica".into()))
+                }
+                Err(error) => Err(error).context("creating the leader lease"),
+            };
+        };
+        let current = lease.spec.clone().unwrap_or_default();
+        if self
+            .observed
+            .as_ref()
+            .is_none_or(|(seen, _)| *seen != current)
+        {
+            self.observed = Some((current.clone(), Instant::now()));
+        }
+        let holder = current.holder_identity.clone().unwrap_or_default();
+        let ours = holder == self.config.identity;
+        if !holder.is_empty()
+            && !ours
+            && self
+                .observed_expiry()
+                .is_some_and(|expiry| expiry > Instant::now())
+        {
+            return Ok(Attempt::HeldByOther(holder));
+        }
+        let mut spec = current;
+        if !ours {
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        spec.holder_identity = Some(self.config.identity.clone());
+        spec.lease_duration_seconds = Some(duration);
+        spec.renew_time = Some(now);
+        lease.spec = Some(spec.clone());
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => {
+                self.observed = Some((spec, Instant::now()));
+                Ok(Attempt::Held)
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                Ok(Attempt::HeldByOther("another replica".into()))
+            }
+            Err(error) => Err(error).context("updating the leader lease"),
+        }
+    }
+}
+
+/// `period` stretched by up to a fifth, so that standbys do not all ask at once.
+fn jittered(period: Duration) -> Duration {
+    use std::hash::{BuildHasher as _, RandomState};
+    let random = RandomState::new().hash_one(Instant::now());
+    period + period.mul_f64((random % 1000) as f64 / 5000.0)
+}
+
+/// A default identity for this replica: the pod name where there is one (so the Lease
+/// names the pod), else the host name, with a random suffix so two processes never match.
+pub fn default_identity() -> String {
+    use std::hash::{BuildHasher as _, RandomState};
+    if let Ok(pod) = std::env::var("POD_NAME")
+        && !pod.is_empty()
+    {
+        return pod;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_else(|_| "wasmctrl".into());
+    let random = RandomState::new().hash_one(std::process::id());
+    format!("{host}_{random:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standby_learns_of_leadership_and_the_gate_follows() {
+        let leadership = Leadership::standby();
+        let mut changes = leadership.subscribe();
+        assert!(!leadership.is_leader());
+        leadership.set(true);
+        assert!(leadership.is_leader());
+        assert!(changes.has_changed().unwrap_or(false));
+        assert!(*changes.borrow_and_update());
+        assert!(Leadership::always().is_leader());
+    }
+
+    #[tokio::test]
+    async fn the_gate_refuses_writes_but_not_reads_while_standing_by() {
+        use tower::{Layer as _, Service as _};
+        let leadership = Leadership::standby();
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let inner = {
+            let sent = sent.clone();
+            tower::service_fn(move |_: http::Request<()>| {
+                sent.fetch_add(1, Ordering::SeqCst);
+                std::future::ready(Ok::<_, std::convert::Infallible>(()))
+            })
+        };
+        let mut gated = WriteGate::new(leadership.clone()).layer(inner);
+        let request = |method: http::Method| {
+            http::Request::builder()
+                .method(method)
+                .uri("/api/v1/namespaces/a/configmaps")
+                .body(())
+                .unwrap_or_default()
+        };
+        assert!(gated.call(request(http::Method::GET)).await.is_ok());
+        for method in [
+            http::Method::POST,
+            http::Method::PATCH,
+            http::Method::DELETE,
+        ] {
+            let refused = gated.call(request(method.clone())).await;
+            let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(message.starts_with("not the leader"), "{method}: {message}");
+        }
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "only the read went through");
+        leadership.set(true);
+        assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn unsafe_durations_are_refused() {
+        let config = LeaseConfig {
+            name: "l".into(),
+            namespace: "n".into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        };
+        assert!(config.validate().is_ok());
+        let longer_renew = LeaseConfig {
+            renew_deadline: Duration::from_secs(20),
+            ..config.clone()
+        };
+        assert!(longer_renew.validate().is_err());
+        let slow_retry = LeaseConfig {
+            retry_period: Duration::from_secs(10),
+            ..config
+        };
+        assert!(slow_retry.validate().is_err());
+    }
+}

@@ -1,0 +1,361 @@
+//! Replicas of `wasmctrl run --leader-elect`, each a process of its own running the real
+//! command line under an identity of its own: exactly one writes (the audit log says who),
+//! a standby is ready and keeps quiet, SIGKILL on the leader hands over once the lease
+//! expires, and SIGTERM hands over within about the retry period, exiting 0.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use serde_json::{Value, json};
+use support::*;
+use wasmctrl_testenv::TestEnv;
+use wasmctrl_testenv::cluster::eventually;
+
+const TEST: &str = "leader-election";
+const GROUP: &str = "e2e.wasmctrl.dev";
+const LEASE: &str = "wasmctrl-leader";
+/// The command line of a re-executed test binary that runs one replica (see `replica_process`).
+const REPLICA_ENV: &str = "WASMCTRL_E2E_REPLICA";
+/// controller-runtime's default lease duration, which the host defaults to.
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+
+/// One replica: this test binary, re-executed to run `wasmctrl run` as `name`.
+struct Replica {
+    name: String,
+    child: std::process::Child,
+    address: SocketAddr,
+}
+
+impl Replica {
+    fn start(name: &str, ns: &str, dir: &Path) -> anyhow::Result<Self> {
+        let kubeconfig = replica_kubeconfig(name, dir)?;
+        let address = free_loopback_port()?;
+        let args = [
+            "wasmctrl",
+            "--cache-dir",
+            &dir.join("artifacts").to_string_lossy(),
+            "run",
+            "--kubeconfig",
+            &kubeconfig.to_string_lossy(),
+            "--namespace",
+            ns,
+            "--credentials-namespace",
+            ns,
+            "--policy-selector",
+            &format!("{TEST_LABEL}={TEST}"),
+            "--listen",
+            &address.to_string(),
+            "--leader-elect",
+            "--leader-elect-namespace",
+            ns,
+            "--leader-elect-identity",
+            name,
+            "--backoff-base-ms",
+            "500",
+        ]
+        .map(str::to_owned);
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .args(["--exact", "replica_process", "--ignored", "--nocapture"])
+            .env(REPLICA_ENV, serde_json::to_string(&args)?)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("starting a replica")?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            address,
+        })
+    }
+
+    fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
+        let pid = i32::try_from(self.child.id())?;
+        // SAFETY: kill(2) on our own child's pid has no memory effects.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            anyhow::bail!(
+                "signalling {}: {}",
+                self.name,
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(())
+    }
+
+    /// Wait for the process to end; its exit status.
+    async fn wait(mut self, within: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            anyhow::ensure!(
+                started.elapsed() < within,
+                "{} did not exit within {within:?}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn metric(&self, series: &str) -> anyhow::Result<Option<f64>> {
+        let (_, text) = http_get(self.address, "/metrics").await?;
+        Ok(text.lines().find_map(|line| {
+            line.strip_prefix(series)
+                .and_then(|value| value.trim().parse().ok())
+        }))
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Not a test: the body of a replica process (does nothing when run alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs only as a replica of a leader election test"]
+async fn replica_process() -> anyhow::Result<()> {
+    use clap::Parser as _;
+    let Ok(args) = std::env::var(REPLICA_ENV) else {
+        return Ok(());
+    };
+    let args: Vec<String> = serde_json::from_str(&args)?;
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    wasmctrl::cli::Cli::parse_from(args).run().await
+}
+
+/// The test cluster's admin kubeconfig, impersonating `name` (still in `system:masters`),
+/// so the audit log tells the replicas apart.
+fn replica_kubeconfig(name: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    let admin = std::fs::read_to_string(TestEnv::get().kubeconfig())?;
+    let mut config: Value = serde_yaml_ng::from_str(&admin)?;
+    for user in config["users"].as_array_mut().context("kubeconfig users")? {
+        user["user"]["as"] = json!(name);
+        user["user"]["as-groups"] = json!(["system:masters", "system:authenticated"]);
+    }
+    let path = dir.join(format!("{name}.kubeconfig"));
+    std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
+    Ok(path)
+}
+
+fn free_loopback_port() -> anyhow::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
+}
+
+/// A plain HTTP GET on loopback: the status code and the body.
+async fn http_get(address: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use std::io::{Read as _, Write as _};
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(address)?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or(0);
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default();
+        anyhow::Ok((status, body))
+    })
+    .await?
+}
+
+async fn holder(leases: &Api<Lease>) -> anyhow::Result<Option<String>> {
+    Ok(leases
+        .get_opt(LEASE)
+        .await?
+        .and_then(|lease| lease.spec)
+        .and_then(|spec| spec.holder_identity))
+}
+
+/// Wait until the Lease is held by one of `candidates`; which one.
+async fn wait_for_holder(
+    leases: &Api<Lease>,
+    candidates: &[&str],
+    within: Duration,
+) -> anyhow::Result<String> {
+    let started = Instant::now();
+    loop {
+        if let Some(holder) = holder(leases).await?
+            && candidates.contains(&holder.as_str())
+        {
+            return Ok(holder);
+        }
+        anyhow::ensure!(
+            started.elapsed() < within,
+            "none of {candidates:?} took the lease within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Who wrote what in `ns` according to the audit log: (impersonated user, resource, verb).
+fn writers(ns: &str) -> anyhow::Result<Vec<(String, String, String)>> {
+    let log = TestEnv::get()
+        .audit_log()
+        .context("the test cluster keeps no audit log")?;
+    let text = std::fs::read_to_string(log)?;
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|entry| entry["objectRef"]["namespace"] == ns)
+        .filter_map(|entry| {
+            let user = entry["impersonatedUser"]["username"].as_str()?.to_owned();
+            let resource = entry["objectRef"]["resource"].as_str()?.to_owned();
+            let verb = entry["verb"].as_str()?.to_owned();
+            Some((user, resource, verb))
+        })
+        .collect())
+}
+
+async fn wait_reconciled(
+    widgets: &Api<kube::api::DynamicObject>,
+    name: &str,
+) -> anyhow::Result<()> {
+    wait_for_object(widgets, name, &format!("{name} reconciled"), |w| {
+        condition(w, "Reconciled").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    Ok(())
+}
+
+fn widget(name: &str) -> Value {
+    json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "metadata": {"name": name}, "spec": {"size": 1}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> anyhow::Result<()> {
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        json!({
+            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+            "plugin": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
+        }),
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+
+    let mut replicas = vec![
+        Replica::start("replica-a", &ns, dir.path())?,
+        Replica::start("replica-b", &ns, dir.path())?,
+    ];
+    let leader = wait_for_holder(&leases, &["replica-a", "replica-b"], ACT).await?;
+    let leader_at = replicas
+        .iter()
+        .position(|r| r.name == leader)
+        .context("the holder is a replica")?;
+    let standby_at = 1 - leader_at;
+    for replica in &replicas {
+        eventually(&format!("{} ready", replica.name), ACT, || async {
+            Ok(http_get(replica.address, "/readyz").await? == (200, "ok".into()))
+        })
+        .await?;
+    }
+
+    apply(&widgets, widget("w1")).await?;
+    wait_reconciled(&widgets, "w1").await?;
+    let status = format!(r#"leader_election_master_status{{name="{LEASE}"}} "#);
+    assert_eq!(replicas[leader_at].metric(&status).await?, Some(1.0));
+    assert_eq!(replicas[standby_at].metric(&status).await?, Some(0.0));
+    let reconciles =
+        format!(r#"controller_runtime_reconcile_total{{controller="{TEST}",result="success"}} "#);
+    assert!(
+        replicas[leader_at]
+            .metric(&reconciles)
+            .await?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert_eq!(
+        replicas[standby_at].metric(&reconciles).await?,
+        None,
+        "a standby reconciles nothing"
+    );
+    let standby = replicas[standby_at].name.clone();
+    let written = writers(&ns)?;
+    assert!(
+        written
+            .iter()
+            .any(|(user, resource, _)| *user == leader && resource == "configmaps"),
+        "the leader wrote the child: {written:?}"
+    );
+    let by_standby: Vec<_> = written
+        .iter()
+        .filter(|(user, resource, _)| *user == standby && resource != "leases")
+        .collect();
+    assert!(by_standby.is_empty(), "the standby wrote {by_standby:?}");
+
+    // SIGKILL: no release, so the standby takes over once the lease has expired; a change
+    // made meanwhile is reconciled by the new leader.
+    let killed_at = Instant::now();
+    let killed = replicas.remove(leader_at);
+    killed.signal(libc::SIGKILL)?;
+    drop(killed);
+    apply(&widgets, widget("w2")).await?;
+    wait_for_holder(&leases, &[&standby], LEASE_DURATION * 2).await?;
+    let kill_failover = killed_at.elapsed();
+    wait_reconciled(&widgets, "w2").await?;
+    let kill_to_reconciled = killed_at.elapsed();
+
+    // SIGTERM: the leader drains, releases the lease and exits 0; the new standby takes
+    // over within its retry period, much sooner than the lease would expire.
+    replicas.push(Replica::start("replica-c", &ns, dir.path())?);
+    let newcomer = &replicas[1];
+    eventually("replica-c ready", ACT, || async {
+        Ok(http_get(newcomer.address, "/readyz").await? == (200, "ok".into()))
+    })
+    .await?;
+    let termed_at = Instant::now();
+    let termed = replicas.remove(0);
+    termed.signal(libc::SIGTERM)?;
+    wait_for_holder(&leases, &["replica-c"], LEASE_DURATION).await?;
+    let term_failover = termed_at.elapsed();
+    let exit = termed.wait(ACT).await?;
+    assert!(exit.success(), "a terminated leader exits 0, not {exit}");
+    apply(&widgets, widget("w3")).await?;
+    wait_reconciled(&widgets, "w3").await?;
+
+    eprintln!(
+        "failover: SIGKILL → new holder {:.1} s (→ change reconciled {:.1} s); SIGTERM → new holder {:.1} s",
+        kill_failover.as_secs_f64(),
+        kill_to_reconciled.as_secs_f64(),
+        term_failover.as_secs_f64()
+    );
+    assert!(
+        term_failover < LEASE_DURATION / 2,
+        "a released lease is taken within the retry period, not at expiry ({term_failover:?})"
+    );
+
+    drop(replicas);
+    policies(&client).delete(TEST, &Default::default()).await?;
+    delete_namespace(&client, &ns).await
+}
