@@ -4,11 +4,16 @@
 //! One [`Metrics`] per host, shared by every policy controller; each series is labelled with
 //! the policy (`controller`). Encoding is the OpenMetrics text format that Prometheus scrapes.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
 
 /// How a reconcile ended, as controller-runtime's `result` label spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +48,55 @@ struct ControllerLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    name: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LeaseLabels {
     name: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    controller: String,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginResultLabels {
+    controller: String,
+    result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DigestLabels {
+    controller: String,
+    digest: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ChildLabels {
+    controller: String,
+    kind: String,
+    operation: &'static str,
+}
+
+/// What the host did with one desired or observed child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildOperation {
+    /// Created or changed.
+    Applied,
+    /// Already as desired: nothing written.
+    Unchanged,
+    /// No longer desired: deleted.
+    Pruned,
+}
+
+/// Buckets for reconcile and plugin call durations, in seconds: from 100 µs (a warm plugin
+/// call) to a minute (a reconcile stuck behind retries).
+fn duration_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 2.5, 14)
 }
 
 /// Every metric the host exports.
@@ -52,8 +104,22 @@ pub struct Metrics {
     registry: Registry,
     reconciles: Family<ResultLabels, Counter>,
     reconcile_errors: Family<ControllerLabels, Counter>,
-    events_dropped: Family<ControllerLabels, Counter>,
+    reconcile_time: Family<ControllerLabels, Histogram>,
+    active_workers: Family<ControllerLabels, Gauge>,
+    queue_depth: Family<QueueLabels, Gauge>,
+    queue_adds: Family<QueueLabels, Counter>,
+    queue_retries: Family<QueueLabels, Counter>,
     leader: Family<LeaseLabels, Gauge>,
+    plugin_calls: Family<OutcomeLabels, Counter>,
+    plugin_call_time: Family<ControllerLabels, Histogram>,
+    plugin_loads: Family<PluginResultLabels, Counter>,
+    plugin_swaps: Family<PluginResultLabels, Counter>,
+    active_plugin: Family<DigestLabels, Gauge>,
+    child_operations: Family<ChildLabels, Counter>,
+    events_dropped: Family<ControllerLabels, Counter>,
+    /// The digest behind each policy's `wasmctrl_plugin_active_info` series, to remove it
+    /// when another takes over.
+    active_digests: Mutex<HashMap<String, String>>,
 }
 
 impl Default for Metrics {
@@ -62,67 +128,183 @@ impl Default for Metrics {
     }
 }
 
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// A histogram family with the host's duration buckets.
+fn histograms<L>() -> Family<L, Histogram>
+where
+    L: Clone + std::hash::Hash + Eq,
+{
+    Family::new_with_constructor(|| Histogram::new(duration_buckets()))
+}
+
 impl Metrics {
     /// A fresh registry holding the host's metrics, all at zero.
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let reconciles = Family::<ResultLabels, Counter>::default();
+        let metrics = Self {
+            reconciles: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_time: histograms(),
+            active_workers: Family::default(),
+            queue_depth: Family::default(),
+            queue_adds: Family::default(),
+            queue_retries: Family::default(),
+            leader: Family::default(),
+            plugin_calls: Family::default(),
+            plugin_call_time: histograms(),
+            plugin_loads: Family::default(),
+            plugin_swaps: Family::default(),
+            active_plugin: Family::default(),
+            child_operations: Family::default(),
+            events_dropped: Family::default(),
+            active_digests: Mutex::default(),
+            registry: Registry::default(),
+        };
+        // controller-runtime's names, so dashboards and alerts for Go operators work as they are.
         registry.register(
             "controller_runtime_reconcile",
             "Total number of reconciliations per controller",
-            reconciles.clone(),
+            metrics.reconciles.clone(),
         );
-        let reconcile_errors = Family::<ControllerLabels, Counter>::default();
         registry.register(
             "controller_runtime_reconcile_errors",
             "Total number of reconciliation errors per controller",
-            reconcile_errors.clone(),
+            metrics.reconcile_errors.clone(),
         );
-        let events_dropped = Family::<ControllerLabels, Counter>::default();
+        registry.register_with_unit(
+            "controller_runtime_reconcile_time",
+            "Length of time per reconciliation per controller",
+            Unit::Seconds,
+            metrics.reconcile_time.clone(),
+        );
         registry.register(
-            "wasmctrl_plugin_events_dropped",
-            "Events a plugin asked for that the host did not record (over the per-reconcile or per-parent cap)",
-            events_dropped.clone(),
+            "controller_runtime_active_workers",
+            "Number of currently used workers per controller",
+            metrics.active_workers.clone(),
         );
-        let leader = Family::<LeaseLabels, Gauge>::default();
+        registry.register(
+            "workqueue_depth",
+            "Parents waiting for a reconcile after a watch event, a swap or a takeover (timed requeues not included)",
+            metrics.queue_depth.clone(),
+        );
+        registry.register(
+            "workqueue_adds",
+            "Total number of reconciles asked for by watch events, swaps and takeovers",
+            metrics.queue_adds.clone(),
+        );
+        registry.register(
+            "workqueue_retries",
+            "Total number of retries after a failed reconcile",
+            metrics.queue_retries.clone(),
+        );
         registry.register(
             "leader_election_master_status",
             "Whether this replica leads (1) or stands by (0), per Lease",
-            leader.clone(),
+            metrics.leader.clone(),
+        );
+        // The host's own.
+        registry.register(
+            "wasmctrl_plugin_calls",
+            "Plugin calls per policy and outcome (ok, reported_error, trap, timeout, out_of_memory, invalid_output, sandbox_error)",
+            metrics.plugin_calls.clone(),
+        );
+        registry.register_with_unit(
+            "wasmctrl_plugin_call_duration",
+            "Length of one plugin call, waiting for a call slot included",
+            Unit::Seconds,
+            metrics.plugin_call_time.clone(),
+        );
+        registry.register(
+            "wasmctrl_plugin_loads",
+            "Plugin loads per policy and result (ok, or the reason it failed)",
+            metrics.plugin_loads.clone(),
+        );
+        registry.register(
+            "wasmctrl_plugin_swaps",
+            "Hot swaps per policy and result (swapped, rolled_back, refused)",
+            metrics.plugin_swaps.clone(),
+        );
+        registry.register(
+            "wasmctrl_plugin_active_info",
+            "The digest of the plugin serving each policy (value 1)",
+            metrics.active_plugin.clone(),
+        );
+        registry.register(
+            "wasmctrl_child_operations",
+            "Children per policy, kind and operation: applied, unchanged (no write), pruned",
+            metrics.child_operations.clone(),
+        );
+        registry.register(
+            "wasmctrl_plugin_events_dropped",
+            "Events a plugin asked for that the host did not record (over the per-reconcile or per-parent cap)",
+            metrics.events_dropped.clone(),
         );
         Self {
             registry,
-            reconciles,
-            reconcile_errors,
-            events_dropped,
-            leader,
+            ..metrics
         }
     }
 
-    /// Count one finished reconcile of `policy`.
-    pub fn reconciled(&self, policy: &str, result: ReconcileResult) {
+    fn controller(policy: &str) -> ControllerLabels {
+        ControllerLabels {
+            controller: policy.to_owned(),
+        }
+    }
+
+    fn queue(policy: &str) -> QueueLabels {
+        QueueLabels {
+            name: policy.to_owned(),
+        }
+    }
+
+    /// Count one finished reconcile of `policy` and how long it took.
+    pub fn reconciled(&self, policy: &str, result: ReconcileResult, took: Duration) {
         self.reconciles
             .get_or_create(&ResultLabels {
                 controller: policy.to_owned(),
                 result: result.as_str(),
             })
             .inc();
+        self.reconcile_time
+            .get_or_create(&Self::controller(policy))
+            .observe(took.as_secs_f64());
         if result == ReconcileResult::Error {
             self.reconcile_errors
-                .get_or_create(&ControllerLabels {
-                    controller: policy.to_owned(),
-                })
+                .get_or_create(&Self::controller(policy))
                 .inc();
         }
     }
 
-    /// Count plugin Events that were not recorded.
-    pub fn events_dropped(&self, policy: &str, count: u64) {
-        self.events_dropped
-            .get_or_create(&ControllerLabels {
-                controller: policy.to_owned(),
-            })
-            .inc_by(count);
+    /// A reconcile of `policy` started (`+1`) or ended (`-1`).
+    pub fn worker(&self, policy: &str, delta: i64) {
+        self.active_workers
+            .get_or_create(&Self::controller(policy))
+            .inc_by(delta);
+    }
+
+    /// `added` parents of `policy` were asked to reconcile; `depth` wait now.
+    pub fn queued(&self, policy: &str, added: u64, depth: usize) {
+        self.queue_adds
+            .get_or_create(&Self::queue(policy))
+            .inc_by(added);
+        self.set_queue_depth(policy, depth);
+    }
+
+    /// `depth` parents of `policy` wait for a reconcile.
+    pub fn set_queue_depth(&self, policy: &str, depth: usize) {
+        self.queue_depth
+            .get_or_create(&Self::queue(policy))
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+    }
+
+    /// A failed reconcile of `policy` will be retried.
+    pub fn retried(&self, policy: &str) {
+        self.queue_retries.get_or_create(&Self::queue(policy)).inc();
     }
 
     /// Whether this replica holds the Lease `name`.
@@ -132,6 +314,91 @@ impl Metrics {
                 name: name.to_owned(),
             })
             .set(i64::from(leading));
+    }
+
+    /// One plugin call of `policy` ended with `outcome` after `took`.
+    pub fn plugin_called(&self, policy: &str, outcome: &'static str, took: Duration) {
+        self.plugin_calls
+            .get_or_create(&OutcomeLabels {
+                controller: policy.to_owned(),
+                outcome,
+            })
+            .inc();
+        self.plugin_call_time
+            .get_or_create(&Self::controller(policy))
+            .observe(took.as_secs_f64());
+    }
+
+    /// A plugin load for `policy` ended with `result` (`ok` or the failure's reason).
+    pub fn plugin_loaded(&self, policy: &str, result: &str) {
+        self.plugin_loads
+            .get_or_create(&PluginResultLabels {
+                controller: policy.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A hot swap for `policy` ended with `result`.
+    pub fn plugin_swapped(&self, policy: &str, result: &str) {
+        self.plugin_swaps
+            .get_or_create(&PluginResultLabels {
+                controller: policy.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// `digest` serves `policy` now (and whatever served it before no longer does);
+    /// `None` when the policy stopped.
+    pub fn set_active_plugin(&self, policy: &str, digest: Option<&str>) {
+        let previous = {
+            let mut active = lock(&self.active_digests);
+            match digest {
+                Some(digest) => active.insert(policy.to_owned(), digest.to_owned()),
+                None => active.remove(policy),
+            }
+        };
+        if let Some(previous) = previous.filter(|p| Some(p.as_str()) != digest) {
+            self.active_plugin.remove(&DigestLabels {
+                controller: policy.to_owned(),
+                digest: previous,
+            });
+        }
+        if let Some(digest) = digest {
+            self.active_plugin
+                .get_or_create(&DigestLabels {
+                    controller: policy.to_owned(),
+                    digest: digest.to_owned(),
+                })
+                .set(1);
+        }
+    }
+
+    /// Count what the host did with `count` children of `kind` for `policy`.
+    pub fn children(&self, policy: &str, kind: &str, operation: ChildOperation, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let operation = match operation {
+            ChildOperation::Applied => "applied",
+            ChildOperation::Unchanged => "unchanged",
+            ChildOperation::Pruned => "pruned",
+        };
+        self.child_operations
+            .get_or_create(&ChildLabels {
+                controller: policy.to_owned(),
+                kind: kind.to_owned(),
+                operation,
+            })
+            .inc_by(count);
+    }
+
+    /// Count plugin Events that were not recorded.
+    pub fn events_dropped(&self, policy: &str, count: u64) {
+        self.events_dropped
+            .get_or_create(&Self::controller(policy))
+            .inc_by(count);
     }
 
     /// How many reconciles of `policy` ended with `result` so far.
@@ -153,6 +420,12 @@ impl Metrics {
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,22 +433,70 @@ mod tests {
     #[test]
     fn reconciles_are_counted_per_policy_and_result_with_errors_apart() {
         let metrics = Metrics::new();
-        metrics.reconciled("a", ReconcileResult::Success);
-        metrics.reconciled("a", ReconcileResult::Error);
-        metrics.reconciled("b", ReconcileResult::RequeueAfter);
+        let took = Duration::from_millis(3);
+        metrics.reconciled("a", ReconcileResult::Success, took);
+        metrics.reconciled("a", ReconcileResult::Error, took);
+        metrics.reconciled("b", ReconcileResult::RequeueAfter, took);
         assert_eq!(metrics.reconcile_count("a", ReconcileResult::Success), 1);
         assert_eq!(metrics.reconcile_count("a", ReconcileResult::Error), 1);
         assert_eq!(metrics.reconcile_count("b", ReconcileResult::Error), 0);
         let text = metrics.encode();
+        for series in [
+            r#"controller_runtime_reconcile_total{controller="a",result="success"} 1"#,
+            r#"controller_runtime_reconcile_errors_total{controller="a"} 1"#,
+            r#"controller_runtime_reconcile_time_seconds_count{controller="a"} 2"#,
+            r#"controller_runtime_reconcile_time_seconds_bucket{le="0.00390625",controller="a"} 2"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn only_the_serving_digest_is_reported_active() {
+        let metrics = Metrics::new();
+        metrics.set_active_plugin("p", Some("sha256:aa"));
+        metrics.set_active_plugin("p", Some("sha256:bb"));
+        metrics.set_active_plugin("q", Some("sha256:aa"));
+        let text = metrics.encode();
         assert!(
-            text.contains(
-                r#"controller_runtime_reconcile_total{controller="a",result="success"} 1"#
-            ),
+            text.contains(r#"wasmctrl_plugin_active_info{controller="p",digest="sha256:bb"} 1"#)
+        );
+        assert!(
+            !text.contains(r#"controller="p",digest="sha256:aa""#),
             "{text}"
         );
         assert!(
-            text.contains(r#"controller_runtime_reconcile_errors_total{controller="a"} 1"#),
-            "{text}"
+            text.contains(r#"wasmctrl_plugin_active_info{controller="q",digest="sha256:aa"} 1"#)
+        );
+        metrics.set_active_plugin("q", None);
+        assert!(!metrics.encode().contains(r#"controller="q""#));
+    }
+
+    #[test]
+    fn queue_workers_and_children_have_their_series() {
+        let metrics = Metrics::new();
+        metrics.queued("p", 3, 3);
+        metrics.set_queue_depth("p", 2);
+        metrics.retried("p");
+        metrics.worker("p", 1);
+        metrics.children("p", "ConfigMap", ChildOperation::Applied, 2);
+        metrics.children("p", "ConfigMap", ChildOperation::Unchanged, 0);
+        metrics.plugin_called("p", "ok", Duration::from_micros(40));
+        let text = metrics.encode();
+        for series in [
+            r#"workqueue_adds_total{name="p"} 3"#,
+            r#"workqueue_depth{name="p"} 2"#,
+            r#"workqueue_retries_total{name="p"} 1"#,
+            r#"controller_runtime_active_workers{controller="p"} 1"#,
+            r#"wasmctrl_child_operations_total{controller="p",kind="ConfigMap",operation="applied"} 2"#,
+            r#"wasmctrl_plugin_calls_total{controller="p",outcome="ok"} 1"#,
+            r#"wasmctrl_plugin_call_duration_seconds_count{controller="p"} 1"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from\n{text}");
+        }
+        assert!(
+            !text.contains("operation=\"unchanged\""),
+            "zero counts add no series"
         );
     }
 }

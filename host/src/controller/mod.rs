@@ -15,6 +15,7 @@ mod kinds;
 mod parent_claims;
 mod policy_controller;
 mod policy_status;
+mod queue;
 mod reconcile;
 mod release;
 mod source;

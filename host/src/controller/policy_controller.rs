@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use futures::StreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use kube::api::Api;
 use kube::core::{ApiResource, DynamicObject, Selector, TypeMeta};
 use kube::runtime::controller::{self, Controller};
@@ -25,6 +25,7 @@ use super::field_ownership::CreatedFields;
 use super::kinds::{self, KindError, ResolvedKind};
 use super::parent_claims;
 use super::policy_status::{PolicyStatusWriter, State};
+use super::queue::QueueGauge;
 use super::reconcile::{self, ActivePlugin, ChildCache, PolicyContext, RelatedCache};
 use super::release;
 use super::source;
@@ -331,6 +332,7 @@ pub(crate) async fn load_plugin(
     let spec = &policy.spec.plugin;
     load_from(
         shared,
+        &policy.name_any(),
         &spec.source,
         spec.digest.as_deref(),
         limits(policy.spec.limits.as_ref()),
@@ -338,8 +340,22 @@ pub(crate) async fn load_plugin(
     .await
 }
 
-/// Fetch a component from `source`, verify it against `digest` when given, and load it.
+/// Fetch a component from `source`, verify it against `digest` when given, and load it,
+/// counting the load for `policy`.
 pub(crate) async fn load_from(
+    shared: &Shared,
+    policy: &str,
+    source: &crate::policy::PluginSource,
+    digest: Option<&str>,
+    limits: Limits,
+) -> Result<Plugin, (&'static str, String)> {
+    let loaded = fetch_and_load(shared, source, digest, limits).await;
+    let result = loaded.as_ref().map_or_else(|(reason, _)| *reason, |_| "ok");
+    shared.metrics.plugin_loaded(policy, result);
+    loaded
+}
+
+async fn fetch_and_load(
     shared: &Shared,
     source: &crate::policy::PluginSource,
     digest: Option<&str>,
@@ -448,6 +464,7 @@ async fn run_controller(
     let policy_label = children::policy_label_value(&name);
     let owned_selector = format!("{}={policy_label}", children::POLICY_LABEL);
     let health = Arc::new(WatchHealth::default());
+    let queue = Arc::new(QueueGauge::new(name.clone(), shared.metrics.clone()));
 
     // A namespace restriction applies to namespaced kinds; cluster-scoped ones are watched
     // cluster-wide (and need cluster RBAC).
@@ -467,10 +484,14 @@ async fn run_controller(
     );
     // Status-only updates (the host's own status writes among them) do not trigger a
     // reconcile: they would turn every failure into an immediate retry and defeat backoff.
+    let parent_queue = queue.clone();
     let mut controller = Controller::for_stream_with(
         parent_stream
             .applied_objects()
-            .predicate_filter(parent_changed, PredicateConfig::default()),
+            .predicate_filter(parent_changed, PredicateConfig::default())
+            .inspect_ok(move |parent| {
+                parent_queue.added([(parent.metadata.namespace.clone(), parent.name_any())]);
+            }),
         parents.clone(),
         parts.parent.resource.clone(),
     );
@@ -488,8 +509,18 @@ async fn run_controller(
             &health,
             Some(created.clone()),
         );
-        controller =
-            controller.owns_stream_with(stream.touched_objects(), resolved.resource.clone());
+        let child_queue = queue.clone();
+        let parent_kind = parts.parent.resource.kind.clone();
+        let stream = stream.touched_objects().inspect_ok(move |child| {
+            let owner = child
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true) && o.kind == parent_kind);
+            if let Some(owner) = owner {
+                child_queue.added([(child.metadata.namespace.clone(), owner.name.clone())]);
+            }
+        });
+        controller = controller.owns_stream_with(stream, resolved.resource.clone());
         allowed.push(AllowedKind {
             api_version: kind.api_version.clone(),
             kind: kind.kind.clone(),
@@ -518,11 +549,17 @@ async fn run_controller(
         );
         let parents_of = parents.clone();
         let parent_resource = parts.parent.resource.clone();
+        let related_queue = queue.clone();
         // A related object concerns every parent in its namespace.
         let mapper = move |object: DynamicObject| {
             let namespace = object.metadata.namespace.clone();
-            parents_of
-                .state_filter(|p| p.metadata.namespace == namespace)
+            let parents = parents_of.state_filter(|p| p.metadata.namespace == namespace);
+            related_queue.added(
+                parents
+                    .iter()
+                    .map(|p| (p.metadata.namespace.clone(), p.name_any())),
+            );
+            parents
                 .into_iter()
                 .map(|p| ObjectRef::from_obj_with(&*p, parent_resource.clone()))
                 .collect::<Vec<_>>()
@@ -555,6 +592,9 @@ async fn run_controller(
         std::future::pending::<()>().await
     };
 
+    shared
+        .metrics
+        .set_active_plugin(&name, Some(&parts.plugin.digest().to_string()));
     let ctx = Arc::new(PolicyContext {
         client: client.clone(),
         policy: name.clone(),
@@ -581,6 +621,7 @@ async fn run_controller(
         reconciled: Mutex::new(Default::default()),
         events: EventSink::new(client.clone(), field_manager, shared.options.event_interval),
         metrics: shared.metrics.clone(),
+        queue: queue.clone(),
         leadership: shared.leadership.clone(),
         caches_ready,
     });
@@ -638,9 +679,23 @@ async fn run_controller(
             controller::Config::default()
                 .concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX)),
         )
-        .reconcile_all_on(futures::stream::unfold(requeue_rx, |mut rx| async move {
-            rx.recv().await.map(|()| ((), rx))
-        }))
+        .reconcile_all_on(
+            futures::stream::unfold(requeue_rx, |mut rx| async move {
+                rx.recv().await.map(|()| ((), rx))
+            })
+            .inspect({
+                let parents = parents.clone();
+                let queue = queue.clone();
+                move |()| {
+                    queue.added(
+                        parents
+                            .state()
+                            .iter()
+                            .map(|p| (p.metadata.namespace.clone(), p.name_any())),
+                    );
+                }
+            }),
+        )
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -694,6 +749,7 @@ async fn run_controller(
         () = run => {}
         () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover); } => {}
     }
+    shared.metrics.set_active_plugin(&name, None);
 }
 
 /// The server-side apply field manager of a policy: `wasmctrl/<policy>`, within the API

@@ -20,10 +20,10 @@ use super::backoff::{Backoff, Retry};
 use super::children::{self, AllowedKind, DesiredChild, InvalidChild, ParentIdentity};
 use super::events::{EventSink, Published};
 use super::status::{self, Outcome};
-use crate::metrics::{Metrics, ReconcileResult};
+use crate::metrics::{ChildOperation, Metrics, ReconcileResult};
 use crate::plugin::{
     EventType as PluginEventType, ObservedObject, Plugin, PluginError, ReconcileRequest,
-    ReportedKind, Verdict, compare,
+    ReconcileResponse, ReportedKind, Verdict, compare,
 };
 
 /// The shortest delay a plugin's `requeue-after` can ask for: a plugin answering 0 must not
@@ -79,6 +79,8 @@ pub(crate) struct PolicyContext {
     pub reconciled: Mutex<HashSet<ObjectRef<DynamicObject>>>,
     pub events: EventSink,
     pub metrics: Arc<Metrics>,
+    /// Parents waiting for a reconcile, for `workqueue_depth`.
+    pub queue: Arc<super::queue::QueueGauge>,
     /// A standby reconciles nothing; its caches stay warm for a takeover.
     pub leadership: Arc<crate::leader::Leadership>,
     /// Becomes true once every child and related cache has listed its objects.
@@ -215,8 +217,14 @@ pub(crate) async fn reconcile(
         return Ok(Action::await_change());
     }
     let key = ObjectRef::from_obj_with(&*parent, ctx.parent.clone());
+    ctx.queue
+        .started(&(parent.metadata.namespace.clone(), parent.name_any()));
+    let started = std::time::Instant::now();
+    ctx.metrics.worker(&ctx.policy, 1);
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);
     let result = tracing::Instrument::instrument(reconcile_parent(&parent, &ctx), span).await;
+    ctx.metrics.worker(&ctx.policy, -1);
+    let took = started.elapsed();
     let record = |ok: bool| {
         let mut reconciled = lock(&ctx.reconciled);
         if ok {
@@ -234,14 +242,18 @@ pub(crate) async fn reconcile(
             } else {
                 ReconcileResult::Success
             };
-            ctx.metrics.reconciled(&ctx.policy, result);
+            ctx.metrics.reconciled(&ctx.policy, result, took);
             Ok(action)
         }
         Err(error) => {
             record(false);
-            ctx.metrics.reconciled(&ctx.policy, ReconcileResult::Error);
+            ctx.metrics
+                .reconciled(&ctx.policy, ReconcileResult::Error, took);
             let retry = ctx.backoff.failed(&key);
             let await_change = error.awaits_change();
+            if !await_change {
+                ctx.metrics.retried(&ctx.policy);
+            }
             tracing::warn!(policy = %ctx.policy, parent = %key, attempt = retry.attempt, retry_in = ?(!await_change).then_some(retry.delay), error = %error, "reconcile failed");
             report_failure(&parent, &ctx, &error, retry, await_change).await;
             Err(Failure {
@@ -322,12 +334,8 @@ async fn reconcile_parent(
                 config: shadow.serving.config.clone(),
                 ..request.clone()
             };
-            let answer = serving.plugin.reconcile_as(&ctx.policy, request).await;
-            let shadow_answer = shadow
-                .serving
-                .plugin
-                .reconcile_as(&ctx.policy, shadow_request)
-                .await;
+            let answer = call_plugin(&serving.plugin, request, ctx).await;
+            let shadow_answer = call_plugin(&shadow.serving.plugin, shadow_request, ctx).await;
             let verdict = match &shadow_answer {
                 // An answer the host would refuse is a failure, however it compares.
                 Ok(response) => match children::prepare(
@@ -349,7 +357,7 @@ async fn reconcile_parent(
         }
         _ => {
             lock(&ctx.shadow).remove(&key);
-            serving.plugin.reconcile_as(&ctx.policy, request).await
+            call_plugin(&serving.plugin, request, ctx).await
         }
     };
     let response = answer?;
@@ -364,9 +372,15 @@ async fn reconcile_parent(
 
     let mut applied = 0;
     for child in &desired {
-        if apply_child(child, &identity, ctx).await? {
-            applied += 1;
-        }
+        let wrote = apply_child(child, &identity, ctx).await?;
+        let operation = if wrote {
+            ChildOperation::Applied
+        } else {
+            ChildOperation::Unchanged
+        };
+        let kind = &ctx.allowed[child.kind_index].kind;
+        ctx.metrics.children(&ctx.policy, kind, operation, 1);
+        applied += usize::from(wrote);
     }
     let pruned = prune(&observed, &desired, ctx).await?;
     if applied + pruned > 0 {
@@ -394,6 +408,20 @@ async fn reconcile_parent(
         Action::requeue(requeue_delay(response.requeue_after, ctx.resync)),
         response.requeue_after.is_some(),
     ))
+}
+
+/// Call the plugin, counting the call's outcome and duration.
+async fn call_plugin(
+    plugin: &Plugin,
+    request: ReconcileRequest,
+    ctx: &PolicyContext,
+) -> Result<ReconcileResponse, PluginError> {
+    let started = std::time::Instant::now();
+    let answer = plugin.reconcile_as(&ctx.policy, request).await;
+    let outcome = answer.as_ref().map_or_else(PluginError::outcome, |_| "ok");
+    ctx.metrics
+        .plugin_called(&ctx.policy, outcome, started.elapsed());
+    answer
 }
 
 fn identity(
@@ -617,7 +645,12 @@ async fn prune(
             ..DeleteParams::default()
         };
         match api.delete(&name, &params).await {
-            Ok(_) => pruned += 1,
+            Ok(_) => {
+                pruned += 1;
+                let kind = &ctx.allowed[*index].kind;
+                ctx.metrics
+                    .children(&ctx.policy, kind, ChildOperation::Pruned, 1);
+            }
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => {
                 return Err(ReconcileError::Prune {
@@ -817,7 +850,7 @@ async fn finalize(
         config: active.config.clone(),
         finalizing: true,
     };
-    let response = active.plugin.reconcile_as(&ctx.policy, request).await?;
+    let response = call_plugin(&active.plugin, request, ctx).await?;
     publish_plugin_events(parent, ctx, response.events).await;
     if !response.finalized {
         tracing::info!("plugin has not finished finalizing; will ask again");

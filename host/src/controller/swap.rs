@@ -115,6 +115,7 @@ async fn swap_to(
             Ok(plugin) => plugin,
             Err((reason, message)) => {
                 tracing::warn!(policy = %name, reason, %message, active = %current.plugin.digest(), "new plugin refused; the active one keeps serving");
+                shared.metrics.plugin_swapped(&name, "refused");
                 status.lock().await.set_plugin(
                     State::failed(
                         reason,
@@ -144,6 +145,14 @@ async fn swap_to(
     }));
     status.set_active_since_now();
     let _ = requeue_all.send(());
+    let to = plugin.digest().to_string();
+    shared.metrics.set_active_plugin(&name, Some(&to));
+    let result = if recent.iter().any(|p| p.digest() == plugin.digest()) {
+        "rolled_back"
+    } else {
+        "swapped"
+    };
+    shared.metrics.plugin_swapped(&name, result);
     tracing::info!(policy = %name, %from, to = %plugin.digest(), load_time = ?started.elapsed(), "plugin swapped; re-enqueuing every parent");
     if from != *plugin.digest() {
         recent.retain(|p| p.digest() != plugin.digest() && *p.digest() != from);
@@ -189,7 +198,8 @@ async fn sync_candidate(
             return;
         }
     };
-    match load_from(shared, &spec.source, spec.digest.as_deref(), limits).await {
+    let name = policy.name_any();
+    match load_from(shared, &name, &spec.source, spec.digest.as_deref(), limits).await {
         Ok(plugin) => {
             let config = spec
                 .config

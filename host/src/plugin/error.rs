@@ -125,6 +125,27 @@ impl std::fmt::Display for ReportedKind {
 }
 
 impl PluginError {
+    /// The outcome of a call that failed this way, as `wasmctrl_plugin_calls_total` labels it.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::Reported { .. } => "reported_error",
+            Self::Trap { .. } => "trap",
+            Self::DeadlineExceeded { .. } => "timeout",
+            Self::MemoryExceeded { .. } => "out_of_memory",
+            Self::OutputTooLarge { .. }
+            | Self::OutputCopyRefused { .. }
+            | Self::TooManyChildren { .. }
+            | Self::InvalidOutput(_) => "invalid_output",
+            Self::DigestMismatch { .. }
+            | Self::InvalidComponent(_)
+            | Self::WrongWorld(_)
+            | Self::ContractVersion { .. }
+            | Self::InvalidLimits(_)
+            | Self::Sandbox(_)
+            | Self::PoolExhausted(_) => "sandbox_error",
+        }
+    }
+
     /// True when retrying the same call could succeed (a deadline, a transient report or a
     /// sandbox hiccup); false when only a change to the parent or the plugin helps.
     pub fn is_retryable(&self) -> bool {

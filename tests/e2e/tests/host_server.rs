@@ -122,6 +122,45 @@ async fn a_running_host_is_ready_and_its_metrics_count_reconciles() -> anyhow::R
         text.trim_end().ends_with("# EOF"),
         "OpenMetrics text ends with # EOF"
     );
+    let value = |text: &str, series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series))
+            .and_then(|n| n.trim().parse().ok())
+    };
+    let at_least_one = [
+        format!(r#"controller_runtime_reconcile_time_seconds_count{{controller="{TEST}"}} "#),
+        format!(r#"workqueue_adds_total{{name="{TEST}"}} "#),
+        format!(r#"wasmctrl_plugin_calls_total{{controller="{TEST}",outcome="ok"}} "#),
+        format!(r#"wasmctrl_plugin_call_duration_seconds_count{{controller="{TEST}"}} "#),
+        format!(r#"wasmctrl_plugin_loads_total{{controller="{TEST}",result="ok"}} "#),
+        format!(
+            r#"wasmctrl_child_operations_total{{controller="{TEST}",kind="ConfigMap",operation="applied"}} "#
+        ),
+    ];
+    for series in &at_least_one {
+        assert!(
+            value(&text, series).is_some_and(|n| n >= 1.0),
+            "{series}missing or zero:\n{text}"
+        );
+    }
+    assert!(
+        text.contains(&format!(
+            r#"wasmctrl_plugin_active_info{{controller="{TEST}",digest="sha256:"#
+        )),
+        "the active digest is reported:\n{text}"
+    );
+    // Once converged, nothing waits and no worker is busy.
+    wasmctrl_testenv::cluster::eventually("an idle queue", ACT, || async {
+        let (_, text) = http_get(address, "/metrics").await?;
+        Ok(
+            value(&text, &format!(r#"workqueue_depth{{name="{TEST}"}} "#)) == Some(0.0)
+                && value(
+                    &text,
+                    &format!(r#"controller_runtime_active_workers{{controller="{TEST}"}} "#),
+                ) == Some(0.0),
+        )
+    })
+    .await?;
 
     let _ = stop.send(());
     host.stop().await?;

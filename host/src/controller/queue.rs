@@ -1,0 +1,75 @@
+//! The work queue as `workqueue_depth` and `workqueue_adds_total` report it.
+//!
+//! kube-runtime keeps its scheduler private, so the host counts at the queue's edges: every
+//! watch event, swap or takeover that reaches the controller adds its parent, and the start
+//! of a reconcile takes it out. A parent asked for twice before it runs waits once, as in
+//! client-go's queue. Timed requeues (resync, backoff) are not seen until they run.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::metrics::Metrics;
+
+/// A parent by namespace and name.
+pub(crate) type ParentKey = (Option<String>, String);
+
+/// The parents of one policy waiting for a reconcile.
+pub(crate) struct QueueGauge {
+    policy: String,
+    metrics: Arc<Metrics>,
+    waiting: Mutex<HashSet<ParentKey>>,
+}
+
+impl QueueGauge {
+    pub fn new(policy: String, metrics: Arc<Metrics>) -> Self {
+        Self {
+            policy,
+            metrics,
+            waiting: Mutex::default(),
+        }
+    }
+
+    /// These parents were asked to reconcile.
+    pub fn added(&self, parents: impl IntoIterator<Item = ParentKey>) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut added = 0;
+        for parent in parents {
+            added += 1;
+            waiting.insert(parent);
+        }
+        self.metrics.queued(&self.policy, added, waiting.len());
+    }
+
+    /// A reconcile of this parent started.
+    pub fn started(&self, parent: &ParentKey) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiting.remove(parent) {
+            self.metrics.set_queue_depth(&self.policy, waiting.len());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parent_asked_for_twice_waits_once_and_leaves_when_it_starts() {
+        let metrics = Arc::new(Metrics::new());
+        let queue = QueueGauge::new("p".into(), metrics.clone());
+        let a: ParentKey = (Some("ns".into()), "a".into());
+        let b: ParentKey = (Some("ns".into()), "b".into());
+        queue.added([a.clone(), a.clone(), b.clone()]);
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"workqueue_adds_total{name="p"} 3"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"workqueue_depth{name="p"} 2"#), "{text}");
+        queue.started(&a);
+        queue.started(&a);
+        assert!(metrics.encode().contains(r#"workqueue_depth{name="p"} 1"#));
+        queue.started(&b);
+        assert!(metrics.encode().contains(r#"workqueue_depth{name="p"} 0"#));
+    }
+}
