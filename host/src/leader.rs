@@ -143,7 +143,8 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let read = matches!(*request.method(), http::Method::GET | http::Method::HEAD);
+        let read = matches!(*request.method(), http::Method::GET | http::Method::HEAD)
+            || is_review(request.uri().path());
         if !read && !self.leadership.is_leader() {
             let refused = NotLeader {
                 method: request.method().clone(),
@@ -154,6 +155,14 @@ where
         let response = self.inner.call(request);
         Box::pin(async move { response.await.map_err(Into::into) })
     }
+}
+
+/// A self-review (`POST …/selfsubjectaccessreviews`) asks a question and changes nothing, so
+/// a standby may make it: it checks its permissions before it leads.
+fn is_review(path: &str) -> bool {
+    path.starts_with("/apis/authorization.k8s.io/")
+        && (path.ends_with("/selfsubjectaccessreviews")
+            || path.ends_with("/selfsubjectrulesreviews"))
 }
 
 /// Where the Lease is and how it is held; the durations are controller-runtime's defaults.
@@ -491,9 +500,19 @@ mod tests {
             assert!(message.starts_with("not the leader"), "{method}: {message}");
         }
         assert_eq!(sent.load(Ordering::SeqCst), 1, "only the read went through");
+        let review = http::Request::builder()
+            .method(http::Method::POST)
+            .uri("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+            .body(())
+            .unwrap_or_default();
+        assert!(
+            gated.call(review).await.is_ok(),
+            "a self-review changes nothing"
+        );
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
         leadership.set(true);
         assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
-        assert_eq!(sent.load(Ordering::SeqCst), 2);
+        assert_eq!(sent.load(Ordering::SeqCst), 3);
     }
 
     #[test]

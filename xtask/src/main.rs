@@ -25,6 +25,8 @@ enum Command {
     BuildPlugins,
     /// Regenerate the CRD YAML in crds/ from the Rust types.
     Crds,
+    /// Regenerate deploy/manifests/ (and the chart's CRD copy) from the Helm chart.
+    Manifests,
     /// Manage the local control plane.
     Cluster {
         #[command(subcommand)]
@@ -47,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         Command::Setup => tasks::setup(),
         Command::BuildPlugins => tasks::build_plugins(),
         Command::Crds => tasks::crds(),
+        Command::Manifests => tasks::manifests(),
         Command::Cluster { command } => cluster_cmd::run(command),
         Command::Test => tasks::test(),
         Command::Bench { which } => tasks::bench(which),

@@ -111,6 +111,22 @@ pub fn crds() -> anyhow::Result<()> {
     )
 }
 
+/// Render the chart into deploy/manifests/ with the pinned helm (the test that keeps them
+/// in sync, blessed).
+pub fn manifests() -> anyhow::Result<()> {
+    run(
+        "regenerating deploy/manifests/",
+        cargo().env("WASMCTRL_BLESS", "1").args([
+            "test",
+            "-p",
+            "wasmctrl-e2e",
+            "--test",
+            "deploy",
+            "the_chart_lints",
+        ]),
+    )
+}
+
 /// The whole suite. Starts one control plane for every end-to-end test binary to share, and
 /// stops it at the end whatever happened.
 pub fn test() -> anyhow::Result<()> {

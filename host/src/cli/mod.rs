@@ -3,6 +3,7 @@
 
 mod input;
 mod plugin_cmd;
+mod rbac_cmd;
 mod run_cmd;
 
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 pub use plugin_cmd::{PluginCommand, RunOutput};
+pub use rbac_cmd::RbacCommand;
 pub use run_cmd::RunCommand;
 
 /// wasmctrl: a Kubernetes operator host whose reconcile logic runs in sandboxed Wasm plugins.
@@ -31,6 +33,8 @@ pub enum Command {
     Plugin(PluginCommand),
     /// Run the operator host: turn every ReconcilePolicy in the cluster into a controller.
     Run(RunCommand),
+    /// Print the Roles, ClusterRole and bindings that exactly the given policies need.
+    Rbac(RbacCommand),
 }
 
 impl Cli {
@@ -40,6 +44,7 @@ impl Cli {
         match self.command {
             Command::Plugin(command) => command.run(cache_dir).await,
             Command::Run(command) => command.run(cache_dir).await,
+            Command::Rbac(command) => command.run().await,
         }
     }
 }

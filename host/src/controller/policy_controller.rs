@@ -24,6 +24,7 @@ use super::events::{self, EventSink};
 use super::field_ownership::CreatedFields;
 use super::kinds::{self, KindError, ResolvedKind};
 use super::parent_claims;
+use super::permissions;
 use super::policy_status::{PolicyStatusWriter, State};
 use super::queue::QueueGauge;
 use super::reconcile::{self, ActivePlugin, ChildCache, PolicyContext, RelatedCache};
@@ -198,6 +199,19 @@ async fn prepare(
         parent_scope_problem(policy, &parent, shared.options.namespace.as_deref())
     {
         status.set_ready(problem);
+        return None;
+    }
+    let resolved = permissions::Resolved {
+        parent: &parent,
+        children: children.iter().map(|(_, kind)| kind).collect(),
+        related: related.iter().collect(),
+    };
+    let host_namespace = shared.options.namespace.as_deref();
+    if let Some(forbidden) =
+        permissions::check(&shared.client, spec, host_namespace, &resolved).await
+    {
+        tracing::warn!(policy = %name, message = %forbidden.message, "missing permissions");
+        status.set_ready(forbidden);
         return None;
     }
     let mut selected = Vec::new();

@@ -33,6 +33,11 @@ pub(crate) struct ArtifactCache {
 impl ArtifactCache {
     pub(crate) fn new(dir: PathBuf, engine: &Engine, max_bytes: u64) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
+        // A directory that exists but cannot be written (a read-only root filesystem) must be
+        // found now, not at the first store.
+        let probe = dir.join(format!(".probe-{}", std::process::id()));
+        std::fs::write(&probe, b"")?;
+        let _ = std::fs::remove_file(&probe);
         remove_abandoned_temporaries(&dir);
         Ok(Self {
             dir,

@@ -71,10 +71,19 @@ impl PluginEngine {
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
         contract::forbid_waiting(&mut linker)?;
         contract::wasmctrl::plugin::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-        let cache = options
-            .cache_dir
-            .map(|dir| ArtifactCache::new(dir, &engine, options.cache_max_bytes))
-            .transpose()?;
+        // Without a writable cache the host still runs: it compiles each plugin on every
+        // start instead of taking the precompiled artifact from disk.
+        let cache = options.cache_dir.and_then(|dir| {
+            ArtifactCache::new(dir.clone(), &engine, options.cache_max_bytes)
+                .inspect_err(|error| {
+                    tracing::error!(
+                        dir = %dir.display(),
+                        %error,
+                        "the plugin cache directory is not writable; running without a disk cache (plugins are compiled at every start). Mount a writable volume there or pass --cache-dir"
+                    );
+                })
+                .ok()
+        });
         start_epoch_clock(&engine).context("starting the plugin epoch clock")?;
         Ok(Self {
             inner: Arc::new(EngineInner {
@@ -312,5 +321,20 @@ mod tests {
         let err = check_is_component(b"hello world").expect_err("garbage");
         assert!(err.to_string().contains("not a WebAssembly file"), "{err}");
         assert!(check_is_component(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn an_unwritable_cache_directory_leaves_the_engine_running_without_one() {
+        // Under a regular file no directory can be made, whoever runs the test (even root,
+        // whom a read-only mode bit would not stop).
+        let file = std::env::temp_dir().join(format!("wasmctrl-not-a-dir-{}", std::process::id()));
+        std::fs::write(&file, b"").unwrap_or_default();
+        let engine = PluginEngine::new(EngineOptions {
+            cache_dir: Some(file.join("artifacts")),
+            ..EngineOptions::default()
+        });
+        let _ = std::fs::remove_file(&file);
+        let engine = engine.unwrap_or_else(|e| panic!("the engine must start: {e:#}"));
+        assert!(engine.inner.cache.is_none());
     }
 }

@@ -5,6 +5,8 @@
 //! The schema rejects what it can (CEL where OpenAPI cannot say it), so a user learns about a
 //! malformed policy from `kubectl apply`, not from the host's logs.
 
+pub mod permissions;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};

@@ -13,6 +13,7 @@ pub mod crds;
 mod pki;
 pub mod plugins;
 pub mod registry;
+pub mod tools;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

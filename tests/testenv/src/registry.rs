@@ -67,21 +67,5 @@ impl Drop for Registry {
 }
 
 fn build() -> anyhow::Result<PathBuf> {
-    let script = crate::repo_root().join("tools/registry/build.sh");
-    let output = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !output.status.success() {
-        bail!("{} failed ({})", script.display(), output.status);
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    Ok(PathBuf::from(
-        stdout
-            .lines()
-            .last()
-            .context("build.sh printed no path")?
-            .trim(),
-    ))
+    crate::tools::build("registry")
 }

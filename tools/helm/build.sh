@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the Helm CLI (pinned in go.mod beside this script) that the tests lint and render the
+# chart with, into a cache keyed by the Go toolchain and the pins.
+# Prints the binary's path on its last line of stdout; progress goes to stderr.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cache_root=${WASMCTRL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wasmctrl}
+key=$( (go version; cat "$here/go.mod" "$here/go.sum") | sha256sum | cut -c1-16)
+out="$cache_root/helm/$key"
+if [ ! -x "$out/helm" ]; then
+  mkdir -p "$out"
+  start=$SECONDS
+  echo "helm: building helm (from tools/helm) ..." >&2
+  (cd "$here" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/helm.tmp" \
+    helm.sh/helm/v3/cmd/helm)
+  mv "$out/helm.tmp" "$out/helm"
+  echo "helm: built in $((SECONDS - start))s" >&2
+fi
+echo "$out/helm"
