@@ -243,38 +243,10 @@ impl LeaderElector {
     /// Campaign until `stop`, leading whenever the Lease is ours. Returns the elector (for
     /// [`release`](Self::release)) when stopped, or why leadership was lost.
     pub async fn run(mut self, stop: CancellationToken) -> Result<Self, LeadershipLost> {
-        use futures::StreamExt as _;
-        use kube::runtime::{WatchStreamExt as _, watcher};
-        let retry = self.config.retry_period;
-        // Watching the Lease shows a standby each renewal (and a release) as it happens, so
-        // it measures expiry from the leader's last renewal rather than from its own last
-        // look; polling every retry period stays as the fallback.
-        let only_the_lease = format!("metadata.name={}", self.config.name);
-        let lease_events = watcher(
-            self.api.clone(),
-            watcher::Config::default().fields(&only_the_lease),
-        )
-        .default_backoff()
-        .applied_objects();
-        let mut lease_events = std::pin::pin!(lease_events);
-        loop {
-            let next_try = Instant::now() + jittered(retry);
-            let wake = match self.try_acquire_or_renew().await {
-                Ok(Attempt::Held) => break,
-                Ok(Attempt::HeldByOther(_)) => self
-                    .observed_expiry()
-                    .map_or(next_try, |expiry| expiry.min(next_try)),
-                Err(error) => {
-                    tracing::warn!(lease = %self.config.name, error = %format!("{error:#}"), "could not take part in the leader election");
-                    next_try
-                }
-            };
-            tokio::select! {
-                () = stop.cancelled() => return Ok(self),
-                () = tokio::time::sleep_until(wake) => {}
-                Some(Ok(_)) = lease_events.next() => {}
-            }
+        if !self.acquire(&stop).await {
+            return Ok(self);
         }
+        let retry = self.config.retry_period;
         let mut renewed = Instant::now();
         self.leadership.set(true);
         tracing::info!(lease = %self.config.name, identity = %self.config.identity, "became the leader");
@@ -336,6 +308,42 @@ impl LeaderElector {
             .context("releasing the leader lease")?;
         tracing::info!(lease = %self.config.name, "released the leader lease");
         Ok(())
+    }
+
+    /// Wait until the Lease is ours (true) or `stop` (false).
+    async fn acquire(&mut self, stop: &CancellationToken) -> bool {
+        use futures::StreamExt as _;
+        use kube::runtime::{WatchStreamExt as _, watcher};
+        let retry = self.config.retry_period;
+        // Watching the Lease shows a standby each renewal (and a release) as it happens, so
+        // it measures expiry from the leader's last renewal rather than from its own last
+        // look; polling every retry period stays as the fallback.
+        let only_the_lease = format!("metadata.name={}", self.config.name);
+        let lease_events = watcher(
+            self.api.clone(),
+            watcher::Config::default().fields(&only_the_lease),
+        )
+        .default_backoff()
+        .applied_objects();
+        let mut lease_events = std::pin::pin!(lease_events);
+        loop {
+            let next_try = Instant::now() + jittered(retry);
+            let wake = match self.try_acquire_or_renew().await {
+                Ok(Attempt::Held) => return true,
+                Ok(Attempt::HeldByOther(_)) => self
+                    .observed_expiry()
+                    .map_or(next_try, |expiry| expiry.min(next_try)),
+                Err(error) => {
+                    tracing::warn!(lease = %self.config.name, error = %format!("{error:#}"), "could not take part in the leader election");
+                    next_try
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => return false,
+                () = tokio::time::sleep_until(wake) => {}
+                Some(Ok(_)) = lease_events.next() => {}
+            }
+        }
     }
 
     /// When the Lease as last seen expires, if someone else holds it.

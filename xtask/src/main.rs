@@ -32,6 +32,20 @@ enum Command {
         #[command(subcommand)]
         command: cluster_cmd::ClusterCommand,
     },
+    /// Build the host's OCI image (static binary, no base image, non-root) as an OCI layout in
+    /// target/image, and push it when asked.
+    Image {
+        /// Push to this reference, e.g. `127.0.0.1:5000/wasmctrl:dev` (plain HTTP with
+        /// `--insecure`).
+        #[arg(long)]
+        push: Option<String>,
+        /// Push over plain HTTP.
+        #[arg(long)]
+        insecure: bool,
+        /// Cargo profile of the binary.
+        #[arg(long, default_value = "release")]
+        profile: String,
+    },
     /// Run the whole test suite: formatting, lints, unit, plugin and end-to-end tests.
     Test,
     /// Run the benchmarks and print their tables for BENCHMARKS.md.
@@ -52,6 +66,11 @@ fn main() -> anyhow::Result<()> {
         Command::Manifests => tasks::manifests(),
         Command::Cluster { command } => cluster_cmd::run(command),
         Command::Test => tasks::test(),
+        Command::Image {
+            push,
+            insecure,
+            profile,
+        } => tasks::image(&profile, push.as_deref(), insecure),
         Command::Bench { which } => tasks::bench(which),
     }
 }

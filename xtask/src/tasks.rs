@@ -111,6 +111,25 @@ pub fn crds() -> anyhow::Result<()> {
     )
 }
 
+/// Build the image into target/image/wasmctrl (an OCI layout), push it if asked, and say
+/// how big it is.
+pub fn image(profile: &str, push: Option<&str>, insecure: bool) -> anyhow::Result<()> {
+    let out = wasmctrl_testenv::repo_root().join("target/image/wasmctrl");
+    let image = wasmctrl_testenv::image::build(profile, &out)?;
+    println!(
+        "image: {} ({:.1} MiB compressed) in {}",
+        image.digest(),
+        image.compressed_size() as f64 / f64::from(1 << 20),
+        image.layout.display()
+    );
+    if let Some(reference) = push {
+        let runtime = tokio::runtime::Runtime::new()?;
+        let url = runtime.block_on(wasmctrl_testenv::image::push(&image, reference, insecure))?;
+        println!("image: pushed to {url}");
+    }
+    Ok(())
+}
+
 /// Render the chart into deploy/manifests/ with the pinned helm (the test that keeps them
 /// in sync, blessed).
 pub fn manifests() -> anyhow::Result<()> {

@@ -32,10 +32,20 @@ where
 /// its own priority; if the kernel or a seccomp profile refuses, the call still runs (one at
 /// a time), and the refusal is logged once.
 fn lower_own_priority() {
-    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `sched_param` is plain data; all zeroes is priority 0, what SCHED_IDLE needs.
+    let param: libc::sched_param = unsafe { std::mem::zeroed() };
+    // The raw system call, not libc's wrapper: musl's `sched_setscheduler` always fails
+    // (ENOSYS), as POSIX gives it a per-process meaning Linux does not have.
     // SAFETY: with pid 0, sched_setscheduler changes only the calling thread's scheduling
     // policy; it reads `param`, a valid local, and touches no other memory.
-    let result = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setscheduler,
+            0,
+            libc::SCHED_IDLE,
+            &raw const param,
+        )
+    };
     if result != 0 {
         static WARNED: Once = Once::new();
         let error = std::io::Error::last_os_error();

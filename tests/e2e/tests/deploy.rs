@@ -9,49 +9,15 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use serde::Deserialize as _;
-use serde_json::{Value, json};
+use serde_json::json;
 use support::*;
 use wasmctrl_testenv::repo_root;
 
-const CHART: &str = "deploy/chart/wasmctrl";
 const MANIFESTS: &str = "deploy/manifests/wasmctrl.yaml";
-
-fn helm(args: &[&str]) -> anyhow::Result<std::process::Output> {
-    let helm = wasmctrl_testenv::tools::helm()?;
-    Command::new(&helm)
-        .args(args)
-        .current_dir(repo_root())
-        .output()
-        .with_context(|| format!("running {}", helm.display()))
-}
-
-/// `helm template` with `args`; its output, or its error text as the error.
-fn render(args: &[&str]) -> anyhow::Result<String> {
-    let mut all = vec!["template"];
-    all.extend_from_slice(args);
-    let output = helm(&all)?;
-    if !output.status.success() {
-        bail!("{}", String::from_utf8_lossy(&output.stderr));
-    }
-    Ok(String::from_utf8(output.stdout)?)
-}
-
-fn documents(yaml: &str) -> anyhow::Result<Vec<Value>> {
-    let mut documents = Vec::new();
-    for document in serde_yaml_ng::Deserializer::from_str(yaml) {
-        let value = Value::deserialize(document)?;
-        if !value.is_null() {
-            documents.push(value);
-        }
-    }
-    Ok(documents)
-}
 
 /// Compare `actual` with the committed file at `path`, or rewrite it under WASMCTRL_BLESS.
 fn check_committed(path: &Path, actual: &str) -> anyhow::Result<()> {
@@ -188,43 +154,6 @@ fn the_chart_lints_renders_the_committed_manifests_and_refuses_nonsense() -> any
     Ok(())
 }
 
-async fn apply_object(client: &kube::Client, object: &Value) -> anyhow::Result<()> {
-    let (group, version) = match object["apiVersion"]
-        .as_str()
-        .context("apiVersion")?
-        .split_once('/')
-    {
-        Some((group, version)) => (group.to_owned(), version.to_owned()),
-        None => (
-            String::new(),
-            object["apiVersion"].as_str().unwrap_or_default().to_owned(),
-        ),
-    };
-    let kind = object["kind"].as_str().context("kind")?;
-    let resource = resource(&group, &version, kind);
-    let name = object["metadata"]["name"].as_str().context("name")?;
-    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
-        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    };
-    api.patch(
-        name,
-        &PatchParams::apply("wasmctrl-e2e").force(),
-        &Patch::Apply(object),
-    )
-    .await
-    .with_context(|| format!("applying {kind} {name}"))?;
-    Ok(())
-}
-
-const RBAC_KINDS: [&str; 5] = [
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Role",
-    "RoleBinding",
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_named()
 -> anyhow::Result<()> {
@@ -233,14 +162,7 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
 
-    // The chart's own RBAC, rendered for this namespace.
-    let rendered = render(&[RELEASE, CHART, "--namespace", &ns])?;
-    for object in documents(&rendered)? {
-        if RBAC_KINDS.contains(&object["kind"].as_str().unwrap_or_default()) {
-            apply_object(&client, &object).await?;
-        }
-    }
-    let service_account = format!("{RELEASE}-wasmctrl");
+    let service_account = install_chart_rbac(&client, RELEASE, &ns).await?;
 
     // The policy's own, from `wasmctrl rbac` on the policy file and the MyApp CRD.
     let spec = json!({
@@ -354,21 +276,4 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
         .delete(&service_account, &Default::default())
         .await;
     delete_namespace(&client, &ns).await
-}
-
-async fn rbac_for(files: &[PathBuf], service_account: &str, name: &str) -> anyhow::Result<String> {
-    use clap::Parser as _;
-    let mut args = vec![
-        "wasmctrl".to_owned(),
-        "rbac".into(),
-        "--service-account".into(),
-        service_account.into(),
-        "--name".into(),
-        name.into(),
-    ];
-    args.extend(files.iter().map(|f| f.to_string_lossy().into_owned()));
-    match wasmctrl::cli::Cli::try_parse_from(args)?.command {
-        wasmctrl::cli::Command::Rbac(command) => command.render().await,
-        _ => bail!("not the rbac command"),
-    }
 }

@@ -288,6 +288,24 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
         .collect();
     assert!(by_standby.is_empty(), "the standby wrote {by_standby:?}");
 
+    // Renewals while idle: the leader writes its Lease once per retry period.
+    let idle_from = Instant::now();
+    let before = writers(&ns)?;
+    tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+    let renewals = writers(&ns)?
+        .iter()
+        .filter(|(user, resource, verb)| {
+            *user == leader && resource == "leases" && verb == "update"
+        })
+        .count()
+        - before
+            .iter()
+            .filter(|(user, resource, verb)| {
+                *user == leader && resource == "leases" && verb == "update"
+            })
+            .count();
+    let lease_writes_per_minute = renewals as f64 * 60.0 / idle_from.elapsed().as_secs_f64();
+
     // SIGKILL: no release, so the standby takes over once the lease has expired; a change
     // made meanwhile is reconciled by the new leader.
     let killed_at = Instant::now();
@@ -319,7 +337,7 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
     wait_reconciled(&widgets, "w3").await?;
 
     eprintln!(
-        "failover: SIGKILL → new holder {:.1} s (→ change reconciled {:.1} s); SIGTERM → new holder {:.1} s",
+        "failover: SIGKILL → new holder {:.1} s (→ change reconciled {:.1} s); SIGTERM → new holder {:.1} s; leader's lease writes ≈ {lease_writes_per_minute:.0}/min",
         kill_failover.as_secs_f64(),
         kill_to_reconciled.as_secs_f64(),
         term_failover.as_secs_f64()

@@ -9,7 +9,9 @@
 //! the kernel stops when the process exits.
 
 pub mod cluster;
+pub mod container;
 pub mod crds;
+pub mod image;
 mod pki;
 pub mod plugins;
 pub mod registry;

@@ -1,0 +1,333 @@
+//! The built image, deployed: pushed to a registry, pulled and run by runc as two replicas
+//! of a Pod's container (read-only root, non-root user, no capabilities, the ServiceAccount
+//! token from the TokenRequest API, in-cluster configuration), with only the chart's RBAC
+//! plus `wasmctrl rbac` for the MyApp policy. One replica leads and converges MyApps; SIGKILL
+//! hands over once the lease expires, SIGTERM within about a second, and the terminated
+//! replica exits 0. A replica whose cache directory is not writable still runs.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+use serde_json::{Value, json};
+use support::*;
+use wasmctrl_testenv::TestEnv;
+use wasmctrl_testenv::cluster::eventually;
+use wasmctrl_testenv::container::{Container, ContainerSpec, service_account_files};
+use wasmctrl_testenv::image;
+
+const TEST: &str = "deploy-image";
+const RELEASE: &str = "image-e2e";
+const LEASE: &str = "wasmctrl-leader";
+const PLUGIN_IN_IMAGE: &str = "/plugins/myapp_plugin.wasm";
+
+/// The API server as a Pod sees it: `KUBERNETES_SERVICE_HOST`/`PORT` and the cluster CA.
+fn api_server() -> anyhow::Result<(String, String, Vec<u8>)> {
+    let kubeconfig: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(TestEnv::get().kubeconfig())?)?;
+    let cluster = &kubeconfig["clusters"][0]["cluster"];
+    let server = cluster["server"].as_str().context("server")?;
+    let (host, port) = server
+        .trim_start_matches("https://")
+        .rsplit_once(':')
+        .context("server host:port")?;
+    let ca = std::fs::read(
+        cluster["certificate-authority"]
+            .as_str()
+            .context("CA path")?,
+    )?;
+    Ok((host.to_owned(), port.to_owned(), ca))
+}
+
+struct Replica {
+    name: String,
+    container: Container,
+    address: std::net::SocketAddr,
+}
+
+fn start_replica(
+    name: &str,
+    rootfs: &Path,
+    service_account: &Path,
+    with_cache: bool,
+) -> anyhow::Result<Replica> {
+    let (host, port, _) = api_server()?;
+    let address = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    // The chart's container arguments, plus this test's policy selector.
+    let args = [
+        image::ENTRYPOINT,
+        "run",
+        &format!("--listen={address}"),
+        "--shutdown-timeout-seconds=30",
+        "--leader-elect",
+        &format!("--leader-elect-lease-name={LEASE}"),
+        &format!("--policy-selector={TEST_LABEL}={TEST}"),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let spec = ContainerSpec {
+        rootfs: rootfs.to_owned(),
+        args,
+        env: vec![
+            ("KUBERNETES_SERVICE_HOST".into(), host),
+            ("KUBERNETES_SERVICE_PORT".into(), port),
+            ("POD_NAME".into(), name.to_owned()),
+            ("WASMCTRL_CACHE_DIR".into(), image::CACHE_DIR.into()),
+        ],
+        user: image::USER,
+        service_account: service_account.to_owned(),
+        scratch: if with_cache {
+            vec![image::CACHE_DIR.to_owned()]
+        } else {
+            Vec::new()
+        },
+        binds: vec![(
+            wasmctrl_testenv::plugins::guest("myapp_plugin"),
+            PLUGIN_IN_IMAGE.to_owned(),
+        )],
+    };
+    let container = Container::start(&format!("{name}-{}", std::process::id()), &spec)?;
+    Ok(Replica {
+        name: name.to_owned(),
+        container,
+        address,
+    })
+}
+
+async fn wait_ready(replica: &Replica) -> anyhow::Result<()> {
+    eventually(&format!("{} ready", replica.name), ACT, || async {
+        Ok(http_get(replica.address, "/readyz").await.ok() == Some((200, "ok".into())))
+    })
+    .await
+    .with_context(|| format!("{} printed:\n{}", replica.name, replica.container.output()))
+}
+
+async fn holder(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get_opt(LEASE)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+async fn wait_for_holder(
+    leases: &Api<Lease>,
+    among: &[&str],
+    within: Duration,
+) -> anyhow::Result<String> {
+    let started = Instant::now();
+    loop {
+        if let Some(holder) = holder(leases).await
+            && among.contains(&holder.as_str())
+        {
+            return Ok(holder);
+        }
+        anyhow::ensure!(
+            started.elapsed() < within,
+            "none of {among:?} took the lease in {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn myapp(replicas: i64) -> Value {
+    json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": "web"},
+           "spec": {"replicas": replicas, "image": "nginx:1.27"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow::Result<()> {
+    // Build (cached by cargo), push, pull and unpack: what a node does with an image.
+    let profile = std::env::var("WASMCTRL_IMAGE_PROFILE").unwrap_or_else(|_| "image-test".into());
+    let work = tempfile::tempdir()?;
+    let built = tokio::task::spawn_blocking({
+        let out = wasmctrl_testenv::repo_root().join("target/image/wasmctrl-e2e");
+        move || image::build(&profile, &out)
+    })
+    .await??;
+    eprintln!(
+        "image {} is {:.1} MiB compressed",
+        built.digest(),
+        built.compressed_size() as f64 / f64::from(1 << 20)
+    );
+    let registry =
+        tokio::task::spawn_blocking(wasmctrl_testenv::registry::Registry::start).await??;
+    let reference = format!("{}/wasmctrl:e2e", registry.address);
+    image::push(&built, &reference, true).await?;
+    let rootfs = work.path().join("rootfs");
+    image::pull_into(&reference, &rootfs).await?;
+    std::fs::set_permissions(&rootfs, std::fs::Permissions::from_mode(0o755))?;
+
+    // The chart's RBAC, the policy's generated RBAC, and a token for the ServiceAccount.
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    let service_account = install_chart_rbac(&client, RELEASE, &ns).await?;
+    let spec = json!({
+        "parent": {"apiVersion": "example.com/v1", "kind": "MyApp", "namespace": ns},
+        "children": [
+            {"apiVersion": "apps/v1", "kind": "Deployment"},
+            {"apiVersion": "v1", "kind": "Service"},
+        ],
+        "related": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "selector": {"matchLabels": {"example.com/myapp-config": "true"}},
+        }],
+        "plugin": {"source": {"file": {"path": PLUGIN_IN_IMAGE}}, "config": {"service": true}},
+    });
+    let policy_file = work.path().join("policy.yaml");
+    std::fs::write(
+        &policy_file,
+        serde_yaml_ng::to_string(&json!({
+            "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
+            "metadata": {"name": TEST}, "spec": spec,
+        }))?,
+    )?;
+    let generated = rbac_for(
+        &[
+            wasmctrl_testenv::repo_root().join("crds/myapp.yaml"),
+            policy_file,
+        ],
+        &format!("{ns}/{service_account}"),
+        &format!("{RELEASE}-policies"),
+    )
+    .await?;
+    for object in documents(&generated)? {
+        apply_object(&client, &object).await?;
+    }
+    let token = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+        .create_token_request(
+            &service_account,
+            &Default::default(),
+            &TokenRequest {
+                spec: Some(TokenRequestSpec {
+                    expiration_seconds: Some(3600),
+                    ..TokenRequestSpec::default()
+                }),
+                ..TokenRequest::default()
+            },
+        )
+        .await?
+        .status
+        .and_then(|status| status.token)
+        .context("a token")?;
+    let sa_dir = work.path().join("serviceaccount");
+    service_account_files(&sa_dir, &token, &api_server()?.2, &ns)?;
+    std::fs::set_permissions(&sa_dir, std::fs::Permissions::from_mode(0o755))?;
+    apply_policy(&client, TEST, TEST, spec).await?;
+
+    // Two replicas: one leads, both are ready, the leader converges a MyApp.
+    let mut replicas = vec![
+        start_replica(&format!("{RELEASE}-0"), &rootfs, &sa_dir, true)?,
+        start_replica(&format!("{RELEASE}-1"), &rootfs, &sa_dir, true)?,
+    ];
+    for replica in &replicas {
+        wait_ready(replica).await?;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", replicas[0].container.pid()?))?;
+    let uid_line = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .unwrap_or_default();
+    assert!(
+        uid_line.contains(&image::USER.to_string()),
+        "runs as non-root: {uid_line}"
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let names: Vec<String> = replicas.iter().map(|r| r.name.clone()).collect();
+    let leader = wait_for_holder(&leases, &[&names[0], &names[1]], ACT).await?;
+    let apps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let converged = |replicas: i64| {
+        let apps = apps.clone();
+        async move {
+            wait_for_object(
+                &apps,
+                "web",
+                &format!("web reconciled at {replicas} replicas"),
+                |app| {
+                    condition(app, "Reconciled").is_some_and(|c| c["status"] == "True")
+                        && app["status"]["observedGeneration"] == app["metadata"]["generation"]
+                },
+            )
+            .await
+        }
+    };
+    apply(&apps, myapp(1)).await?;
+    converged(1).await?;
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
+    assert!(get(&deployments, "web").await?.is_some());
+    let leader_at = replicas
+        .iter()
+        .position(|r| r.name == leader)
+        .context("leader")?;
+    let (_, metrics) = http_get(replicas[leader_at].address, "/metrics").await?;
+    assert!(
+        metrics.contains(&format!(
+            r#"leader_election_master_status{{name="{LEASE}"}} 1"#
+        )),
+        "{metrics}"
+    );
+    let (_, standby_metrics) = http_get(replicas[1 - leader_at].address, "/metrics").await?;
+    assert!(
+        standby_metrics.contains(&format!(
+            r#"leader_election_master_status{{name="{LEASE}"}} 0"#
+        )) && !standby_metrics.contains(&format!(
+            r#"controller_runtime_reconcile_total{{controller="{TEST}""#
+        )),
+        "the standby reconciles nothing:\n{standby_metrics}"
+    );
+
+    // SIGKILL the leader's container; a change made meanwhile is reconciled by the other.
+    let standby = replicas[1 - leader_at].name.clone();
+    let killed_at = Instant::now();
+    let killed = replicas.remove(leader_at);
+    killed.container.signal("KILL")?;
+    drop(killed);
+    apply(&apps, myapp(2)).await?;
+    wait_for_holder(&leases, &[&standby], Duration::from_secs(30)).await?;
+    let kill_failover = killed_at.elapsed();
+    converged(2).await?;
+
+    // SIGTERM with a ready standby: the lease moves within about a second; exit 0.
+    replicas.push(start_replica(
+        &format!("{RELEASE}-2"),
+        &rootfs,
+        &sa_dir,
+        true,
+    )?);
+    wait_ready(&replicas[1]).await?;
+    let termed_at = Instant::now();
+    replicas[0].container.signal("TERM")?;
+    wait_for_holder(&leases, &[&replicas[1].name], Duration::from_secs(15)).await?;
+    let term_failover = termed_at.elapsed();
+    let mut termed = replicas.remove(0);
+    let exit = tokio::task::spawn_blocking(move || termed.container.wait(ACT)).await??;
+    assert!(exit.success(), "a terminated replica exits 0, not {exit}");
+    apply(&apps, myapp(3)).await?;
+    converged(3).await?;
+
+    // A replica whose cache directory is not writable (no emptyDir on a read-only root)
+    // says so and runs anyway.
+    let uncached = start_replica(&format!("{RELEASE}-nocache"), &rootfs, &sa_dir, false)?;
+    wait_ready(&uncached).await?;
+    let printed = uncached.container.output();
+    assert!(printed.contains("not writable"), "{printed}");
+
+    eprintln!(
+        "image failover: SIGKILL → new holder {:.1} s; SIGTERM → new holder {:.1} s",
+        kill_failover.as_secs_f64(),
+        term_failover.as_secs_f64()
+    );
+    drop(uncached);
+    drop(replicas);
+    policies(&client).delete(TEST, &Default::default()).await?;
+    delete_namespace(&client, &ns).await
+}

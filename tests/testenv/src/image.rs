@@ -1,0 +1,306 @@
+//! The host's OCI image, built without a daemon and without a base image (none can be pulled
+//! here, and none is needed): one layer holding a static `wasmctrl` (musl), an `/etc/passwd`
+//! naming the non-root user, and the directories the host may write to. It is assembled as
+//! an OCI image layout on disk and pushed with `oci-client`, the same registry client the
+//! host pulls plugins with. `deploy/Containerfile` says the same thing for `docker build`.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, bail};
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+
+/// The target of the static binary.
+pub const TARGET: &str = "x86_64-unknown-linux-musl";
+/// The user the image runs as (distroless' `nonroot`).
+pub const USER: u32 = 65532;
+/// Where the binary lives in the image.
+pub const ENTRYPOINT: &str = "/usr/local/bin/wasmctrl";
+/// The precompiled-plugin cache directory (mount an emptyDir there).
+pub const CACHE_DIR: &str = "/var/cache/wasmctrl";
+
+const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
+const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+
+/// A built image: its blobs, and the OCI layout they were written to.
+pub struct Image {
+    /// The OCI image layout directory (`oci-layout`, `index.json`, `blobs/`).
+    pub layout: PathBuf,
+    /// The image config.
+    pub config: Vec<u8>,
+    /// The one layer, gzipped.
+    pub layer: Vec<u8>,
+    /// The image manifest.
+    pub manifest: Vec<u8>,
+}
+
+impl Image {
+    /// `sha256:…` of the manifest: the image's digest.
+    pub fn digest(&self) -> String {
+        sha256(&self.manifest)
+    }
+
+    /// What a pull transfers: manifest, config and the compressed layer.
+    pub fn compressed_size(&self) -> usize {
+        self.manifest.len() + self.config.len() + self.layer.len()
+    }
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// Build the static binary with cargo `profile` and assemble the image in `out`.
+pub fn build(profile: &str, out: &Path) -> anyhow::Result<Image> {
+    ensure_toolchain()?;
+    let binary = build_binary(profile)?;
+    assemble(&binary, out)
+}
+
+/// The musl target and a musl C compiler (ring compiles C), installed if missing.
+fn ensure_toolchain() -> anyhow::Result<()> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l.trim() == TARGET)
+        })
+        .unwrap_or(false);
+    if !installed {
+        run(Command::new("rustup").args(["target", "add", TARGET]))
+            .with_context(|| format!("installing the {TARGET} target"))?;
+    }
+    if Command::new("musl-gcc").arg("--version").output().is_err() {
+        eprintln!("image: installing musl-tools (a musl C compiler) from Debian's packages");
+        run(Command::new("apt-get").args(["install", "-y", "-q", "musl-tools"])).context(
+            "installing musl-tools (run as root, or install it: apt-get install musl-tools)",
+        )?;
+    }
+    Ok(())
+}
+
+fn run(command: &mut Command) -> anyhow::Result<()> {
+    let status = command
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .status()
+        .with_context(|| format!("running {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Where cargo puts the static binary for `profile`.
+fn build_binary(profile: &str) -> anyhow::Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(cargo).current_dir(crate::repo_root()).args([
+        "build",
+        "--profile",
+        profile,
+        "--target",
+        TARGET,
+        "-p",
+        "wasmctrl",
+        "--bin",
+        "wasmctrl",
+    ]))?;
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::repo_root().join("target"));
+    let dir = if profile == "dev" { "debug" } else { profile };
+    Ok(target_dir.join(TARGET).join(dir).join("wasmctrl"))
+}
+
+/// Assemble the image from a static `binary` into the OCI layout `out`.
+pub fn assemble(binary: &Path, out: &Path) -> anyhow::Result<Image> {
+    let stripped = out.with_extension("wasmctrl.stripped");
+    if let Some(parent) = stripped.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    // Symbols are a third of the binary and no use in a container: strip when `strip` exists.
+    let strip = Command::new("strip")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(binary)
+        .status();
+    let executable = if strip.is_ok_and(|s| s.success()) {
+        std::fs::read(&stripped)?
+    } else {
+        std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?
+    };
+    let _ = std::fs::remove_file(&stripped);
+
+    let tar = layer_tar(&executable)?;
+    let diff_id = sha256(&tar);
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gzip.write_all(&tar)?;
+    let layer = gzip.finish()?;
+
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {
+            "User": format!("{USER}:{USER}"),
+            "Entrypoint": [ENTRYPOINT],
+            "Cmd": ["run"],
+            "Env": [format!("WASMCTRL_CACHE_DIR={CACHE_DIR}"), "PATH=/usr/local/bin".to_owned()],
+            "WorkingDir": "/",
+            "ExposedPorts": {"8080/tcp": {}},
+            "Labels": {
+                "org.opencontainers.image.title": "wasmctrl",
+                "org.opencontainers.image.source": "https://github.com/wasmctrl/wasmctrl",
+            },
+        },
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created_by": "wasmctrl-testenv image::assemble (static musl binary, no base image)"}],
+    }))?;
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": sha256(&config), "size": config.len()},
+        "layers": [{"mediaType": LAYER_MEDIA_TYPE, "digest": sha256(&layer), "size": layer.len()}],
+    }))?;
+
+    let _ = std::fs::remove_dir_all(out);
+    let blobs = out.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs)?;
+    for blob in [&config, &layer, &manifest] {
+        let digest = sha256(blob);
+        std::fs::write(blobs.join(digest.trim_start_matches("sha256:")), blob)?;
+    }
+    std::fs::write(out.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    std::fs::write(
+        out.join("index.json"),
+        serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "manifests": [{
+                "mediaType": MANIFEST_MEDIA_TYPE,
+                "digest": sha256(&manifest),
+                "size": manifest.len(),
+                "annotations": {"org.opencontainers.image.ref.name": "latest"},
+            }],
+        }))?,
+    )?;
+    Ok(Image {
+        layout: out.to_owned(),
+        config,
+        layer,
+        manifest,
+    })
+}
+
+/// The layer: every entry owned by root except the cache directory, times at zero, so the
+/// same binary always gives the same digest.
+fn layer_tar(executable: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut entry = |path: &str, mode: u32, owner: u32, contents: Option<&[u8]>| {
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(mode);
+        header.set_uid(owner.into());
+        header.set_gid(owner.into());
+        header.set_mtime(0);
+        match contents {
+            Some(bytes) => {
+                header.set_entry_type(tar::EntryType::Regular);
+                header.set_size(bytes.len() as u64);
+                tar.append_data(&mut header, path, bytes)
+            }
+            None => {
+                header.set_entry_type(tar::EntryType::Directory);
+                header.set_size(0);
+                tar.append_data(&mut header, path, std::io::empty())
+            }
+        }
+    };
+    let passwd = format!(
+        "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:{USER}:{USER}:nonroot:/home/nonroot:/sbin/nologin\n"
+    );
+    let group = format!("root:x:0:\nnonroot:x:{USER}:\n");
+    for dir in [
+        "etc",
+        "home",
+        "tmp",
+        "usr",
+        "usr/local",
+        "usr/local/bin",
+        "var",
+        "var/cache",
+    ] {
+        entry(dir, if dir == "tmp" { 0o1777 } else { 0o755 }, 0, None)?;
+    }
+    entry("home/nonroot", 0o700, USER, None)?;
+    entry(CACHE_DIR.trim_start_matches('/'), 0o700, USER, None)?;
+    entry("etc/passwd", 0o644, 0, Some(passwd.as_bytes()))?;
+    entry("etc/group", 0o644, 0, Some(group.as_bytes()))?;
+    entry(
+        ENTRYPOINT.trim_start_matches('/'),
+        0o755,
+        0,
+        Some(executable),
+    )?;
+    Ok(tar.into_inner()?)
+}
+
+/// A registry client; `oci-client` is built without a TLS crypto provider, so install ring's
+/// (as the host does) unless one is installed already.
+fn registry_client(insecure: bool) -> oci_client::Client {
+    use oci_client::client::{ClientConfig, ClientProtocol};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    oci_client::Client::new(ClientConfig {
+        protocol: if insecure {
+            ClientProtocol::Http
+        } else {
+            ClientProtocol::Https
+        },
+        ..ClientConfig::default()
+    })
+}
+
+/// Push `image` to `reference` (`host:port/repository:tag`) over plain HTTP when `insecure`.
+pub async fn push(image: &Image, reference: &str, insecure: bool) -> anyhow::Result<String> {
+    use oci_client::client::{Config, ImageLayer};
+    use oci_client::manifest::OciImageManifest;
+    let client = registry_client(insecure);
+    let layer = ImageLayer::new(image.layer.clone(), LAYER_MEDIA_TYPE.into(), None);
+    let config = Config::new(image.config.clone(), CONFIG_MEDIA_TYPE.into(), None);
+    let manifest: OciImageManifest = serde_json::from_slice(&image.manifest)?;
+    let response = client
+        .push(
+            &reference.parse()?,
+            &[layer],
+            config,
+            &oci_client::secrets::RegistryAuth::Anonymous,
+            Some(manifest),
+        )
+        .await
+        .with_context(|| format!("pushing the image to {reference}"))?;
+    Ok(response.manifest_url)
+}
+
+/// Pull `reference` over plain HTTP and unpack its layers into `rootfs`: what a container
+/// runtime does before it starts the image.
+pub async fn pull_into(reference: &str, rootfs: &Path) -> anyhow::Result<()> {
+    let client = registry_client(true);
+    let image = client
+        .pull(
+            &reference.parse()?,
+            &oci_client::secrets::RegistryAuth::Anonymous,
+            vec![LAYER_MEDIA_TYPE],
+        )
+        .await
+        .with_context(|| format!("pulling {reference}"))?;
+    std::fs::create_dir_all(rootfs)?;
+    for layer in image.layers {
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(&layer.data[..]));
+        archive.set_preserve_permissions(true);
+        archive.set_preserve_ownerships(true);
+        archive.unpack(rootfs).context("unpacking a layer")?;
+    }
+    Ok(())
+}
