@@ -11,6 +11,6 @@ pub mod controller;
 pub mod health;
 pub mod leader;
 pub mod metrics;
-pub mod plugin;
+pub use wasmctrl_runtime as plugin;
 pub mod policy;
 pub mod server;

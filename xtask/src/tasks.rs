@@ -281,7 +281,7 @@ pub fn bench(which: BenchSet) -> anyhow::Result<()> {
 /// figure should not depend on where the scheduler happened to put a thread. Run the bench
 /// binary directly for unpinned figures.
 fn bench_plugin_calls() -> anyhow::Result<()> {
-    let bench = ["bench", "-p", "wasmctrl", "--bench", "plugin_call"];
+    let bench = ["bench", "-p", "wasmctrl-runtime", "--bench", "plugin_call"];
     run(
         "building the benchmark",
         cargo().args(bench).arg("--no-run"),

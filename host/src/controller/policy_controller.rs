@@ -131,7 +131,8 @@ async fn prepare(
                 );
                 *plugin = Some(loaded);
             }
-            Err((reason, message)) => {
+            Err(error) => {
+                let (reason, message) = (error.reason(), error.to_string());
                 tracing::warn!(policy = %name, reason, %message, "plugin not loaded");
                 status.set_plugin(State::failed(reason, message.clone()), None);
                 status.set_ready(State::failed("PluginNotLoaded", message));
@@ -342,7 +343,7 @@ fn parent_scope_problem(
 pub(crate) async fn load_plugin(
     policy: &ReconcilePolicy,
     shared: &Shared,
-) -> Result<Plugin, (&'static str, String)> {
+) -> Result<Plugin, LoadError> {
     let spec = &policy.spec.plugin;
     load_from(
         shared,
@@ -354,6 +355,35 @@ pub(crate) async fn load_plugin(
     .await
 }
 
+/// Why a plugin could not be loaded. [`LoadError::reason`] is the condition reason users
+/// see on the policy (and the `result` label of `wasmctrl_plugin_loads_total`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadError {
+    /// `spec.plugin.digest` is not a `sha256:` digest.
+    #[error("{0}")]
+    InvalidDigest(#[from] crate::plugin::InvalidDigest),
+    /// The source could not be read (file, ConfigMap, HTTP, OCI).
+    #[error("{0:#}")]
+    SourceUnavailable(anyhow::Error),
+    /// The bytes are not a plugin this host can run under these limits.
+    #[error("{0}")]
+    Plugin(#[from] PluginError),
+}
+
+impl LoadError {
+    /// The condition reason: a user can act on each one differently.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidDigest(_) => "InvalidDigest",
+            Self::SourceUnavailable(_) => "SourceUnavailable",
+            Self::Plugin(PluginError::DigestMismatch { .. }) => "DigestMismatch",
+            Self::Plugin(PluginError::ContractVersion { .. }) => "ContractVersionMismatch",
+            Self::Plugin(PluginError::InvalidLimits(_)) => "InvalidLimits",
+            Self::Plugin(_) => "InvalidPlugin",
+        }
+    }
+}
+
 /// Fetch a component from `source`, verify it against `digest` when given, and load it,
 /// counting the load for `policy`.
 pub(crate) async fn load_from(
@@ -362,9 +392,9 @@ pub(crate) async fn load_from(
     source: &crate::policy::PluginSource,
     digest: Option<&str>,
     limits: Limits,
-) -> Result<Plugin, (&'static str, String)> {
+) -> Result<Plugin, LoadError> {
     let loaded = fetch_and_load(shared, source, digest, limits).await;
-    let result = loaded.as_ref().map_or_else(|(reason, _)| *reason, |_| "ok");
+    let result = loaded.as_ref().map_or_else(LoadError::reason, |_| "ok");
     shared.metrics.plugin_loaded(policy, result);
     loaded
 }
@@ -374,31 +404,16 @@ async fn fetch_and_load(
     source: &crate::policy::PluginSource,
     digest: Option<&str>,
     limits: Limits,
-) -> Result<Plugin, (&'static str, String)> {
-    let expected = digest
-        .map(str::parse::<Digest>)
-        .transpose()
-        .map_err(|e| ("InvalidDigest", e.to_string()))?;
+) -> Result<Plugin, LoadError> {
+    let expected = digest.map(str::parse::<Digest>).transpose()?;
     let bytes = source::fetch(
         &shared.client,
         source,
         shared.options.credentials_namespace.as_deref(),
     )
     .await
-    .map_err(|e| ("SourceUnavailable", format!("{e:#}")))?;
-    shared
-        .engine
-        .load_async(bytes, expected, limits)
-        .await
-        .map_err(|e| {
-            let reason = match e {
-                PluginError::DigestMismatch { .. } => "DigestMismatch",
-                PluginError::ContractVersion { .. } => "ContractVersionMismatch",
-                PluginError::InvalidLimits(_) => "InvalidLimits",
-                _ => "InvalidPlugin",
-            };
-            (reason, e.to_string())
-        })
+    .map_err(LoadError::SourceUnavailable)?;
+    Ok(shared.engine.load_async(bytes, expected, limits).await?)
 }
 
 /// The policy's limits over the host's defaults.

@@ -113,7 +113,8 @@ async fn swap_to(
         Some(plugin) => plugin,
         None => match load_plugin(policy, shared).await {
             Ok(plugin) => plugin,
-            Err((reason, message)) => {
+            Err(error) => {
+                let (reason, message) = (error.reason(), error.to_string());
                 tracing::warn!(policy = %name, reason, %message, active = %current.plugin.digest(), "new plugin refused; the active one keeps serving");
                 shared.metrics.plugin_swapped(&name, "refused");
                 status.lock().await.set_plugin(
@@ -223,7 +224,8 @@ async fn sync_candidate(
             let _ = requeue_all.send(());
             tracing::info!(policy = %name, %digest, mode, "candidate plugin loaded; re-evaluating every parent");
         }
-        Err((reason, message)) => {
+        Err(error) => {
+            let (reason, message) = (error.reason(), error.to_string());
             tracing::warn!(policy = %name, reason, %message, "candidate plugin refused");
             status
                 .lock()

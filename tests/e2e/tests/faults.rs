@@ -656,8 +656,18 @@ async fn a_plugin_that_traps_while_finalizing_holds_parents_until_fixed() -> any
     check_invariant(&client, &ns, N / 2, 1, &BTreeMap::new()).await?;
 
     // Deleted while its parents hold finalizers, the policy lets them all go.
+    // Only once the holding plugin serves: deleting sooner races the swap.
+    let active_since = || async {
+        let policy = policies(&client).get(TEST).await?;
+        anyhow::Ok(policy.data["status"]["activeSince"].clone())
+    };
+    let before = active_since().await?;
     let plugin_holds = finalizing("hold-finalizer");
     apply_policy(&client, TEST, TEST, plugin_holds).await?;
+    eventually("the holding plugin swapped in", CONVERGE, || async {
+        Ok(active_since().await? != before)
+    })
+    .await?;
     for i in N / 2..N {
         api.delete(&format!("w-{i}"), &Default::default()).await?;
     }

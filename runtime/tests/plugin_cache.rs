@@ -3,7 +3,7 @@
 
 mod support;
 
-use wasmctrl::plugin::{EngineOptions, Limits, PluginEngine, ReconcileRequest};
+use wasmctrl_runtime::{EngineOptions, Limits, PluginEngine, ReconcileRequest};
 
 fn engine(cache_dir: &std::path::Path) -> PluginEngine {
     PluginEngine::new(EngineOptions {
@@ -13,7 +13,7 @@ fn engine(cache_dir: &std::path::Path) -> PluginEngine {
     .expect("engine")
 }
 
-fn answers(plugin: &wasmctrl::plugin::Plugin) {
+fn answers(plugin: &wasmctrl_runtime::Plugin) {
     let response = plugin
         .reconcile_blocking(ReconcileRequest {
             parent: r#"{"metadata":{"name":"cached"}}"#.into(),
@@ -74,7 +74,7 @@ fn damaged_artifact_is_replaced_by_a_recompile() {
 fn cached_plugin_loads_by_digest_without_its_bytes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let bytes = support::guest_bytes("misbehave_plugin");
-    let digest = wasmctrl::plugin::Digest::of(&bytes);
+    let digest = wasmctrl_runtime::Digest::of(&bytes);
     let fresh = engine(dir.path());
     assert!(
         fresh

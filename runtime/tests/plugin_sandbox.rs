@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::guest_bytes;
-use wasmctrl::plugin::{
+use wasmctrl_runtime::{
     Digest, EngineOptions, Limits, Plugin, PluginEngine, PluginError, ReconcileRequest,
     ReportedKind,
 };

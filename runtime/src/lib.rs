@@ -1,4 +1,8 @@
-//! Sandboxed reconcile plugins: loading, limits, and calls.
+//! wasmctrl's plugin runtime: sandboxed reconcile plugins — loading, limits, and calls.
+//!
+//! This crate knows nothing of Kubernetes (it has no kube dependency), so the host's
+//! controller can only reach a plugin through the plain data below. The host re-exports it
+//! as `wasmctrl::plugin`.
 //!
 //! The nouns, in the order a plugin meets them:
 //! - [`PluginEngine`]: one per process; compiles, caches and pre-instantiates components and

@@ -6,7 +6,7 @@ use serde_json::json;
 use std::time::Duration;
 use support::guest_bytes;
 
-use wasmctrl::plugin::{
+use wasmctrl_runtime::{
     EngineOptions, Limits, ObservedObject, PluginEngine, PluginError, ReconcileRequest,
 };
 

@@ -9,15 +9,15 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use wasmctrl::plugin::{EngineOptions, Limits, ObservedObject, PluginEngine, ReconcileRequest};
 use wasmctrl_plugin_sdk::{RawRequest, reconcile_raw};
+use wasmctrl_runtime::{EngineOptions, Limits, ObservedObject, PluginEngine, ReconcileRequest};
 
 const WARMUP: usize = 2_000;
 const CALLS: usize = 20_000;
 
 fn fixture(name: &str) -> String {
     let path = support::workspace_root()
-        .join("host/benches/fixtures")
+        .join("runtime/benches/fixtures")
         .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
