@@ -4,11 +4,14 @@
 //! - [`Host`] watches ReconcilePolicies and starts, restarts and stops one policy controller
 //!   per policy, each in its own task, so one policy's trouble never reaches another.
 //! - `policy_controller` takes a policy from plugin loading and kind discovery to a running
-//!   kube-runtime `Controller`; `reconcile` is one reconcile of one parent.
+//!   kube-runtime `Controller` over the shared `context`.
+//! - `reconcile` is one reconcile of one parent: `request` builds what the plugin is asked,
+//!   `writes` makes the cluster match its answer.
 //! - `children`, `status` and `backoff` are the pure decisions the reconciler acts on.
 
 mod backoff;
 mod children;
+mod context;
 mod events;
 mod field_ownership;
 pub(crate) mod kinds;
@@ -19,11 +22,13 @@ mod policy_status;
 mod queue;
 mod reconcile;
 mod release;
+mod request;
 mod source;
 mod status;
 mod swap;
 mod watch_backoff;
 mod watch_health;
+mod writes;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -27,7 +27,8 @@ use super::parent_claims;
 use super::permissions;
 use super::policy_status::{PolicyStatusWriter, State};
 use super::queue::QueueGauge;
-use super::reconcile::{self, ActivePlugin, ChildCache, PolicyContext, RelatedCache};
+use super::context::{ActivePlugin, ChildCache, PolicyContext, RelatedCache, lock};
+use super::reconcile;
 use super::release;
 use super::source;
 use super::swap;
@@ -867,10 +868,7 @@ fn counts(ctx: &PolicyContext, parents: &Store<DynamicObject>) -> (u64, u64) {
             cache.store.get(&key).is_some()
         });
     }
-    let mut reconciled = ctx
-        .reconciled
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut reconciled = lock(&ctx.reconciled);
     reconciled.retain(exists);
     (reconciled.len() as u64, ctx.backoff.failing() as u64)
 }
@@ -884,7 +882,7 @@ fn candidate_counts(
     use kube::core::SelectorExt as _;
     const EXAMPLES: usize = 5;
     let candidate = ctx.candidate.load_full()?;
-    let mut verdicts = reconcile::lock(&ctx.shadow);
+    let mut verdicts = lock(&ctx.shadow);
     verdicts.retain(|key, _| parents.get(key).is_some());
     let mut status = CandidateStatus {
         digest: candidate.serving.plugin.digest().to_string(),

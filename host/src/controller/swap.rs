@@ -24,7 +24,7 @@ use tokio::sync::{Mutex, mpsc, watch};
 
 use super::policy_controller::{Shared, load_from, load_plugin};
 use super::policy_status::{PolicyStatusWriter, State};
-use super::reconcile::{ActivePlugin, Candidate, PolicyContext, lock};
+use super::context::{ActivePlugin, Candidate, PolicyContext, lock};
 use crate::plugin::{Digest, Plugin};
 use crate::policy::{CandidateSpec, PluginSource, PluginSpec, ReconcilePolicy};
 

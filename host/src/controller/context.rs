@@ -1,0 +1,88 @@
+//! What one policy's reconciles share: the caches they read, the plugin serving state a hot
+//! swap replaces, and the bookkeeping behind the policy's status and metrics.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use kube::Client;
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use super::backoff::Backoff;
+use super::children::AllowedKind;
+use super::events::EventSink;
+use crate::metrics::Metrics;
+use crate::plugin::{Plugin, Verdict};
+
+/// A child kind as one policy's reconciles see it: the cache of the children it already has.
+/// Its index is its index in [`PolicyContext::allowed`].
+pub(crate) struct ChildCache {
+    pub resource: ApiResource,
+    pub store: Store<DynamicObject>,
+    /// Children whose create-time fields must be handed over before an apply.
+    pub created: Arc<super::field_ownership::CreatedFields>,
+}
+
+/// A related kind: a cache of the objects the plugin may read.
+pub(crate) struct RelatedCache {
+    pub store: Store<DynamicObject>,
+}
+
+/// Everything one policy's reconciles share.
+pub(crate) struct PolicyContext {
+    pub client: Client,
+    pub policy: String,
+    /// Value of the policy label stamped on children.
+    pub policy_label: String,
+    /// Server-side apply field manager for children and status.
+    pub field_manager: String,
+    /// The finalizer this policy holds on parents, when it asks for one.
+    pub finalizer: Option<String>,
+    pub parent: ApiResource,
+    /// The child kinds the policy allows, in the order of `children`.
+    pub allowed: Vec<AllowedKind>,
+    pub children: Vec<ChildCache>,
+    pub related: Vec<RelatedCache>,
+    /// The plugin and config serving this policy. Each reconcile takes what is active when
+    /// it starts; a swap affects only reconciles that start after it.
+    pub active: ArcSwap<ActivePlugin>,
+    /// The candidate plugin, if the policy names one.
+    pub candidate: arc_swap::ArcSwapOption<Candidate>,
+    /// The candidate's shadow verdict per parent, since it was loaded.
+    pub shadow: Mutex<std::collections::HashMap<ObjectRef<DynamicObject>, Verdict>>,
+    pub resync: Duration,
+    pub backoff: Backoff<ObjectRef<DynamicObject>>,
+    /// Parents whose last reconcile succeeded.
+    pub reconciled: Mutex<HashSet<ObjectRef<DynamicObject>>>,
+    pub events: EventSink,
+    pub metrics: Arc<Metrics>,
+    /// Parents waiting for a reconcile, for `workqueue_depth`.
+    pub queue: Arc<super::queue::QueueGauge>,
+    /// A standby reconciles nothing; its caches stay warm for a takeover.
+    pub leadership: Arc<crate::leader::Leadership>,
+    /// Becomes true once every child and related cache has listed its objects.
+    pub caches_ready: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The plugin serving a policy and the config it is called with, swapped as one.
+pub(crate) struct ActivePlugin {
+    pub plugin: Plugin,
+    pub config: Option<String>,
+}
+
+/// A candidate plugin: serving the parents its canary selector matches, and evaluated in
+/// shadow for all others.
+pub(crate) struct Candidate {
+    pub serving: ActivePlugin,
+    pub canary: Option<kube::core::Selector>,
+}
+
+/// Lock a mutex that only holds plain bookkeeping: a panic elsewhere cannot leave it
+/// inconsistent, so poisoning is ignored.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,170 @@
+//! What a plugin is asked: the parent, the children the caches show it controls, and the
+//! related objects in its namespace. One builder for a reconcile and for finalizing, so both
+//! see the same world.
+
+use std::sync::Arc;
+
+use kube::ResourceExt as _;
+use kube::core::DynamicObject;
+
+use super::children::ParentIdentity;
+use super::context::{ActivePlugin, ChildCache, PolicyContext, RelatedCache};
+use crate::plugin::{ObservedObject, ReconcileRequest};
+
+/// Children in `caches` whose controller is this parent (by uid, in its namespace), with the
+/// index of their kind. An object that merely carries the policy's label, or that another
+/// parent controls, is not this parent's child.
+pub(crate) fn observed_children(
+    parent: &ParentIdentity,
+    caches: &[ChildCache],
+) -> Vec<(usize, Arc<DynamicObject>)> {
+    let mut observed = Vec::new();
+    for (index, cache) in caches.iter().enumerate() {
+        observed.extend(
+            cache
+                .store
+                .state_filter(|child| {
+                    child.metadata.namespace == parent.namespace
+                        && child
+                            .owner_references()
+                            .iter()
+                            .any(|owner| owner.controller == Some(true) && owner.uid == parent.uid)
+                })
+                .into_iter()
+                .map(|child| (index, child)),
+        );
+    }
+    observed
+}
+
+/// Related objects in the parent's namespace (the watches already applied the selector).
+pub(crate) fn related_objects(
+    parent: &ParentIdentity,
+    caches: &[RelatedCache],
+) -> Vec<ObservedObject> {
+    caches
+        .iter()
+        .flat_map(|cache| {
+            cache
+                .store
+                .state_filter(|o| o.metadata.namespace == parent.namespace)
+        })
+        .map(|o| observed_object(&o))
+        .collect()
+}
+
+/// The request for `parent` with its `observed` children, served by `serving`.
+pub(crate) fn build(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    observed: &[(usize, Arc<DynamicObject>)],
+    ctx: &PolicyContext,
+    serving: &ActivePlugin,
+    finalizing: bool,
+) -> ReconcileRequest {
+    ReconcileRequest {
+        parent: serde_json::to_string(parent).unwrap_or_default(),
+        children: observed.iter().map(|(_, o)| observed_object(o)).collect(),
+        related: related_objects(identity, &ctx.related),
+        config: serving.config.clone(),
+        finalizing,
+    }
+}
+
+fn observed_object(object: &Arc<DynamicObject>) -> ObservedObject {
+    let (api_version, kind) = object
+        .types
+        .as_ref()
+        .map(|t| (t.api_version.clone(), t.kind.clone()))
+        .unwrap_or_default();
+    ObservedObject {
+        api_version,
+        kind,
+        name: object.name_any(),
+        json: serde_json::to_string(&**object).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The caches are real kube-runtime stores, filled as a watch would fill them.
+
+    use kube::core::ApiResource;
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher;
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::field_ownership::CreatedFields;
+
+    fn config_maps() -> ApiResource {
+        ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
+    }
+
+    fn object(namespace: &str, name: &str, controller_uid: Option<(&str, bool)>) -> DynamicObject {
+        let owners: Vec<_> = controller_uid
+            .map(|(uid, controller)| {
+                json!({"apiVersion": "example.com/v1", "kind": "MyApp", "name": "p",
+                       "uid": uid, "controller": controller})
+            })
+            .into_iter()
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "ownerReferences": owners},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn store(objects: Vec<DynamicObject>) -> kube::runtime::reflector::Store<DynamicObject> {
+        let mut writer = Writer::new(config_maps());
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for object in objects {
+            writer.apply_watcher_event(&watcher::Event::InitApply(object));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        writer.as_reader()
+    }
+
+    fn parent() -> ParentIdentity {
+        ParentIdentity {
+            api_version: "example.com/v1".into(),
+            kind: "MyApp".into(),
+            name: "p".into(),
+            namespace: Some("a".into()),
+            uid: "uid-p".into(),
+        }
+    }
+
+    #[test]
+    fn only_children_this_parent_controls_in_its_namespace_are_observed() {
+        let caches = [ChildCache {
+            resource: config_maps(),
+            store: store(vec![
+                object("a", "mine", Some(("uid-p", true))),
+                object("a", "owned-not-controlled", Some(("uid-p", false))),
+                object("a", "another-parents", Some(("uid-q", true))),
+                object("a", "labelled-only", None),
+                object("b", "same-uid-elsewhere", Some(("uid-p", true))),
+            ]),
+            created: Arc::new(CreatedFields::new("wasmctrl/test".into())),
+        }];
+        let observed: Vec<_> = observed_children(&parent(), &caches)
+            .into_iter()
+            .map(|(index, child)| (index, child.name_any()))
+            .collect();
+        assert_eq!(observed, [(0, "mine".to_owned())]);
+    }
+
+    #[test]
+    fn related_objects_come_from_the_parents_namespace_only() {
+        let caches = [RelatedCache {
+            store: store(vec![object("a", "here", None), object("b", "there", None)]),
+        }];
+        let related = related_objects(&parent(), &caches);
+        let names: Vec<_> = related.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["here"]);
+        assert_eq!(related[0].kind, "ConfigMap");
+        assert!(related[0].json.contains(r#""name":"here""#));
+    }
+}

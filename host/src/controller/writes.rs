@@ -1,0 +1,339 @@
+//! The cluster writes of one reconcile: create or update each child (only objects this parent
+//! controls), prune what is no longer desired, write the status, record the plugin digest,
+//! and add or remove the parent's finalizer. Every write is bound to the uid it was decided
+//! for, so a replaced object is never written by mistake.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client, ResourceExt as _};
+use serde_json::{Value, json};
+
+use super::children::{self, DesiredChild, ParentIdentity};
+use super::context::PolicyContext;
+use super::reconcile::{PLUGIN_DIGEST_ANNOTATION, ReconcileError, now};
+use super::status::{self, Outcome};
+use crate::metrics::ChildOperation;
+
+/// Bring one child to its desired state, unless the cache shows it already converged.
+/// Returns whether it wrote.
+///
+/// Ownership comes first: the host changes only objects whose controller is this parent. A
+/// child missing from the cache (which holds only objects labelled for this policy) is
+/// created, never applied, so an existing object of the same name — a hand-made Service, or
+/// one another parent controls — turns into a `ChildConflict` instead of being taken over.
+pub(super) async fn apply_child(
+    child: &DesiredChild,
+    parent: &ParentIdentity,
+    ctx: &PolicyContext,
+) -> Result<bool, ReconcileError> {
+    let cache = &ctx.children[child.kind_index];
+    let mut key = ObjectRef::new_with(&child.name, cache.resource.clone());
+    if let Some(namespace) = &child.namespace {
+        key = key.within(namespace);
+    }
+    match cache.store.get(&key) {
+        Some(observed) => update_child(child, &observed, parent, ctx).await,
+        None => create_child(child, parent, ctx).await,
+    }
+}
+
+/// Create a child the cache does not know. An `AlreadyExists` means either that the cache has
+/// not seen an earlier create of ours yet, or that someone else's object holds the name: a
+/// live read tells them apart.
+pub(super) async fn create_child(
+    child: &DesiredChild,
+    parent: &ParentIdentity,
+    ctx: &PolicyContext,
+) -> Result<bool, ReconcileError> {
+    let api = dynamic_api(
+        &ctx.client,
+        &ctx.children[child.kind_index].resource,
+        child.namespace.as_deref(),
+    );
+    let apply_error = |source| ReconcileError::Apply {
+        kind: ctx.allowed[child.kind_index].kind.clone(),
+        name: child.name.clone(),
+        source,
+    };
+    let object: DynamicObject = serde_json::from_value(child.object.clone())
+        .map_err(|e| apply_error(kube::Error::SerdeError(e)))?;
+    let params = PostParams {
+        field_manager: Some(ctx.field_manager.clone()),
+        ..PostParams::default()
+    };
+    match api.create(&params, &object).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let live = api.get(&child.name).await.map_err(apply_error)?;
+            update_child(child, &live, parent, ctx).await
+        }
+        Err(source) => Err(apply_error(source)),
+    }
+}
+
+/// Server-side apply a child that exists, if this parent controls it and it drifted. The
+/// apply carries the observed uid, so an object deleted and re-created by someone else
+/// since the read is refused by the API server rather than taken over.
+pub(super) async fn update_child(
+    child: &DesiredChild,
+    observed: &DynamicObject,
+    parent: &ParentIdentity,
+    ctx: &PolicyContext,
+) -> Result<bool, ReconcileError> {
+    let kind = &ctx.allowed[child.kind_index].kind;
+    if let Some(owner) = children::foreign_controller(observed.owner_references(), &parent.uid) {
+        return Err(ReconcileError::ChildConflict {
+            kind: kind.clone(),
+            name: child.name.clone(),
+            owner,
+        });
+    }
+    let observed_json = serde_json::to_value(observed).unwrap_or_default();
+    if children::is_converged(child, &observed_json) {
+        return Ok(false);
+    }
+    tracing::debug!(
+        %kind,
+        name = %child.name,
+        differs_at = children::first_difference(&child.object, &observed_json).as_deref().unwrap_or(".metadata.annotations (hash)"),
+        "child drifted from its desired state"
+    );
+    let mut body = child.object.clone();
+    if let (Some(uid), Some(metadata)) = (&observed.metadata.uid, body["metadata"].as_object_mut())
+    {
+        metadata.insert("uid".into(), json!(uid));
+    }
+    let apply_error = |source| ReconcileError::Apply {
+        kind: kind.clone(),
+        name: child.name.clone(),
+        source,
+    };
+    let cache = &ctx.children[child.kind_index];
+    let api = dynamic_api(&ctx.client, &cache.resource, child.namespace.as_deref());
+    if cache
+        .created
+        .needs_hand_over(child.namespace.as_deref(), &child.name)
+    {
+        cache
+            .created
+            .hand_over(&api, &child.name)
+            .await
+            .map_err(apply_error)?;
+    }
+    api.patch(
+        &child.name,
+        &PatchParams::apply(&ctx.field_manager).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(apply_error)?;
+    Ok(true)
+}
+
+/// Delete observed children that are no longer desired. Called only after every apply
+/// succeeded, and only for objects this parent controls (the delete is preconditioned on the
+/// observed uid, so a same-named replacement is never hit).
+pub(super) async fn prune(
+    observed: &[(usize, Arc<DynamicObject>)],
+    desired: &[DesiredChild],
+    ctx: &PolicyContext,
+) -> Result<usize, ReconcileError> {
+    let wanted: HashSet<(usize, &str)> = desired
+        .iter()
+        .map(|d| (d.kind_index, d.name.as_str()))
+        .collect();
+    let mut pruned = 0;
+    for (index, child) in observed {
+        let name = child.name_any();
+        if wanted.contains(&(*index, name.as_str())) {
+            continue;
+        }
+        let cache = &ctx.children[*index];
+        let api = dynamic_api(
+            &ctx.client,
+            &cache.resource,
+            child.metadata.namespace.as_deref(),
+        );
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: Some(Preconditions {
+                uid: child.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {
+                pruned += 1;
+                let kind = &ctx.allowed[*index].kind;
+                ctx.metrics
+                    .children(&ctx.policy, kind, ChildOperation::Pruned, 1);
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(ReconcileError::Prune {
+                    kind: ctx.allowed[*index].kind.clone(),
+                    name,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(pruned)
+}
+
+/// Write the status through the status subresource, unless it would not change. Server-side
+/// apply with the policy's field manager: fields other writers own are left alone.
+pub(super) async fn write_status(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    plugin_status: Option<crate::plugin::JsonObject>,
+    outcome: &Outcome,
+    ctx: &PolicyContext,
+) -> Result<(), ReconcileError> {
+    let observed = parent.data.get("status");
+    let desired = status::after_success(
+        plugin_status,
+        parent.metadata.generation,
+        observed,
+        outcome,
+        &now(),
+    );
+    if status::is_unchanged(&desired, observed) {
+        return Ok(());
+    }
+    let body = json!({
+        "apiVersion": identity.api_version,
+        "kind": identity.kind,
+        // The uid makes the write a precondition: a parent deleted (and perhaps re-created)
+        // since this reconcile read it is refused, never re-created by the apply.
+        "metadata": {"name": identity.name, "namespace": identity.namespace, "uid": identity.uid},
+        "status": desired,
+    });
+    dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
+        .patch_status(
+            &identity.name,
+            &PatchParams::apply(&ctx.field_manager).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(ReconcileError::Status)?;
+    Ok(())
+}
+
+/// Record which plugin reconciled the parent, when that changed. Server-side apply with the
+/// policy's field manager owns just this one annotation.
+pub(super) async fn record_plugin_digest(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    digest: &crate::plugin::Digest,
+    ctx: &PolicyContext,
+) -> Result<(), ReconcileError> {
+    let digest = digest.to_string();
+    if parent.annotations().get(PLUGIN_DIGEST_ANNOTATION) == Some(&digest) {
+        return Ok(());
+    }
+    let body = json!({
+        "apiVersion": identity.api_version,
+        "kind": identity.kind,
+        "metadata": {
+            "name": identity.name,
+            "namespace": identity.namespace,
+            "uid": identity.uid,
+            "annotations": {PLUGIN_DIGEST_ANNOTATION: digest},
+        },
+    });
+    dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
+        .patch(
+            &identity.name,
+            &PatchParams::apply(&ctx.field_manager).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(ReconcileError::Annotate)?;
+    Ok(())
+}
+
+pub(super) async fn add_finalizer(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    finalizer: &str,
+    ctx: &PolicyContext,
+) -> Result<(), ReconcileError> {
+    // The resourceVersion test turns a concurrent change into a conflict and a retry, rather
+    // than a lost finalizer list.
+    let ops = if parent.finalizers().is_empty() {
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": parent.metadata.resource_version},
+            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
+        ])
+    } else {
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": parent.metadata.resource_version},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},
+        ])
+    };
+    json_patch(identity, ops, ctx).await
+}
+
+pub(super) async fn remove_finalizer(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    finalizer: &str,
+    ctx: &PolicyContext,
+) -> Result<(), ReconcileError> {
+    let Some(index) = parent.finalizers().iter().position(|f| f == finalizer) else {
+        return Ok(());
+    };
+    let path = format!("/metadata/finalizers/{index}");
+    let ops = json!([
+        {"op": "test", "path": path, "value": finalizer},
+        {"op": "remove", "path": path},
+    ]);
+    match json_patch(identity, ops, ctx).await {
+        Err(ReconcileError::Finalizer(kube::Error::Api(status))) if status.code == 404 => Ok(()),
+        other => other,
+    }
+}
+
+pub(super) async fn json_patch(
+    identity: &ParentIdentity,
+    ops: Value,
+    ctx: &PolicyContext,
+) -> Result<(), ReconcileError> {
+    // Every finalizer patch first tests the uid: it applies to the parent this reconcile
+    // read, never to a same-named successor.
+    let mut ops = ops;
+    if let Some(list) = ops.as_array_mut() {
+        list.insert(
+            0,
+            json!({"op": "test", "path": "/metadata/uid", "value": identity.uid}),
+        );
+    }
+    let patch: json_patch::Patch = serde_json::from_value(ops)
+        .map_err(|e| ReconcileError::Finalizer(kube::Error::SerdeError(e)))?;
+    dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
+        .patch(
+            &identity.name,
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await
+        .map_err(ReconcileError::Finalizer)?;
+    Ok(())
+}
+
+pub(super) fn dynamic_api(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    match namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
+        None => Api::all_with(client.clone(), resource),
+    }
+}
