@@ -65,11 +65,12 @@ impl EventSink {
         message: String,
     ) -> Published {
         let uid = object.uid.clone().unwrap_or_default();
-        let verdict = self
-            .recent
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .admit(uid, reason, Instant::now(), self.min_interval);
+        let verdict = super::context::lock(&self.recent).admit(
+            uid,
+            reason,
+            Instant::now(),
+            self.min_interval,
+        );
         if verdict != Published::Sent {
             return verdict;
         }

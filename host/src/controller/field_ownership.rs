@@ -89,9 +89,7 @@ impl CreatedFields {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<(Option<String>, String)>> {
         // A set of names; a panic elsewhere cannot leave it inconsistent.
-        self.marked
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        super::context::lock(&self.marked)
     }
 }
 

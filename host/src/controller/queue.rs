@@ -6,7 +6,7 @@
 //! client-go's queue. Timed requeues (resync, backoff) are not seen until they run.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use crate::metrics::Metrics;
 
@@ -31,7 +31,7 @@ impl QueueGauge {
 
     /// These parents were asked to reconcile.
     pub fn added(&self, parents: impl IntoIterator<Item = ParentKey>) {
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut waiting = super::context::lock(&self.waiting);
         let mut added = 0;
         for parent in parents {
             added += 1;
@@ -42,7 +42,7 @@ impl QueueGauge {
 
     /// A reconcile of this parent started.
     pub fn started(&self, parent: &ParentKey) {
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut waiting = super::context::lock(&self.waiting);
         if waiting.remove(parent) {
             self.metrics.set_queue_depth(&self.policy, waiting.len());
         }

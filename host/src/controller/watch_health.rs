@@ -20,10 +20,7 @@ impl WatchHealth {
     /// Note what the watch of `kind` just yielded: an error marks it failing, anything
     /// else healthy.
     pub fn observe<K>(&self, kind: &str, event: &Result<watcher::Event<K>, watcher::Error>) {
-        let mut failing = self
-            .failing
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut failing = super::context::lock(&self.failing);
         match event {
             Err(error) => {
                 failing.insert(kind.to_owned(), classify(error));
@@ -37,10 +34,7 @@ impl WatchHealth {
     /// The policy's `Ready` state while some watch fails: the first failing kind's reason,
     /// and every failing kind in the message.
     pub fn problem(&self) -> Option<State> {
-        let failing = self
-            .failing
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let failing = super::context::lock(&self.failing);
         let (_, (reason, _)) = failing.iter().next()?;
         let message = failing
             .iter()
