@@ -22,9 +22,9 @@ use kube::{Api, ResourceExt as _};
 use notify::Watcher as _;
 use tokio::sync::{Mutex, mpsc, watch};
 
+use super::context::{ActivePlugin, Candidate, PolicyContext, lock};
 use super::policy_controller::{Shared, load_from, load_plugin};
 use super::policy_status::{PolicyStatusWriter, State};
-use super::context::{ActivePlugin, Candidate, PolicyContext, lock};
 use crate::plugin::{Digest, Plugin};
 use crate::policy::{CandidateSpec, PluginSource, PluginSpec, ReconcilePolicy};
 
