@@ -3,7 +3,6 @@
 //! and add or remove the parent's finalizer. Every write is bound to the uid it was decided
 //! for, so a replaced object is never written by mistake.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
@@ -142,16 +141,16 @@ pub(super) async fn prune(
     desired: &[DesiredChild],
     ctx: &PolicyContext,
 ) -> Result<usize, ReconcileError> {
-    let wanted: HashSet<(usize, &str)> = desired
-        .iter()
-        .map(|d| (d.kind_index, d.name.as_str()))
-        .collect();
+    let positions = children::to_prune(
+        observed
+            .iter()
+            .map(|(index, child)| (*index, child.metadata.name.as_deref().unwrap_or_default())),
+        desired,
+    );
     let mut pruned = 0;
-    for (index, child) in observed {
+    for position in positions {
+        let (index, child) = &observed[position];
         let name = child.name_any();
-        if wanted.contains(&(*index, name.as_str())) {
-            continue;
-        }
         let cache = &ctx.children[*index];
         let api = dynamic_api(
             &ctx.client,
