@@ -70,6 +70,7 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
+#[expect(clippy::too_many_lines, reason = "the bench's table, row by row")]
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
     // WASMCTRL_BENCH_PLUGIN=path/to/other.wasm compares another build of the plugin.

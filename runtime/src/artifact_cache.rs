@@ -53,6 +53,7 @@ impl ArtifactCache {
 
     /// The cached artifact for `digest`, if there is a usable one. A corrupt or incompatible
     /// entry is removed and reported as a miss, so the caller recompiles.
+    #[allow(unsafe_code)] // see the SAFETY comment inside
     pub(crate) fn load(&self, engine: &Engine, digest: &Digest) -> Option<Component> {
         let path = self.path(digest);
         if !path.exists() {

@@ -31,6 +31,7 @@ where
 /// Put the calling thread in the `SCHED_IDLE` class. An unprivileged thread may always lower
 /// its own priority; if the kernel or a seccomp profile refuses, the call still runs (one at
 /// a time), and the refusal is logged once.
+#[allow(unsafe_code)] // see the SAFETY comment inside
 fn lower_own_priority() {
     // SAFETY: `sched_param` is plain data; all zeroes is priority 0, what SCHED_IDLE needs.
     let param: libc::sched_param = unsafe { std::mem::zeroed() };
@@ -60,6 +61,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    #[allow(unsafe_code)] // see the SAFETY comment inside
     async fn work_runs_on_a_thread_of_idle_priority() {
         let policy = run_at_idle_priority(|| {
             // SAFETY: sched_getscheduler(0) only reads the calling thread's policy.

@@ -182,6 +182,7 @@ fn invalid_json_output_is_rejected() {
 }
 
 #[test]
+#[allow(unsafe_code)] // see the SAFETY comment inside
 fn files_environment_sockets_and_clocks_are_out_of_reach() {
     // A variable the host has must not be visible to the guest.
     // SAFETY: set before any other thread of this test reads the environment.

@@ -21,6 +21,7 @@ pub struct Cli {
     /// Where precompiled plugins are cached.
     #[arg(long, global = true, env = "WASMCTRL_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }

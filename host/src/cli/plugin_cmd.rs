@@ -20,11 +20,13 @@ pub enum PluginCommand {
     Run {
         /// The plugin component (.wasm).
         plugin: PathBuf,
+        /// What the plugin is asked.
         #[command(flatten)]
         request: RequestArgs,
         /// Refuse the plugin unless its bytes hash to this `sha256:` digest.
         #[arg(long)]
         digest: Option<Digest>,
+        /// The sandbox's limits.
         #[command(flatten)]
         limits: LimitArgs,
         /// Output format.
@@ -38,11 +40,13 @@ pub enum PluginCommand {
         active: PathBuf,
         /// The candidate plugin component (.wasm).
         candidate: PathBuf,
+        /// What both plugins are asked.
         #[command(flatten)]
         request: RequestArgs,
         /// The candidate's config, when it differs from `--config`.
         #[arg(long)]
         candidate_config: Option<PathBuf>,
+        /// The sandbox's limits.
         #[command(flatten)]
         limits: LimitArgs,
         /// Output format.

@@ -191,6 +191,10 @@ pub fn prepare(
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "each check of a desired child, in the order a user reads the refusal"
+)]
 fn prepare_one(
     index: usize,
     mut object: JsonObject,

@@ -5,21 +5,58 @@
 //! pruning, writing status and recording events. This crate lets you write that decision as a
 //! plain Rust function over typed objects and export it as a WebAssembly component with one line.
 //!
-//! ```ignore
-//! use wasmctrl_plugin_sdk::{Reconciler, Request, Response, Error};
+//! ```
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use serde::Deserialize;
+//! use wasmctrl_plugin_sdk::{Error, Reconciler, Request, Response, k8s_openapi, serde_json};
 //!
-//! struct MyApp;
-//! impl Reconciler for MyApp {
-//!     type Parent = my_types::MyApp;          // any `serde::Deserialize` type
-//!     type Config = serde_json::Value;        // the policy's `plugin.config`
-//!     fn reconcile(req: &Request<Self::Parent, Self::Config>) -> Result<Response, Error> {
+//! /// The parent: any `serde::Deserialize` type, usually the CRD's Rust type.
+//! #[derive(Deserialize)]
+//! struct Greeting {
+//!     metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+//!     spec: GreetingSpec,
+//! }
+//!
+//! #[derive(Deserialize)]
+//! struct GreetingSpec {
+//!     message: String,
+//! }
+//!
+//! struct Greeter;
+//!
+//! impl Reconciler for Greeter {
+//!     type Parent = Greeting;
+//!     type Config = serde_json::Value; // the policy's `plugin.config`
+//!
+//!     fn reconcile(request: &Request<Greeting, serde_json::Value>) -> Result<Response, Error> {
+//!         let name = request.parent.metadata.name.clone().unwrap_or_default();
+//!         let child = ConfigMap {
+//!             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+//!                 name: Some(format!("{name}-greeting")),
+//!                 ..Default::default()
+//!             },
+//!             data: Some([("message".to_owned(), request.parent.spec.message.clone())].into()),
+//!             ..Default::default()
+//!         };
 //!         let mut response = Response::new();
-//!         response.add_child(&some_deployment)?;
-//!         response.set_status(&my_status)?;
+//!         response.add_child(&child)?;
+//!         response.set_status(&serde_json::json!({"greeted": true}))?;
 //!         Ok(response)
 //!     }
 //! }
-//! wasmctrl_plugin_sdk::export_reconciler!(MyApp);
+//!
+//! wasmctrl_plugin_sdk::export_reconciler!(Greeter);
+//!
+//! // The same function, natively, as `cargo test` runs it (see [`testing`]):
+//! let parent = serde_json::json!({
+//!     "apiVersion": "example.com/v1", "kind": "Greeting",
+//!     "metadata": {"name": "hello", "namespace": "default"},
+//!     "spec": {"message": "hi"},
+//! });
+//! let response = wasmctrl_plugin_sdk::testing::TestRequest::new(&parent).reconcile::<Greeter>()?;
+//! let child: ConfigMap = response.child("hello-greeting").expect("the child");
+//! assert_eq!(child.data.unwrap_or_default()["message"], "hi");
+//! # Ok::<(), Error>(())
 //! ```
 //!
 //! The same function runs natively under `cargo test` through [`testing`], with the exact

@@ -1,10 +1,25 @@
 //! Run a plugin natively, in `cargo test`, through the same decoding the Wasm export uses.
 //!
-//! ```ignore
-//! let response = TestRequest::new(&my_app)
-//!     .child(&observed_deployment)
-//!     .reconcile::<MyAppReconciler>()?;
-//! let deployment: Deployment = response.child("web").unwrap();
+//! ```
+//! use wasmctrl_plugin_sdk::testing::TestRequest;
+//! use wasmctrl_plugin_sdk::{Error, Reconciler, Request, Response, serde_json};
+//!
+//! /// Mirrors the parent's spec into its status.
+//! struct Echo;
+//! impl Reconciler for Echo {
+//!     type Parent = serde_json::Value;
+//!     type Config = serde_json::Value;
+//!     fn reconcile(request: &Request<serde_json::Value, serde_json::Value>) -> Result<Response, Error> {
+//!         let mut response = Response::new();
+//!         response.set_status(&request.parent["spec"])?;
+//!         Ok(response)
+//!     }
+//! }
+//!
+//! let response = TestRequest::new(&serde_json::json!({"spec": {"size": 3}}))
+//!     .reconcile::<Echo>()?;
+//! assert_eq!(response.status::<serde_json::Value>(), Some(serde_json::json!({"size": 3})));
+//! # Ok::<(), Error>(())
 //! ```
 
 use serde::Serialize;

@@ -84,6 +84,7 @@ struct Swap {
     last: Duration,
 }
 
+#[allow(unsafe_code)] // see the SAFETY comment inside
 async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<Row> {
     let client = admin_client(&plane.kubeconfig).await?;
     wasmctrl_testenv::crds::install_repo_crds(&client).await?;

@@ -7,6 +7,7 @@ use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, is_alive};
 use wasmctrl_testenv::repo_root;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(unsafe_code)] // see the SAFETY comment inside
 async fn start_twice_and_stop_after_apiserver_was_killed() -> anyhow::Result<()> {
     let binaries = tokio::task::spawn_blocking(|| Binaries::build(&repo_root())).await??;
     let dir = tempfile::Builder::new()

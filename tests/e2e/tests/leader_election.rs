@@ -73,6 +73,7 @@ impl Replica {
         })
     }
 
+    #[allow(unsafe_code)] // see the SAFETY comment inside
     fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
         let pid = i32::try_from(self.child.id())?;
         // SAFETY: kill(2) on our own child's pid has no memory effects.

@@ -348,6 +348,7 @@ impl ControlPlane {
         }
     }
 
+    #[allow(unsafe_code)] // see the SAFETY comment inside
     fn spawn(
         &mut self,
         binaries: &Binaries,
@@ -643,6 +644,7 @@ fn etcd_post(port: u16, path: &str, body: &str) -> anyhow::Result<serde_json::Va
     Ok(serde_json::from_str(&payload[start..=end])?)
 }
 
+#[allow(unsafe_code)] // see the SAFETY comment inside
 fn signal(pid: u32, sig: libc::c_int) {
     if let Ok(pid) = libc::pid_t::try_from(pid) {
         // SAFETY: kill has no memory-safety preconditions.
