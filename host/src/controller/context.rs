@@ -45,13 +45,8 @@ pub(crate) struct PolicyContext {
     pub allowed: Vec<AllowedKind>,
     pub children: Vec<ChildCache>,
     pub related: Vec<RelatedCache>,
-    /// The plugin and config serving this policy. Each reconcile takes what is active when
-    /// it starts; a swap affects only reconciles that start after it.
-    pub active: ArcSwap<ActivePlugin>,
-    /// The candidate plugin, if the policy names one.
-    pub candidate: arc_swap::ArcSwapOption<Candidate>,
-    /// The candidate's shadow verdict per parent, since it was loaded.
-    pub shadow: Mutex<std::collections::HashMap<ObjectRef<DynamicObject>, Verdict>>,
+    /// What serves the policy's reconciles: all a hot swap touches.
+    pub serving: Arc<Serving>,
     pub resync: Duration,
     pub backoff: Backoff<ObjectRef<DynamicObject>>,
     /// Parents whose last reconcile succeeded.
@@ -64,6 +59,29 @@ pub(crate) struct PolicyContext {
     pub leadership: Arc<crate::leader::Leadership>,
     /// Becomes true once every child and related cache has listed its objects.
     pub caches_ready: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The swappable state of one policy: the active plugin, the candidate, and the candidate's
+/// shadow verdicts. The swap task holds this, and nothing else of the policy's context.
+pub(crate) struct Serving {
+    /// The plugin and config serving this policy. Each reconcile takes what is active when
+    /// it starts; a swap affects only reconciles that start after it.
+    pub active: ArcSwap<ActivePlugin>,
+    /// The candidate plugin, if the policy names one.
+    pub candidate: arc_swap::ArcSwapOption<Candidate>,
+    /// The candidate's shadow verdict per parent, since it was loaded.
+    pub shadow: Mutex<std::collections::HashMap<ObjectRef<DynamicObject>, Verdict>>,
+}
+
+impl Serving {
+    /// Serving `active`, with no candidate.
+    pub fn new(active: ActivePlugin) -> Self {
+        Self {
+            active: ArcSwap::from_pointee(active),
+            candidate: arc_swap::ArcSwapOption::empty(),
+            shadow: Mutex::default(),
+        }
+    }
 }
 
 /// The plugin serving a policy and the config it is called with, swapped as one.

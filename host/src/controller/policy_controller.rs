@@ -6,7 +6,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use futures::{StreamExt as _, TryStreamExt as _};
 use kube::api::Api;
 use kube::core::{ApiResource, DynamicObject, Selector, TypeMeta};
@@ -20,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::HostOptions;
 use super::backoff::Backoff;
 use super::children::{self, AllowedKind};
-use super::context::{ActivePlugin, ChildCache, PolicyContext, RelatedCache, lock};
+use super::context::{ActivePlugin, ChildCache, PolicyContext, RelatedCache, Serving, lock};
 use super::events::{self, EventSink};
 use super::field_ownership::CreatedFields;
 use super::kinds::{self, KindError, ResolvedKind};
@@ -645,12 +644,10 @@ async fn run_controller(
         allowed,
         children: child_caches,
         related: related_caches,
-        active: ArcSwap::from_pointee(ActivePlugin {
+        serving: Arc::new(Serving::new(ActivePlugin {
             plugin: parts.plugin,
             config: swap::config_text(&spec.plugin),
-        }),
-        candidate: arc_swap::ArcSwapOption::empty(),
-        shadow: Mutex::new(Default::default()),
+        })),
         resync: Duration::from_secs(
             spec.resync_period_seconds
                 .map_or(shared.options.resync.as_secs(), u64::from),
@@ -763,7 +760,7 @@ async fn run_controller(
         }
     };
     let swapper = swap::run(
-        ctx.clone(),
+        ctx.serving.clone(),
         shared.clone(),
         policy.clone(),
         updates,
@@ -889,8 +886,8 @@ fn candidate_counts(
 ) -> Option<CandidateStatus> {
     use kube::core::SelectorExt as _;
     const EXAMPLES: usize = 5;
-    let candidate = ctx.candidate.load_full()?;
-    let mut verdicts = lock(&ctx.shadow);
+    let candidate = ctx.serving.candidate.load_full()?;
+    let mut verdicts = lock(&ctx.serving.shadow);
     verdicts.retain(|key, _| parents.get(key).is_some());
     let mut status = CandidateStatus {
         digest: candidate.serving.plugin.digest().to_string(),

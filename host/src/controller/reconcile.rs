@@ -256,8 +256,8 @@ async fn reconcile_parent(
         writes::add_finalizer(parent, &identity, finalizer, ctx).await?;
     }
 
-    let active = ctx.active.load_full();
-    let candidate = ctx.candidate.load_full();
+    let active = ctx.serving.active.load_full();
+    let candidate = ctx.serving.candidate.load_full();
     let canary = canary_for(candidate.as_deref(), parent);
     let serving = canary.map_or(&*active, |c| &c.serving);
     let observed = request::observed_children(&identity, &ctx.children);
@@ -287,11 +287,11 @@ async fn reconcile_parent(
                 },
                 Err(_) => compare(&answer, &shadow_answer),
             };
-            lock(&ctx.shadow).insert(key, verdict);
+            lock(&ctx.serving.shadow).insert(key, verdict);
             answer
         }
         _ => {
-            lock(&ctx.shadow).remove(&key);
+            lock(&ctx.serving.shadow).remove(&key);
             call_plugin(&serving.plugin, request, ctx).await
         }
     };
@@ -482,8 +482,8 @@ async fn finalize(
     identity: &ParentIdentity,
     ctx: &PolicyContext,
 ) -> Result<Action, ReconcileError> {
-    let active = ctx.active.load_full();
-    let candidate = ctx.candidate.load_full();
+    let active = ctx.serving.active.load_full();
+    let candidate = ctx.serving.candidate.load_full();
     let canary = canary_for(candidate.as_deref(), parent);
     let active = canary.map_or(&*active, |c| &c.serving);
     let observed = request::observed_children(identity, &ctx.children);

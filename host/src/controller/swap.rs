@@ -22,7 +22,7 @@ use kube::{Api, ResourceExt as _};
 use notify::Watcher as _;
 use tokio::sync::{Mutex, mpsc, watch};
 
-use super::context::{ActivePlugin, Candidate, PolicyContext, lock};
+use super::context::{ActivePlugin, Candidate, Serving, lock};
 use super::policy_controller::{Shared, load_from, load_plugin};
 use super::policy_status::{PolicyStatusWriter, State};
 use crate::plugin::{Digest, Plugin};
@@ -38,7 +38,7 @@ const SOURCE_SETTLE: Duration = Duration::from_millis(200);
 
 /// Run until the controller stops: apply plugin updates as they come.
 pub(crate) async fn run(
-    ctx: Arc<PolicyContext>,
+    serving: Arc<Serving>,
     shared: Arc<Shared>,
     mut policy: Arc<ReconcilePolicy>,
     mut updates: watch::Receiver<Arc<ReconcilePolicy>>,
@@ -50,7 +50,7 @@ pub(crate) async fn run(
     let mut candidate: Option<CandidateSpec> = None;
     loop {
         sync_candidate(
-            &ctx,
+            &serving,
             &shared,
             &policy,
             &mut candidate,
@@ -76,13 +76,21 @@ pub(crate) async fn run(
                 tracing::info!(policy = %policy.name_any(), "plugin source changed");
             }
         }
-        swap_to(&ctx, &shared, &policy, &mut recent, &status, &requeue_all).await;
+        swap_to(
+            &serving,
+            &shared,
+            &policy,
+            &mut recent,
+            &status,
+            &requeue_all,
+        )
+        .await;
     }
 }
 
 /// Load what `policy` names and make it active, unless it already is.
 async fn swap_to(
-    ctx: &PolicyContext,
+    serving: &Serving,
     shared: &Shared,
     policy: &ReconcilePolicy,
     recent: &mut VecDeque<Plugin>,
@@ -92,7 +100,7 @@ async fn swap_to(
     let name = policy.name_any();
     let spec = &policy.spec.plugin;
     let config = config_text(spec);
-    let current = ctx.active.load_full();
+    let current = serving.active.load_full();
     let pinned = spec
         .digest
         .as_deref()
@@ -140,7 +148,7 @@ async fn swap_to(
         return;
     }
     let from = *current.plugin.digest();
-    ctx.active.store(Arc::new(ActivePlugin {
+    serving.active.store(Arc::new(ActivePlugin {
         plugin: plugin.clone(),
         config,
     }));
@@ -164,7 +172,7 @@ async fn swap_to(
 
 /// Load, replace or drop the candidate plugin when the policy's candidate changed.
 async fn sync_candidate(
-    ctx: &PolicyContext,
+    serving: &Serving,
     shared: &Shared,
     policy: &ReconcilePolicy,
     loaded: &mut Option<CandidateSpec>,
@@ -177,8 +185,8 @@ async fn sync_candidate(
     }
     let name = policy.name_any();
     let Some(spec) = &wanted else {
-        ctx.candidate.store(None);
-        lock(&ctx.shadow).clear();
+        serving.candidate.store(None);
+        lock(&serving.shadow).clear();
         status.lock().await.set_candidate(None, None);
         *loaded = None;
         let _ = requeue_all.send(());
@@ -210,11 +218,11 @@ async fn sync_candidate(
                 .or_else(|| config_text(&policy.spec.plugin));
             let digest = *plugin.digest();
             let mode = if canary.is_some() { "canary" } else { "shadow" };
-            ctx.candidate.store(Some(Arc::new(Candidate {
+            serving.candidate.store(Some(Arc::new(Candidate {
                 serving: ActivePlugin { plugin, config },
                 canary,
             })));
-            lock(&ctx.shadow).clear();
+            lock(&serving.shadow).clear();
             let message = format!("candidate {digest} loaded ({mode})");
             status
                 .lock()
