@@ -64,21 +64,35 @@ impl CreatedFields {
     }
 
     /// Hand the `Update` entry of the host's manager over to its `Apply` entry on the live
-    /// object. The patch tests the resourceVersion it read, so a concurrent change is a
-    /// conflict (and a retry), never a lost entry.
+    /// object. The patch tests the resourceVersion it read, so a concurrent change fails the
+    /// patch (422) instead of losing an entry. Such changes are common: the controller-manager
+    /// writes a new Deployment's status right after its creation. So the hand-over reads the
+    /// object again and retries, a few times, before it reports the failure.
     pub async fn hand_over(&self, api: &Api<DynamicObject>, name: &str) -> Result<(), kube::Error> {
-        let live = api.get(name).await?;
-        let Some(entries) = handed_over(live.managed_fields(), &self.manager) else {
-            return Ok(());
-        };
-        let patch: json_patch::Patch = serde_json::from_value(json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version},
-            {"op": "replace", "path": "/metadata/managedFields", "value": entries},
-        ]))
-        .map_err(kube::Error::SerdeError)?;
-        api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
-            .await?;
-        Ok(())
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            let live = api.get(name).await?;
+            let Some(entries) = handed_over(live.managed_fields(), &self.manager) else {
+                return Ok(());
+            };
+            let patch: json_patch::Patch = serde_json::from_value(json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version},
+                {"op": "replace", "path": "/metadata/managedFields", "value": entries},
+            ]))
+            .map_err(kube::Error::SerdeError)?;
+            match api
+                .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(status)) if status.code == 422 && attempt < ATTEMPTS => {
+                    tracing::debug!(%name, attempt, "the child changed during the field hand-over; reading it again");
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     fn is_ours(&self, entry: &ManagedFieldsEntry, operation: &str) -> bool {
