@@ -26,12 +26,24 @@ use kube::api::{Api, PostParams};
 
 use cluster::{Binaries, ControlPlane, Lifetime};
 
-/// The repository root.
+/// The repository root: the workspace of the package cargo is running now (cargo sets
+/// `CARGO_MANIFEST_DIR` for `cargo run`, `cargo xtask` and `cargo test`), else the one this
+/// crate was built in. Asked at run time, because checkouts that share a target directory
+/// share the built `xtask` binary, which must act on the checkout it is run from.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+    let running = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .and_then(|dir| {
+            dir.ancestors()
+                .find(|d| d.join("Cargo.lock").is_file() && d.join("tests/testenv").is_dir())
+                .map(Path::to_path_buf)
+        });
+    running.unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .canonicalize()
+            .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+    })
 }
 
 /// Where `cargo xtask cluster up` keeps its cluster.
