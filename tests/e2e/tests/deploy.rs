@@ -165,37 +165,15 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
     let service_account = install_chart_rbac(&client, RELEASE, &ns).await?;
 
     // The policy's own, from `wasmctrl rbac` on the policy file and the MyApp CRD.
-    let spec = json!({
-        "parent": {"apiVersion": "example.com/v1", "kind": "MyApp", "namespace": ns},
-        "children": [
-            {"apiVersion": "apps/v1", "kind": "Deployment"},
-            {"apiVersion": "v1", "kind": "Service"},
-        ],
-        "related": [{
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "selector": {"matchLabels": {"example.com/myapp-config": "true"}},
-        }],
-        "plugin": {"source": file_source("myapp_plugin"), "config": {"service": true}},
-    });
-    let dir = tempfile::tempdir()?;
-    let policy_file = dir.path().join("policy.yaml");
-    std::fs::write(
-        &policy_file,
-        serde_yaml_ng::to_string(&json!({
-            "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
-            "metadata": {"name": TEST}, "spec": spec,
-        }))?,
-    )?;
-    let generated = rbac_for(
-        &[repo_root().join("crds/myapp.yaml"), policy_file],
+    let spec = myapp_policy_in(&ns, file_source("myapp_plugin"));
+    let generated = apply_policy_rbac(
+        &client,
+        TEST,
+        &spec,
         &format!("{ns}/{service_account}"),
         &format!("{RELEASE}-policies"),
     )
     .await?;
-    let generated = documents(&generated)?;
-    for object in &generated {
-        apply_object(&client, object).await?;
-    }
 
     apply_policy(&client, TEST, TEST, spec.clone()).await?;
     let host = HostUnderTest::start_as(

@@ -171,38 +171,15 @@ async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let service_account = install_chart_rbac(&client, RELEASE, &ns).await?;
-    let spec = json!({
-        "parent": {"apiVersion": "example.com/v1", "kind": "MyApp", "namespace": ns},
-        "children": [
-            {"apiVersion": "apps/v1", "kind": "Deployment"},
-            {"apiVersion": "v1", "kind": "Service"},
-        ],
-        "related": [{
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "selector": {"matchLabels": {"example.com/myapp-config": "true"}},
-        }],
-        "plugin": {"source": {"file": {"path": PLUGIN_IN_IMAGE}}, "config": {"service": true}},
-    });
-    let policy_file = work.path().join("policy.yaml");
-    std::fs::write(
-        &policy_file,
-        serde_yaml_ng::to_string(&json!({
-            "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
-            "metadata": {"name": TEST}, "spec": spec,
-        }))?,
-    )?;
-    let generated = rbac_for(
-        &[
-            wasmctrl_testenv::repo_root().join("crds/myapp.yaml"),
-            policy_file,
-        ],
+    let spec = myapp_policy_in(&ns, json!({"file": {"path": PLUGIN_IN_IMAGE}}));
+    apply_policy_rbac(
+        &client,
+        TEST,
+        &spec,
         &format!("{ns}/{service_account}"),
         &format!("{RELEASE}-policies"),
     )
     .await?;
-    for object in documents(&generated)? {
-        apply_object(&client, &object).await?;
-    }
     let token = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
         .create_token_request(
             &service_account,

@@ -450,3 +450,47 @@ pub async fn rbac_for(
         _ => anyhow::bail!("not the rbac command"),
     }
 }
+
+/// The MyApp policy's spec as the deployment tests use it: confined to `ns`, its plugin at
+/// `source`.
+pub fn myapp_policy_in(ns: &str, source: Value) -> Value {
+    json!({
+        "parent": {"apiVersion": "example.com/v1", "kind": "MyApp", "namespace": ns},
+        "children": [
+            {"apiVersion": "apps/v1", "kind": "Deployment"},
+            {"apiVersion": "v1", "kind": "Service"},
+        ],
+        "related": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "selector": {"matchLabels": {"example.com/myapp-config": "true"}},
+        }],
+        "plugin": {"source": source, "config": {"service": true}},
+    })
+}
+
+/// Apply what `wasmctrl rbac` prints for the policy `name` with `spec` (and the MyApp CRD),
+/// granted to `service_account` (`NAMESPACE/NAME`) under the name `rbac_name`; the objects
+/// applied.
+pub async fn apply_policy_rbac(
+    client: &Client,
+    name: &str,
+    spec: &Value,
+    service_account: &str,
+    rbac_name: &str,
+) -> anyhow::Result<Vec<Value>> {
+    let dir = tempfile::tempdir()?;
+    let policy_file = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy_file,
+        serde_yaml_ng::to_string(&json!({
+            "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
+            "metadata": {"name": name}, "spec": spec,
+        }))?,
+    )?;
+    let crd = wasmctrl_testenv::repo_root().join("crds/myapp.yaml");
+    let generated = documents(&rbac_for(&[crd, policy_file], service_account, rbac_name).await?)?;
+    for object in &generated {
+        apply_object(client, object).await?;
+    }
+    Ok(generated)
+}
