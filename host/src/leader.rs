@@ -383,16 +383,8 @@ impl LeaderElector {
                 },
                 spec: Some(spec.clone()),
             };
-            return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => {
-                    self.observed = Some((spec, Instant::now()));
-                    Ok(Attempt::Held)
-                }
-                Err(kube::Error::Api(status)) if status.code == 409 => {
-                    Ok(Attempt::HeldByOther("another replica".into()))
-                }
-                Err(error) => Err(error).context("creating the leader lease"),
-            };
+            let written = self.api.create(&PostParams::default(), &lease).await;
+            return self.settle(written, spec, "creating the leader lease");
         };
         let current = lease.spec.clone().unwrap_or_default();
         if self
@@ -421,11 +413,23 @@ impl LeaderElector {
         spec.lease_duration_seconds = Some(duration);
         spec.renew_time = Some(now);
         lease.spec = Some(spec.clone());
-        match self
+        let written = self
             .api
             .replace(&self.config.name, &PostParams::default(), &lease)
-            .await
-        {
+            .await;
+        self.settle(written, spec, "updating the leader lease")
+    }
+
+    /// The outcome of writing the Lease with `spec`: held once written (and seen so), held by
+    /// another when someone wrote first (a conflict), else the error.
+    fn settle(
+        &mut self,
+        written: Result<Lease, kube::Error>,
+        spec: LeaseSpec,
+        doing: &'static str,
+    ) -> anyhow::Result<Attempt> {
+        use anyhow::Context as _;
+        match written {
             Ok(_) => {
                 self.observed = Some((spec, Instant::now()));
                 Ok(Attempt::Held)
@@ -433,7 +437,7 @@ impl LeaderElector {
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 Ok(Attempt::HeldByOther("another replica".into()))
             }
-            Err(error) => Err(error).context("updating the leader lease"),
+            Err(error) => Err(error).context(doing),
         }
     }
 }
