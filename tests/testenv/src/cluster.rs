@@ -36,26 +36,8 @@ impl Binaries {
     /// Build (or find in the cache) the binaries pinned in `tools/cluster/`. The first build
     /// takes several minutes; progress goes to stderr.
     pub fn build(repo_root: &Path) -> anyhow::Result<Self> {
-        let script = repo_root.join("tools/cluster/build.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .with_context(|| format!("running {}", script.display()))?;
-        if !output.status.success() {
-            bail!(
-                "{} failed (exit {}); see the messages above",
-                script.display(),
-                output.status
-            );
-        }
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let dir = stdout
-            .lines()
-            .last()
-            .context("build.sh printed no binary directory")?;
         Ok(Self {
-            dir: PathBuf::from(dir.trim()),
+            dir: crate::tools::build_in(repo_root, "cluster")?,
         })
     }
 
