@@ -263,13 +263,16 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
     assert_eq!(replicas[standby_at].metric(&status).await?, Some(0.0));
     let reconciles =
         format!(r#"controller_runtime_reconcile_total{{controller="{TEST}",result="success"}} "#);
-    assert!(
-        replicas[leader_at]
+    // The status write that makes w1 Ready happens inside the reconcile; the count goes up when
+    // the reconcile returns, a moment later.
+    eventually("the leader counts its reconcile", ACT, || async {
+        Ok(replicas[leader_at]
             .metric(&reconciles)
             .await?
             .unwrap_or(0.0)
-            >= 1.0
-    );
+            >= 1.0)
+    })
+    .await?;
     assert_eq!(
         replicas[standby_at].metric(&reconciles).await?,
         None,
