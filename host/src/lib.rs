@@ -2,9 +2,9 @@
 //! hot-swappable WebAssembly plugins.
 //!
 //! Data flows one way: policy → plugin registry → controller → cluster. This crate holds the
-//! policy API ([`policy`]), the plugin runtime ([`plugin`]), the operator host
-//! ([`controller`]), its [`metrics`], [`health`] and [`leader`] election, their HTTP [`server`], and the command
-//! line ([`cli`]).
+//! policy API ([`policy`]), the plugin [`registry`] over the plugin runtime ([`plugin`]), the
+//! operator host ([`controller`]), its [`metrics`], [`health`] and [`leader`] election, their
+//! HTTP [`server`], and the command line ([`cli`]).
 
 pub mod cli;
 pub mod controller;
@@ -13,4 +13,14 @@ pub mod leader;
 pub mod metrics;
 pub use wasmctrl_runtime as plugin;
 pub mod policy;
+pub mod registry;
 pub mod server;
+mod watch_backoff;
+
+/// Lock a mutex that only holds plain bookkeeping: a panic elsewhere cannot leave it
+/// inconsistent, so poisoning is ignored.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -77,6 +77,17 @@ struct PluginInner {
     label: String,
 }
 
+/// A [`Plugin`] that is only reachable while something else still holds it.
+#[derive(Clone)]
+pub struct WeakPlugin(std::sync::Weak<PluginInner>);
+
+impl WeakPlugin {
+    /// The plugin, if it is still loaded.
+    pub fn upgrade(&self) -> Option<Plugin> {
+        self.0.upgrade().map(|inner| Plugin { inner })
+    }
+}
+
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Plugin")
@@ -103,6 +114,17 @@ impl Plugin {
                 label,
             }),
         }
+    }
+
+    /// A handle that does not keep the plugin loaded: a registry of loaded plugins can share
+    /// one while anything uses it without keeping it alive after.
+    pub fn downgrade(&self) -> WeakPlugin {
+        WeakPlugin(Arc::downgrade(&self.inner))
+    }
+
+    /// Whether both handles are the same loaded plugin (not merely the same digest).
+    pub fn same_as(&self, other: &Plugin) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// What was loaded.

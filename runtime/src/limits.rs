@@ -5,7 +5,7 @@ use std::time::Duration;
 /// The defaults fit a reconcile decision comfortably (a typical call takes tens of
 /// microseconds and well under a megabyte) while stopping a runaway plugin long before it
 /// hurts the host or the other parents sharing it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limits {
     /// Wall-clock time for one call, instantiation included.
     pub timeout: Duration,

@@ -97,10 +97,4 @@ pub(crate) struct Candidate {
     pub canary: Option<kube::core::Selector>,
 }
 
-/// Lock a mutex that only holds plain bookkeeping: a panic elsewhere cannot leave it
-/// inconsistent, so poisoning is ignored.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+pub(crate) use crate::lock;

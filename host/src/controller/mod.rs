@@ -23,10 +23,8 @@ mod queue;
 mod reconcile;
 mod release;
 mod request;
-mod source;
 mod status;
 mod swap;
-mod watch_backoff;
 mod watch_health;
 mod writes;
 
@@ -43,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::plugin::PluginEngine;
 use crate::policy::{ReconcilePolicy, ReconcilePolicySpec};
+use crate::registry::PluginRegistry;
 use policy_controller::Shared;
 
 pub use children::{
@@ -124,12 +123,18 @@ impl Host {
         options: HostOptions,
         leadership: Arc<crate::leader::Leadership>,
     ) -> Self {
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         Self {
             shared: Arc::new(Shared {
+                registry: Arc::new(PluginRegistry::new(
+                    client.clone(),
+                    engine,
+                    options.credentials_namespace.clone(),
+                    metrics.clone(),
+                )),
                 client,
-                engine,
                 options,
-                metrics: Arc::new(crate::metrics::Metrics::new()),
+                metrics,
                 readiness: Arc::new(crate::health::Readiness::default()),
                 leadership,
             }),
@@ -154,8 +159,9 @@ impl Host {
         if let Some(selector) = &self.shared.options.policy_selector {
             config = config.labels(selector);
         }
-        let mut policies =
-            std::pin::pin!(watcher(api, config).backoff(watch_backoff::WatchBackoff::default()));
+        let mut policies = std::pin::pin!(
+            watcher(api, config).backoff(crate::watch_backoff::WatchBackoff::default())
+        );
         let mut running: HashMap<String, Running> = HashMap::new();
         let mut listed: HashSet<String> = HashSet::new();
         let mut shutdown = std::pin::pin!(shutdown);

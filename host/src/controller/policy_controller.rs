@@ -29,11 +29,11 @@ use super::policy_status::{PolicyStatusWriter, State};
 use super::queue::QueueGauge;
 use super::reconcile;
 use super::release;
-use super::source;
 use super::swap;
 use super::watch_health::WatchHealth;
-use crate::plugin::{Digest, Limits, Plugin, PluginEngine, PluginError, Verdict};
-use crate::policy::{CandidateStatus, KindRef, PolicyLimits, ReconcilePolicy, ShadowExample};
+use crate::plugin::{Plugin, Verdict};
+use crate::policy::{CandidateStatus, KindRef, ReconcilePolicy, ShadowExample};
+use crate::registry::{self, PluginRegistry, PluginRequest};
 
 /// How often a running policy's counts are written to its status (when they changed).
 const STATUS_INTERVAL: Duration = Duration::from_secs(5);
@@ -41,7 +41,8 @@ const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 /// What every policy controller shares.
 pub(crate) struct Shared {
     pub client: Client,
-    pub engine: PluginEngine,
+    /// Where every policy gets its plugins.
+    pub registry: Arc<PluginRegistry>,
     pub options: HostOptions,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub readiness: Arc<crate::health::Readiness>,
@@ -125,8 +126,12 @@ async fn prepare(
 ) -> Option<Parts> {
     let name = policy.name_any();
     if plugin.is_none() {
-        match load_plugin(policy, shared).await {
-            Ok(loaded) => {
+        match shared
+            .registry
+            .obtain(&name, PluginRequest::active(policy))
+            .await
+        {
+            Ok(registry::Obtained { plugin: loaded, .. }) => {
                 let info = loaded.info();
                 tracing::info!(policy = %name, digest = %info.digest, from_cache = info.from_cache, load_time = ?info.load_time, "plugin loaded");
                 status.set_plugin(
@@ -343,103 +348,6 @@ fn parent_scope_problem(
     }
 }
 
-/// Fetch and load the policy's plugin; on failure, a condition reason and message.
-pub(crate) async fn load_plugin(
-    policy: &ReconcilePolicy,
-    shared: &Shared,
-) -> Result<Plugin, LoadError> {
-    let spec = &policy.spec.plugin;
-    load_from(
-        shared,
-        &policy.name_any(),
-        &spec.source,
-        spec.digest.as_deref(),
-        limits(policy.spec.limits.as_ref()),
-    )
-    .await
-}
-
-/// Why a plugin could not be loaded. [`LoadError::reason`] is the condition reason users
-/// see on the policy (and the `result` label of `wasmctrl_plugin_loads_total`).
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum LoadError {
-    /// `spec.plugin.digest` is not a `sha256:` digest.
-    #[error("{0}")]
-    InvalidDigest(#[from] crate::plugin::InvalidDigest),
-    /// The source could not be read (file, ConfigMap, HTTP, OCI).
-    #[error("{0:#}")]
-    SourceUnavailable(anyhow::Error),
-    /// The bytes are not a plugin this host can run under these limits.
-    #[error("{0}")]
-    Plugin(#[from] PluginError),
-}
-
-impl LoadError {
-    /// The condition reason: a user can act on each one differently.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::InvalidDigest(_) => "InvalidDigest",
-            Self::SourceUnavailable(_) => "SourceUnavailable",
-            Self::Plugin(PluginError::DigestMismatch { .. }) => "DigestMismatch",
-            Self::Plugin(PluginError::ContractVersion { .. }) => "ContractVersionMismatch",
-            Self::Plugin(PluginError::InvalidLimits(_)) => "InvalidLimits",
-            Self::Plugin(_) => "InvalidPlugin",
-        }
-    }
-}
-
-/// Fetch a component from `source`, verify it against `digest` when given, and load it,
-/// counting the load for `policy`.
-pub(crate) async fn load_from(
-    shared: &Shared,
-    policy: &str,
-    source: &crate::policy::PluginSource,
-    digest: Option<&str>,
-    limits: Limits,
-) -> Result<Plugin, LoadError> {
-    let loaded = fetch_and_load(shared, source, digest, limits).await;
-    let result = loaded.as_ref().map_or_else(LoadError::reason, |_| "ok");
-    shared.metrics.plugin_loaded(policy, result);
-    loaded
-}
-
-async fn fetch_and_load(
-    shared: &Shared,
-    source: &crate::policy::PluginSource,
-    digest: Option<&str>,
-    limits: Limits,
-) -> Result<Plugin, LoadError> {
-    let expected = digest.map(str::parse::<Digest>).transpose()?;
-    let bytes = source::fetch(
-        &shared.client,
-        source,
-        shared.options.credentials_namespace.as_deref(),
-    )
-    .await
-    .map_err(LoadError::SourceUnavailable)?;
-    Ok(shared.engine.load_async(bytes, expected, limits).await?)
-}
-
-/// The policy's limits over the host's defaults.
-pub(crate) fn limits(policy: Option<&PolicyLimits>) -> Limits {
-    let mut limits = Limits::default();
-    if let Some(policy) = policy {
-        if let Some(ms) = policy.timeout_ms {
-            limits.timeout = Duration::from_millis(u64::from(ms));
-        }
-        if let Some(mib) = policy.memory_mib {
-            limits.memory_bytes = (mib as usize) << 20;
-        }
-        if let Some(kib) = policy.max_output_kib {
-            limits.max_output_bytes = (kib as usize) << 10;
-        }
-        if let Some(n) = policy.max_children {
-            limits.max_children = n as usize;
-        }
-    }
-    limits
-}
-
 /// A watch stream of `resource`, cached in a store, with `managedFields` dropped: plugins
 /// never see them and the host does not need to hold them.
 fn cached_watch(
@@ -468,7 +376,7 @@ fn cached_watch(
     let health = health.clone();
     let kind = format!("{} {}", resource.api_version, resource.kind);
     let stream = watcher(api, config)
-        .backoff(super::watch_backoff::WatchBackoff::default())
+        .backoff(crate::watch_backoff::WatchBackoff::default())
         .inspect(move |event| health.observe(&kind, event))
         .modify(move |object: &mut DynamicObject| {
             if let Some(created) = &created {
@@ -709,7 +617,7 @@ async fn run_controller(
     // A swap re-enqueues every parent through this channel.
     let (requeue_all, requeue_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let run = controller
-        .trigger_backoff(super::watch_backoff::NoExtraDelay)
+        .trigger_backoff(crate::watch_backoff::NoExtraDelay)
         .with_config(
             controller::Config::default()
                 .concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX)),
@@ -759,14 +667,14 @@ async fn run_controller(
             std::future::pending::<()>().await;
         }
     };
-    let swapper = swap::run(
-        ctx.serving.clone(),
-        shared.clone(),
-        policy.clone(),
-        updates,
-        status.clone(),
+    let swapper = swap::Swapper {
+        serving: ctx.serving.clone(),
+        registry: shared.registry.clone(),
+        metrics: shared.metrics.clone(),
+        status: status.clone(),
         requeue_all,
-    );
+    }
+    .run(policy.clone(), updates);
     let report = async {
         loop {
             tokio::time::sleep(STATUS_INTERVAL).await;

@@ -598,6 +598,10 @@ fn serve_plugins(token: &'static str) -> anyhow::Result<std::net::SocketAddr> {
     Ok(address)
 }
 
+/// A digest no plugin has: pinned, it can only be served by fetching its source.
+const NEVER_LOADED: &str =
+    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest()
 -> anyhow::Result<()> {
@@ -640,17 +644,23 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
         policy(http("myapp_plugin", true), Some(&v1), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
     apply(&myapps, myapp("web")).await?;
     wait_for_object(&myapps, "web", "web on v1 over http", |a| served_by(a, &v1)).await?;
 
-    // Without credentials the server says 401, and the policy says why v1 stays.
+    // Without credentials the server says 401, and the policy says why v1 stays. (A digest
+    // this host has loaded or compiled before is served without a fetch, whatever the URL, so
+    // the failing fetches name one it has never seen.)
     apply_policy(
         &client,
         TEST,
         TEST,
-        policy(http("myapp_v2_plugin", false), Some(&v2), json!({})),
+        policy(
+            http("myapp_v2_plugin", false),
+            Some(NEVER_LOADED),
+            json!({}),
+        ),
     )
     .await?;
     let unavailable = wait_for_object(&policy_api, TEST, "401 reported", |p| {
@@ -662,14 +672,12 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
         .unwrap_or_default()
         .to_owned();
     assert!(message.contains("401"), "{message}");
-    // Bytes that do not match the digest are refused before compiling. (The digest must be
-    // one this host has not loaded: a loaded digest is served from memory, whatever the URL.)
-    let other = digest_of("misbehave_plugin");
+    // Bytes that do not match the digest are refused before compiling.
     apply_policy(
         &client,
         TEST,
         TEST,
-        policy(http("myapp_v2_plugin", true), Some(&other), json!({})),
+        policy(http("myapp_v2_plugin", true), Some(NEVER_LOADED), json!({})),
     )
     .await?;
     wait_for_object(&policy_api, TEST, "digest mismatch", |p| {
@@ -685,6 +693,20 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
     )
     .await?;
     wait_for_object(&myapps, "web", "web on v2 over http", |a| served_by(a, &v2)).await?;
+
+    // A rollback to a digest the host still holds needs no fetch: v1 comes back even though
+    // its URL now answers 401 (no credentials).
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(http("myapp_plugin", false), Some(&v1), json!({})),
+    )
+    .await?;
+    wait_for_object(&myapps, "web", "web back on v1 without a fetch", |a| {
+        served_by(a, &v1)
+    })
+    .await?;
 
     host.stop().await?;
     delete_namespace(&client, &ns).await?;
@@ -746,7 +768,7 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
         policy(oci(&v1_ref), Some(&v1), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
     apply(&myapps, myapp("web")).await?;
     wait_for_object(&myapps, "web", "web on v1 from the registry", |a| {
@@ -760,7 +782,7 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
         &client,
         TEST,
         TEST,
-        policy(oci(&missing), Some(&v2), json!({})),
+        policy(oci(&missing), Some(NEVER_LOADED), json!({})),
     )
     .await?;
     wait_for_object(&policy_api, TEST, "missing tag reported", |p| {

@@ -66,18 +66,37 @@ pub struct HostUnderTest {
 
 impl HostUnderTest {
     pub async fn start(test: &str, namespace: &str) -> anyhow::Result<Self> {
-        Self::start_with(TestEnv::get().client().await?, test, namespace).await
+        let cache = std::env::temp_dir().join("wasmctrl-e2e-artifacts");
+        Self::start_with(TestEnv::get().client().await?, test, namespace, Some(cache)).await
+    }
+
+    /// A host with no precompiled artifacts on disk, so a pinned digest it has not loaded
+    /// itself is always fetched from its source (for tests of the sources).
+    pub async fn start_without_disk_cache(test: &str, namespace: &str) -> anyhow::Result<Self> {
+        Self::start_with(TestEnv::get().client().await?, test, namespace, None).await
     }
 
     /// A host whose every request is made as `user` (e.g. a ServiceAccount), so it has
     /// exactly the permissions RBAC grants that user.
     pub async fn start_as(test: &str, namespace: &str, user: &str) -> anyhow::Result<Self> {
-        Self::start_with(impersonating_client(user).await?, test, namespace).await
+        let cache = std::env::temp_dir().join("wasmctrl-e2e-artifacts");
+        Self::start_with(
+            impersonating_client(user).await?,
+            test,
+            namespace,
+            Some(cache),
+        )
+        .await
     }
 
-    async fn start_with(client: Client, test: &str, namespace: &str) -> anyhow::Result<Self> {
+    async fn start_with(
+        client: Client,
+        test: &str,
+        namespace: &str,
+        cache_dir: Option<std::path::PathBuf>,
+    ) -> anyhow::Result<Self> {
         let engine = PluginEngine::new(EngineOptions {
-            cache_dir: Some(std::env::temp_dir().join("wasmctrl-e2e-artifacts")),
+            cache_dir,
             max_concurrent_calls: 8,
             max_memory_bytes: 128 << 20,
             ..EngineOptions::default()

@@ -1,0 +1,406 @@
+//! The plugin registry: the one place a policy's plugin spec becomes a loaded [`Plugin`].
+//!
+//! It owns everything between a source and a callable plugin — fetching ([`source`]),
+//! digest checks, the engine's precompiled-artifact cache, and the plugins already loaded —
+//! for the whole process. Loaded plugins are keyed by digest and limits, so:
+//! - two policies running the same plugin share one loaded copy;
+//! - a policy that pins a digest already loaded (or compiled on disk) gets it without a
+//!   fetch: a rollback to any digest still on disk is a cache hit even when its source is
+//!   gone;
+//! - the swap and the policy controller ask the registry, not each other.
+//!
+//! The registry keeps a plugin alive while any policy serves it, plus the few most recently
+//! obtained ones, so swapping back and forth is a pointer swap.
+
+mod source;
+mod source_watch;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::Client;
+
+use crate::metrics::Metrics;
+use crate::plugin::{Digest, Limits, Plugin, PluginEngine, PluginError, WeakPlugin};
+use crate::policy::{CandidateSpec, PluginSource, PolicyLimits, ReconcilePolicy};
+pub use source::MAX_PLUGIN_BYTES;
+pub(crate) use source_watch::SourceWatch;
+
+/// Plugins held after their last user let go, so a swap back to one is a pointer swap.
+const RECENT_PLUGINS: usize = 8;
+
+/// Why a plugin could not be obtained. [`LoadError::reason`] is the condition reason users
+/// see on the policy (and the `result` label of `wasmctrl_plugin_loads_total`).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The pinned digest is not a `sha256:` digest.
+    #[error("{0}")]
+    InvalidDigest(#[from] crate::plugin::InvalidDigest),
+    /// The source could not be read (file, ConfigMap, HTTP, OCI).
+    #[error("{0:#}")]
+    SourceUnavailable(anyhow::Error),
+    /// The bytes are not a plugin this host can run under these limits.
+    #[error("{0}")]
+    Plugin(#[from] PluginError),
+}
+
+impl LoadError {
+    /// The condition reason: a user can act on each one differently.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidDigest(_) => "InvalidDigest",
+            Self::SourceUnavailable(_) => "SourceUnavailable",
+            Self::Plugin(PluginError::DigestMismatch { .. }) => "DigestMismatch",
+            Self::Plugin(PluginError::ContractVersion { .. }) => "ContractVersionMismatch",
+            Self::Plugin(PluginError::InvalidLimits(_)) => "InvalidLimits",
+            Self::Plugin(_) => "InvalidPlugin",
+        }
+    }
+}
+
+/// Where an obtained plugin came from, cheapest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Already loaded in this process (for another policy, or before a swap).
+    Loaded,
+    /// Pinned by digest and taken from the precompiled-artifact cache: nothing fetched.
+    Disk,
+    /// Fetched from its source, then compiled or taken precompiled from the disk cache.
+    Fetched,
+}
+
+/// A plugin the registry handed out.
+#[derive(Debug, Clone)]
+pub struct Obtained {
+    /// The plugin, ready to call.
+    pub plugin: Plugin,
+    /// How it was obtained.
+    pub origin: Origin,
+}
+
+/// What to obtain: a source, the digest it must have (if pinned), and the call limits.
+#[derive(Debug, Clone, Copy)]
+pub struct PluginRequest<'a> {
+    /// Where the component's bytes are.
+    pub source: &'a PluginSource,
+    /// The pinned digest, as the policy spells it.
+    pub digest: Option<&'a str>,
+    /// What every call may consume.
+    pub limits: Limits,
+}
+
+impl<'a> PluginRequest<'a> {
+    /// The plugin a policy serves with.
+    pub fn active(policy: &'a ReconcilePolicy) -> Self {
+        let spec = &policy.spec.plugin;
+        Self {
+            source: &spec.source,
+            digest: spec.digest.as_deref(),
+            limits: limits(policy.spec.limits.as_ref()),
+        }
+    }
+
+    /// A policy's candidate plugin, under the policy's limits.
+    pub fn candidate(policy: &'a ReconcilePolicy, candidate: &'a CandidateSpec) -> Self {
+        Self {
+            source: &candidate.source,
+            digest: candidate.digest.as_deref(),
+            limits: limits(policy.spec.limits.as_ref()),
+        }
+    }
+}
+
+/// The process-wide plugin registry. Cheap to share behind an `Arc`.
+pub struct PluginRegistry {
+    client: Client,
+    engine: PluginEngine,
+    /// The only namespace whose Secrets a source's `secretRef` may name.
+    credentials_namespace: Option<String>,
+    metrics: Arc<Metrics>,
+    loaded: Mutex<Loaded>,
+}
+
+#[derive(Default)]
+struct Loaded {
+    /// Every plugin some policy may still serve, by what makes two loads interchangeable.
+    live: HashMap<(Digest, Limits), WeakPlugin>,
+    /// The last few obtained, held strongly.
+    recent: VecDeque<Plugin>,
+}
+
+impl PluginRegistry {
+    /// A registry that reads cluster sources through `client` and loads with `engine`.
+    pub fn new(
+        client: Client,
+        engine: PluginEngine,
+        credentials_namespace: Option<String>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            client,
+            engine,
+            credentials_namespace,
+            metrics,
+            loaded: Mutex::default(),
+        }
+    }
+
+    /// The plugin `request` names, for `policy` (which labels the load in the metrics).
+    ///
+    /// Cheapest first: a pinned digest already loaded, then a pinned digest precompiled on
+    /// disk, then a fetch — after which a plugin with the same digest already loaded is
+    /// shared rather than loaded twice.
+    pub async fn obtain(
+        &self,
+        policy: &str,
+        request: PluginRequest<'_>,
+    ) -> Result<Obtained, LoadError> {
+        let obtained = self.obtain_uncounted(request).await;
+        let result = obtained.as_ref().map_or_else(LoadError::reason, |_| "ok");
+        self.metrics.plugin_loaded(policy, result);
+        if let Ok(obtained) = &obtained {
+            let info = obtained.plugin.info();
+            tracing::debug!(policy, digest = %info.digest, origin = ?obtained.origin, from_cache = info.from_cache, load_time = ?info.load_time, "plugin obtained");
+        }
+        obtained
+    }
+
+    async fn obtain_uncounted(&self, request: PluginRequest<'_>) -> Result<Obtained, LoadError> {
+        let pinned = request.digest.map(str::parse::<Digest>).transpose()?;
+        if let Some(digest) = pinned {
+            if let Some(plugin) = self.find(&digest, &request.limits) {
+                return Ok(self.keep(plugin, Origin::Loaded));
+            }
+            let engine = self.engine.clone();
+            let limits = request.limits;
+            let cached = tokio::task::spawn_blocking(move || engine.load_cached(&digest, limits))
+                .await
+                .map_err(|e| PluginError::Sandbox(format!("plugin load task failed: {e}")))?;
+            if let Some(plugin) = cached? {
+                return Ok(self.keep(plugin, Origin::Disk));
+            }
+        }
+        let bytes = source::fetch(
+            &self.client,
+            request.source,
+            self.credentials_namespace.as_deref(),
+        )
+        .await
+        .map_err(LoadError::SourceUnavailable)?;
+        let digest = Digest::of(&bytes);
+        if pinned.is_none_or(|pinned| pinned == digest)
+            && let Some(plugin) = self.find(&digest, &request.limits)
+        {
+            return Ok(self.keep(plugin, Origin::Loaded));
+        }
+        let plugin = self
+            .engine
+            .load_async(bytes, pinned, request.limits)
+            .await?;
+        Ok(self.keep(plugin, Origin::Fetched))
+    }
+
+    /// A loaded plugin with this digest and limits, if one is still alive.
+    fn find(&self, digest: &Digest, limits: &Limits) -> Option<Plugin> {
+        let loaded = crate::lock(&self.loaded);
+        loaded.live.get(&(*digest, *limits))?.upgrade()
+    }
+
+    /// Remember `plugin` as loaded and recently used, forgetting plugins nothing holds.
+    fn keep(&self, plugin: Plugin, origin: Origin) -> Obtained {
+        let mut loaded = crate::lock(&self.loaded);
+        let key = (*plugin.digest(), *plugin.limits());
+        loaded.recent.retain(|p| !p.same_as(&plugin));
+        loaded.recent.push_front(plugin.clone());
+        loaded.recent.truncate(RECENT_PLUGINS);
+        loaded.live.retain(|_, weak| weak.upgrade().is_some());
+        loaded.live.insert(key, plugin.downgrade());
+        Obtained { plugin, origin }
+    }
+
+    /// A watch on the bytes behind `source`, for the swap.
+    pub(crate) fn watch_source(&self, source: &PluginSource) -> SourceWatch {
+        SourceWatch::start(&self.client, source)
+    }
+}
+
+/// The call limits a policy asks for, over the host's defaults.
+pub fn limits(policy: Option<&PolicyLimits>) -> Limits {
+    let mut limits = Limits::default();
+    if let Some(policy) = policy {
+        if let Some(ms) = policy.timeout_ms {
+            limits.timeout = Duration::from_millis(u64::from(ms));
+        }
+        if let Some(mib) = policy.memory_mib {
+            limits.memory_bytes = (mib as usize) << 20;
+        }
+        if let Some(kib) = policy.max_output_kib {
+            limits.max_output_bytes = (kib as usize) << 10;
+        }
+        if let Some(n) = policy.max_children {
+            limits.max_children = n as usize;
+        }
+    }
+    limits
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::plugin::EngineOptions;
+    use crate::policy::FileSource;
+
+    /// A registry whose engine caches artifacts in `cache`. Its client points nowhere: these
+    /// tests read file sources only.
+    fn registry(cache: &Path) -> PluginRegistry {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
+        let client = Client::try_from(config).expect("a client needs no server");
+        let engine = PluginEngine::new(EngineOptions {
+            cache_dir: Some(cache.to_path_buf()),
+            max_concurrent_calls: 4,
+            ..EngineOptions::default()
+        })
+        .expect("engine");
+        PluginRegistry::new(client, engine, None, Arc::new(Metrics::new()))
+    }
+
+    fn file(path: &Path) -> PluginSource {
+        PluginSource {
+            file: Some(FileSource {
+                path: path.display().to_string(),
+            }),
+            config_map: None,
+            http: None,
+            oci: None,
+        }
+    }
+
+    fn request<'a>(
+        source: &'a PluginSource,
+        digest: Option<&'a str>,
+        timeout_ms: u64,
+    ) -> PluginRequest<'a> {
+        PluginRequest {
+            source,
+            digest,
+            limits: Limits {
+                timeout: Duration::from_millis(timeout_ms),
+                ..Limits::default()
+            },
+        }
+    }
+
+    /// A temporary directory holding a copy of the MyApp plugin, and the artifact cache.
+    fn workspace() -> (tempfile::TempDir, PluginSource, String) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bytes = wasmctrl_testenv::plugins::guest_bytes("myapp_plugin");
+        let digest = Digest::of(&bytes).to_string();
+        let path = dir.path().join("plugin.wasm");
+        std::fs::write(&path, bytes).expect("write plugin");
+        (dir, file(&path), digest)
+    }
+
+    #[tokio::test]
+    async fn policies_naming_the_same_plugin_share_one_loaded_copy() {
+        let (dir, source, _) = workspace();
+        let registry = registry(&dir.path().join("cache"));
+        let first = registry.obtain("a", request(&source, None, 500)).await;
+        let first = first.expect("first load");
+        assert_eq!(first.origin, Origin::Fetched);
+        let second = registry.obtain("b", request(&source, None, 500)).await;
+        let second = second.expect("second load");
+        assert_eq!(second.origin, Origin::Loaded);
+        assert!(first.plugin.same_as(&second.plugin));
+
+        // Other limits make another plugin: every call of a plugin runs under its limits.
+        let other = registry.obtain("c", request(&source, None, 900)).await;
+        let other = other.expect("other limits");
+        assert!(!other.plugin.same_as(&first.plugin));
+        assert_eq!(other.plugin.limits().timeout, Duration::from_millis(900));
+    }
+
+    #[tokio::test]
+    async fn a_pinned_digest_is_served_without_its_source_from_memory_then_from_disk() {
+        let (dir, source, digest) = workspace();
+        let cache = dir.path().join("cache");
+        let loaded = {
+            let registry = registry(&cache);
+            let fetched = registry.obtain("a", request(&source, None, 500)).await;
+            let fetched = fetched.expect("fetched");
+            std::fs::remove_file(dir.path().join("plugin.wasm")).expect("remove source");
+
+            let again = registry
+                .obtain("a", request(&source, Some(&digest), 500))
+                .await;
+            let again = again.expect("pinned and loaded");
+            assert_eq!(again.origin, Origin::Loaded);
+            assert!(again.plugin.same_as(&fetched.plugin));
+            fetched.plugin.info().digest
+        };
+
+        // A new process (a new registry and engine) over the same cache directory: the
+        // artifact compiled from verified bytes is enough for a pinned digest.
+        let registry = registry(&cache);
+        let from_disk = registry
+            .obtain("a", request(&source, Some(&digest), 500))
+            .await;
+        let from_disk = from_disk.expect("pinned and on disk");
+        assert_eq!(from_disk.origin, Origin::Disk);
+        assert_eq!(from_disk.plugin.info().digest, loaded);
+
+        // Unpinned, the source must be read, and it is gone.
+        let error = registry
+            .obtain("a", request(&source, None, 500))
+            .await
+            .expect_err("no source");
+        assert_eq!(error.reason(), "SourceUnavailable", "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_source_that_does_not_match_its_pinned_digest_is_refused() {
+        let (dir, source, _) = workspace();
+        let registry = registry(&dir.path().join("cache"));
+        let wrong = Digest::of(b"something else").to_string();
+        let error = registry
+            .obtain("a", request(&source, Some(&wrong), 500))
+            .await
+            .expect_err("mismatch");
+        assert_eq!(error.reason(), "DigestMismatch", "{error}");
+        let error = registry
+            .obtain("a", request(&source, Some("md5:abc"), 500))
+            .await
+            .expect_err("not a digest");
+        assert_eq!(error.reason(), "InvalidDigest", "{error}");
+    }
+
+    #[tokio::test]
+    async fn the_registry_holds_only_the_recently_obtained_plugins_nobody_serves() {
+        let (dir, source, digest) = workspace();
+        let registry = registry(&dir.path().join("cache"));
+        let first = registry.obtain("a", request(&source, None, 500)).await;
+        let first_digest = first.expect("load").plugin.info().digest;
+        assert_eq!(first_digest.to_string(), digest);
+        // Nobody holds the plugin now, but it is among the recent ones.
+        let again = registry
+            .obtain("a", request(&source, Some(&digest), 500))
+            .await;
+        assert_eq!(again.expect("recent").origin, Origin::Loaded);
+
+        // RECENT_PLUGINS other plugins (other limits) push it out; then a pinned digest is
+        // served from the disk cache instead.
+        for i in 0..RECENT_PLUGINS {
+            let timeout = 501 + u64::try_from(i).expect("small");
+            let other = registry.obtain("b", request(&source, None, timeout)).await;
+            other.expect("other limits");
+        }
+        let evicted = registry
+            .obtain("a", request(&source, Some(&digest), 500))
+            .await;
+        assert_eq!(evicted.expect("from disk").origin, Origin::Disk);
+        let live = crate::lock(&registry.loaded).live.len();
+        assert!(live <= RECENT_PLUGINS + 1, "{live} plugins kept alive");
+    }
+}
