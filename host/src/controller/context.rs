@@ -84,6 +84,41 @@ impl Serving {
     }
 }
 
+impl Serving {
+    /// Which plugin decides for a parent with these labels, and which one shadows it: the
+    /// candidate serves the parents its canary selector matches and shadows all others; with
+    /// no candidate, the active plugin serves alone.
+    pub fn select(&self, labels: &std::collections::BTreeMap<String, String>) -> Selection {
+        use kube::core::SelectorExt as _;
+        let candidate = self.candidate.load_full();
+        match candidate {
+            Some(candidate)
+                if candidate
+                    .canary
+                    .as_ref()
+                    .is_some_and(|selector| selector.matches(labels)) =>
+            {
+                Selection {
+                    serving: candidate.serving.clone(),
+                    shadow: None,
+                }
+            }
+            shadow => Selection {
+                serving: self.active.load_full(),
+                shadow: shadow.map(|candidate| candidate.serving.clone()),
+            },
+        }
+    }
+}
+
+/// The plugins one reconcile uses, chosen when it starts.
+pub(crate) struct Selection {
+    /// The plugin whose answer is applied.
+    pub serving: Arc<ActivePlugin>,
+    /// A candidate called on the same request for comparison only.
+    pub shadow: Option<Arc<ActivePlugin>>,
+}
+
 /// The plugin serving a policy and the config it is called with, swapped as one.
 pub(crate) struct ActivePlugin {
     pub plugin: Plugin,
@@ -93,7 +128,7 @@ pub(crate) struct ActivePlugin {
 /// A candidate plugin: serving the parents its canary selector matches, and evaluated in
 /// shadow for all others.
 pub(crate) struct Candidate {
-    pub serving: ActivePlugin,
+    pub serving: Arc<ActivePlugin>,
     pub canary: Option<kube::core::Selector>,
 }
 

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::backoff::Retry;
 use super::children::{self, InvalidChild, ParentIdentity};
-use super::context::{Candidate, PolicyContext, lock};
+use super::context::{PolicyContext, lock};
 use super::events::Published;
 use super::request;
 use super::status::{self, Outcome};
@@ -221,93 +221,154 @@ fn requeue_delay(asked: Option<Duration>, resync: Duration) -> Duration {
 }
 
 /// One reconcile; on success, the next action and whether the plugin asked for the requeue.
-#[expect(
-    clippy::too_many_lines,
-    reason = "the reconcile steps in order; naming them as functions is issue 10"
-)]
 async fn reconcile_parent(
     parent: &DynamicObject,
     ctx: &PolicyContext,
 ) -> Result<(Action, bool), ReconcileError> {
-    // Observed children must come from synced caches: an empty cache would look like
-    // "nothing exists yet" and turn a converged parent into a round of writes.
-    // The wait is bounded: a kind that cannot be listed must not hold reconciles (and with
-    // them a restart or shutdown) for ever. The policy's Ready condition says which and why.
+    wait_for_caches(ctx).await?;
+    let identity = identity(parent, &ctx.parent)?;
+    if let Some(action) = finalize_or_hold(parent, &identity, ctx).await? {
+        return Ok((action, false));
+    }
+    let observed = request::observed_children(&identity, &ctx.children);
+    let Decision {
+        desired,
+        status,
+        events,
+        requeue_after,
+        digest,
+    } = decide(parent, &identity, &observed, ctx).await?;
+    apply_children(&desired, &identity, ctx).await?;
+    prune_children(&observed, &desired, ctx).await?;
+    record_success(parent, &identity, status, desired.len(), &digest, ctx).await?;
+    publish_plugin_events(parent, ctx, events).await;
+    Ok((
+        Action::requeue(requeue_delay(requeue_after, ctx.resync)),
+        requeue_after.is_some(),
+    ))
+}
+
+/// Observed children must come from synced caches: an empty cache would look like "nothing
+/// exists yet" and turn a converged parent into a round of writes. The wait is bounded: a
+/// kind that cannot be listed must not hold reconciles (and with them a restart or shutdown)
+/// for ever. The policy's Ready condition says which and why.
+async fn wait_for_caches(ctx: &PolicyContext) -> Result<(), ReconcileError> {
     let mut caches_ready = ctx.caches_ready.clone();
     match tokio::time::timeout(CACHE_SYNC_WAIT, caches_ready.wait_for(|ready| *ready)).await {
-        Ok(Ok(_)) => {}
-        _ => return Err(ReconcileError::CachesNotReady),
+        Ok(Ok(_)) => Ok(()),
+        _ => Err(ReconcileError::CachesNotReady),
     }
-    let identity = identity(parent, &ctx.parent)?;
-    let deleting = parent.metadata.deletion_timestamp.is_some();
+}
+
+/// A parent being deleted is finalized (when this policy holds its finalizer) and goes no
+/// further; a live one gets the policy's finalizer first, if the policy asks for one.
+async fn finalize_or_hold(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    ctx: &PolicyContext,
+) -> Result<Option<Action>, ReconcileError> {
     let holds_finalizer = ctx
         .finalizer
         .as_ref()
         .is_some_and(|f| parent.finalizers().contains(f));
-    if deleting {
+    if parent.metadata.deletion_timestamp.is_some() {
         return if holds_finalizer {
-            finalize(parent, &identity, ctx).await.map(|a| (a, false))
+            finalize(parent, identity, ctx).await.map(Some)
         } else {
             // Owned children go with the parent through garbage collection.
-            Ok((Action::await_change(), false))
+            Ok(Some(Action::await_change()))
         };
     }
     if let (Some(finalizer), false) = (&ctx.finalizer, holds_finalizer) {
-        writes::add_finalizer(parent, &identity, finalizer, ctx).await?;
+        writes::add_finalizer(parent, identity, finalizer, ctx).await?;
     }
+    Ok(None)
+}
 
-    let active = ctx.serving.active.load_full();
-    let candidate = ctx.serving.candidate.load_full();
-    let canary = canary_for(candidate.as_deref(), parent);
-    let serving = canary.map_or(&*active, |c| &c.serving);
-    let observed = request::observed_children(&identity, &ctx.children);
-    let request = request::build(parent, &identity, &observed, ctx, serving, false);
+/// What the serving plugin decided for one parent, validated and stamped.
+struct Decision {
+    desired: Vec<children::DesiredChild>,
+    status: Option<crate::plugin::JsonObject>,
+    events: Vec<crate::plugin::PluginEvent>,
+    requeue_after: Option<Duration>,
+    /// The plugin that decided.
+    digest: crate::plugin::Digest,
+}
+
+/// Ask the serving plugin (and the candidate in shadow, recording its verdict) and validate
+/// the children it wants.
+async fn decide(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    observed: &[request::Observed],
+    ctx: &PolicyContext,
+) -> Result<Decision, ReconcileError> {
+    let selection = ctx.serving.select(parent.labels());
+    let serving = &selection.serving;
+    let request = request::build(parent, identity, observed, ctx, serving, false);
     let key = ObjectRef::from_obj_with(parent, ctx.parent.clone());
-    let answer = match (&candidate, canary) {
-        (Some(shadow), None) => {
+    let answer = match &selection.shadow {
+        Some(shadow) => {
             let shadow_request = ReconcileRequest {
-                config: shadow.serving.config.clone(),
+                config: shadow.config.clone(),
                 ..request.clone()
             };
             let answer = call_plugin(&serving.plugin, request, ctx).await;
-            let shadow_answer = call_plugin(&shadow.serving.plugin, shadow_request, ctx).await;
-            let verdict = match &shadow_answer {
-                // An answer the host would refuse is a failure, however it compares.
-                Ok(response) => match children::prepare(
-                    response.children.clone(),
-                    &ctx.allowed,
-                    &identity,
-                    &ctx.policy_label,
-                ) {
-                    Err(problems) => Verdict::WouldFail(format!(
-                        "the host would refuse its answer: {}",
-                        describe(&problems)
-                    )),
-                    Ok(_) => compare(&answer, &shadow_answer),
-                },
-                Err(_) => compare(&answer, &shadow_answer),
-            };
+            let shadow_answer = call_plugin(&shadow.plugin, shadow_request, ctx).await;
+            let verdict = shadow_verdict(&answer, &shadow_answer, identity, ctx);
             lock(&ctx.serving.shadow).insert(key, verdict);
             answer
         }
-        _ => {
+        None => {
             lock(&ctx.serving.shadow).remove(&key);
             call_plugin(&serving.plugin, request, ctx).await
         }
     };
     let response = answer?;
+    let desired = children::prepare(response.children, &ctx.allowed, identity, &ctx.policy_label)
+        .map_err(ReconcileError::InvalidChildren)?;
+    Ok(Decision {
+        desired,
+        status: response.status,
+        events: response.events,
+        requeue_after: response.requeue_after,
+        digest: *serving.plugin.digest(),
+    })
+}
 
-    let desired = children::prepare(
-        response.children,
-        &ctx.allowed,
-        &identity,
-        &ctx.policy_label,
-    )
-    .map_err(ReconcileError::InvalidChildren)?;
+/// How the candidate's answer compares with the serving plugin's. An answer the host would
+/// refuse is a failure, however it compares.
+fn shadow_verdict(
+    answer: &Result<ReconcileResponse, PluginError>,
+    shadow_answer: &Result<ReconcileResponse, PluginError>,
+    identity: &ParentIdentity,
+    ctx: &PolicyContext,
+) -> Verdict {
+    if let Ok(response) = shadow_answer
+        && let Err(problems) = children::prepare(
+            response.children.clone(),
+            &ctx.allowed,
+            identity,
+            &ctx.policy_label,
+        )
+    {
+        return Verdict::WouldFail(format!(
+            "the host would refuse its answer: {}",
+            describe(&problems)
+        ));
+    }
+    compare(answer, shadow_answer)
+}
 
+/// Apply every desired child (a child already as desired costs no write).
+async fn apply_children(
+    desired: &[children::DesiredChild],
+    identity: &ParentIdentity,
+    ctx: &PolicyContext,
+) -> Result<(), ReconcileError> {
     let mut applied = 0;
-    for child in &desired {
-        let wrote = writes::apply_child(child, &identity, ctx).await?;
+    for child in desired {
+        let wrote = writes::apply_child(child, identity, ctx).await?;
         let operation = if wrote {
             ChildOperation::Applied
         } else {
@@ -317,32 +378,46 @@ async fn reconcile_parent(
         ctx.metrics.children(&ctx.policy, kind, operation, 1);
         applied += usize::from(wrote);
     }
-    let pruned = writes::prune(&observed, &desired, ctx).await?;
-    if applied + pruned > 0 {
+    if applied > 0 {
         tracing::info!(
             applied,
-            pruned,
             unchanged = desired.len() - applied,
-            "children reconciled"
+            "children applied"
         );
     }
+    Ok(())
+}
 
+/// Delete the observed children the plugin no longer wants.
+async fn prune_children(
+    observed: &[request::Observed],
+    desired: &[children::DesiredChild],
+    ctx: &PolicyContext,
+) -> Result<(), ReconcileError> {
+    let pruned = writes::prune(observed, desired, ctx).await?;
+    if pruned > 0 {
+        tracing::info!(pruned, "children pruned");
+    }
+    Ok(())
+}
+
+/// Write the plugin's status with `Reconciled=True`, and the digest that decided.
+async fn record_success(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    status: Option<crate::plugin::JsonObject>,
+    desired: usize,
+    digest: &crate::plugin::Digest,
+    ctx: &PolicyContext,
+) -> Result<(), ReconcileError> {
     let outcome = Outcome {
         success: true,
         reason: "Reconciled".into(),
-        message: format!(
-            "{} children desired by plugin {}",
-            desired.len(),
-            serving.plugin.digest()
-        ),
+        message: format!("{desired} children desired by plugin {digest}"),
     };
-    writes::write_status(parent, &identity, response.status, &outcome, ctx).await?;
-    writes::record_plugin_digest(parent, &identity, serving.plugin.digest(), ctx).await?;
-    publish_plugin_events(parent, ctx, response.events).await;
-    Ok((
-        Action::requeue(requeue_delay(response.requeue_after, ctx.resync)),
-        response.requeue_after.is_some(),
-    ))
+    writes::write_status(parent, identity, status, &outcome, ctx).await?;
+    writes::record_plugin_digest(parent, identity, digest, ctx).await?;
+    Ok(())
 }
 
 /// Call the plugin, counting the call's outcome and duration.
@@ -482,13 +557,10 @@ async fn finalize(
     identity: &ParentIdentity,
     ctx: &PolicyContext,
 ) -> Result<Action, ReconcileError> {
-    let active = ctx.serving.active.load_full();
-    let candidate = ctx.serving.candidate.load_full();
-    let canary = canary_for(candidate.as_deref(), parent);
-    let active = canary.map_or(&*active, |c| &c.serving);
+    let serving = ctx.serving.select(parent.labels()).serving;
     let observed = request::observed_children(identity, &ctx.children);
-    let request = request::build(parent, identity, &observed, ctx, active, true);
-    let response = call_plugin(&active.plugin, request, ctx).await?;
+    let request = request::build(parent, identity, &observed, ctx, &serving, true);
+    let response = call_plugin(&serving.plugin, request, ctx).await?;
     publish_plugin_events(parent, ctx, response.events).await;
     if !response.finalized {
         tracing::info!("plugin has not finished finalizing; will ask again");
@@ -506,19 +578,6 @@ async fn finalize(
 
 fn reference(parent: &DynamicObject, ctx: &PolicyContext) -> ObjectReference {
     parent.object_ref(&ctx.parent)
-}
-
-/// The candidate, if it serves `parent` as a canary.
-fn canary_for<'a>(
-    candidate: Option<&'a Candidate>,
-    parent: &DynamicObject,
-) -> Option<&'a Candidate> {
-    use kube::core::SelectorExt as _;
-    candidate.filter(|c| {
-        c.canary
-            .as_ref()
-            .is_some_and(|selector| selector.matches(parent.labels()))
-    })
 }
 
 /// The current time as Kubernetes writes it (RFC 3339, seconds).

@@ -11,13 +11,14 @@ use super::children::ParentIdentity;
 use super::context::{ActivePlugin, ChildCache, PolicyContext, RelatedCache};
 use crate::plugin::{ObservedObject, ReconcileRequest};
 
+/// A child the parent has: the index of its kind in the policy's allowed kinds, and the
+/// cached object.
+pub(crate) type Observed = (usize, Arc<DynamicObject>);
+
 /// Children in `caches` whose controller is this parent (by uid, in its namespace), with the
 /// index of their kind. An object that merely carries the policy's label, or that another
 /// parent controls, is not this parent's child.
-pub(crate) fn observed_children(
-    parent: &ParentIdentity,
-    caches: &[ChildCache],
-) -> Vec<(usize, Arc<DynamicObject>)> {
+pub(crate) fn observed_children(parent: &ParentIdentity, caches: &[ChildCache]) -> Vec<Observed> {
     let mut observed = Vec::new();
     for (index, cache) in caches.iter().enumerate() {
         observed.extend(
@@ -57,7 +58,7 @@ pub(crate) fn related_objects(
 pub(crate) fn build(
     parent: &DynamicObject,
     identity: &ParentIdentity,
-    observed: &[(usize, Arc<DynamicObject>)],
+    observed: &[Observed],
     ctx: &PolicyContext,
     serving: &ActivePlugin,
     finalizing: bool,

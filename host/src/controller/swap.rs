@@ -172,10 +172,10 @@ impl Swapper {
                 let digest = *obtained.plugin.digest();
                 let mode = if canary.is_some() { "canary" } else { "shadow" };
                 self.serving.candidate.store(Some(Arc::new(Candidate {
-                    serving: ActivePlugin {
+                    serving: Arc::new(ActivePlugin {
                         plugin: obtained.plugin,
                         config,
-                    },
+                    }),
                     canary,
                 })));
                 lock(&self.serving.shadow).clear();

@@ -3,8 +3,6 @@
 //! and add or remove the parent's finalizer. Every write is bound to the uid it was decided
 //! for, so a replaced object is never written by mistake.
 
-use std::sync::Arc;
-
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::ObjectRef;
@@ -137,7 +135,7 @@ pub(super) async fn update_child(
 /// succeeded, and only for objects this parent controls (the delete is preconditioned on the
 /// observed uid, so a same-named replacement is never hit).
 pub(super) async fn prune(
-    observed: &[(usize, Arc<DynamicObject>)],
+    observed: &[super::request::Observed],
     desired: &[DesiredChild],
     ctx: &PolicyContext,
 ) -> Result<usize, ReconcileError> {
