@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::plugin::{Plugin, Verdict};
 
 /// A child kind as one policy's reconciles see it: the cache of the children it already has.
-/// Its index is its index in [`PolicyContext::allowed`].
+/// Its index is its index in [`Caches::allowed`].
 pub(crate) struct ChildCache {
     pub resource: ApiResource,
     pub store: Store<DynamicObject>,
@@ -30,7 +30,8 @@ pub(crate) struct RelatedCache {
     pub store: Store<DynamicObject>,
 }
 
-/// Everything one policy's reconciles share.
+/// Everything one policy's reconciles share: who they act as, the caches they read, the
+/// plugins that decide, and what earlier reconciles ended with.
 pub(crate) struct PolicyContext {
     pub client: Client,
     pub policy: String,
@@ -41,24 +42,47 @@ pub(crate) struct PolicyContext {
     /// The finalizer this policy holds on parents, when it asks for one.
     pub finalizer: Option<String>,
     pub parent: ApiResource,
-    /// The child kinds the policy allows, in the order of `children`.
-    pub allowed: Vec<AllowedKind>,
-    pub children: Vec<ChildCache>,
-    pub related: Vec<RelatedCache>,
-    /// What serves the policy's reconciles: all a hot swap touches.
-    pub serving: Arc<Serving>,
     pub resync: Duration,
-    pub backoff: Backoff<ObjectRef<DynamicObject>>,
-    /// Parents whose last reconcile succeeded.
-    pub reconciled: Mutex<HashSet<ObjectRef<DynamicObject>>>,
     pub events: EventSink,
     pub metrics: Arc<Metrics>,
     /// Parents waiting for a reconcile, for `workqueue_depth`.
     pub queue: Arc<super::queue::QueueGauge>,
     /// A standby reconciles nothing; its caches stay warm for a takeover.
     pub leadership: Arc<crate::leader::Leadership>,
+    /// What the reconciles read.
+    pub caches: Caches,
+    /// What serves the policy's reconciles: all a hot swap touches.
+    pub serving: Arc<Serving>,
+    /// What earlier reconciles ended with.
+    pub outcomes: Outcomes,
+}
+
+/// The caches of a policy's children and related objects.
+pub(crate) struct Caches {
+    /// The child kinds the policy allows, in the order of `children`.
+    pub allowed: Vec<AllowedKind>,
+    pub children: Vec<ChildCache>,
+    pub related: Vec<RelatedCache>,
     /// Becomes true once every child and related cache has listed its objects.
-    pub caches_ready: tokio::sync::watch::Receiver<bool>,
+    pub ready: tokio::sync::watch::Receiver<bool>,
+}
+
+/// What a policy's reconciles ended with, for retries and the policy's counts.
+pub(crate) struct Outcomes {
+    /// Retry delays of the failing parents.
+    pub backoff: Backoff<ObjectRef<DynamicObject>>,
+    /// Parents whose last reconcile succeeded.
+    pub reconciled: Mutex<HashSet<ObjectRef<DynamicObject>>>,
+}
+
+impl Outcomes {
+    /// No parent reconciled yet; failures back off from `base` to `max`.
+    pub fn new(base: Duration, max: Duration) -> Self {
+        Self {
+            backoff: Backoff::new(base, max),
+            reconciled: Mutex::default(),
+        }
+    }
 }
 
 /// The swappable state of one policy: the active plugin, the candidate, and the candidate's

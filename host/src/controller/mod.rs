@@ -18,7 +18,9 @@ pub(crate) mod kinds;
 mod parent_claims;
 mod permissions;
 mod policy_controller;
+mod policy_report;
 mod policy_status;
+mod prepare;
 mod queue;
 mod reconcile;
 mod release;
@@ -26,6 +28,7 @@ mod request;
 mod status;
 mod swap;
 mod watch_health;
+mod watches;
 mod writes;
 
 use std::collections::{HashMap, HashSet};

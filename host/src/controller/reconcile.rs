@@ -163,7 +163,7 @@ pub(crate) async fn reconcile(
     ctx.metrics.worker(&ctx.policy, -1);
     let took = started.elapsed();
     let record = |ok: bool| {
-        let mut reconciled = lock(&ctx.reconciled);
+        let mut reconciled = lock(&ctx.outcomes.reconciled);
         if ok {
             reconciled.insert(key.clone());
         } else {
@@ -173,7 +173,7 @@ pub(crate) async fn reconcile(
     match result {
         Ok((action, requeued)) => {
             record(true);
-            ctx.backoff.succeeded(&key);
+            ctx.outcomes.backoff.succeeded(&key);
             let result = if requeued {
                 ReconcileResult::RequeueAfter
             } else {
@@ -186,7 +186,7 @@ pub(crate) async fn reconcile(
             record(false);
             ctx.metrics
                 .reconciled(&ctx.policy, ReconcileResult::Error, took);
-            let retry = ctx.backoff.failed(&key);
+            let retry = ctx.outcomes.backoff.failed(&key);
             let await_change = error.awaits_change();
             if !await_change {
                 ctx.metrics.retried(&ctx.policy);
@@ -230,7 +230,7 @@ async fn reconcile_parent(
     if let Some(action) = finalize_or_hold(parent, &identity, ctx).await? {
         return Ok((action, false));
     }
-    let observed = request::observed_children(&identity, &ctx.children);
+    let observed = request::observed_children(&identity, &ctx.caches.children);
     let Decision {
         desired,
         status,
@@ -253,7 +253,7 @@ async fn reconcile_parent(
 /// kind that cannot be listed must not hold reconciles (and with them a restart or shutdown)
 /// for ever. The policy's Ready condition says which and why.
 async fn wait_for_caches(ctx: &PolicyContext) -> Result<(), ReconcileError> {
-    let mut caches_ready = ctx.caches_ready.clone();
+    let mut caches_ready = ctx.caches.ready.clone();
     match tokio::time::timeout(CACHE_SYNC_WAIT, caches_ready.wait_for(|ready| *ready)).await {
         Ok(Ok(_)) => Ok(()),
         _ => Err(ReconcileError::CachesNotReady),
@@ -325,8 +325,13 @@ async fn decide(
         }
     };
     let response = answer?;
-    let desired = children::prepare(response.children, &ctx.allowed, identity, &ctx.policy_label)
-        .map_err(ReconcileError::InvalidChildren)?;
+    let desired = children::prepare(
+        response.children,
+        &ctx.caches.allowed,
+        identity,
+        &ctx.policy_label,
+    )
+    .map_err(ReconcileError::InvalidChildren)?;
     Ok(Decision {
         desired,
         status: response.status,
@@ -347,7 +352,7 @@ fn shadow_verdict(
     if let Ok(response) = shadow_answer
         && let Err(problems) = children::prepare(
             response.children.clone(),
-            &ctx.allowed,
+            &ctx.caches.allowed,
             identity,
             &ctx.policy_label,
         )
@@ -374,7 +379,7 @@ async fn apply_children(
         } else {
             ChildOperation::Unchanged
         };
-        let kind = &ctx.allowed[child.kind_index].kind;
+        let kind = &ctx.caches.allowed[child.kind_index].kind;
         ctx.metrics.children(&ctx.policy, kind, operation, 1);
         applied += usize::from(wrote);
     }
@@ -558,7 +563,7 @@ async fn finalize(
     ctx: &PolicyContext,
 ) -> Result<Action, ReconcileError> {
     let serving = ctx.serving.select(parent.labels()).serving;
-    let observed = request::observed_children(identity, &ctx.children);
+    let observed = request::observed_children(identity, &ctx.caches.children);
     let request = request::build(parent, identity, &observed, ctx, &serving, true);
     let response = call_plugin(&serving.plugin, request, ctx).await?;
     publish_plugin_events(parent, ctx, response.events).await;

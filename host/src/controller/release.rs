@@ -188,3 +188,25 @@ pub(crate) async fn unmanaged_children(
     }
     Ok(found)
 }
+
+/// Bring the finalizers in line with `spec.finalize`: a finalizing policy carries
+/// [`POLICY_FINALIZER`]; one that stopped finalizing releases its parents, then drops it.
+pub(crate) async fn sync_finalizers(
+    client: &Client,
+    policy: &ReconcilePolicy,
+    parent: &ResolvedKind,
+    namespace: Option<&str>,
+) -> anyhow::Result<()> {
+    let name = policy.name_any();
+    let uid = policy.metadata.uid.as_deref();
+    if policy.spec.finalize {
+        return set_policy_finalizer(client, &name, uid, true).await;
+    }
+    if !policy.finalizers().iter().any(|f| f == POLICY_FINALIZER) {
+        return Ok(());
+    }
+    let label = super::children::policy_label_value(&name);
+    let released = release_parents(client, parent, namespace, &parent_finalizer(&label)).await?;
+    tracing::info!(policy = %name, released, "policy no longer finalizes; parents released");
+    set_policy_finalizer(client, &name, uid, false).await
+}

@@ -66,7 +66,7 @@ pub(crate) fn build(
     ReconcileRequest {
         parent: serde_json::to_string(parent).unwrap_or_default(),
         children: observed.iter().map(|(_, o)| observed_object(o)).collect(),
-        related: related_objects(identity, &ctx.related),
+        related: related_objects(identity, &ctx.caches.related),
         config: serving.config.clone(),
         finalizing,
     }

@@ -27,7 +27,7 @@ pub(super) async fn apply_child(
     parent: &ParentIdentity,
     ctx: &PolicyContext,
 ) -> Result<bool, ReconcileError> {
-    let cache = &ctx.children[child.kind_index];
+    let cache = &ctx.caches.children[child.kind_index];
     let mut key = ObjectRef::new_with(&child.name, cache.resource.clone());
     if let Some(namespace) = &child.namespace {
         key = key.within(namespace);
@@ -48,11 +48,11 @@ pub(super) async fn create_child(
 ) -> Result<bool, ReconcileError> {
     let api = dynamic_api(
         &ctx.client,
-        &ctx.children[child.kind_index].resource,
+        &ctx.caches.children[child.kind_index].resource,
         child.namespace.as_deref(),
     );
     let apply_error = |source| ReconcileError::Apply {
-        kind: ctx.allowed[child.kind_index].kind.clone(),
+        kind: ctx.caches.allowed[child.kind_index].kind.clone(),
         name: child.name.clone(),
         source,
     };
@@ -81,7 +81,7 @@ pub(super) async fn update_child(
     parent: &ParentIdentity,
     ctx: &PolicyContext,
 ) -> Result<bool, ReconcileError> {
-    let kind = &ctx.allowed[child.kind_index].kind;
+    let kind = &ctx.caches.allowed[child.kind_index].kind;
     if let Some(owner) = children::foreign_controller(observed.owner_references(), &parent.uid) {
         return Err(ReconcileError::ChildConflict {
             kind: kind.clone(),
@@ -109,7 +109,7 @@ pub(super) async fn update_child(
         name: child.name.clone(),
         source,
     };
-    let cache = &ctx.children[child.kind_index];
+    let cache = &ctx.caches.children[child.kind_index];
     let api = dynamic_api(&ctx.client, &cache.resource, child.namespace.as_deref());
     if cache
         .created
@@ -149,7 +149,7 @@ pub(super) async fn prune(
     for position in positions {
         let (index, child) = &observed[position];
         let name = child.name_any();
-        let cache = &ctx.children[*index];
+        let cache = &ctx.caches.children[*index];
         let api = dynamic_api(
             &ctx.client,
             &cache.resource,
@@ -166,14 +166,14 @@ pub(super) async fn prune(
         match api.delete(&name, &params).await {
             Ok(_) => {
                 pruned += 1;
-                let kind = &ctx.allowed[*index].kind;
+                let kind = &ctx.caches.allowed[*index].kind;
                 ctx.metrics
                     .children(&ctx.policy, kind, ChildOperation::Pruned, 1);
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => {
                 return Err(ReconcileError::Prune {
-                    kind: ctx.allowed[*index].kind.clone(),
+                    kind: ctx.caches.allowed[*index].kind.clone(),
                     name,
                     source,
                 });

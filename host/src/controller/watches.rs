@@ -1,0 +1,297 @@
+//! A policy's watches, wired into one kube-runtime `Controller`: the parents it reconciles,
+//! the children it owns (found by the policy label) and the related objects it reads. Each
+//! watch fills a cache the reconciles read and triggers the parents it concerns; one builder
+//! method per kind of watch, as kube-runtime's own `Controller` builder does.
+
+use std::sync::Arc;
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use kube::api::Api;
+use kube::core::{ApiResource, DynamicObject, Selector, TypeMeta};
+use kube::runtime::controller::Controller;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{PredicateConfig, WatchStreamExt as _, watcher};
+use kube::{Client, ResourceExt as _};
+
+use super::children::{self, AllowedKind};
+use super::context::{Caches, ChildCache, RelatedCache};
+use super::field_ownership::CreatedFields;
+use super::kinds::ResolvedKind;
+use super::queue::QueueGauge;
+use super::reconcile;
+use super::watch_health::WatchHealth;
+use crate::policy::KindRef;
+use crate::watch_backoff::WatchBackoff;
+
+/// What every watch of one policy shares.
+pub(super) struct WatchSetup {
+    pub client: Client,
+    /// Watch namespaced kinds in this namespace only; cluster-scoped kinds are watched
+    /// cluster-wide (and need cluster RBAC).
+    pub namespace: Option<String>,
+    pub health: Arc<WatchHealth>,
+    pub queue: Arc<QueueGauge>,
+    /// The policy's field manager, whose create-time fields are handed over before applies.
+    pub field_manager: String,
+    /// Selects the children the policy owns.
+    pub owned_selector: String,
+}
+
+impl WatchSetup {
+    fn scope(&self, kind: &ResolvedKind) -> Option<&str> {
+        self.namespace.as_deref().filter(|_| kind.namespaced)
+    }
+}
+
+/// A policy's controller and the caches its reconciles read.
+pub(super) struct Watches {
+    controller: Controller<DynamicObject>,
+    parents: Store<DynamicObject>,
+    parent: ApiResource,
+    /// The child kinds the policy allows, in the order of `children`.
+    allowed: Vec<AllowedKind>,
+    children: Vec<ChildCache>,
+    related: Vec<RelatedCache>,
+}
+
+impl Watches {
+    /// The controller over the parent kind. Status-only updates (the host's own status writes
+    /// among them) do not trigger a reconcile: they would turn every failure into an
+    /// immediate retry and defeat backoff.
+    pub fn parents(setup: &WatchSetup, parent: &ResolvedKind) -> Self {
+        let (parents, stream) = cached_watch(
+            &setup.client,
+            &parent.resource,
+            setup.scope(parent),
+            watcher::Config::default(),
+            &setup.health,
+            None,
+        );
+        let queue = setup.queue.clone();
+        let controller = Controller::for_stream_with(
+            stream
+                .applied_objects()
+                .predicate_filter(parent_changed, PredicateConfig::default())
+                .inspect_ok(move |parent| {
+                    queue.added([(parent.metadata.namespace.clone(), parent.name_any())]);
+                }),
+            parents.clone(),
+            parent.resource.clone(),
+        );
+        Self {
+            controller,
+            parents,
+            parent: parent.resource.clone(),
+            allowed: Vec::new(),
+            children: Vec::new(),
+            related: Vec::new(),
+        }
+    }
+
+    /// Watch the children of one allowed kind: a change to one triggers its controlling
+    /// parent.
+    pub fn owns(mut self, setup: &WatchSetup, kind: &KindRef, resolved: &ResolvedKind) -> Self {
+        let created = Arc::new(CreatedFields::new(setup.field_manager.clone()));
+        let (store, stream) = cached_watch(
+            &setup.client,
+            &resolved.resource,
+            setup.scope(resolved),
+            watcher::Config::default().labels(&setup.owned_selector),
+            &setup.health,
+            Some(created.clone()),
+        );
+        let queue = setup.queue.clone();
+        let parent_kind = self.parent.kind.clone();
+        let stream = stream.touched_objects().inspect_ok(move |child| {
+            let owner = child
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true) && o.kind == parent_kind);
+            if let Some(owner) = owner {
+                queue.added([(child.metadata.namespace.clone(), owner.name.clone())]);
+            }
+        });
+        self.controller = self
+            .controller
+            .owns_stream_with(stream, resolved.resource.clone());
+        self.allowed.push(AllowedKind {
+            api_version: kind.api_version.clone(),
+            kind: kind.kind.clone(),
+            namespaced: resolved.namespaced,
+        });
+        self.children.push(ChildCache {
+            resource: resolved.resource.clone(),
+            store,
+            created,
+        });
+        self
+    }
+
+    /// Watch one related kind (narrowed by its selector): a related object concerns every
+    /// parent in its namespace.
+    pub fn reads(
+        mut self,
+        setup: &WatchSetup,
+        resolved: &ResolvedKind,
+        selector: Option<&Selector>,
+    ) -> Self {
+        let config = match selector {
+            Some(selector) => watcher::Config::default().labels_from(selector),
+            None => watcher::Config::default(),
+        };
+        let (store, stream) = cached_watch(
+            &setup.client,
+            &resolved.resource,
+            setup.scope(resolved),
+            config,
+            &setup.health,
+            None,
+        );
+        let parents = self.parents.clone();
+        let parent_resource = self.parent.clone();
+        let queue = setup.queue.clone();
+        let mapper = move |object: DynamicObject| {
+            let namespace = object.metadata.namespace.clone();
+            let parents = parents.state_filter(|p| p.metadata.namespace == namespace);
+            queue.added(
+                parents
+                    .iter()
+                    .map(|p| (p.metadata.namespace.clone(), p.name_any())),
+            );
+            parents
+                .into_iter()
+                .map(|p| ObjectRef::from_obj_with(&*p, parent_resource.clone()))
+                .collect::<Vec<_>>()
+        };
+        self.controller = self.controller.watches_stream_with(
+            stream.touched_objects(),
+            mapper,
+            resolved.resource.clone(),
+        );
+        self.related.push(RelatedCache { store });
+        self
+    }
+
+    /// The controller, the parents' cache, the caches the reconciles read, and a future to
+    /// run beside the controller that marks those caches (and the host's readiness) ready
+    /// once every one has listed its objects.
+    pub fn finish(
+        self,
+        readiness: &Arc<crate::health::Readiness>,
+    ) -> (
+        Controller<DynamicObject>,
+        Store<DynamicObject>,
+        Caches,
+        impl Future<Output = ()> + use<>,
+    ) {
+        let (ready, wait_for_caches) = self.caches_ready(readiness);
+        let caches = Caches {
+            allowed: self.allowed,
+            children: self.children,
+            related: self.related,
+            ready,
+        };
+        (self.controller, self.parents, caches, wait_for_caches)
+    }
+
+    /// kube-runtime's store readiness wakes only one waiter at a time, so one task waits for
+    /// every cache on behalf of all reconciles and publishes the result on the receiver.
+    fn caches_ready(
+        &self,
+        readiness: &Arc<crate::health::Readiness>,
+    ) -> (
+        tokio::sync::watch::Receiver<bool>,
+        impl Future<Output = ()> + use<>,
+    ) {
+        let (ready_tx, caches_ready) = tokio::sync::watch::channel(false);
+        let stores: Vec<Store<DynamicObject>> = self
+            .children
+            .iter()
+            .map(|c| c.store.clone())
+            .chain(self.related.iter().map(|r| r.store.clone()))
+            .collect();
+        let mut syncing = readiness.syncing();
+        let wait = async move {
+            for store in stores {
+                if store.wait_until_ready().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+            let _ = ready_tx.send(true);
+            syncing.synced();
+            std::future::pending::<()>().await
+        };
+        (caches_ready, wait)
+    }
+}
+
+/// A watch stream of `resource`, cached in a store, with `managedFields` dropped: plugins
+/// never see them and the host does not need to hold them.
+fn cached_watch(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    config: watcher::Config,
+    health: &Arc<WatchHealth>,
+    created: Option<Arc<CreatedFields>>,
+) -> (
+    Store<DynamicObject>,
+    impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send + 'static,
+) {
+    let writer = reflector::store::Writer::new(resource.clone());
+    let reader = writer.as_reader();
+    let api: Api<DynamicObject> = match namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
+        None => Api::all_with(client.clone(), resource),
+    };
+    // List responses leave out each item's apiVersion and kind; plugins and the convergence
+    // check need them, so every cached object gets them back.
+    let types = TypeMeta {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+    };
+    let health = health.clone();
+    let kind = format!("{} {}", resource.api_version, resource.kind);
+    let stream = watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .inspect(move |event| health.observe(&kind, event))
+        .modify(move |object: &mut DynamicObject| {
+            if let Some(created) = &created {
+                created.note(object);
+            }
+            object.managed_fields_mut().clear();
+            if object.types.is_none() {
+                object.types = Some(types.clone());
+            }
+        })
+        .reflect(writer);
+    (reader, stream)
+}
+
+/// A fingerprint of what a parent's reconcile depends on besides its children: spec (via the
+/// generation), labels, annotations (except the plugin digest the host records itself),
+/// finalizers and deletion.
+fn parent_changed(parent: &DynamicObject) -> Option<u64> {
+    use std::hash::{Hash as _, Hasher as _};
+    let meta = &parent.metadata;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    meta.generation.hash(&mut hasher);
+    meta.labels.hash(&mut hasher);
+    if let Some(annotations) = &meta.annotations {
+        annotations
+            .iter()
+            .filter(|(key, _)| key.as_str() != reconcile::PLUGIN_DIGEST_ANNOTATION)
+            .for_each(|entry| entry.hash(&mut hasher));
+    }
+    meta.finalizers.hash(&mut hasher);
+    meta.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// The children label selector of a policy's owned children.
+pub(super) fn owned_selector(policy_label: &str) -> String {
+    format!("{}={policy_label}", children::POLICY_LABEL)
+}
