@@ -157,3 +157,74 @@ pub(crate) struct Candidate {
 }
 
 pub(crate) use crate::lock;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::testing::{label_selector, parent, serving};
+
+    fn labels(parent: &DynamicObject) -> &std::collections::BTreeMap<String, String> {
+        use kube::ResourceExt as _;
+        parent.labels()
+    }
+
+    fn candidate(canary: Option<(&str, &str)>) -> Arc<Candidate> {
+        Arc::new(Candidate {
+            serving: serving("candidate"),
+            canary: canary.map(|(key, value)| label_selector(key, value)),
+        })
+    }
+
+    #[test]
+    fn without_a_candidate_the_active_plugin_serves_alone() {
+        let state = Serving::new(ActivePlugin {
+            plugin: crate::controller::testing::plugin(),
+            config: Some("active".into()),
+        });
+        let selection = state.select(labels(&parent("a", "p", &[])));
+        assert_eq!(selection.serving.config.as_deref(), Some("active"));
+        assert!(selection.shadow.is_none());
+    }
+
+    #[test]
+    fn a_candidate_without_a_canary_shadows_every_parent() {
+        let state = Serving::new(ActivePlugin {
+            plugin: crate::controller::testing::plugin(),
+            config: Some("active".into()),
+        });
+        state.candidate.store(Some(candidate(None)));
+        let selection = state.select(labels(&parent("a", "p", &[("tier", "canary")])));
+        assert_eq!(selection.serving.config.as_deref(), Some("active"));
+        let shadow = selection.shadow.expect("a shadow");
+        assert_eq!(shadow.config.as_deref(), Some("candidate"));
+    }
+
+    #[test]
+    fn a_canary_serves_the_parents_it_selects_and_shadows_the_others() {
+        let state = Serving::new(ActivePlugin {
+            plugin: crate::controller::testing::plugin(),
+            config: Some("active".into()),
+        });
+        state
+            .candidate
+            .store(Some(candidate(Some(("tier", "canary")))));
+
+        let selected = state.select(labels(&parent("a", "p", &[("tier", "canary")])));
+        assert_eq!(selected.serving.config.as_deref(), Some("candidate"));
+        assert!(
+            selected.shadow.is_none(),
+            "a canary parent is not also shadowed"
+        );
+
+        let other = state.select(labels(&parent("a", "q", &[("tier", "main")])));
+        assert_eq!(other.serving.config.as_deref(), Some("active"));
+        let shadow = other.shadow.expect("the others are shadowed");
+        assert_eq!(shadow.config.as_deref(), Some("candidate"));
+
+        // Removing the candidate takes effect at the next selection.
+        state.candidate.store(None);
+        let after = state.select(labels(&parent("a", "p", &[("tier", "canary")])));
+        assert_eq!(after.serving.config.as_deref(), Some("active"));
+        assert!(after.shadow.is_none());
+    }
+}

@@ -27,6 +27,8 @@ mod release;
 mod request;
 mod status;
 mod swap;
+#[cfg(test)]
+mod testing;
 mod watch_health;
 mod watches;
 mod writes;

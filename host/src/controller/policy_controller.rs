@@ -361,8 +361,9 @@ async fn report_periodically(
 ) {
     loop {
         tokio::time::sleep(STATUS_INTERVAL).await;
-        let (reconciled, failing) = policy_report::counts(ctx, parents);
-        let candidate = policy_report::candidate_counts(ctx, parents);
+        policy_report::forget_deleted_children(&ctx.caches.children);
+        let (reconciled, failing) = policy_report::counts(&ctx.outcomes, parents);
+        let candidate = policy_report::candidate_counts(&ctx.serving, parents);
         let mut status = status.lock().await;
         status.set_ready(health.problem().unwrap_or_else(|| running.clone()));
         status.set_counts(reconciled, failing);

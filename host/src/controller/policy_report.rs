@@ -8,7 +8,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt as _};
 
 use super::children;
-use super::context::{PolicyContext, lock};
+use super::context::{ChildCache, Outcomes, Serving, lock};
 use super::events;
 use super::kinds::ResolvedKind;
 use super::policy_status::{PolicyStatusWriter, State};
@@ -93,11 +93,19 @@ pub(super) fn related_cost(related: &[(ResolvedKind, Option<Selector>)]) -> Opti
     })
 }
 
-/// Parents whose last reconcile succeeded and failed, among those that still exist.
-pub(super) fn counts(ctx: &PolicyContext, parents: &Store<DynamicObject>) -> (u64, u64) {
+/// Parents whose last reconcile succeeded and failed, among those that still exist (the
+/// bookkeeping of deleted parents is dropped on the way).
+pub(super) fn counts(outcomes: &Outcomes, parents: &Store<DynamicObject>) -> (u64, u64) {
     let exists = |key: &ObjectRef<DynamicObject>| parents.get(key).is_some();
-    ctx.outcomes.backoff.retain(exists);
-    for cache in &ctx.caches.children {
+    outcomes.backoff.retain(exists);
+    let mut reconciled = lock(&outcomes.reconciled);
+    reconciled.retain(exists);
+    (reconciled.len() as u64, outcomes.backoff.failing() as u64)
+}
+
+/// Drop the create-time bookkeeping of children that no longer exist.
+pub(super) fn forget_deleted_children(children: &[ChildCache]) {
+    for cache in children {
         cache.created.retain(|namespace, name| {
             let key = ObjectRef::new_with(name, cache.resource.clone());
             let key = match namespace {
@@ -107,24 +115,18 @@ pub(super) fn counts(ctx: &PolicyContext, parents: &Store<DynamicObject>) -> (u6
             cache.store.get(&key).is_some()
         });
     }
-    let mut reconciled = lock(&ctx.outcomes.reconciled);
-    reconciled.retain(exists);
-    (
-        reconciled.len() as u64,
-        ctx.outcomes.backoff.failing() as u64,
-    )
 }
 
 /// How many parents the candidate serves, and its shadow verdicts for the others, with a
 /// few examples (sorted, so an unchanged picture writes nothing).
 pub(super) fn candidate_counts(
-    ctx: &PolicyContext,
+    serving: &Serving,
     parents: &Store<DynamicObject>,
 ) -> Option<CandidateStatus> {
     use kube::core::SelectorExt as _;
     const EXAMPLES: usize = 5;
-    let candidate = ctx.serving.candidate.load_full()?;
-    let mut verdicts = lock(&ctx.serving.shadow);
+    let candidate = serving.candidate.load_full()?;
+    let mut verdicts = lock(&serving.shadow);
     verdicts.retain(|key, _| parents.get(key).is_some());
     let mut status = CandidateStatus {
         digest: candidate.serving.plugin.digest().to_string(),
@@ -168,4 +170,98 @@ pub(super) fn candidate_counts(
     examples.truncate(EXAMPLES);
     status.examples = examples;
     Some(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::controller::context::{ActivePlugin, Candidate};
+    use crate::controller::testing::{label_selector, myapps, parent, plugin, serving, store};
+
+    fn key(namespace: &str, name: &str) -> ObjectRef<DynamicObject> {
+        ObjectRef::new_with(name, myapps()).within(namespace)
+    }
+
+    #[test]
+    fn counts_take_only_parents_that_still_exist_and_forget_the_rest() {
+        let parents = store(
+            myapps(),
+            vec![
+                parent("a", "ok-1", &[]),
+                parent("a", "ok-2", &[]),
+                parent("a", "bad", &[]),
+            ],
+        );
+        let outcomes = Outcomes::new(Duration::from_secs(1), Duration::from_secs(60));
+        for name in ["ok-1", "ok-2", "gone-ok"] {
+            lock(&outcomes.reconciled).insert(key("a", name));
+        }
+        for name in ["bad", "gone-bad"] {
+            outcomes.backoff.failed(&key("a", name));
+        }
+        assert_eq!(counts(&outcomes, &parents), (2, 1));
+        assert_eq!(
+            lock(&outcomes.reconciled).len(),
+            2,
+            "deleted parents forgotten"
+        );
+        assert_eq!(outcomes.backoff.failing(), 1);
+    }
+
+    #[test]
+    fn without_a_candidate_there_is_nothing_to_count() {
+        let state = Serving::new(ActivePlugin {
+            plugin: plugin(),
+            config: None,
+        });
+        assert!(candidate_counts(&state, &store(myapps(), vec![])).is_none());
+    }
+
+    #[test]
+    fn shadow_verdicts_of_existing_parents_are_tallied_with_a_few_sorted_examples() {
+        let mut objects: Vec<_> = (0..3)
+            .map(|i| parent("a", &format!("canary-{i}"), &[("tier", "canary")]))
+            .collect();
+        objects.extend((0..8).map(|i| parent("a", &format!("p-{i}"), &[])));
+        let parents = store(myapps(), objects);
+        let state = Serving::new(ActivePlugin {
+            plugin: plugin(),
+            config: None,
+        });
+        state.candidate.store(Some(Arc::new(Candidate {
+            serving: serving("candidate"),
+            canary: Some(label_selector("tier", "canary")),
+        })));
+        {
+            let mut shadow = lock(&state.shadow);
+            // Inserted out of order; the examples come out sorted by parent.
+            for i in (0..6).rev() {
+                shadow.insert(
+                    key("a", &format!("p-{i}")),
+                    Verdict::WouldChange(format!("~ ConfigMap p-{i}")),
+                );
+            }
+            shadow.insert(key("a", "p-6"), Verdict::WouldFail("trap".into()));
+            shadow.insert(key("a", "p-7"), Verdict::Unchanged);
+            shadow.insert(key("a", "deleted"), Verdict::WouldFail("gone".into()));
+        }
+        let status = candidate_counts(&state, &parents).expect("a candidate");
+        assert_eq!(status.canary_parents, 3);
+        assert_eq!(
+            status.evaluated, 8,
+            "the deleted parent's verdict is dropped"
+        );
+        assert_eq!(
+            (status.unchanged, status.would_change, status.would_fail),
+            (1, 6, 1)
+        );
+        let examples: Vec<_> = status.examples.iter().map(|e| e.parent.as_str()).collect();
+        assert_eq!(examples, ["a/p-0", "a/p-1", "a/p-2", "a/p-3", "a/p-4"]);
+        assert_eq!(status.examples[0].verdict, "WouldChange");
+        assert_eq!(status.examples[0].detail, "~ ConfigMap p-0");
+        assert_eq!(lock(&state.shadow).len(), 8);
+    }
 }

@@ -315,7 +315,13 @@ async fn decide(
             };
             let answer = call_plugin(&serving.plugin, request, ctx).await;
             let shadow_answer = call_plugin(&shadow.plugin, shadow_request, ctx).await;
-            let verdict = shadow_verdict(&answer, &shadow_answer, identity, ctx);
+            let verdict = shadow_verdict(
+                &answer,
+                &shadow_answer,
+                identity,
+                &ctx.caches.allowed,
+                &ctx.policy_label,
+            );
             lock(&ctx.serving.shadow).insert(key, verdict);
             answer
         }
@@ -347,15 +353,12 @@ fn shadow_verdict(
     answer: &Result<ReconcileResponse, PluginError>,
     shadow_answer: &Result<ReconcileResponse, PluginError>,
     identity: &ParentIdentity,
-    ctx: &PolicyContext,
+    allowed: &[children::AllowedKind],
+    policy_label: &str,
 ) -> Verdict {
     if let Ok(response) = shadow_answer
-        && let Err(problems) = children::prepare(
-            response.children.clone(),
-            &ctx.caches.allowed,
-            identity,
-            &ctx.policy_label,
-        )
+        && let Err(problems) =
+            children::prepare(response.children.clone(), allowed, identity, policy_label)
     {
         return Verdict::WouldFail(format!(
             "the host would refuse its answer: {}",
@@ -595,6 +598,58 @@ pub(super) fn now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn response(children: Vec<serde_json::Value>) -> Result<ReconcileResponse, PluginError> {
+        Ok(ReconcileResponse {
+            children: children
+                .into_iter()
+                .map(|c| match c {
+                    serde_json::Value::Object(map) => map,
+                    other => panic!("not an object: {other}"),
+                })
+                .collect(),
+            ..ReconcileResponse::default()
+        })
+    }
+
+    fn config_map(name: &str, value: &str) -> serde_json::Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": value}})
+    }
+
+    #[test]
+    fn a_shadow_answer_is_compared_unless_the_host_would_refuse_it() {
+        let identity = ParentIdentity {
+            api_version: "example.com/v1".into(),
+            kind: "MyApp".into(),
+            name: "p".into(),
+            namespace: Some("a".into()),
+            uid: "uid-p".into(),
+        };
+        let allowed = [children::AllowedKind {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespaced: true,
+        }];
+        let verdict = |active, shadow| shadow_verdict(&active, &shadow, &identity, &allowed, "p");
+        let active = || response(vec![config_map("c", "1")]);
+
+        assert_eq!(verdict(active(), active()), Verdict::Unchanged);
+        assert!(matches!(
+            verdict(active(), response(vec![config_map("c", "2")])),
+            Verdict::WouldChange(detail) if detail.contains("ConfigMap c")
+        ));
+        // A Secret is not an allowed child: whatever the comparison, the candidate would fail.
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}});
+        assert!(matches!(
+            verdict(active(), response(vec![config_map("c", "1"), secret])),
+            Verdict::WouldFail(detail) if detail.contains("the host would refuse its answer")
+        ));
+        let trap = Err(PluginError::Trap {
+            message: "unreachable".into(),
+            plugin_said: None,
+        });
+        assert!(matches!(verdict(active(), trap), Verdict::WouldFail(_)));
+    }
 
     #[test]
     fn a_requeue_of_zero_is_raised_to_the_floor_and_none_means_resync() {

@@ -90,17 +90,11 @@ fn observed_object(object: &Arc<DynamicObject>) -> ObservedObject {
 mod tests {
     //! The caches are real kube-runtime stores, filled as a watch would fill them.
 
-    use kube::core::ApiResource;
-    use kube::runtime::reflector::store::Writer;
-    use kube::runtime::watcher;
     use serde_json::json;
 
     use super::*;
     use crate::controller::field_ownership::CreatedFields;
-
-    fn config_maps() -> ApiResource {
-        ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
-    }
+    use crate::controller::testing::{self, config_maps};
 
     fn object(namespace: &str, name: &str, controller_uid: Option<(&str, bool)>) -> DynamicObject {
         let owners: Vec<_> = controller_uid
@@ -118,13 +112,7 @@ mod tests {
     }
 
     fn store(objects: Vec<DynamicObject>) -> kube::runtime::reflector::Store<DynamicObject> {
-        let mut writer = Writer::new(config_maps());
-        writer.apply_watcher_event(&watcher::Event::Init);
-        for object in objects {
-            writer.apply_watcher_event(&watcher::Event::InitApply(object));
-        }
-        writer.apply_watcher_event(&watcher::Event::InitDone);
-        writer.as_reader()
+        testing::store(config_maps(), objects)
     }
 
     fn parent() -> ParentIdentity {

@@ -1,0 +1,82 @@
+//! What the controller's unit tests share: kube-runtime stores filled directly (as
+//! kube-runtime's own tests fill them, no API server), objects, and a loaded plugin.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::reflector::Store;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
+use serde_json::json;
+
+use super::context::ActivePlugin;
+use crate::plugin::{EngineOptions, Limits, Plugin, PluginEngine};
+
+/// The ConfigMap kind.
+pub fn config_maps() -> ApiResource {
+    ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
+}
+
+/// The MyApp parent kind.
+pub fn myapps() -> ApiResource {
+    ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "example.com",
+        "v1",
+        "MyApp",
+    ))
+}
+
+/// A synced store of `resource` holding `objects`.
+pub fn store(resource: ApiResource, objects: Vec<DynamicObject>) -> Store<DynamicObject> {
+    let mut writer = Writer::new(resource);
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    writer.as_reader()
+}
+
+/// A MyApp parent in `namespace` with `labels`.
+pub fn parent(namespace: &str, name: &str, labels: &[(&str, &str)]) -> DynamicObject {
+    let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    serde_json::from_value(json!({
+        "apiVersion": "example.com/v1", "kind": "MyApp",
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}"), "labels": labels},
+    }))
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The selector `key=value`.
+pub fn label_selector(key: &str, value: &str) -> kube::core::Selector {
+    kube::core::Expression::Equal(key.into(), value.into()).into()
+}
+
+/// The MyApp plugin, loaded once per test process.
+pub fn plugin() -> Plugin {
+    static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+    PLUGIN
+        .get_or_init(|| {
+            let engine = PluginEngine::new(EngineOptions {
+                cache_dir: Some(std::env::temp_dir().join("wasmctrl-unit-artifacts")),
+                max_concurrent_calls: 2,
+                ..EngineOptions::default()
+            })
+            .unwrap_or_else(|e| panic!("engine: {e:#}"));
+            let bytes = wasmctrl_testenv::plugins::guest_bytes("myapp_plugin");
+            engine
+                .load(&bytes, None, Limits::default())
+                .unwrap_or_else(|e| panic!("load: {e}"))
+        })
+        .clone()
+}
+
+/// The MyApp plugin called with `config`: two of these with different configs are two
+/// different serving plugins as far as selection is concerned.
+pub fn serving(config: &str) -> Arc<ActivePlugin> {
+    Arc::new(ActivePlugin {
+        plugin: plugin(),
+        config: Some(config.to_owned()),
+    })
+}
