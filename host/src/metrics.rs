@@ -144,10 +144,6 @@ where
 
 impl Metrics {
     /// A fresh registry holding the host's metrics, all at zero.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one registration per metric, with its help text"
-    )]
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let metrics = Self {
@@ -169,7 +165,17 @@ impl Metrics {
             active_digests: Mutex::default(),
             registry: Registry::default(),
         };
-        // controller-runtime's names, so dashboards and alerts for Go operators work as they are.
+        metrics.register_controller_runtime(&mut registry);
+        metrics.register_host_own(&mut registry);
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// controller-runtime's names, so dashboards and alerts for Go operators work as they are.
+    fn register_controller_runtime(&self, registry: &mut Registry) {
+        let metrics = self;
         registry.register(
             "controller_runtime_reconcile",
             "Total number of reconciliations per controller",
@@ -211,7 +217,11 @@ impl Metrics {
             "Whether this replica leads (1) or stands by (0), per Lease",
             metrics.leader.clone(),
         );
-        // The host's own.
+    }
+
+    /// The host's own: plugins, children, events.
+    fn register_host_own(&self, registry: &mut Registry) {
+        let metrics = self;
         registry.register(
             "wasmctrl_plugin_calls",
             "Plugin calls per policy and outcome (ok, reported_error, trap, timeout, out_of_memory, invalid_output, sandbox_error)",
@@ -248,10 +258,6 @@ impl Metrics {
             "Events a plugin asked for that the host did not record (over the per-reconcile or per-parent cap)",
             metrics.events_dropped.clone(),
         );
-        Self {
-            registry,
-            ..metrics
-        }
     }
 
     fn controller(policy: &str) -> ControllerLabels {

@@ -142,58 +142,21 @@ impl ElectionArgs {
 }
 
 impl RunCommand {
-    /// Connect, then run until SIGINT or SIGTERM.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "start, election, serving and the ordered shutdown read best in one place"
-    )]
+    /// Connect, then run until SIGINT or SIGTERM: start the host (campaigning for the lease
+    /// when elected), serve health and metrics, and on a signal drain, stop writing, and
+    /// release the lease — in that order.
     pub async fn run(self, cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
         let lease = self.election.lease()?;
-        let config = self.client_config().await?;
-        // The elector and the permission checks talk through `client`; everything the
-        // controllers write goes through the gated one.
-        let client =
-            kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
         let leadership = match lease {
             Some(_) => Leadership::standby(),
             None => Leadership::always(),
         };
-        let gated = kube::client::ClientBuilder::try_from(config)
-            .context("building the Kubernetes client")?
-            .with_layer(&WriteGate::new(leadership.clone()))
-            .build();
-        let version = client
-            .apiserver_version()
-            .await
-            .context("reaching the API server")?;
-        tracing::info!(server = %version.git_version, "connected to the API server");
-        let engine = PluginEngine::new(EngineOptions {
-            cache_dir,
-            max_concurrent_calls: self.max_concurrent_calls,
-            max_memory_bytes: self.max_plugin_memory_mib << 20,
-            cache_max_bytes: self.cache_max_mib << 20,
-        })
-        .context("starting the plugin engine")?;
-        let options = HostOptions {
-            resync: Duration::from_secs(self.resync_seconds.max(1)),
-            backoff_base: Duration::from_millis(self.backoff_base_ms.max(1)),
-            backoff_max: Duration::from_secs(self.backoff_max_seconds.max(1)),
-            event_interval: Duration::from_secs(self.event_interval_seconds),
-            namespace: self.namespace,
-            policy_selector: self.policy_selector,
-            credentials_namespace: self.credentials_namespace.or_else(own_namespace),
-        };
-        let host = Host::elected(gated, engine, options, leadership.clone());
-        let listener = match self.listen.as_str() {
-            "off" => None,
-            address => Some(
-                crate::server::bind(address.parse().with_context(|| {
-                    format!("--listen {address:?} is not an address like 0.0.0.0:8080 (or `off`)")
-                })?)
-                .await?,
-            ),
-        };
-        let stop = tokio_util::sync::CancellationToken::new();
+        let (client, gated) = self.clients(&leadership).await?;
+        let engine = self.engine(cache_dir)?;
+        let listener = self.bind_listener().await?;
+        let drain = Duration::from_secs(self.shutdown_timeout_seconds);
+        let host = Host::elected(gated, engine, self.host_options(), leadership.clone());
+        let stop = CancellationToken::new();
         tokio::spawn({
             let stop = stop.clone();
             async move {
@@ -201,40 +164,19 @@ impl RunCommand {
                 stop.cancel();
             }
         });
-        let server = {
-            let (readiness, metrics) = (host.readiness(), host.metrics());
-            let stop = stop.clone();
-            async move {
-                match listener {
-                    Some(listener) => {
-                        tracing::info!(address = ?listener.local_addr().ok(), "serving /healthz, /readyz and /metrics");
-                        crate::server::serve(listener, readiness, metrics, stop.cancelled_owned())
-                            .await
-                    }
-                    None => Ok(()),
-                }
-            }
-        };
-        let metrics = host.metrics();
+        let server = serve(listener, &host, &stop);
         // The elector keeps renewing while the host drains, and stops only after the last write.
         let election_stop = CancellationToken::new();
         let election = lease.map(|lease| {
-            tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "campaigning for leadership");
-            let name = lease.name.clone();
-            let elector = LeaderElector::new(client.clone(), lease, leadership.clone());
-            tokio::spawn(report_leadership(leadership.clone(), metrics.clone(), name));
-            let (stop, election_stop) = (stop.clone(), election_stop.clone());
-            tokio::spawn(async move {
-                let result = elector.run(election_stop).await;
-                if let Err(lost) = &result {
-                    // As controller-runtime does: stop, and let the restart come back as a standby.
-                    tracing::error!(error = %lost, "leadership lost; shutting down");
-                    stop.cancel();
-                }
-                result
-            })
+            campaign(
+                client,
+                lease,
+                &leadership,
+                host.metrics(),
+                &stop,
+                &election_stop,
+            )
         });
-        let drain = Duration::from_secs(self.shutdown_timeout_seconds);
         let host = host.run(stop.clone().cancelled_owned());
         let drained = async {
             stop.cancelled().await;
@@ -251,16 +193,65 @@ impl RunCommand {
         leadership.set(false);
         election_stop.cancel();
         if let Some(election) = election {
-            match election.await.context("the leader election task failed")? {
-                Ok(mut elector) => {
-                    if let Err(error) = elector.release().await {
-                        tracing::warn!(error = %format!("{error:#}"), "could not release the leader lease; a standby takes over when it expires");
-                    }
-                }
-                Err(lost) => return Err(lost.into()),
-            }
+            release(election).await?;
         }
         served
+    }
+
+    /// The client the elector and the permission checks use, and the one gated on
+    /// `leadership` that everything the controllers write goes through.
+    async fn clients(
+        &self,
+        leadership: &Arc<Leadership>,
+    ) -> anyhow::Result<(kube::Client, kube::Client)> {
+        let config = self.client_config().await?;
+        let client =
+            kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
+        let gated = kube::client::ClientBuilder::try_from(config)
+            .context("building the Kubernetes client")?
+            .with_layer(&WriteGate::new(leadership.clone()))
+            .build();
+        let version = client
+            .apiserver_version()
+            .await
+            .context("reaching the API server")?;
+        tracing::info!(server = %version.git_version, "connected to the API server");
+        Ok((client, gated))
+    }
+
+    fn engine(&self, cache_dir: Option<PathBuf>) -> anyhow::Result<PluginEngine> {
+        PluginEngine::new(EngineOptions {
+            cache_dir,
+            max_concurrent_calls: self.max_concurrent_calls,
+            max_memory_bytes: self.max_plugin_memory_mib << 20,
+            cache_max_bytes: self.cache_max_mib << 20,
+        })
+        .context("starting the plugin engine")
+    }
+
+    fn host_options(&self) -> HostOptions {
+        HostOptions {
+            resync: Duration::from_secs(self.resync_seconds.max(1)),
+            backoff_base: Duration::from_millis(self.backoff_base_ms.max(1)),
+            backoff_max: Duration::from_secs(self.backoff_max_seconds.max(1)),
+            event_interval: Duration::from_secs(self.event_interval_seconds),
+            namespace: self.namespace.clone(),
+            policy_selector: self.policy_selector.clone(),
+            credentials_namespace: self.credentials_namespace.clone().or_else(own_namespace),
+        }
+    }
+
+    /// The health and metrics listener, unless `--listen off`.
+    async fn bind_listener(&self) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+        match self.listen.as_str() {
+            "off" => Ok(None),
+            address => Ok(Some(
+                crate::server::bind(address.parse().with_context(|| {
+                    format!("--listen {address:?} is not an address like 0.0.0.0:8080 (or `off`)")
+                })?)
+                .await?,
+            )),
+        }
     }
 
     async fn client_config(&self) -> anyhow::Result<kube::Config> {
@@ -289,6 +280,65 @@ impl RunCommand {
                 .await
                 .context("finding cluster credentials (kubeconfig or in-cluster)"),
         }
+    }
+}
+
+/// Serve `/healthz`, `/readyz` and `/metrics` on `listener` until `stop`.
+fn serve(
+    listener: Option<tokio::net::TcpListener>,
+    host: &Host,
+    stop: &CancellationToken,
+) -> impl Future<Output = anyhow::Result<()>> + use<> {
+    let (readiness, metrics) = (host.readiness(), host.metrics());
+    let stop = stop.clone();
+    async move {
+        match listener {
+            Some(listener) => {
+                tracing::info!(address = ?listener.local_addr().ok(), "serving /healthz, /readyz and /metrics");
+                crate::server::serve(listener, readiness, metrics, stop.cancelled_owned()).await
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// Campaign for `lease` until `election_stop`. Losing the lease stops the host (as
+/// controller-runtime does: the restart comes back as a standby).
+fn campaign(
+    client: kube::Client,
+    lease: LeaseConfig,
+    leadership: &Arc<Leadership>,
+    metrics: Arc<Metrics>,
+    stop: &CancellationToken,
+    election_stop: &CancellationToken,
+) -> tokio::task::JoinHandle<Result<LeaderElector, crate::leader::LeadershipLost>> {
+    tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "campaigning for leadership");
+    let name = lease.name.clone();
+    let elector = LeaderElector::new(client, lease, leadership.clone());
+    tokio::spawn(report_leadership(leadership.clone(), metrics, name));
+    let (stop, election_stop) = (stop.clone(), election_stop.clone());
+    tokio::spawn(async move {
+        let result = elector.run(election_stop).await;
+        if let Err(lost) = &result {
+            tracing::error!(error = %lost, "leadership lost; shutting down");
+            stop.cancel();
+        }
+        result
+    })
+}
+
+/// Wait for the elector to stop, then release the lease so a standby takes over at once.
+async fn release(
+    election: tokio::task::JoinHandle<Result<LeaderElector, crate::leader::LeadershipLost>>,
+) -> anyhow::Result<()> {
+    match election.await.context("the leader election task failed")? {
+        Ok(mut elector) => {
+            if let Err(error) = elector.release().await {
+                tracing::warn!(error = %format!("{error:#}"), "could not release the leader lease; a standby takes over when it expires");
+            }
+            Ok(())
+        }
+        Err(lost) => Err(lost.into()),
     }
 }
 

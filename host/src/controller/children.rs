@@ -191,10 +191,8 @@ pub fn prepare(
     }
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "each check of a desired child, in the order a user reads the refusal"
-)]
+/// Check one desired child, in the order a user reads a refusal (what it is, its name, where
+/// it goes, that it claims no owner), then stamp it and take its fingerprint.
 fn prepare_one(
     index: usize,
     mut object: JsonObject,
@@ -202,25 +200,7 @@ fn prepare_one(
     parent: &ParentIdentity,
     policy_label: &str,
 ) -> Result<DesiredChild, InvalidChild> {
-    let text = |object: &JsonObject, field: &'static str| {
-        object
-            .get(field)
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or(InvalidChild::MissingField { index, field })
-    };
-    let api_version = text(&object, "apiVersion")?;
-    let kind = text(&object, "kind")?;
-    let kind_index = allowed
-        .iter()
-        .position(|a| a.api_version == api_version && a.kind == kind)
-        .ok_or_else(|| InvalidChild::DisallowedKind {
-            index,
-            api_version: api_version.clone(),
-            kind: kind.clone(),
-        })?;
-    let allowed_kind = &allowed[kind_index];
-
+    let (kind_index, kind) = allowed_kind(index, &object, allowed)?;
     let metadata = match object
         .entry("metadata")
         .or_insert_with(|| Value::Object(Map::new()))
@@ -244,6 +224,60 @@ fn prepare_one(
     if let Err(reason) = check_name(&name) {
         return Err(InvalidChild::InvalidName { kind, name, reason });
     }
+    let (kind, name) = place(metadata, &allowed[kind_index], parent, kind, name)?;
+    if metadata
+        .get("ownerReferences")
+        .is_some_and(|refs| !refs.is_null())
+    {
+        return Err(InvalidChild::OwnerReferencesSet { kind, name });
+    }
+    stamp(metadata, parent, policy_label);
+    let hash = fingerprint(&mut object, &kind, &name)?;
+    Ok(DesiredChild {
+        kind_index,
+        name,
+        namespace: parent.namespace.clone(),
+        object: Value::Object(object),
+        hash,
+    })
+}
+
+/// The index of the child's kind among the allowed kinds, and the kind's name.
+fn allowed_kind(
+    index: usize,
+    object: &JsonObject,
+    allowed: &[AllowedKind],
+) -> Result<(usize, String), InvalidChild> {
+    let text = |field: &'static str| {
+        object
+            .get(field)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or(InvalidChild::MissingField { index, field })
+    };
+    let api_version = text("apiVersion")?;
+    let kind = text("kind")?;
+    let kind_index = allowed
+        .iter()
+        .position(|a| a.api_version == api_version && a.kind == kind)
+        .ok_or_else(|| InvalidChild::DisallowedKind {
+            index,
+            api_version: api_version.clone(),
+            kind: kind.clone(),
+        })?;
+    Ok((kind_index, kind))
+}
+
+/// A child lives where its parent does: a namespaced child of a namespaced parent, in the
+/// parent's namespace (filled in when the plugin left it out); a cluster-scoped child of a
+/// cluster-scoped parent. Gives the kind and name back for the next check's error.
+fn place(
+    metadata: &mut JsonObject,
+    allowed_kind: &AllowedKind,
+    parent: &ParentIdentity,
+    kind: String,
+    name: String,
+) -> Result<(String, String), InvalidChild> {
     let scope = |namespaced: bool| {
         if namespaced {
             "namespaced"
@@ -276,12 +310,11 @@ fn prepare_one(
         }
         metadata.insert("namespace".into(), json!(parent_namespace));
     }
-    if metadata
-        .get("ownerReferences")
-        .is_some_and(|refs| !refs.is_null())
-    {
-        return Err(InvalidChild::OwnerReferencesSet { kind, name });
-    }
+    Ok((kind, name))
+}
+
+/// Make the parent the child's controller and label the child as the policy's.
+fn stamp(metadata: &mut JsonObject, parent: &ParentIdentity, policy_label: &str) {
     metadata.insert(
         "ownerReferences".into(),
         json!([{
@@ -300,12 +333,16 @@ fn prepare_one(
     if let Some(Value::Object(annotations)) = metadata.get_mut("annotations") {
         annotations.remove(DESIRED_HASH_ANNOTATION);
     }
+}
 
-    let serialized = serde_json::to_vec(&object).unwrap_or_default();
+/// Check the stamped child's size and record its fingerprint on it, returning the
+/// fingerprint.
+fn fingerprint(object: &mut JsonObject, kind: &str, name: &str) -> Result<String, InvalidChild> {
+    let serialized = serde_json::to_vec(&*object).unwrap_or_default();
     if serialized.len() > MAX_CHILD_BYTES {
         return Err(InvalidChild::TooLarge {
-            kind,
-            name,
+            kind: kind.to_owned(),
+            name: name.to_owned(),
             bytes: serialized.len(),
             limit: MAX_CHILD_BYTES,
         });
@@ -314,13 +351,7 @@ fn prepare_one(
     if let Some(Value::Object(metadata)) = object.get_mut("metadata") {
         object_field(metadata, "annotations").insert(DESIRED_HASH_ANNOTATION.into(), json!(hash));
     }
-    Ok(DesiredChild {
-        kind_index,
-        name,
-        namespace: parent.namespace.clone(),
-        object: Value::Object(object),
-        hash,
-    })
+    Ok(hash)
 }
 
 /// `None` when the controller of an object with these ownerReferences is the parent with

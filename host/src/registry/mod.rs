@@ -37,6 +37,10 @@ pub enum LoadError {
     /// The pinned digest is not a `sha256:` digest.
     #[error("{0}")]
     InvalidDigest(#[from] crate::plugin::InvalidDigest),
+    /// The source is one this host refuses to read (credentials from another namespace, or
+    /// over plain HTTP to another machine; not exactly one source).
+    #[error("{0:#}")]
+    InvalidSource(anyhow::Error),
     /// The source could not be read (file, ConfigMap, HTTP, OCI).
     #[error("{0:#}")]
     SourceUnavailable(anyhow::Error),
@@ -50,6 +54,7 @@ impl LoadError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::InvalidDigest(_) => "InvalidDigest",
+            Self::InvalidSource(_) => "InvalidSource",
             Self::SourceUnavailable(_) => "SourceUnavailable",
             Self::Plugin(PluginError::DigestMismatch { .. }) => "DigestMismatch",
             Self::Plugin(PluginError::ContractVersion { .. }) => "ContractVersionMismatch",
@@ -167,6 +172,8 @@ impl PluginRegistry {
     }
 
     async fn obtain_uncounted(&self, request: PluginRequest<'_>) -> Result<Obtained, LoadError> {
+        source::check(request.source, self.credentials_namespace.as_deref())
+            .map_err(LoadError::InvalidSource)?;
         let pinned = request.digest.map(str::parse::<Digest>).transpose()?;
         if let Some(digest) = pinned {
             if let Some(plugin) = self.find(&digest, &request.limits) {
@@ -374,6 +381,40 @@ mod tests {
             .await
             .expect_err("not a digest");
         assert_eq!(error.reason(), "InvalidDigest", "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_source_the_host_must_not_read_is_refused_even_when_its_digest_is_loaded() {
+        let (dir, source, digest) = workspace();
+        let registry = registry(&dir.path().join("cache"));
+        let loaded = registry
+            .obtain("a", request(&source, Some(&digest), 500))
+            .await;
+        let _held = loaded.expect("loaded from the file");
+        let http = |url: &str| PluginSource {
+            file: None,
+            config_map: None,
+            http: Some(crate::policy::HttpSource {
+                url: url.into(),
+                secret_ref: Some(crate::policy::SecretRef {
+                    namespace: "kube-system".into(),
+                    name: "registry".into(),
+                }),
+            }),
+            oci: None,
+        };
+        for (url, says) in [
+            ("https://plugins.example/p.wasm", "no credentials namespace"),
+            ("http://plugins.example/p.wasm", "without TLS"),
+        ] {
+            let source = http(url);
+            let error = registry
+                .obtain("b", request(&source, Some(&digest), 500))
+                .await
+                .expect_err("refused");
+            assert_eq!(error.reason(), "InvalidSource", "{error}");
+            assert!(error.to_string().contains(says), "{error}");
+        }
     }
 
     #[tokio::test]

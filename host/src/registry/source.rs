@@ -29,13 +29,49 @@ const HTTP_FIRST_RETRY: Duration = Duration::from_millis(500);
 /// policy (or its restart) for ever.
 const FETCH_DEADLINE: Duration = Duration::from_secs(180);
 
-/// Read the component `source` points at. `credentials_namespace` is the only namespace a
-/// `secretRef` may name; `None` refuses every `secretRef`.
+/// Refuse a source this host must never read, before anything is fetched or taken from a
+/// cache: not exactly one kind of source, a `secretRef` outside `credentials_namespace`
+/// (`None` refuses every `secretRef`), or credentials that would travel without TLS to
+/// another machine. A policy naming such a source is refused even when the digest it pins is
+/// loaded already, so it cannot work on one replica and fail on another.
+pub fn check(source: &PluginSource, credentials_namespace: Option<&str>) -> anyhow::Result<()> {
+    match (&source.file, &source.config_map, &source.http, &source.oci) {
+        (Some(_), None, None, None) | (None, Some(_), None, None) => Ok(()),
+        (None, None, Some(http), None) => {
+            let Some(secret) = &http.secret_ref else {
+                return Ok(());
+            };
+            let url = reqwest::Url::parse(&http.url)
+                .with_context(|| format!("invalid plugin URL {:?}", http.url))?;
+            let encrypted = url.scheme() == "https";
+            let loopback = url.host().is_some_and(|host| is_loopback(&host));
+            check_credentials_transport(&http.url, encrypted || loopback)?;
+            check_secret_namespace(&secret.namespace, credentials_namespace)
+        }
+        (None, None, None, Some(oci)) => {
+            let reference: oci_client::Reference = oci
+                .reference
+                .parse()
+                .with_context(|| format!("invalid OCI reference {:?}", oci.reference))?;
+            let Some(secret) = &oci.secret_ref else {
+                return Ok(());
+            };
+            let loopback = registry_is_loopback(reference.resolve_registry());
+            check_credentials_transport(&oci.reference, !oci.insecure || loopback)?;
+            check_secret_namespace(&secret.namespace, credentials_namespace)
+        }
+        _ => bail!("the plugin source must name exactly one of file, configMap, http or oci"),
+    }
+}
+
+/// Read the component `source` points at, once [`check`] has passed. `credentials_namespace`
+/// is the only namespace a `secretRef` may name; `None` refuses every `secretRef`.
 pub async fn fetch(
     client: &Client,
     source: &PluginSource,
     credentials_namespace: Option<&str>,
 ) -> anyhow::Result<Vec<u8>> {
+    check(source, credentials_namespace)?;
     tokio::time::timeout(
         FETCH_DEADLINE,
         fetch_now(client, source, credentials_namespace),
@@ -72,14 +108,7 @@ async fn fetch_now(
         }
         (None, None, Some(http)) if source.oci.is_none() => {
             let credentials = match &http.secret_ref {
-                Some(secret) => {
-                    let url = reqwest::Url::parse(&http.url)
-                        .with_context(|| format!("invalid plugin URL {:?}", http.url))?;
-                    let encrypted = url.scheme() == "https";
-                    let loopback = url.host().is_some_and(|host| is_loopback(&host));
-                    check_credentials_transport(&http.url, encrypted || loopback)?;
-                    Some(credentials(client, secret, credentials_namespace).await?)
-                }
+                Some(secret) => Some(credentials(client, secret, credentials_namespace).await?),
                 None => None,
             };
             fetch_http(http, credentials).await
@@ -132,11 +161,7 @@ async fn fetch_oci(
         .parse()
         .with_context(|| format!("invalid OCI reference {:?}", source.reference))?;
     let credentials = match &source.secret_ref {
-        Some(secret) => {
-            let loopback = registry_is_loopback(reference.resolve_registry());
-            check_credentials_transport(&source.reference, !source.insecure || loopback)?;
-            Some(credentials(client, secret, credentials_namespace).await?)
-        }
+        Some(secret) => Some(credentials(client, secret, credentials_namespace).await?),
         None => None,
     };
     let auth = match credentials {

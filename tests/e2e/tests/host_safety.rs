@@ -351,7 +351,7 @@ async fn plugin_credentials_come_only_from_the_hosts_namespace_and_only_over_tls
     let current = |p: &Value, c: &Value| c["observedGeneration"] == p["metadata"]["generation"];
     let refused = wait_for_object(&policy_api, TEST, "the secretRef refused", |p| {
         condition(p, "PluginLoaded")
-            .is_some_and(|c| c["reason"] == "SourceUnavailable" && current(p, c))
+            .is_some_and(|c| c["reason"] == "InvalidSource" && current(p, c))
     })
     .await?;
     let message = condition(&refused, "PluginLoaded")
