@@ -1,7 +1,7 @@
 //! What one policy's reconciles share: the caches they read, the plugin serving state a hot
 //! swap replaces, and the bookkeeping behind the policy's status and metrics.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use super::backoff::Backoff;
 use super::children::AllowedKind;
 use super::events::EventSink;
 use crate::metrics::Metrics;
-use crate::plugin::{Plugin, Verdict};
+use crate::plugin::{Digest, Plugin, Verdict};
 
 /// A child kind as one policy's reconciles see it: the cache of the children it already has.
 /// Its index is its index in [`Caches::allowed`].
@@ -71,8 +71,8 @@ pub(crate) struct Caches {
 pub(crate) struct Outcomes {
     /// Retry delays of the failing parents.
     pub backoff: Backoff<ObjectRef<DynamicObject>>,
-    /// Parents whose last reconcile succeeded.
-    pub reconciled: Mutex<HashSet<ObjectRef<DynamicObject>>>,
+    /// Parents whose last reconcile succeeded, and the plugin that decided it.
+    pub reconciled: Mutex<HashMap<ObjectRef<DynamicObject>, Option<Digest>>>,
 }
 
 impl Outcomes {
@@ -94,7 +94,7 @@ pub(crate) struct Serving {
     /// The candidate plugin, if the policy names one.
     pub candidate: arc_swap::ArcSwapOption<Candidate>,
     /// The candidate's shadow verdict per parent, since it was loaded.
-    pub shadow: Mutex<std::collections::HashMap<ObjectRef<DynamicObject>, Verdict>>,
+    pub shadow: Mutex<HashMap<ObjectRef<DynamicObject>, Verdict>>,
 }
 
 impl Serving {

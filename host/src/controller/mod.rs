@@ -52,7 +52,6 @@ use policy_controller::Shared;
 pub use children::{
     DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, policy_label_value,
 };
-pub use reconcile::PLUGIN_DIGEST_ANNOTATION;
 pub use release::POLICY_FINALIZER;
 pub use status::RECONCILED;
 

@@ -362,11 +362,12 @@ async fn report_periodically(
     loop {
         tokio::time::sleep(STATUS_INTERVAL).await;
         policy_report::forget_deleted_children(&ctx.caches.children);
-        let (reconciled, failing) = policy_report::counts(&ctx.outcomes, parents);
+        let active = *ctx.serving.active.load().plugin.digest();
+        let counts = policy_report::counts(&ctx.outcomes, parents, &active);
         let candidate = policy_report::candidate_counts(&ctx.serving, parents);
         let mut status = status.lock().await;
         status.set_ready(health.problem().unwrap_or_else(|| running.clone()));
-        status.set_counts(reconciled, failing);
+        status.set_counts(counts);
         status.set_candidate_counts(candidate);
         status.flush().await;
     }

@@ -13,7 +13,7 @@ use super::events;
 use super::kinds::ResolvedKind;
 use super::policy_status::{PolicyStatusWriter, State};
 use super::release;
-use crate::plugin::Verdict;
+use crate::plugin::{Digest, Verdict};
 use crate::policy::{CandidateStatus, KindRef, ReconcilePolicy, ShadowExample};
 
 /// Kinds that left `spec.children` (now, or in an earlier run) and still have children: kept,
@@ -93,14 +93,37 @@ pub(super) fn related_cost(related: &[(ResolvedKind, Option<Selector>)]) -> Opti
     })
 }
 
-/// Parents whose last reconcile succeeded and failed, among those that still exist (the
-/// bookkeeping of deleted parents is dropped on the way).
-pub(super) fn counts(outcomes: &Outcomes, parents: &Store<DynamicObject>) -> (u64, u64) {
+/// How a policy's parents stand, among those that still exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Whose last reconcile succeeded.
+    pub reconciled: u64,
+    /// Whose last reconcile failed.
+    pub failing: u64,
+    /// Whose last successful reconcile was decided by the active plugin: a rollout is done
+    /// when this reaches the number of parents.
+    pub on_active: u64,
+}
+
+/// Count the parents (the bookkeeping of deleted parents is dropped on the way); `active` is
+/// the digest of the active plugin.
+pub(super) fn counts(
+    outcomes: &Outcomes,
+    parents: &Store<DynamicObject>,
+    active: &Digest,
+) -> Counts {
     let exists = |key: &ObjectRef<DynamicObject>| parents.get(key).is_some();
     outcomes.backoff.retain(exists);
     let mut reconciled = lock(&outcomes.reconciled);
-    reconciled.retain(exists);
-    (reconciled.len() as u64, outcomes.backoff.failing() as u64)
+    reconciled.retain(|key, _| exists(key));
+    Counts {
+        reconciled: reconciled.len() as u64,
+        failing: outcomes.backoff.failing() as u64,
+        on_active: reconciled
+            .values()
+            .filter(|digest| digest.as_ref() == Some(active))
+            .count() as u64,
+    }
 }
 
 /// Drop the create-time bookkeeping of children that no longer exist.
@@ -190,22 +213,36 @@ mod tests {
         let parents = store(
             myapps(),
             vec![
-                parent("a", "ok-1", &[]),
-                parent("a", "ok-2", &[]),
+                parent("a", "new-1", &[]),
+                parent("a", "new-2", &[]),
+                parent("a", "old", &[]),
+                parent("a", "deleting", &[]),
                 parent("a", "bad", &[]),
             ],
         );
+        let (active, previous) = (Digest::of(b"active"), Digest::of(b"previous"));
         let outcomes = Outcomes::new(Duration::from_secs(1), Duration::from_secs(60));
-        for name in ["ok-1", "ok-2", "gone-ok"] {
-            lock(&outcomes.reconciled).insert(key("a", name));
+        for (name, decided_by) in [
+            ("new-1", Some(active)),
+            ("new-2", Some(active)),
+            ("old", Some(previous)),
+            ("deleting", None),
+            ("gone-new", Some(active)),
+        ] {
+            lock(&outcomes.reconciled).insert(key("a", name), decided_by);
         }
         for name in ["bad", "gone-bad"] {
             outcomes.backoff.failed(&key("a", name));
         }
-        assert_eq!(counts(&outcomes, &parents), (2, 1));
+        let expected = Counts {
+            reconciled: 4,
+            failing: 1,
+            on_active: 2,
+        };
+        assert_eq!(counts(&outcomes, &parents, &active), expected);
         assert_eq!(
             lock(&outcomes.reconciled).len(),
-            2,
+            4,
             "deleted parents forgotten"
         );
         assert_eq!(outcomes.backoff.failing(), 1);

@@ -148,9 +148,11 @@ impl PolicyStatusWriter {
         self.current.unmanaged_child_kinds = unmanaged;
     }
 
-    pub fn set_counts(&mut self, reconciled: u64, failing: u64) {
-        self.current.parents_reconciled = reconciled;
-        self.current.parents_failing = failing;
+    /// How the policy's parents stand.
+    pub fn set_counts(&mut self, counts: super::policy_report::Counts) {
+        self.current.parents_reconciled = counts.reconciled;
+        self.current.parents_failing = counts.failing;
+        self.current.parents_on_active_digest = counts.on_active;
     }
 
     fn set_condition(&mut self, type_: &str, state: State) {

@@ -37,10 +37,6 @@ pub(crate) const MAX_EVENTS_PER_RECONCILE: usize = 10;
 /// Longest a reconcile waits for the caches to sync before it fails (and is retried).
 const CACHE_SYNC_WAIT: Duration = Duration::from_secs(5);
 
-/// Annotation on each parent: the digest of the plugin that last reconciled it, so a user
-/// can follow a rollout (`kubectl get myapps -o jsonpath=...`).
-pub const PLUGIN_DIGEST_ANNOTATION: &str = "wasmctrl.dev/plugin-digest";
-
 /// A failed reconcile and when to retry it.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
@@ -89,8 +85,6 @@ pub(crate) enum ReconcileError {
     Status(#[source] kube::Error),
     #[error("updating the parent's finalizers: {0}")]
     Finalizer(#[source] kube::Error),
-    #[error("recording the plugin digest on the parent: {0}")]
-    Annotate(#[source] kube::Error),
     #[error(
         "the caches of the policy's kinds have not synced; the policy's Ready condition says which kind cannot be watched and why"
     )]
@@ -110,7 +104,6 @@ impl ReconcileError {
             Self::Prune { .. } => "PruneFailed",
             Self::Status(_) => "StatusWriteFailed",
             Self::Finalizer(_) => "FinalizerFailed",
-            Self::Annotate(_) => "AnnotateFailed",
             Self::CachesNotReady => "CachesNotReady",
         }
     }
@@ -162,17 +155,13 @@ pub(crate) async fn reconcile(
     let result = tracing::Instrument::instrument(reconcile_parent(&parent, &ctx), span).await;
     ctx.metrics.worker(&ctx.policy, -1);
     let took = started.elapsed();
-    let record = |ok: bool| {
-        let mut reconciled = lock(&ctx.outcomes.reconciled);
-        if ok {
-            reconciled.insert(key.clone());
-        } else {
-            reconciled.remove(&key);
-        }
-    };
     match result {
-        Ok((action, requeued)) => {
-            record(true);
+        Ok(Done {
+            action,
+            requeued,
+            decided_by,
+        }) => {
+            lock(&ctx.outcomes.reconciled).insert(key.clone(), decided_by);
             ctx.outcomes.backoff.succeeded(&key);
             let result = if requeued {
                 ReconcileResult::RequeueAfter
@@ -183,7 +172,7 @@ pub(crate) async fn reconcile(
             Ok(action)
         }
         Err(error) => {
-            record(false);
+            lock(&ctx.outcomes.reconciled).remove(&key);
             ctx.metrics
                 .reconciled(&ctx.policy, ReconcileResult::Error, took);
             let retry = ctx.outcomes.backoff.failed(&key);
@@ -220,15 +209,34 @@ fn requeue_delay(asked: Option<Duration>, resync: Duration) -> Duration {
     asked.map_or(resync, |delay| delay.max(MIN_REQUEUE))
 }
 
-/// One reconcile; on success, the next action and whether the plugin asked for the requeue.
+/// A reconcile that succeeded.
+struct Done {
+    action: Action,
+    /// The plugin asked for the requeue (rather than the resync period).
+    requeued: bool,
+    /// The plugin whose decision the parent now reflects (none for a parent being deleted).
+    decided_by: Option<crate::plugin::Digest>,
+}
+
+impl Done {
+    fn deleting(action: Action) -> Self {
+        Self {
+            action,
+            requeued: false,
+            decided_by: None,
+        }
+    }
+}
+
+/// One reconcile.
 async fn reconcile_parent(
     parent: &DynamicObject,
     ctx: &PolicyContext,
-) -> Result<(Action, bool), ReconcileError> {
+) -> Result<Done, ReconcileError> {
     wait_for_caches(ctx).await?;
     let identity = identity(parent, &ctx.parent)?;
     if let Some(action) = finalize_or_hold(parent, &identity, ctx).await? {
-        return Ok((action, false));
+        return Ok(Done::deleting(action));
     }
     let observed = request::observed_children(&identity, &ctx.caches.children);
     let Decision {
@@ -240,12 +248,13 @@ async fn reconcile_parent(
     } = decide(parent, &identity, &observed, ctx).await?;
     apply_children(&desired, &identity, ctx).await?;
     prune_children(&observed, &desired, ctx).await?;
-    record_success(parent, &identity, status, desired.len(), &digest, ctx).await?;
+    record_success(parent, &identity, status, desired.len(), ctx).await?;
     publish_plugin_events(parent, ctx, events).await;
-    Ok((
-        Action::requeue(requeue_delay(requeue_after, ctx.resync)),
-        requeue_after.is_some(),
-    ))
+    Ok(Done {
+        action: Action::requeue(requeue_delay(requeue_after, ctx.resync)),
+        requeued: requeue_after.is_some(),
+        decided_by: Some(digest),
+    })
 }
 
 /// Observed children must come from synced caches: an empty cache would look like "nothing
@@ -409,23 +418,22 @@ async fn prune_children(
     Ok(())
 }
 
-/// Write the plugin's status with `Reconciled=True`, and the digest that decided.
+/// Write the plugin's status with `Reconciled=True` (skipped when nothing in it changed).
+/// The message leaves out which plugin decided: a swap to a plugin that decides the same must
+/// cost no write. The policy's status counts the parents on its active plugin instead.
 async fn record_success(
     parent: &DynamicObject,
     identity: &ParentIdentity,
     status: Option<crate::plugin::JsonObject>,
     desired: usize,
-    digest: &crate::plugin::Digest,
     ctx: &PolicyContext,
 ) -> Result<(), ReconcileError> {
     let outcome = Outcome {
         success: true,
         reason: "Reconciled".into(),
-        message: format!("{desired} children desired by plugin {digest}"),
+        message: format!("{desired} children desired"),
     };
-    writes::write_status(parent, identity, status, &outcome, ctx).await?;
-    writes::record_plugin_digest(parent, identity, digest, ctx).await?;
-    Ok(())
+    writes::write_status(parent, identity, status, &outcome, ctx).await
 }
 
 /// Call the plugin, counting the call's outcome and duration.

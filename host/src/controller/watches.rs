@@ -18,7 +18,6 @@ use super::context::{Caches, ChildCache, RelatedCache};
 use super::field_ownership::CreatedFields;
 use super::kinds::ResolvedKind;
 use super::queue::QueueGauge;
-use super::reconcile;
 use super::watch_health::WatchHealth;
 use crate::policy::KindRef;
 use crate::watch_backoff::WatchBackoff;
@@ -269,20 +268,14 @@ fn cached_watch(
 }
 
 /// A fingerprint of what a parent's reconcile depends on besides its children: spec (via the
-/// generation), labels, annotations (except the plugin digest the host records itself),
-/// finalizers and deletion.
+/// generation), labels, annotations, finalizers and deletion.
 fn parent_changed(parent: &DynamicObject) -> Option<u64> {
     use std::hash::{Hash as _, Hasher as _};
     let meta = &parent.metadata;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     meta.generation.hash(&mut hasher);
     meta.labels.hash(&mut hasher);
-    if let Some(annotations) = &meta.annotations {
-        annotations
-            .iter()
-            .filter(|(key, _)| key.as_str() != reconcile::PLUGIN_DIGEST_ANNOTATION)
-            .for_each(|entry| entry.hash(&mut hasher));
-    }
+    meta.annotations.hash(&mut hasher);
     meta.finalizers.hash(&mut hasher);
     meta.deletion_timestamp
         .as_ref()

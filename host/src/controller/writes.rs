@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::children::{self, DesiredChild, ParentIdentity};
 use super::context::PolicyContext;
-use super::reconcile::{PLUGIN_DIGEST_ANNOTATION, ReconcileError, now};
+use super::reconcile::{ReconcileError, now};
 use super::status::{self, Outcome};
 use crate::metrics::ChildOperation;
 
@@ -219,39 +219,6 @@ pub(super) async fn write_status(
         )
         .await
         .map_err(ReconcileError::Status)?;
-    Ok(())
-}
-
-/// Record which plugin reconciled the parent, when that changed. Server-side apply with the
-/// policy's field manager owns just this one annotation.
-pub(super) async fn record_plugin_digest(
-    parent: &DynamicObject,
-    identity: &ParentIdentity,
-    digest: &crate::plugin::Digest,
-    ctx: &PolicyContext,
-) -> Result<(), ReconcileError> {
-    let digest = digest.to_string();
-    if parent.annotations().get(PLUGIN_DIGEST_ANNOTATION) == Some(&digest) {
-        return Ok(());
-    }
-    let body = json!({
-        "apiVersion": identity.api_version,
-        "kind": identity.kind,
-        "metadata": {
-            "name": identity.name,
-            "namespace": identity.namespace,
-            "uid": identity.uid,
-            "annotations": {PLUGIN_DIGEST_ANNOTATION: digest},
-        },
-    });
-    dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
-        .patch(
-            &identity.name,
-            &PatchParams::apply(&ctx.field_manager).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(ReconcileError::Annotate)?;
     Ok(())
 }
 

@@ -297,6 +297,11 @@ pub struct ReconcilePolicyStatus {
     /// Parents whose last reconcile failed.
     #[serde(default)]
     pub parents_failing: u64,
+    /// Parents whose last successful reconcile was decided by the active plugin. After a
+    /// swap, the rollout is complete when this equals `parentsReconciled` (parents carry no
+    /// record of the plugin, so a swap to a plugin that decides the same writes nothing).
+    #[serde(default)]
+    pub parents_on_active_digest: u64,
     /// The child kinds the running controller manages (`spec.children` when it started).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub child_kinds: Vec<KindRef>,

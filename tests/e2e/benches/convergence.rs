@@ -124,8 +124,13 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     // Hot swap to v2 (compiled now: the host's artifact cache started empty), then back to
     // v1 (its precompiled artifact is on disk since the host started).
     let v2 = wasmctrl_testenv::plugins::guest("myapp_v2_plugin");
-    let to_v2 = measure_swap(&client, &run, &v2, &myapps, n).await?;
-    let back_to_v1 = measure_swap(&client, &run, plugin, &myapps, n).await?;
+    let deployments = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &host_ns,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", "Deployment")),
+    );
+    let to_v2 = measure_swap(&client, &run, &v2, &deployments, n, true).await?;
+    let back_to_v1 = measure_swap(&client, &run, plugin, &deployments, n, false).await?;
     // SAFETY: kill has no memory-safety preconditions.
     unsafe {
         libc::kill(host_pid as libc::pid_t, libc::SIGTERM);
@@ -341,23 +346,33 @@ fn artifact_cache() -> PathBuf {
     std::env::temp_dir().join("wasmctrl-bench-artifacts")
 }
 
+/// Swap the policy to `plugin` and time the rollout: the policy reporting the new digest, and
+/// the first and last Deployment rebuilt by it (`myapp-v2` labels what it builds, so `to_v2`
+/// says whether the label must appear or go).
 async fn measure_swap(
     client: &Client,
     run: &str,
     plugin: &Path,
-    myapps: &Api<DynamicObject>,
+    deployments: &Api<DynamicObject>,
     n: usize,
+    to_v2: bool,
 ) -> anyhow::Result<Swap> {
     let digest = wasmctrl::plugin::Digest::of(&std::fs::read(plugin)?).to_string();
     let watch = {
-        let (myapps, digest) = (myapps.clone(), digest.clone());
+        let deployments = deployments.clone();
         tokio::spawn(async move {
             let mut reached: HashMap<String, Instant> = HashMap::new();
             let mut stream =
-                std::pin::pin!(watcher(myapps, watcher::Config::default()).applied_objects());
-            while let Some(app) = stream.try_next().await? {
-                if app.annotations().get("wasmctrl.dev/plugin-digest") == Some(&digest) {
-                    reached.entry(app.name_any()).or_insert_with(Instant::now);
+                std::pin::pin!(watcher(deployments, watcher::Config::default()).applied_objects());
+            while let Some(deployment) = stream.try_next().await? {
+                let labelled = deployment
+                    .labels()
+                    .get("example.com/plugin-version")
+                    .is_some_and(|v| v == "v2");
+                if labelled == to_v2 {
+                    reached
+                        .entry(deployment.name_any())
+                        .or_insert_with(Instant::now);
                     if reached.len() == n {
                         break;
                     }

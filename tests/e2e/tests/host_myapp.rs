@@ -199,7 +199,8 @@ async fn a_related_config_map_reaches_the_plugin_and_its_changes_re_reconcile() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_host_writes_nothing_when_everything_converged() -> anyhow::Result<()> {
+async fn a_converged_host_writes_nothing_on_restart_or_on_a_swap_to_the_same_decisions()
+-> anyhow::Result<()> {
     const TEST: &str = "myapp-restart";
     let env = TestEnv::get();
     let Some(audit_log) = env.audit_log() else {
@@ -219,6 +220,19 @@ async fn a_restarted_host_writes_nothing_when_everything_converged() -> anyhow::
     }
     // Let the last status writes and their echoes settle, then restart.
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // A new parent cost its children and its status, nothing else: no write to a parent's
+    // metadata (the host keeps no per-parent record of its plugin). The test's own applies
+    // (field manager wasmctrl-e2e) are left out.
+    let first_pass = writes_in(audit_log, &ns)?;
+    let to_parents: Vec<_> = first_pass
+        .iter()
+        .filter(|w| w.contains("/myapps/") && !w.contains("fieldManager=wasmctrl-e2e"))
+        .filter(|w| !w.contains("/status?"))
+        .collect();
+    assert!(
+        to_parents.is_empty(),
+        "only the status of a parent is written: {to_parents:#?}"
+    );
     host.stop().await?;
 
     let before = writes_in(audit_log, &ns)?;
@@ -233,6 +247,38 @@ async fn a_restarted_host_writes_nothing_when_everything_converged() -> anyhow::
         "a converged restart must not write, but wrote: {new:#?}"
     );
 
+    // A swap to a plugin that decides the same (the same component with a custom section
+    // added: another digest) is rolled out to every parent without a single write.
+    let dir = tempfile::tempdir()?;
+    let same = dir.path().join("myapp-same.wasm");
+    let mut bytes = std::fs::read(wasmctrl_testenv::plugins::guest("myapp_plugin"))?;
+    bytes.extend_from_slice(&custom_section(
+        "wasmctrl-test",
+        b"same decisions, new digest",
+    ));
+    std::fs::write(&same, &bytes)?;
+    let digest = wasmctrl::plugin::Digest::of(&bytes).to_string();
+    let mut swapped = myapp_policy(json!({}));
+    swapped["plugin"]["source"] = json!({"file": {"path": same}});
+    let before = writes_in(audit_log, &ns)?;
+    apply_policy(&client, TEST, TEST, swapped).await?;
+    wait_for_object(
+        &policies(&client),
+        TEST,
+        "every parent on the new digest",
+        |p| {
+            p["status"]["activeDigest"] == digest.as_str()
+                && p["status"]["parentsOnActiveDigest"] == 3
+        },
+    )
+    .await?;
+    let after = writes_in(audit_log, &ns)?;
+    let new: Vec<&String> = after.iter().skip(before.len()).collect();
+    assert!(
+        new.is_empty(),
+        "a swap to the same decisions must not write, but wrote: {new:#?}"
+    );
+
     // And the restarted host is alive: a change is acted on.
     apply(&myapps, myapp("a", 3, "nginx:1.25")).await?;
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
@@ -245,6 +291,30 @@ async fn a_restarted_host_writes_nothing_when_everything_converged() -> anyhow::
     delete_namespace(&client, &ns).await?;
     policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())
+}
+
+/// A WebAssembly custom section (id 0): valid at the top level of a component, ignored by
+/// the runtime, so appending one changes the digest and nothing else.
+fn custom_section(name: &str, payload: &[u8]) -> Vec<u8> {
+    fn leb128(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let mut body = Vec::new();
+    leb128(name.len(), &mut body);
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(payload);
+    let mut section = vec![0];
+    leb128(body.len(), &mut section);
+    section.extend(body);
+    section
 }
 
 /// Writes by the admin user (the host in these tests) to objects in `namespace`, except

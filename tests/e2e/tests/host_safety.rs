@@ -195,17 +195,13 @@ async fn a_parent_deleted_during_its_reconcile_is_not_re_created() -> anyhow::Re
         reconciled(w).is_some_and(|c| c["status"] == "True")
     })
     .await?;
-    // A label change starts a reconcile whose status will not change but whose plugin-digest
-    // annotation (made stale here) will be rewritten: the write that, without a uid
-    // precondition, would create the parent anew.
+    // A spec change starts a reconcile that will write the status (its observedGeneration
+    // moves): the write that, without a uid precondition, would create the parent anew.
     widgets
         .patch(
             "w",
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {
-                "labels": {"touched": "yes"},
-                "annotations": {wasmctrl::controller::PLUGIN_DIGEST_ANNOTATION: "stale"},
-            }})),
+            &kube::api::Patch::Merge(json!({"spec": {"size": 2}})),
         )
         .await?;
     // Deleted while the plugin is still thinking about it.

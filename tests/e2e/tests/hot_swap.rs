@@ -17,7 +17,6 @@ use support::*;
 use wasmctrl::plugin::Digest;
 use wasmctrl_testenv::plugins::guest;
 
-const DIGEST_ANNOTATION: &str = "wasmctrl.dev/plugin-digest";
 const VERSION_LABEL: &str = "example.com/plugin-version";
 
 fn digest_of(plugin: &str) -> String {
@@ -45,58 +44,99 @@ fn myapp(name: &str) -> Value {
     })
 }
 
-fn served_by(app: &Value, digest: &str) -> bool {
-    app["metadata"]["annotations"][DIGEST_ANNOTATION] == digest
-        && condition(app, "Reconciled").is_some_and(|c| c["status"] == "True")
+/// The parent is reconciled at its current generation.
+fn reconciled_now(app: &Value) -> bool {
+    condition(app, "Reconciled").is_some_and(|c| c["status"] == "True")
         && app["status"]["observedGeneration"] == app["metadata"]["generation"]
 }
 
-/// When each parent was first seen reconciled by `digest`, and whether any parent reported a
-/// failed reconcile, from a watch running alongside the test.
+/// Which MyApp plugin built a child: `myapp-v2` labels every child it makes.
+fn built_by_v2(child: &Value) -> bool {
+    child["metadata"]["labels"][VERSION_LABEL] == "v2"
+}
+
+/// The two plugins the tests swap between, told apart by what they build.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Built {
+    V1,
+    V2,
+}
+
+impl Built {
+    fn matches(self, child: &Value) -> bool {
+        built_by_v2(child) == (self == Built::V2)
+    }
+}
+
+/// Wait until MyApp `name`'s Deployment is the one `built` makes and the MyApp is reconciled.
+async fn wait_served(
+    myapps: &kube::Api<kube::api::DynamicObject>,
+    deployments: &kube::Api<kube::api::DynamicObject>,
+    name: &str,
+    built: Built,
+) -> anyhow::Result<()> {
+    let what = format!("{name} served by {built:?}");
+    wait_for_object(deployments, name, &what, |d| built.matches(d)).await?;
+    wait_for_object(myapps, name, &what, reconciled_now).await?;
+    Ok(())
+}
+
+/// When each parent's Deployment was first seen built by v2, and whether any parent reported
+/// a failed reconcile, from watches running alongside the test.
 struct Rollout {
     reached: Arc<Mutex<HashMap<String, Instant>>>,
     failures: Arc<Mutex<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Rollout {
-    fn watch(api: kube::Api<kube::api::DynamicObject>, digest: String) -> Self {
+    fn watch(
+        myapps: kube::Api<kube::api::DynamicObject>,
+        deployments: kube::Api<kube::api::DynamicObject>,
+    ) -> Self {
         let reached = Arc::new(Mutex::new(HashMap::new()));
         let failures = Arc::new(Mutex::new(Vec::new()));
         let (r, f) = (reached.clone(), failures.clone());
-        let task = tokio::spawn(async move {
+        let children = tokio::spawn(async move {
             let mut stream =
-                std::pin::pin!(watcher(api, watcher::Config::default()).applied_objects());
+                std::pin::pin!(watcher(deployments, watcher::Config::default()).applied_objects());
+            while let Ok(Some(child)) = stream.try_next().await {
+                let child = serde_json::to_value(child).unwrap_or_default();
+                if built_by_v2(&child) {
+                    let name = child["metadata"]["name"].as_str().unwrap_or_default();
+                    r.lock()
+                        .expect("lock")
+                        .entry(name.to_owned())
+                        .or_insert_with(Instant::now);
+                }
+            }
+        });
+        let parents = tokio::spawn(async move {
+            let mut stream =
+                std::pin::pin!(watcher(myapps, watcher::Config::default()).applied_objects());
             while let Ok(Some(app)) = stream.try_next().await {
                 let app = serde_json::to_value(app).unwrap_or_default();
-                let name = app["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
                 if let Some(c) = condition(&app, "Reconciled").filter(|c| c["status"] == "False") {
+                    let name = app["metadata"]["name"].as_str().unwrap_or_default();
                     f.lock()
                         .expect("lock")
                         .push(format!("{name}: {}", c["message"]));
-                }
-                if app["metadata"]["annotations"][DIGEST_ANNOTATION] == digest.as_str() {
-                    r.lock()
-                        .expect("lock")
-                        .entry(name)
-                        .or_insert_with(Instant::now);
                 }
             }
         });
         Self {
             reached,
             failures,
-            task,
+            tasks: vec![children, parents],
         }
     }
 }
 
 impl Drop for Rollout {
     fn drop(&mut self) {
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -121,27 +161,43 @@ async fn a_new_plugin_reaches_every_parent_without_errors_and_rolls_back() -> an
     for i in 0..PARENTS {
         apply(&myapps, myapp(&format!("app-{i:03}"))).await?;
     }
-    let all = |digest: &str| {
-        let myapps = myapps.clone();
-        let digest = digest.to_owned();
+    let all = |built: Built| {
+        let (myapps, deployments) = (myapps.clone(), deployments.clone());
         async move {
-            let list = myapps.list(&Default::default()).await?;
+            let apps = myapps.list(&Default::default()).await?.items;
+            let children = deployments.list(&Default::default()).await?.items;
+            let value = |o| serde_json::to_value(o).unwrap_or_default();
             Ok::<_, anyhow::Error>(
-                list.items.len() == PARENTS
-                    && list
-                        .items
-                        .iter()
-                        .all(|a| served_by(&serde_json::to_value(a).unwrap_or_default(), &digest)),
+                apps.len() == PARENTS
+                    && children.len() == PARENTS
+                    && apps.iter().all(|a| reconciled_now(&value(a)))
+                    && children.iter().all(|d| built.matches(&value(d))),
+            )
+        }
+    };
+    let on_active = |digest: &str| {
+        let (policies, digest) = (policies(&client), digest.to_owned());
+        async move {
+            let policy = get(&policies, TEST).await?.unwrap_or_default();
+            Ok::<_, anyhow::Error>(
+                policy["status"]["activeDigest"] == digest.as_str()
+                    && policy["status"]["parentsOnActiveDigest"] == PARENTS,
             )
         }
     };
     wasmctrl_testenv::cluster::eventually("200 MyApps on v1", Duration::from_secs(120), || {
-        all(&v1)
+        all(Built::V1)
     })
+    .await?;
+    wasmctrl_testenv::cluster::eventually(
+        "the policy counts 200 parents on v1",
+        Duration::from_secs(30),
+        || on_active(&v1),
+    )
     .await?;
 
     // Swap to v2: every parent is re-reconciled by it, none fails on the way.
-    let rollout = Rollout::watch(myapps.clone(), v2.clone());
+    let rollout = Rollout::watch(myapps.clone(), deployments.clone());
     let swapped_at = Instant::now();
     apply_policy(
         &client,
@@ -151,8 +207,14 @@ async fn a_new_plugin_reaches_every_parent_without_errors_and_rolls_back() -> an
     )
     .await?;
     wasmctrl_testenv::cluster::eventually("200 MyApps on v2", Duration::from_secs(120), || {
-        all(&v2)
+        all(Built::V2)
     })
+    .await?;
+    wasmctrl_testenv::cluster::eventually(
+        "the policy counts 200 parents on v2",
+        Duration::from_secs(30),
+        || on_active(&v2),
+    )
     .await?;
     let deployments_list = deployments.list(&Default::default()).await?;
     assert_eq!(deployments_list.items.len(), PARENTS);
@@ -173,14 +235,18 @@ async fn a_new_plugin_reaches_every_parent_without_errors_and_rolls_back() -> an
         times.sort();
         times
     };
-    assert_eq!(times.len(), PARENTS, "the watch saw every parent reach v2");
+    assert_eq!(
+        times.len(),
+        PARENTS,
+        "the watch saw every child rebuilt by v2"
+    );
     let failures = rollout.failures.lock().expect("lock").clone();
     assert!(
         failures.is_empty(),
         "no reconcile may fail during the swap: {failures:?}"
     );
     eprintln!(
-        "swap v1 -> v2 over {PARENTS} parents: first reconciled by v2 after {:?}, last after {:?}",
+        "swap v1 -> v2 over {PARENTS} parents: first child rebuilt by v2 after {:?}, last after {:?}",
         times[0],
         times[PARENTS - 1]
     );
@@ -199,7 +265,7 @@ async fn a_new_plugin_reaches_every_parent_without_errors_and_rolls_back() -> an
     wasmctrl_testenv::cluster::eventually(
         "200 MyApps back on v1",
         Duration::from_secs(120),
-        || all(&v1),
+        || all(Built::V1),
     )
     .await?;
     let deployments_list = deployments.list(&Default::default()).await?;
@@ -232,10 +298,11 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
     .await?;
     let host = HostUnderTest::start(TEST, &ns).await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let services = api(&client, &resource("", "v1", "Service"), &ns);
     let policy_api = policies(&client);
     apply(&myapps, myapp("web")).await?;
-    wait_for_object(&myapps, "web", "web on v1", |a| served_by(a, &v1)).await?;
+    wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     let plugin_loaded = |reason: &'static str| {
         move |p: &Value| {
@@ -284,10 +351,7 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
     .await?;
     // v1 still reconciles: a new parent is served by it.
     apply(&myapps, myapp("api")).await?;
-    wait_for_object(&myapps, "api", "api on v1 while swaps are refused", |a| {
-        served_by(a, &v1)
-    })
-    .await?;
+    wait_served(&myapps, &deployments, "api", Built::V1).await?;
 
     // A plugin that loads but traps on every call: visible, and nothing is deleted.
     let trap = digest_of("misbehave_plugin");
@@ -332,7 +396,7 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
     )
     .await?;
     for name in ["web", "api"] {
-        wait_for_object(&myapps, name, "recovered on v1", |a| served_by(a, &v1)).await?;
+        wait_served(&myapps, &deployments, name, Built::V1).await?;
     }
     let recovered = get(&policy_api, TEST).await?.expect("policy");
     assert_eq!(
@@ -353,7 +417,18 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    let active = |policy: &str, digest: &str| {
+        let (policy, digest) = (policy.to_owned(), digest.to_owned());
+        let policies = policies(&client);
+        async move {
+            wait_for_object(&policies, &policy, &format!("{policy} on {digest}"), |p| {
+                p["status"]["activeDigest"] == digest.as_str()
+            })
+            .await
+        }
+    };
 
     // A file source whose file is replaced (atomically, as a deploy tool would).
     let dir = tempfile::tempdir()?;
@@ -369,17 +444,13 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
     .await?;
     let host = HostUnderTest::start(TEST, &ns).await?;
     apply(&myapps, myapp("web")).await?;
-    wait_for_object(&myapps, "web", "web on v1 from the file", |a| {
-        served_by(a, &v1)
-    })
-    .await?;
+    wait_served(&myapps, &deployments, "web", Built::V1).await?;
+    active(&file_policy, &v1).await?;
     let staged = dir.path().join("plugin.wasm.new");
     std::fs::copy(guest("myapp_v2_plugin"), &staged)?;
     std::fs::rename(&staged, &file)?;
-    wait_for_object(&myapps, "web", "web on v2 after the file changed", |a| {
-        served_by(a, &v2)
-    })
-    .await?;
+    wait_served(&myapps, &deployments, "web", Built::V2).await?;
+    active(&file_policy, &v2).await?;
     policies(&client)
         .delete(&file_policy, &Default::default())
         .await?;
@@ -407,18 +478,14 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
         ),
     )
     .await?;
-    wait_for_object(&myapps, "web", "web on v1 from the ConfigMap", |a| {
-        served_by(a, &v1)
-    })
-    .await?;
+    // A new parent: web's children still carry the label the file policy's v2 set, which a
+    // policy with another field manager does not own and so cannot drop.
+    apply(&myapps, myapp("api")).await?;
+    wait_served(&myapps, &deployments, "api", Built::V1).await?;
+    active(&cm_policy, &v1).await?;
     apply(&config_maps, binary("myapp_v2_plugin")?).await?;
-    wait_for_object(
-        &myapps,
-        "web",
-        "web on v2 after the ConfigMap changed",
-        |a| served_by(a, &v2),
-    )
-    .await?;
+    wait_served(&myapps, &deployments, "api", Built::V2).await?;
+    active(&cm_policy, &v2).await?;
 
     host.stop().await?;
     delete_namespace(&client, &ns).await?;
@@ -461,7 +528,7 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
         apply(&myapps, app).await?;
     }
     for name in ["a", "b", "c", "d"] {
-        wait_for_object(&myapps, name, "on v1", |a| served_by(a, &v1)).await?;
+        wait_served(&myapps, &deployments, name, Built::V1).await?;
     }
     let v2_label = |d: &Value| d["metadata"]["labels"][VERSION_LABEL] == "v2";
 
@@ -492,7 +559,7 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
     for name in ["a", "b", "c", "d"] {
         let d = get(&deployments, name).await?.expect("exists");
         assert!(!v2_label(&d), "a shadow candidate applies nothing");
-        assert!(served_by(&get(&myapps, name).await?.expect("exists"), &v1));
+        assert!(reconciled_now(&get(&myapps, name).await?.expect("exists")));
     }
 
     // A candidate that would fail is counted as such.
@@ -511,7 +578,7 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
     });
     apply_policy(&client, TEST, TEST, with_candidate(canary)).await?;
     for name in ["c", "d"] {
-        wait_for_object(&myapps, name, "canary on v2", |a| served_by(a, &v2)).await?;
+        wait_served(&myapps, &deployments, name, Built::V2).await?;
         wait_for_object(&deployments, name, "canary children from v2", v2_label).await?;
     }
     wait_for_object(&policy_api, TEST, "canary counts", |p| {
@@ -520,7 +587,7 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
     })
     .await?;
     for name in ["a", "b"] {
-        assert!(served_by(&get(&myapps, name).await?.expect("exists"), &v1));
+        assert!(reconciled_now(&get(&myapps, name).await?.expect("exists")));
         assert!(!v2_label(&get(&deployments, name).await?.expect("exists")));
     }
 
@@ -646,8 +713,9 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
     .await?;
     let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     apply(&myapps, myapp("web")).await?;
-    wait_for_object(&myapps, "web", "web on v1 over http", |a| served_by(a, &v1)).await?;
+    wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     // Without credentials the server says 401, and the policy says why v1 stays. (A digest
     // this host has loaded or compiled before is served without a fetch, whatever the URL, so
@@ -692,7 +760,7 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
         policy(http("myapp_v2_plugin", true), Some(&v2), json!({})),
     )
     .await?;
-    wait_for_object(&myapps, "web", "web on v2 over http", |a| served_by(a, &v2)).await?;
+    wait_served(&myapps, &deployments, "web", Built::V2).await?;
 
     // A rollback to a digest the host still holds needs no fetch: v1 comes back even though
     // its URL now answers 401 (no credentials).
@@ -703,10 +771,7 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
         policy(http("myapp_plugin", false), Some(&v1), json!({})),
     )
     .await?;
-    wait_for_object(&myapps, "web", "web back on v1 without a fetch", |a| {
-        served_by(a, &v1)
-    })
-    .await?;
+    wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     host.stop().await?;
     delete_namespace(&client, &ns).await?;
@@ -770,11 +835,9 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
     .await?;
     let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     apply(&myapps, myapp("web")).await?;
-    wait_for_object(&myapps, "web", "web on v1 from the registry", |a| {
-        served_by(a, &v1)
-    })
-    .await?;
+    wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     // A tag that does not exist is reported; v1 keeps serving.
     let missing = format!("{}/plugins/myapp:absent", registry.address);
@@ -797,10 +860,7 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
         policy(oci(&v2_ref), Some(&v2), json!({})),
     )
     .await?;
-    wait_for_object(&myapps, "web", "web on v2 from the registry", |a| {
-        served_by(a, &v2)
-    })
-    .await?;
+    wait_served(&myapps, &deployments, "web", Built::V2).await?;
 
     host.stop().await?;
     delete_namespace(&client, &ns).await?;
