@@ -19,6 +19,11 @@ complete() {
 if complete; then echo "$out/bin"; exit 0; fi
 
 mkdir -p "$out/bin"
+# Callers running side by side may all find the binaries missing: the first to take the lock
+# builds them, the others wait and then find them built.
+exec 9>"$out/.lock"
+flock 9
+if complete; then echo "$out/bin"; exit 0; fi
 k8s_version=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$here/kubernetes/go.mod")
 major=${k8s_version#v}; major=${major%%.*}
 minor=${k8s_version#v*.}; minor=${minor%%.*}
