@@ -13,6 +13,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use super::backoff::Backoff;
 use super::children::AllowedKind;
 use super::events::EventSink;
+use super::store_index::StoreIndex;
 use crate::metrics::Metrics;
 use crate::plugin::{Digest, Plugin, Verdict};
 
@@ -21,6 +22,8 @@ use crate::plugin::{Digest, Plugin, Verdict};
 pub(crate) struct ChildCache {
     pub resource: ApiResource,
     pub store: Store<DynamicObject>,
+    /// The children by their controller's uid.
+    pub by_controller: Arc<StoreIndex>,
     /// Children whose create-time fields must be handed over before an apply.
     pub created: Arc<super::field_ownership::CreatedFields>,
 }
@@ -28,6 +31,8 @@ pub(crate) struct ChildCache {
 /// A related kind: a cache of the objects the plugin may read.
 pub(crate) struct RelatedCache {
     pub store: Store<DynamicObject>,
+    /// The objects by namespace.
+    pub by_namespace: Arc<StoreIndex>,
 }
 
 /// Everything one policy's reconciles share: who they act as, the caches they read, the

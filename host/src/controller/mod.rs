@@ -26,6 +26,7 @@ mod reconcile;
 mod release;
 mod request;
 mod status;
+mod store_index;
 mod swap;
 #[cfg(test)]
 mod testing;

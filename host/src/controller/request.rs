@@ -16,42 +16,51 @@ use crate::plugin::{ObservedObject, ReconcileRequest};
 pub(crate) type Observed = (usize, Arc<DynamicObject>);
 
 /// Children in `caches` whose controller is this parent (by uid, in its namespace), with the
-/// index of their kind. An object that merely carries the policy's label, or that another
-/// parent controls, is not this parent's child.
+/// index of their kind, in a stable order (kind, then name). An object that merely carries
+/// the policy's label, or that another parent controls, is not this parent's child. Found
+/// through each cache's controller index, so the cost is the parent's children, not all.
 pub(crate) fn observed_children(parent: &ParentIdentity, caches: &[ChildCache]) -> Vec<Observed> {
     let mut observed = Vec::new();
     for (index, cache) in caches.iter().enumerate() {
-        observed.extend(
-            cache
-                .store
-                .state_filter(|child| {
-                    child.metadata.namespace == parent.namespace
-                        && child
-                            .owner_references()
-                            .iter()
-                            .any(|owner| owner.controller == Some(true) && owner.uid == parent.uid)
-                })
-                .into_iter()
-                .map(|child| (index, child)),
-        );
+        let mut children: Vec<_> = cache
+            .by_controller
+            .get(&parent.uid)
+            .iter()
+            .filter_map(|key| cache.store.get(key))
+            .filter(|child| {
+                child.metadata.namespace == parent.namespace
+                    && child
+                        .owner_references()
+                        .iter()
+                        .any(|owner| owner.controller == Some(true) && owner.uid == parent.uid)
+            })
+            .collect();
+        children.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        observed.extend(children.into_iter().map(|child| (index, child)));
     }
     observed
 }
 
-/// Related objects in the parent's namespace (the watches already applied the selector).
+/// Related objects in the parent's namespace (the watches already applied the selector), in
+/// a stable order (kind, then name), found through each cache's namespace index.
 pub(crate) fn related_objects(
     parent: &ParentIdentity,
     caches: &[RelatedCache],
 ) -> Vec<ObservedObject> {
-    caches
-        .iter()
-        .flat_map(|cache| {
-            cache
-                .store
-                .state_filter(|o| o.metadata.namespace == parent.namespace)
-        })
-        .map(|o| observed_object(&o))
-        .collect()
+    let namespace = parent.namespace.clone().unwrap_or_default();
+    let mut related = Vec::new();
+    for cache in caches {
+        let mut objects: Vec<_> = cache
+            .by_namespace
+            .get(&namespace)
+            .iter()
+            .filter_map(|key| cache.store.get(key))
+            .filter(|o| o.metadata.namespace == parent.namespace)
+            .collect();
+        objects.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        related.extend(objects.iter().map(observed_object));
+    }
+    related
 }
 
 /// The request for `parent` with its `observed` children, served by `serving`.
@@ -94,6 +103,7 @@ mod tests {
 
     use super::*;
     use crate::controller::field_ownership::CreatedFields;
+    use crate::controller::store_index;
     use crate::controller::testing::{self, config_maps};
 
     fn object(namespace: &str, name: &str, controller_uid: Option<(&str, bool)>) -> DynamicObject {
@@ -111,10 +121,6 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn store(objects: Vec<DynamicObject>) -> kube::runtime::reflector::Store<DynamicObject> {
-        testing::store(config_maps(), objects)
-    }
-
     fn parent() -> ParentIdentity {
         ParentIdentity {
             api_version: "example.com/v1".into(),
@@ -127,33 +133,54 @@ mod tests {
 
     #[test]
     fn only_children_this_parent_controls_in_its_namespace_are_observed() {
-        let caches = [ChildCache {
-            resource: config_maps(),
-            store: store(vec![
-                object("a", "mine", Some(("uid-p", true))),
+        let (store, by_controller) = testing::indexed_store(
+            config_maps(),
+            vec![
+                object("a", "mine-2", Some(("uid-p", true))),
+                object("a", "mine-1", Some(("uid-p", true))),
                 object("a", "owned-not-controlled", Some(("uid-p", false))),
                 object("a", "another-parents", Some(("uid-q", true))),
                 object("a", "labelled-only", None),
                 object("b", "same-uid-elsewhere", Some(("uid-p", true))),
-            ]),
+            ],
+            store_index::controller_uid,
+        );
+        let caches = [ChildCache {
+            resource: config_maps(),
+            store,
+            by_controller,
             created: Arc::new(CreatedFields::new("wasmctrl/test".into())),
         }];
         let observed: Vec<_> = observed_children(&parent(), &caches)
             .into_iter()
             .map(|(index, child)| (index, child.name_any()))
             .collect();
-        assert_eq!(observed, [(0, "mine".to_owned())]);
+        assert_eq!(
+            observed,
+            [(0, "mine-1".to_owned()), (0, "mine-2".to_owned())],
+            "this parent's children only, in name order"
+        );
     }
 
     #[test]
     fn related_objects_come_from_the_parents_namespace_only() {
+        let (store, by_namespace) = testing::indexed_store(
+            config_maps(),
+            vec![
+                object("a", "here-b", None),
+                object("a", "here-a", None),
+                object("b", "there", None),
+            ],
+            store_index::namespace,
+        );
         let caches = [RelatedCache {
-            store: store(vec![object("a", "here", None), object("b", "there", None)]),
+            store,
+            by_namespace,
         }];
         let related = related_objects(&parent(), &caches);
         let names: Vec<_> = related.iter().map(|o| o.name.as_str()).collect();
-        assert_eq!(names, ["here"]);
+        assert_eq!(names, ["here-a", "here-b"]);
         assert_eq!(related[0].kind, "ConfigMap");
-        assert!(related[0].json.contains(r#""name":"here""#));
+        assert!(related[0].json.contains(r#""name":"here-a""#));
     }
 }

@@ -11,6 +11,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use super::context::ActivePlugin;
+use super::store_index::{IndexKey, StoreIndex};
 use crate::plugin::{EngineOptions, Limits, Plugin, PluginEngine};
 
 /// The ConfigMap kind.
@@ -29,13 +30,28 @@ pub fn myapps() -> ApiResource {
 
 /// A synced store of `resource` holding `objects`.
 pub fn store(resource: ApiResource, objects: Vec<DynamicObject>) -> Store<DynamicObject> {
+    indexed_store(resource, objects, |_| None).0
+}
+
+/// A synced store of `resource` holding `objects`, and its index under `key`, fed the same
+/// events as a watch would feed them.
+pub fn indexed_store(
+    resource: ApiResource,
+    objects: Vec<DynamicObject>,
+    key: IndexKey,
+) -> (Store<DynamicObject>, Arc<StoreIndex>) {
+    let index = Arc::new(StoreIndex::new(resource.clone(), key));
     let mut writer = Writer::new(resource);
-    writer.apply_watcher_event(&watcher::Event::Init);
+    let mut feed = |event: watcher::Event<DynamicObject>| {
+        index.observe(&event);
+        writer.apply_watcher_event(&event);
+    };
+    feed(watcher::Event::Init);
     for object in objects {
-        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+        feed(watcher::Event::InitApply(object));
     }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    writer.as_reader()
+    feed(watcher::Event::InitDone);
+    (writer.as_reader(), index)
 }
 
 /// A MyApp parent in `namespace` with `labels`.

@@ -9,7 +9,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use kube::api::Api;
 use kube::core::{ApiResource, DynamicObject, Selector, TypeMeta};
 use kube::runtime::controller::Controller;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 
@@ -18,6 +18,7 @@ use super::context::{Caches, ChildCache, RelatedCache};
 use super::field_ownership::CreatedFields;
 use super::kinds::ResolvedKind;
 use super::queue::QueueGauge;
+use super::store_index::{self, StoreIndex};
 use super::watch_health::WatchHealth;
 use crate::policy::KindRef;
 use crate::watch_backoff::WatchBackoff;
@@ -46,6 +47,8 @@ impl WatchSetup {
 pub(super) struct Watches {
     controller: Controller<DynamicObject>,
     parents: Store<DynamicObject>,
+    /// The parents by namespace, for the related objects that concern all of a namespace.
+    parents_by_namespace: Arc<StoreIndex>,
     parent: ApiResource,
     /// The child kinds the policy allows, in the order of `children`.
     allowed: Vec<AllowedKind>,
@@ -58,6 +61,10 @@ impl Watches {
     /// among them) do not trigger a reconcile: they would turn every failure into an
     /// immediate retry and defeat backoff.
     pub fn parents(setup: &WatchSetup, parent: &ResolvedKind) -> Self {
+        let parents_by_namespace = Arc::new(StoreIndex::new(
+            parent.resource.clone(),
+            store_index::namespace,
+        ));
         let (parents, stream) = cached_watch(
             &setup.client,
             &parent.resource,
@@ -65,6 +72,7 @@ impl Watches {
             watcher::Config::default(),
             &setup.health,
             None,
+            Some(parents_by_namespace.clone()),
         );
         let queue = setup.queue.clone();
         let controller = Controller::for_stream_with(
@@ -80,6 +88,7 @@ impl Watches {
         Self {
             controller,
             parents,
+            parents_by_namespace,
             parent: parent.resource.clone(),
             allowed: Vec::new(),
             children: Vec::new(),
@@ -91,6 +100,10 @@ impl Watches {
     /// parent.
     pub fn owns(mut self, setup: &WatchSetup, kind: &KindRef, resolved: &ResolvedKind) -> Self {
         let created = Arc::new(CreatedFields::new(setup.field_manager.clone()));
+        let by_controller = Arc::new(StoreIndex::new(
+            resolved.resource.clone(),
+            store_index::controller_uid,
+        ));
         let (store, stream) = cached_watch(
             &setup.client,
             &resolved.resource,
@@ -98,6 +111,7 @@ impl Watches {
             watcher::Config::default().labels(&setup.owned_selector),
             &setup.health,
             Some(created.clone()),
+            Some(by_controller.clone()),
         );
         let queue = setup.queue.clone();
         let parent_kind = self.parent.kind.clone();
@@ -121,6 +135,7 @@ impl Watches {
         self.children.push(ChildCache {
             resource: resolved.resource.clone(),
             store,
+            by_controller,
             created,
         });
         self
@@ -138,6 +153,10 @@ impl Watches {
             Some(selector) => watcher::Config::default().labels_from(selector),
             None => watcher::Config::default(),
         };
+        let by_namespace = Arc::new(StoreIndex::new(
+            resolved.resource.clone(),
+            store_index::namespace,
+        ));
         let (store, stream) = cached_watch(
             &setup.client,
             &resolved.resource,
@@ -145,29 +164,29 @@ impl Watches {
             config,
             &setup.health,
             None,
+            Some(by_namespace.clone()),
         );
-        let parents = self.parents.clone();
-        let parent_resource = self.parent.clone();
+        let parents = self.parents_by_namespace.clone();
         let queue = setup.queue.clone();
         let mapper = move |object: DynamicObject| {
-            let namespace = object.metadata.namespace.clone();
-            let parents = parents.state_filter(|p| p.metadata.namespace == namespace);
+            let namespace = object.metadata.namespace.clone().unwrap_or_default();
+            let parents = parents.get(&namespace);
             queue.added(
                 parents
                     .iter()
-                    .map(|p| (p.metadata.namespace.clone(), p.name_any())),
+                    .map(|p| (p.namespace.clone(), p.name.clone())),
             );
             parents
-                .into_iter()
-                .map(|p| ObjectRef::from_obj_with(&*p, parent_resource.clone()))
-                .collect::<Vec<_>>()
         };
         self.controller = self.controller.watches_stream_with(
             stream.touched_objects(),
             mapper,
             resolved.resource.clone(),
         );
-        self.related.push(RelatedCache { store });
+        self.related.push(RelatedCache {
+            store,
+            by_namespace,
+        });
         self
     }
 
@@ -233,6 +252,7 @@ fn cached_watch(
     config: watcher::Config,
     health: &Arc<WatchHealth>,
     created: Option<Arc<CreatedFields>>,
+    index: Option<Arc<StoreIndex>>,
 ) -> (
     Store<DynamicObject>,
     impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send + 'static,
@@ -261,6 +281,11 @@ fn cached_watch(
             object.managed_fields_mut().clear();
             if object.types.is_none() {
                 object.types = Some(types.clone());
+            }
+        })
+        .inspect(move |event| {
+            if let (Some(index), Ok(event)) = (&index, event) {
+                index.observe(event);
             }
         })
         .reflect(writer);
