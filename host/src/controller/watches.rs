@@ -18,7 +18,7 @@ use super::context::{Caches, ChildCache, RelatedCache};
 use super::field_ownership::CreatedFields;
 use super::kinds::ResolvedKind;
 use super::queue::QueueGauge;
-use super::store_index::{self, StoreIndex};
+use super::store_index::{self, IndexKey, StoreIndex};
 use super::watch_health::WatchHealth;
 use crate::policy::KindRef;
 use crate::watch_backoff::WatchBackoff;
@@ -41,6 +41,60 @@ impl WatchSetup {
     fn scope(&self, kind: &ResolvedKind) -> Option<&str> {
         self.namespace.as_deref().filter(|_| kind.namespaced)
     }
+
+    /// A watch stream of `kind` in the policy's scope, cached in a store and indexed under
+    /// `index_by`, with `managedFields` dropped: plugins never see them and the host does not
+    /// need to hold them.
+    fn cached_watch(
+        &self,
+        kind: &ResolvedKind,
+        config: watcher::Config,
+        created: Option<Arc<CreatedFields>>,
+        index_by: IndexKey,
+    ) -> (
+        Store<DynamicObject>,
+        Arc<StoreIndex>,
+        impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>>
+        + Send
+        + 'static,
+    ) {
+        let resource = &kind.resource;
+        let writer = reflector::store::Writer::new(resource.clone());
+        let reader = writer.as_reader();
+        let index = Arc::new(StoreIndex::new(resource.clone(), index_by));
+        let api: Api<DynamicObject> = match self.scope(kind) {
+            Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, resource),
+            None => Api::all_with(self.client.clone(), resource),
+        };
+        // List responses leave out each item's apiVersion and kind; plugins and the
+        // convergence check need them, so every cached object gets them back.
+        let types = TypeMeta {
+            api_version: resource.api_version.clone(),
+            kind: resource.kind.clone(),
+        };
+        let health = self.health.clone();
+        let name = format!("{} {}", resource.api_version, resource.kind);
+        let indexed = index.clone();
+        let stream = watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .inspect(move |event| health.observe(&name, event))
+            .modify(move |object: &mut DynamicObject| {
+                if let Some(created) = &created {
+                    created.note(object);
+                }
+                object.managed_fields_mut().clear();
+                if object.types.is_none() {
+                    object.types = Some(types.clone());
+                }
+            })
+            .inspect(move |event| {
+                if let Ok(event) = event {
+                    indexed.observe(event);
+                }
+            })
+            .reflect(writer);
+        (reader, index, stream)
+    }
 }
 
 /// A policy's controller and the caches its reconciles read.
@@ -61,18 +115,11 @@ impl Watches {
     /// among them) do not trigger a reconcile: they would turn every failure into an
     /// immediate retry and defeat backoff.
     pub fn parents(setup: &WatchSetup, parent: &ResolvedKind) -> Self {
-        let parents_by_namespace = Arc::new(StoreIndex::new(
-            parent.resource.clone(),
-            store_index::namespace,
-        ));
-        let (parents, stream) = cached_watch(
-            &setup.client,
-            &parent.resource,
-            setup.scope(parent),
+        let (parents, parents_by_namespace, stream) = setup.cached_watch(
+            parent,
             watcher::Config::default(),
-            &setup.health,
             None,
-            Some(parents_by_namespace.clone()),
+            store_index::namespace,
         );
         let queue = setup.queue.clone();
         let controller = Controller::for_stream_with(
@@ -100,18 +147,11 @@ impl Watches {
     /// parent.
     pub fn owns(mut self, setup: &WatchSetup, kind: &KindRef, resolved: &ResolvedKind) -> Self {
         let created = Arc::new(CreatedFields::new(setup.field_manager.clone()));
-        let by_controller = Arc::new(StoreIndex::new(
-            resolved.resource.clone(),
-            store_index::controller_uid,
-        ));
-        let (store, stream) = cached_watch(
-            &setup.client,
-            &resolved.resource,
-            setup.scope(resolved),
+        let (store, by_controller, stream) = setup.cached_watch(
+            resolved,
             watcher::Config::default().labels(&setup.owned_selector),
-            &setup.health,
             Some(created.clone()),
-            Some(by_controller.clone()),
+            store_index::controller_uid,
         );
         let queue = setup.queue.clone();
         let parent_kind = self.parent.kind.clone();
@@ -153,19 +193,8 @@ impl Watches {
             Some(selector) => watcher::Config::default().labels_from(selector),
             None => watcher::Config::default(),
         };
-        let by_namespace = Arc::new(StoreIndex::new(
-            resolved.resource.clone(),
-            store_index::namespace,
-        ));
-        let (store, stream) = cached_watch(
-            &setup.client,
-            &resolved.resource,
-            setup.scope(resolved),
-            config,
-            &setup.health,
-            None,
-            Some(by_namespace.clone()),
-        );
+        let (store, by_namespace, stream) =
+            setup.cached_watch(resolved, config, None, store_index::namespace);
         let parents = self.parents_by_namespace.clone();
         let queue = setup.queue.clone();
         let mapper = move |object: DynamicObject| {
@@ -241,55 +270,6 @@ impl Watches {
         };
         (caches_ready, wait)
     }
-}
-
-/// A watch stream of `resource`, cached in a store, with `managedFields` dropped: plugins
-/// never see them and the host does not need to hold them.
-fn cached_watch(
-    client: &Client,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-    config: watcher::Config,
-    health: &Arc<WatchHealth>,
-    created: Option<Arc<CreatedFields>>,
-    index: Option<Arc<StoreIndex>>,
-) -> (
-    Store<DynamicObject>,
-    impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send + 'static,
-) {
-    let writer = reflector::store::Writer::new(resource.clone());
-    let reader = writer.as_reader();
-    let api: Api<DynamicObject> = match namespace {
-        Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
-        None => Api::all_with(client.clone(), resource),
-    };
-    // List responses leave out each item's apiVersion and kind; plugins and the convergence
-    // check need them, so every cached object gets them back.
-    let types = TypeMeta {
-        api_version: resource.api_version.clone(),
-        kind: resource.kind.clone(),
-    };
-    let health = health.clone();
-    let kind = format!("{} {}", resource.api_version, resource.kind);
-    let stream = watcher(api, config)
-        .backoff(WatchBackoff::default())
-        .inspect(move |event| health.observe(&kind, event))
-        .modify(move |object: &mut DynamicObject| {
-            if let Some(created) = &created {
-                created.note(object);
-            }
-            object.managed_fields_mut().clear();
-            if object.types.is_none() {
-                object.types = Some(types.clone());
-            }
-        })
-        .inspect(move |event| {
-            if let (Some(index), Ok(event)) = (&index, event) {
-                index.observe(event);
-            }
-        })
-        .reflect(writer);
-    (reader, stream)
 }
 
 /// A fingerprint of what a parent's reconcile depends on besides its children: spec (via the
