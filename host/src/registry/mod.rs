@@ -172,7 +172,7 @@ impl PluginRegistry {
     }
 
     async fn obtain_uncounted(&self, request: PluginRequest<'_>) -> Result<Obtained, LoadError> {
-        source::check(request.source, self.credentials_namespace.as_deref())
+        let checked = source::check(request.source, self.credentials_namespace.as_deref())
             .map_err(LoadError::InvalidSource)?;
         let pinned = request.digest.map(str::parse::<Digest>).transpose()?;
         if let Some(digest) = pinned {
@@ -188,13 +188,9 @@ impl PluginRegistry {
                 return Ok(self.keep(plugin, Origin::Disk));
             }
         }
-        let bytes = source::fetch(
-            &self.client,
-            request.source,
-            self.credentials_namespace.as_deref(),
-        )
-        .await
-        .map_err(LoadError::SourceUnavailable)?;
+        let bytes = source::fetch(&self.client, checked)
+            .await
+            .map_err(LoadError::SourceUnavailable)?;
         let digest = Digest::of(&bytes);
         if pinned.is_none_or(|pinned| pinned == digest)
             && let Some(plugin) = self.find(&digest, &request.limits)

@@ -34,7 +34,24 @@ const FETCH_DEADLINE: Duration = Duration::from_secs(180);
 /// (`None` refuses every `secretRef`), or credentials that would travel without TLS to
 /// another machine. A policy naming such a source is refused even when the digest it pins is
 /// loaded already, so it cannot work on one replica and fail on another.
-pub fn check(source: &PluginSource, credentials_namespace: Option<&str>) -> anyhow::Result<()> {
+///
+/// The [`Checked`] source is what [`fetch`] takes, so nothing is read unchecked and nothing
+/// is checked twice.
+pub fn check<'a>(
+    source: &'a PluginSource,
+    credentials_namespace: Option<&'a str>,
+) -> anyhow::Result<Checked<'a>> {
+    check_source(source, credentials_namespace)?;
+    Ok(Checked { source })
+}
+
+/// A source [`check`] let through: any `secretRef` in it names the credentials namespace.
+#[derive(Debug, Clone, Copy)]
+pub struct Checked<'a> {
+    source: &'a PluginSource,
+}
+
+fn check_source(source: &PluginSource, credentials_namespace: Option<&str>) -> anyhow::Result<()> {
     match (&source.file, &source.config_map, &source.http, &source.oci) {
         (Some(_), None, None, None) | (None, Some(_), None, None) => Ok(()),
         (None, None, Some(http), None) => {
@@ -64,32 +81,19 @@ pub fn check(source: &PluginSource, credentials_namespace: Option<&str>) -> anyh
     }
 }
 
-/// Read the component `source` points at, once [`check`] has passed. `credentials_namespace`
-/// is the only namespace a `secretRef` may name; `None` refuses every `secretRef`.
-pub async fn fetch(
-    client: &Client,
-    source: &PluginSource,
-    credentials_namespace: Option<&str>,
-) -> anyhow::Result<Vec<u8>> {
-    check(source, credentials_namespace)?;
-    tokio::time::timeout(
-        FETCH_DEADLINE,
-        fetch_now(client, source, credentials_namespace),
-    )
-    .await
-    .unwrap_or_else(|_| {
-        bail!(
-            "fetching the plugin took longer than {}s; giving up",
-            FETCH_DEADLINE.as_secs()
-        )
-    })
+/// Read the component a checked source points at.
+pub async fn fetch(client: &Client, checked: Checked<'_>) -> anyhow::Result<Vec<u8>> {
+    tokio::time::timeout(FETCH_DEADLINE, fetch_now(client, checked.source))
+        .await
+        .unwrap_or_else(|_| {
+            bail!(
+                "fetching the plugin took longer than {}s; giving up",
+                FETCH_DEADLINE.as_secs()
+            )
+        })
 }
 
-async fn fetch_now(
-    client: &Client,
-    source: &PluginSource,
-    credentials_namespace: Option<&str>,
-) -> anyhow::Result<Vec<u8>> {
+async fn fetch_now(client: &Client, source: &PluginSource) -> anyhow::Result<Vec<u8>> {
     match (&source.file, &source.config_map, &source.http) {
         (Some(file), None, None) => read_file_capped(&file.path).await,
         (None, Some(cm), None) => {
@@ -108,14 +112,12 @@ async fn fetch_now(
         }
         (None, None, Some(http)) if source.oci.is_none() => {
             let credentials = match &http.secret_ref {
-                Some(secret) => Some(credentials(client, secret, credentials_namespace).await?),
+                Some(secret) => Some(credentials(client, secret).await?),
                 None => None,
             };
             fetch_http(http, credentials).await
         }
-        (None, None, None) if let Some(oci) = &source.oci => {
-            fetch_oci(client, oci, credentials_namespace).await
-        }
+        (None, None, None) if let Some(oci) = &source.oci => fetch_oci(client, oci).await,
         _ => bail!("the plugin source must name exactly one of file, configMap, http or oci"),
     }
 }
@@ -151,17 +153,13 @@ const WASM_LAYER: &str = "application/wasm";
 /// Pull a Wasm artifact: its manifest, then the `application/wasm` layer, which the client
 /// checks against the layer digest. The component digest the policy pins is checked after,
 /// by the engine.
-async fn fetch_oci(
-    client: &Client,
-    source: &OciSource,
-    credentials_namespace: Option<&str>,
-) -> anyhow::Result<Vec<u8>> {
+async fn fetch_oci(client: &Client, source: &OciSource) -> anyhow::Result<Vec<u8>> {
     let reference: oci_client::Reference = source
         .reference
         .parse()
         .with_context(|| format!("invalid OCI reference {:?}", source.reference))?;
     let credentials = match &source.secret_ref {
-        Some(secret) => Some(credentials(client, secret, credentials_namespace).await?),
+        Some(secret) => Some(credentials(client, secret).await?),
         None => None,
     };
     let auth = match credentials {
@@ -340,14 +338,13 @@ async fn download(
     Ok(bytes)
 }
 
-/// Read `token`, or `username` and `password`, from a Secret in the credentials namespace.
+/// Read `token`, or `username` and `password`, from a Secret in the credentials namespace
+/// (which [`check`] made sure the `secretRef` names).
 async fn credentials(
     client: &Client,
     secret: &crate::policy::SecretRef,
-    credentials_namespace: Option<&str>,
 ) -> anyhow::Result<Credentials> {
     let (namespace, name) = (&secret.namespace, &secret.name);
-    check_secret_namespace(namespace, credentials_namespace)?;
     let secret = Api::<Secret>::namespaced(client.clone(), namespace)
         .get(name)
         .await
