@@ -165,29 +165,29 @@ pub(super) fn candidate_counts(
     };
     let mut examples = Vec::new();
     for (key, verdict) in verdicts.iter() {
+        let (name, detail) = match verdict {
+            Verdict::Unchanged => {
+                status.unchanged += 1;
+                continue;
+            }
+            Verdict::WouldChange(detail) => {
+                status.would_change += 1;
+                ("WouldChange", detail)
+            }
+            Verdict::WouldFail(detail) => {
+                status.would_fail += 1;
+                ("WouldFail", detail)
+            }
+        };
         let parent = match &key.namespace {
             Some(ns) => format!("{ns}/{}", key.name),
             None => key.name.clone(),
         };
-        match verdict {
-            Verdict::Unchanged => status.unchanged += 1,
-            Verdict::WouldChange(detail) => {
-                status.would_change += 1;
-                examples.push(ShadowExample {
-                    parent,
-                    verdict: "WouldChange".into(),
-                    detail: events::truncate(detail.clone(), 1024),
-                });
-            }
-            Verdict::WouldFail(detail) => {
-                status.would_fail += 1;
-                examples.push(ShadowExample {
-                    parent,
-                    verdict: "WouldFail".into(),
-                    detail: events::truncate(detail.clone(), 1024),
-                });
-            }
-        }
+        examples.push(ShadowExample {
+            parent,
+            verdict: name.into(),
+            detail: events::truncate(detail.clone(), 1024),
+        });
     }
     examples.sort_by(|a, b| a.parent.cmp(&b.parent));
     examples.truncate(EXAMPLES);
