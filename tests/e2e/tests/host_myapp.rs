@@ -9,19 +9,9 @@ use support::*;
 use wasmctrl_testenv::TestEnv;
 
 fn myapp_policy(config: Value) -> Value {
-    json!({
-        "parent": {"apiVersion": "example.com/v1", "kind": "MyApp"},
-        "children": [
-            {"apiVersion": "apps/v1", "kind": "Deployment"},
-            {"apiVersion": "v1", "kind": "Service"},
-        ],
-        "related": [{
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "selector": {"matchLabels": {"example.com/myapp-config": "true"}},
-        }],
-        "plugin": {"source": file_source("myapp_plugin"), "config": config},
-        "maxConcurrentReconciles": 4,
-    })
+    let mut spec = myapp_policy_spec(file_source("myapp_plugin"), config);
+    spec["maxConcurrentReconciles"] = json!(4);
+    spec
 }
 
 fn myapp(name: &str, replicas: i64, image: &str) -> Value {

@@ -470,11 +470,11 @@ pub async fn rbac_for(
     }
 }
 
-/// The MyApp policy's spec as the deployment tests use it: confined to `ns`, its plugin at
-/// `source`.
-pub fn myapp_policy_in(ns: &str, source: Value) -> Value {
+/// The MyApp policy's spec: Deployments and Services as children, the labelled ConfigMaps as
+/// related objects, its plugin at `source` called with `config`.
+pub fn myapp_policy_spec(source: Value, config: Value) -> Value {
     json!({
-        "parent": {"apiVersion": "example.com/v1", "kind": "MyApp", "namespace": ns},
+        "parent": {"apiVersion": "example.com/v1", "kind": "MyApp"},
         "children": [
             {"apiVersion": "apps/v1", "kind": "Deployment"},
             {"apiVersion": "v1", "kind": "Service"},
@@ -483,8 +483,16 @@ pub fn myapp_policy_in(ns: &str, source: Value) -> Value {
             "apiVersion": "v1", "kind": "ConfigMap",
             "selector": {"matchLabels": {"example.com/myapp-config": "true"}},
         }],
-        "plugin": {"source": source, "config": {"service": true}},
+        "plugin": {"source": source, "config": config},
     })
+}
+
+/// The MyApp policy's spec as the deployment tests use it: confined to `ns`, its plugin at
+/// `source`.
+pub fn myapp_policy_in(ns: &str, source: Value) -> Value {
+    let mut spec = myapp_policy_spec(source, json!({"service": true}));
+    spec["parent"]["namespace"] = json!(ns);
+    spec
 }
 
 /// Apply what `wasmctrl rbac` prints for the policy `name` with `spec` (and the MyApp CRD),
