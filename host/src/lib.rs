@@ -6,8 +6,10 @@
 //! operator host ([`controller`]), its [`metrics`], [`health`] and [`leader`] election, their
 //! HTTP [`server`], and the command line ([`cli`]).
 
+pub mod case;
 pub mod cli;
 pub mod controller;
+pub mod explain;
 pub mod health;
 pub mod leader;
 pub mod metrics;

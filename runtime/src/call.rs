@@ -82,7 +82,7 @@ pub struct ReconcileResponse {
 }
 
 /// An event the plugin asks the host to record.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PluginEvent {
     /// `Normal` or `Warning`.
     #[serde(rename = "type")]
@@ -94,7 +94,7 @@ pub struct PluginEvent {
 }
 
 /// Kubernetes event types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum EventType {
     /// Expected.
     Normal,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{Host, HostOptions};
+use crate::explain::{Bounds, Explain, ExplainOptions, RecordOptions};
 use crate::leader::{LeaderElector, Leadership, LeaseConfig, WriteGate};
 use crate::metrics::Metrics;
 use crate::plugin::{EngineOptions, PluginEngine};
@@ -67,6 +68,49 @@ pub struct RunCommand {
     shutdown_timeout_seconds: u64,
     #[command(flatten)]
     election: ElectionArgs,
+    #[command(flatten)]
+    explain: ExplainArgs,
+}
+
+/// What the host keeps of its reconciles, for `wasmctrl explain` and `plugin replay`.
+#[derive(Debug, Args)]
+struct ExplainArgs {
+    /// Memory for the records `wasmctrl explain` reads, in MiB; 0 keeps none.
+    #[arg(long, env = "WASMCTRL_EXPLAIN_MEMORY_MIB", default_value_t = 32)]
+    explain_memory_mib: usize,
+    /// Reconciles remembered per parent (only the newest keeps its request and answer).
+    #[arg(long, env = "WASMCTRL_EXPLAIN_HISTORY", default_value_t = 5)]
+    explain_history: usize,
+    /// Keep Secret values in records and recorded cases; by default they are redacted.
+    #[arg(long, env = "WASMCTRL_EXPLAIN_SECRET_DATA")]
+    explain_secret_data: bool,
+    /// Record reconciles as case files in this directory, for `wasmctrl plugin replay`.
+    #[arg(long, env = "WASMCTRL_RECORD_DIR")]
+    record_dir: Option<PathBuf>,
+    /// Case files kept in the record directory; the oldest are deleted.
+    #[arg(long, env = "WASMCTRL_RECORD_MAX_FILES", default_value_t = 1000)]
+    record_max_files: usize,
+    /// Record one reconcile in this many.
+    #[arg(long, env = "WASMCTRL_RECORD_ONE_IN", default_value_t = 1)]
+    record_one_in: u64,
+}
+
+impl ExplainArgs {
+    fn explain(&self) -> anyhow::Result<Explain> {
+        Explain::new(&ExplainOptions {
+            bounds: Bounds {
+                max_bytes: self.explain_memory_mib << 20,
+                per_parent: self.explain_history,
+            },
+            record: self.record_dir.clone().map(|dir| RecordOptions {
+                dir,
+                max_files: self.record_max_files,
+                one_in: self.record_one_in,
+            }),
+            secret_data: self.explain_secret_data,
+        })
+        .context("--record-dir")
+    }
 }
 
 /// Leader election among replicas of the host (see `wasmctrl::leader`).
@@ -155,7 +199,7 @@ impl RunCommand {
         let engine = self.engine(cache_dir)?;
         let listener = self.bind_listener().await?;
         let drain = Duration::from_secs(self.shutdown_timeout_seconds);
-        let host = Host::elected(gated, engine, self.host_options(), leadership.clone());
+        let host = Host::elected(gated, engine, self.host_options()?, leadership.clone());
         let stop = CancellationToken::new();
         tokio::spawn({
             let stop = stop.clone();
@@ -229,8 +273,8 @@ impl RunCommand {
         .context("starting the plugin engine")
     }
 
-    fn host_options(&self) -> HostOptions {
-        HostOptions {
+    fn host_options(&self) -> anyhow::Result<HostOptions> {
+        Ok(HostOptions {
             resync: Duration::from_secs(self.resync_seconds.max(1)),
             backoff_base: Duration::from_millis(self.backoff_base_ms.max(1)),
             backoff_max: Duration::from_secs(self.backoff_max_seconds.max(1)),
@@ -238,7 +282,8 @@ impl RunCommand {
             namespace: self.namespace.clone(),
             policy_selector: self.policy_selector.clone(),
             credentials_namespace: self.credentials_namespace.clone().or_else(own_namespace),
-        }
+            explain: Arc::new(self.explain.explain()?),
+        })
     }
 
     /// The health and metrics listener, unless `--listen off`.
@@ -289,13 +334,17 @@ fn serve(
     host: &Host,
     stop: &CancellationToken,
 ) -> impl Future<Output = anyhow::Result<()>> + use<> {
-    let (readiness, metrics) = (host.readiness(), host.metrics());
+    let endpoints = crate::server::Endpoints {
+        readiness: host.readiness(),
+        metrics: host.metrics(),
+        explain: host.explain(),
+    };
     let stop = stop.clone();
     async move {
         match listener {
             Some(listener) => {
-                tracing::info!(address = ?listener.local_addr().ok(), "serving /healthz, /readyz and /metrics");
-                crate::server::serve(listener, readiness, metrics, stop.cancelled_owned()).await
+                tracing::info!(address = ?listener.local_addr().ok(), "serving /healthz, /readyz, /metrics and /explain");
+                crate::server::serve(listener, endpoints, stop.cancelled_owned()).await
             }
             None => Ok(()),
         }

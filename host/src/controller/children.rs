@@ -418,25 +418,51 @@ pub fn is_converged(desired: &DesiredChild, observed: &Value) -> bool {
         && is_subset(&desired.object, observed)
 }
 
-/// The path of the first desired field whose observed value differs, for logs that say why
-/// the host wrote.
-pub fn first_difference(desired: &Value, observed: &Value) -> Option<String> {
-    match (desired, observed) {
-        (Value::Object(want), Value::Object(have)) => {
-            want.iter().find_map(|(key, value)| match have.get(key) {
-                Some(found) => first_difference(value, found).map(|rest| format!(".{key}{rest}")),
-                None if value.is_null() => None,
-                None => Some(format!(".{key} (missing)")),
-            })
+/// The paths of the desired fields whose observed value differs, at most `limit`, in key
+/// order (`.spec.replicas`, `.metadata.labels.app (missing)`).
+pub fn differences(desired: &Value, observed: &Value, limit: usize) -> Vec<String> {
+    fn walk(
+        desired: &Value,
+        observed: &Value,
+        path: &mut String,
+        limit: usize,
+        found: &mut Vec<String>,
+    ) {
+        match (desired, observed) {
+            (Value::Object(want), Value::Object(have)) => {
+                for (key, value) in want {
+                    if found.len() >= limit {
+                        return;
+                    }
+                    let len = path.len();
+                    path.push('.');
+                    path.push_str(key);
+                    match have.get(key) {
+                        Some(found_value) => walk(value, found_value, path, limit, found),
+                        None if value.is_null() => {}
+                        None => found.push(format!("{path} (missing)")),
+                    }
+                    path.truncate(len);
+                }
+            }
+            (Value::Array(want), Value::Array(have)) if want.len() == have.len() => {
+                for (i, (w, h)) in want.iter().zip(have).enumerate() {
+                    if found.len() >= limit {
+                        return;
+                    }
+                    let len = path.len();
+                    path.push_str(&format!("[{i}]"));
+                    walk(w, h, path, limit, found);
+                    path.truncate(len);
+                }
+            }
+            _ if is_subset(desired, observed) => {}
+            _ => found.push(path.clone()),
         }
-        (Value::Array(want), Value::Array(have)) if want.len() == have.len() => want
-            .iter()
-            .zip(have)
-            .enumerate()
-            .find_map(|(i, (w, h))| first_difference(w, h).map(|rest| format!("[{i}]{rest}"))),
-        _ if is_subset(desired, observed) => None,
-        _ => Some(String::new()),
     }
+    let mut found = Vec::new();
+    walk(desired, observed, &mut String::new(), limit, &mut found);
+    found
 }
 
 /// Whether every field of `desired` is in `observed` with an equal value. Fields the server
@@ -694,6 +720,7 @@ mod tests {
 
     #[test]
     fn the_first_difference_is_named_by_path() {
+        let first_difference = |d: &Value, o: &Value| differences(d, o, 1).into_iter().next();
         let desired = json!({"spec": {"replicas": 3, "ports": [{"port": 80}]}});
         let observed = json!({"spec": {"replicas": 3, "ports": [{"port": 81}]}});
         assert_eq!(
@@ -705,6 +732,21 @@ mod tests {
             first_difference(&json!({"a": 1}), &json!({})).as_deref(),
             Some(".a (missing)")
         );
+    }
+
+    #[test]
+    fn every_difference_is_named_up_to_the_limit() {
+        let desired =
+            json!({"spec": {"replicas": 3, "image": "b", "ports": [{"port": 80}]}, "x": null});
+        let observed =
+            json!({"spec": {"replicas": 2, "image": "a", "ports": [{"port": 81}], "extra": 1}});
+        assert_eq!(
+            differences(&desired, &observed, 10),
+            [".spec.image", ".spec.ports[0].port", ".spec.replicas"],
+            "fields the server added and desired nulls are not differences"
+        );
+        assert_eq!(differences(&desired, &observed, 2).len(), 2);
+        assert!(differences(&desired, &desired, 10).is_empty());
     }
 
     #[test]

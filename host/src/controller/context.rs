@@ -60,6 +60,8 @@ pub(crate) struct PolicyContext {
     pub serving: Arc<Serving>,
     /// What earlier reconciles ended with.
     pub outcomes: Outcomes,
+    /// Where each reconcile leaves its record.
+    pub explain: Arc<crate::explain::Explain>,
 }
 
 /// The caches of a policy's children and related objects.

@@ -30,6 +30,7 @@ mod store_index;
 mod swap;
 #[cfg(test)]
 mod testing;
+mod trace;
 mod watch_health;
 mod watches;
 mod writes;
@@ -77,6 +78,8 @@ pub struct HostOptions {
     /// every `secretRef`. Editing policies is a privileged act, but it must not grant
     /// reading every Secret in the cluster.
     pub credentials_namespace: Option<String>,
+    /// Where the records of reconciles go, for `wasmctrl explain` and replay.
+    pub explain: Arc<crate::explain::Explain>,
 }
 
 impl Default for HostOptions {
@@ -89,6 +92,9 @@ impl Default for HostOptions {
             namespace: None,
             policy_selector: None,
             credentials_namespace: None,
+            explain: Arc::new(crate::explain::Explain::in_memory(
+                crate::explain::ExplainOptions::default().bounds,
+            )),
         }
     }
 }
@@ -149,6 +155,11 @@ impl Host {
     /// The host's readiness, for `/readyz`.
     pub fn readiness(&self) -> Arc<crate::health::Readiness> {
         self.shared.readiness.clone()
+    }
+
+    /// The records of the host's reconciles, for `/explain`.
+    pub fn explain(&self) -> Arc<crate::explain::Explain> {
+        self.shared.options.explain.clone()
     }
 
     /// The host's metrics, shared with every policy controller it runs.

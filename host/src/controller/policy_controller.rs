@@ -197,6 +197,7 @@ fn policy_context(
             config: swap::config_text(&spec.plugin),
         })),
         outcomes: Outcomes::new(options.backoff_base, options.backoff_max),
+        explain: options.explain.clone(),
     }
 }
 

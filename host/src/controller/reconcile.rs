@@ -19,7 +19,9 @@ use super::context::{PolicyContext, lock};
 use super::events::Published;
 use super::request;
 use super::status::{self, Outcome};
-use super::writes;
+use super::trace::Trace;
+use super::writes::{self, Applied};
+use crate::explain::{ChildAction, RecordResult};
 use crate::metrics::{ChildOperation, ReconcileResult};
 use crate::plugin::{
     EventType as PluginEventType, Plugin, PluginError, ReconcileRequest, ReconcileResponse,
@@ -152,7 +154,9 @@ pub(crate) async fn reconcile(
     let started = std::time::Instant::now();
     ctx.metrics.worker(&ctx.policy, 1);
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);
-    let result = tracing::Instrument::instrument(reconcile_parent(&parent, &ctx), span).await;
+    let mut trace = Trace::new(ctx.explain.wanted());
+    let result =
+        tracing::Instrument::instrument(reconcile_parent(&parent, &ctx, &mut trace), span).await;
     ctx.metrics.worker(&ctx.policy, -1);
     let took = started.elapsed();
     match result {
@@ -160,7 +164,9 @@ pub(crate) async fn reconcile(
             action,
             requeued,
             decided_by,
+            result,
         }) => {
+            trace.finish(&parent, &ctx, result, None);
             lock(&ctx.outcomes.reconciled).insert(key.clone(), decided_by);
             ctx.outcomes.backoff.succeeded(&key);
             let result = if requeued {
@@ -181,7 +187,8 @@ pub(crate) async fn reconcile(
                 ctx.metrics.retried(&ctx.policy);
             }
             tracing::warn!(policy = %ctx.policy, parent = %key, attempt = retry.attempt, retry_in = ?(!await_change).then_some(retry.delay), error = %error, "reconcile failed");
-            report_failure(&parent, &ctx, &error, retry, await_change).await;
+            report_failure(&parent, &ctx, &error, retry, await_change, &mut trace).await;
+            trace.finish(&parent, &ctx, RecordResult::Failed, Some(&error));
             Err(Failure {
                 error,
                 retry,
@@ -216,14 +223,17 @@ struct Done {
     requeued: bool,
     /// The plugin whose decision the parent now reflects (none for a parent being deleted).
     decided_by: Option<crate::plugin::Digest>,
+    /// How the reconcile's record describes its end.
+    result: RecordResult,
 }
 
 impl Done {
-    fn deleting(action: Action) -> Self {
+    fn deleting(action: Action, result: RecordResult) -> Self {
         Self {
             action,
             requeued: false,
             decided_by: None,
+            result,
         }
     }
 }
@@ -232,12 +242,15 @@ impl Done {
 async fn reconcile_parent(
     parent: &DynamicObject,
     ctx: &PolicyContext,
+    trace: &mut Trace,
 ) -> Result<Done, ReconcileError> {
     wait_for_caches(ctx).await?;
+    trace.step("caches");
     let identity = identity(parent, &ctx.parent)?;
-    if let Some(action) = finalize_or_hold(parent, &identity, ctx).await? {
-        return Ok(Done::deleting(action));
+    if let Some((action, result)) = finalize_or_hold(parent, &identity, ctx, trace).await? {
+        return Ok(Done::deleting(action, result));
     }
+    trace.step("finalizer");
     let observed = request::observed_children(&identity, &ctx.caches.children);
     let Decision {
         desired,
@@ -245,15 +258,20 @@ async fn reconcile_parent(
         events,
         requeue_after,
         digest,
-    } = decide(parent, &identity, &observed, ctx).await?;
-    apply_children(&desired, &identity, ctx).await?;
-    prune_children(&observed, &desired, ctx).await?;
-    record_success(parent, &identity, status, desired.len(), ctx).await?;
-    publish_plugin_events(parent, ctx, events).await;
+    } = decide(parent, &identity, &observed, ctx, trace).await?;
+    apply_children(&desired, &identity, ctx, trace).await?;
+    trace.step("apply");
+    prune_children(&observed, &desired, ctx, trace).await?;
+    trace.step("prune");
+    record_success(parent, &identity, status, desired.len(), ctx, trace).await?;
+    trace.step("status");
+    publish_plugin_events(parent, ctx, events, trace).await;
+    trace.step("events");
     Ok(Done {
         action: Action::requeue(requeue_delay(requeue_after, ctx.resync)),
         requeued: requeue_after.is_some(),
         decided_by: Some(digest),
+        result: RecordResult::Reconciled,
     })
 }
 
@@ -275,17 +293,18 @@ async fn finalize_or_hold(
     parent: &DynamicObject,
     identity: &ParentIdentity,
     ctx: &PolicyContext,
-) -> Result<Option<Action>, ReconcileError> {
+    trace: &mut Trace,
+) -> Result<Option<(Action, RecordResult)>, ReconcileError> {
     let holds_finalizer = ctx
         .finalizer
         .as_ref()
         .is_some_and(|f| parent.finalizers().contains(f));
     if parent.metadata.deletion_timestamp.is_some() {
         return if holds_finalizer {
-            finalize(parent, identity, ctx).await.map(Some)
+            finalize(parent, identity, ctx, trace).await.map(Some)
         } else {
             // Owned children go with the parent through garbage collection.
-            Ok(Some(Action::await_change()))
+            Ok(Some((Action::await_change(), RecordResult::Deleting)))
         };
     }
     if let (Some(finalizer), false) = (&ctx.finalizer, holds_finalizer) {
@@ -311,10 +330,13 @@ async fn decide(
     identity: &ParentIdentity,
     observed: &[request::Observed],
     ctx: &PolicyContext,
+    trace: &mut Trace,
 ) -> Result<Decision, ReconcileError> {
     let selection = ctx.serving.select(parent.labels());
     let serving = &selection.serving;
     let request = request::build(parent, identity, observed, ctx, serving, false);
+    trace.step("request");
+    trace.asked(&request, *serving.plugin.digest(), ctx.explain.secret_data);
     let key = ObjectRef::from_obj_with(parent, ctx.parent.clone());
     let answer = match &selection.shadow {
         Some(shadow) => {
@@ -331,6 +353,7 @@ async fn decide(
                 &ctx.caches.allowed,
                 &ctx.policy_label,
             );
+            trace.shadowed(&verdict);
             lock(&ctx.serving.shadow).insert(key, verdict);
             answer
         }
@@ -339,6 +362,8 @@ async fn decide(
             call_plugin(&serving.plugin, request, ctx).await
         }
     };
+    trace.answered(&answer, &ctx.policy, ctx.explain.secret_data);
+    trace.step("plugin");
     let response = answer?;
     let desired = children::prepare(
         response.children,
@@ -347,6 +372,7 @@ async fn decide(
         &ctx.policy_label,
     )
     .map_err(ReconcileError::InvalidChildren)?;
+    trace.step("validate");
     Ok(Decision {
         desired,
         status: response.status,
@@ -382,10 +408,12 @@ async fn apply_children(
     desired: &[children::DesiredChild],
     identity: &ParentIdentity,
     ctx: &PolicyContext,
+    trace: &mut Trace,
 ) -> Result<(), ReconcileError> {
     let mut applied = 0;
     for child in desired {
-        let wrote = writes::apply_child(child, identity, ctx).await?;
+        let outcome = writes::apply_child(child, identity, ctx).await?;
+        let wrote = outcome.wrote();
         let operation = if wrote {
             ChildOperation::Applied
         } else {
@@ -393,6 +421,12 @@ async fn apply_children(
         };
         let kind = &ctx.caches.allowed[child.kind_index].kind;
         ctx.metrics.children(&ctx.policy, kind, operation, 1);
+        let (action, changed) = match outcome {
+            Applied::Created => (ChildAction::Created, Vec::new()),
+            Applied::Changed(fields) => (ChildAction::Changed, fields),
+            Applied::Unchanged => (ChildAction::Unchanged, Vec::new()),
+        };
+        trace.child(kind, &child.name, action, changed);
         applied += usize::from(wrote);
     }
     if applied > 0 {
@@ -410,10 +444,14 @@ async fn prune_children(
     observed: &[request::Observed],
     desired: &[children::DesiredChild],
     ctx: &PolicyContext,
+    trace: &mut Trace,
 ) -> Result<(), ReconcileError> {
     let pruned = writes::prune(observed, desired, ctx).await?;
-    if pruned > 0 {
-        tracing::info!(pruned, "children pruned");
+    if !pruned.is_empty() {
+        tracing::info!(pruned = pruned.len(), "children pruned");
+    }
+    for (kind, name) in pruned {
+        trace.child(&kind, &name, ChildAction::Pruned, Vec::new());
     }
     Ok(())
 }
@@ -427,13 +465,16 @@ async fn record_success(
     status: Option<crate::plugin::JsonObject>,
     desired: usize,
     ctx: &PolicyContext,
+    trace: &mut Trace,
 ) -> Result<(), ReconcileError> {
     let outcome = Outcome {
         success: true,
         reason: "Reconciled".into(),
         message: format!("{desired} children desired"),
     };
-    writes::write_status(parent, identity, status, &outcome, ctx).await
+    let (status, written) = writes::write_status(parent, identity, status, &outcome, ctx).await?;
+    trace.status(&status, written);
+    Ok(())
 }
 
 /// Call the plugin, counting the call's outcome and duration.
@@ -479,6 +520,7 @@ async fn report_failure(
     error: &ReconcileError,
     retry: Retry,
     await_change: bool,
+    trace: &mut Trace,
 ) {
     let reason = error.reason();
     let next = if await_change {
@@ -517,6 +559,7 @@ async fn report_failure(
             tracing::warn!(error = %e, "could not record the failure in the parent's status");
         }
     }
+    trace.event(EventType::Warning, reason, &message);
     ctx.events
         .publish(
             &reference(parent, ctx),
@@ -532,6 +575,7 @@ async fn publish_plugin_events(
     parent: &DynamicObject,
     ctx: &PolicyContext,
     events: Vec<crate::plugin::PluginEvent>,
+    trace: &mut Trace,
 ) {
     let dropped = events.len().saturating_sub(MAX_EVENTS_PER_RECONCILE);
     if dropped > 0 {
@@ -548,6 +592,7 @@ async fn publish_plugin_events(
             PluginEventType::Normal => EventType::Normal,
             PluginEventType::Warning => EventType::Warning,
         };
+        trace.event(type_, &event.reason, &event.message);
         let published = ctx
             .events
             .publish(
@@ -572,24 +617,35 @@ async fn finalize(
     parent: &DynamicObject,
     identity: &ParentIdentity,
     ctx: &PolicyContext,
-) -> Result<Action, ReconcileError> {
+    trace: &mut Trace,
+) -> Result<(Action, RecordResult), ReconcileError> {
     let serving = ctx.serving.select(parent.labels()).serving;
     let observed = request::observed_children(identity, &ctx.caches.children);
     let request = request::build(parent, identity, &observed, ctx, &serving, true);
-    let response = call_plugin(&serving.plugin, request, ctx).await?;
-    publish_plugin_events(parent, ctx, response.events).await;
+    trace.step("request");
+    trace.asked(&request, *serving.plugin.digest(), ctx.explain.secret_data);
+    let answer = call_plugin(&serving.plugin, request, ctx).await;
+    trace.answered(&answer, &ctx.policy, ctx.explain.secret_data);
+    trace.step("plugin");
+    let response = answer?;
+    publish_plugin_events(parent, ctx, response.events, trace).await;
+    trace.step("events");
     if !response.finalized {
         tracing::info!("plugin has not finished finalizing; will ask again");
-        return Ok(Action::requeue(requeue_delay(
-            response.requeue_after,
-            Duration::from_secs(5),
-        )));
+        return Ok((
+            Action::requeue(requeue_delay(
+                response.requeue_after,
+                Duration::from_secs(5),
+            )),
+            RecordResult::Finalizing,
+        ));
     }
     if let Some(finalizer) = &ctx.finalizer {
         writes::remove_finalizer(parent, identity, finalizer, ctx).await?;
         tracing::info!("plugin finalized the parent; finalizer removed");
     }
-    Ok(Action::await_change())
+    trace.step("finalizer");
+    Ok((Action::await_change(), RecordResult::Finalized))
 }
 
 fn reference(parent: &DynamicObject, ctx: &PolicyContext) -> ObjectReference {

@@ -15,8 +15,27 @@ use super::reconcile::{ReconcileError, now};
 use super::status::{self, Outcome};
 use crate::metrics::ChildOperation;
 
+/// Most changed fields a child's record lists.
+const CHANGED_FIELDS_SHOWN: usize = 20;
+
+/// What bringing one child to its desired state took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Applied {
+    /// It did not exist: created.
+    Created,
+    /// It drifted: applied. The desired fields whose live value differed.
+    Changed(Vec<String>),
+    /// Already as desired: no write.
+    Unchanged,
+}
+
+impl Applied {
+    pub fn wrote(&self) -> bool {
+        !matches!(self, Self::Unchanged)
+    }
+}
+
 /// Bring one child to its desired state, unless the cache shows it already converged.
-/// Returns whether it wrote.
 ///
 /// Ownership comes first: the host changes only objects whose controller is this parent. A
 /// child missing from the cache (which holds only objects labelled for this policy) is
@@ -26,7 +45,7 @@ pub(super) async fn apply_child(
     child: &DesiredChild,
     parent: &ParentIdentity,
     ctx: &PolicyContext,
-) -> Result<bool, ReconcileError> {
+) -> Result<Applied, ReconcileError> {
     let cache = &ctx.caches.children[child.kind_index];
     let mut key = ObjectRef::new_with(&child.name, cache.resource.clone());
     if let Some(namespace) = &child.namespace {
@@ -45,7 +64,7 @@ pub(super) async fn create_child(
     child: &DesiredChild,
     parent: &ParentIdentity,
     ctx: &PolicyContext,
-) -> Result<bool, ReconcileError> {
+) -> Result<Applied, ReconcileError> {
     let api = dynamic_api(
         &ctx.client,
         &ctx.caches.children[child.kind_index].resource,
@@ -63,7 +82,7 @@ pub(super) async fn create_child(
         ..PostParams::default()
     };
     match api.create(&params, &object).await {
-        Ok(_) => Ok(true),
+        Ok(_) => Ok(Applied::Created),
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let live = api.get(&child.name).await.map_err(apply_error)?;
             update_child(child, &live, parent, ctx).await
@@ -80,7 +99,7 @@ pub(super) async fn update_child(
     observed: &DynamicObject,
     parent: &ParentIdentity,
     ctx: &PolicyContext,
-) -> Result<bool, ReconcileError> {
+) -> Result<Applied, ReconcileError> {
     let kind = &ctx.caches.allowed[child.kind_index].kind;
     if let Some(owner) = children::foreign_controller(observed.owner_references(), &parent.uid) {
         return Err(ReconcileError::ChildConflict {
@@ -91,14 +110,10 @@ pub(super) async fn update_child(
     }
     let observed_json = serde_json::to_value(observed).unwrap_or_default();
     if children::is_converged(child, &observed_json) {
-        return Ok(false);
+        return Ok(Applied::Unchanged);
     }
-    tracing::debug!(
-        %kind,
-        name = %child.name,
-        differs_at = children::first_difference(&child.object, &observed_json).as_deref().unwrap_or(".metadata.annotations (hash)"),
-        "child drifted from its desired state"
-    );
+    let changed = changed_fields(child, &observed_json);
+    tracing::debug!(%kind, name = %child.name, differs_at = %changed[0], "child drifted from its desired state");
     let mut body = child.object.clone();
     if let (Some(uid), Some(metadata)) = (&observed.metadata.uid, body["metadata"].as_object_mut())
     {
@@ -128,24 +143,45 @@ pub(super) async fn update_child(
     )
     .await
     .map_err(apply_error)?;
-    Ok(true)
+    Ok(Applied::Changed(changed))
+}
+
+/// The desired fields of `child` whose live value differs, leaving out the desired-state
+/// hash (it differs whenever anything does). When only the hash differs, the desired state
+/// dropped a field the live object still has.
+fn changed_fields(child: &DesiredChild, observed: &Value) -> Vec<String> {
+    let hash_path = format!(
+        ".metadata.annotations.{}",
+        children::DESIRED_HASH_ANNOTATION
+    );
+    let mut changed: Vec<String> =
+        children::differences(&child.object, observed, CHANGED_FIELDS_SHOWN + 1)
+            .into_iter()
+            .filter(|path| !path.starts_with(&hash_path))
+            .take(CHANGED_FIELDS_SHOWN)
+            .collect();
+    if changed.is_empty() {
+        changed.push("(a field no longer desired)".to_owned());
+    }
+    changed
 }
 
 /// Delete observed children that are no longer desired. Called only after every apply
 /// succeeded, and only for objects this parent controls (the delete is preconditioned on the
-/// observed uid, so a same-named replacement is never hit).
+/// observed uid, so a same-named replacement is never hit). Returns the kind and name of each
+/// child deleted.
 pub(super) async fn prune(
     observed: &[super::request::Observed],
     desired: &[DesiredChild],
     ctx: &PolicyContext,
-) -> Result<usize, ReconcileError> {
+) -> Result<Vec<(String, String)>, ReconcileError> {
     let positions = children::to_prune(
         observed
             .iter()
             .map(|(index, child)| (*index, child.metadata.name.as_deref().unwrap_or_default())),
         desired,
     );
-    let mut pruned = 0;
+    let mut pruned = Vec::new();
     for position in positions {
         let (index, child) = &observed[position];
         let name = child.name_any();
@@ -165,10 +201,10 @@ pub(super) async fn prune(
         };
         match api.delete(&name, &params).await {
             Ok(_) => {
-                pruned += 1;
                 let kind = &ctx.caches.allowed[*index].kind;
                 ctx.metrics
                     .children(&ctx.policy, kind, ChildOperation::Pruned, 1);
+                pruned.push((kind.clone(), name));
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => {
@@ -184,14 +220,15 @@ pub(super) async fn prune(
 }
 
 /// Write the status through the status subresource, unless it would not change. Server-side
-/// apply with the policy's field manager: fields other writers own are left alone.
+/// apply with the policy's field manager: fields other writers own are left alone. Returns
+/// the status as desired and whether it was written.
 pub(super) async fn write_status(
     parent: &DynamicObject,
     identity: &ParentIdentity,
     plugin_status: Option<crate::plugin::JsonObject>,
     outcome: &Outcome,
     ctx: &PolicyContext,
-) -> Result<(), ReconcileError> {
+) -> Result<(Value, bool), ReconcileError> {
     let observed = parent.data.get("status");
     let desired = status::after_success(
         plugin_status,
@@ -201,9 +238,9 @@ pub(super) async fn write_status(
         &now(),
     );
     if status::is_unchanged(&desired, observed) {
-        return Ok(());
+        return Ok((Value::Object(desired), false));
     }
-    let body = json!({
+    let mut body = json!({
         "apiVersion": identity.api_version,
         "kind": identity.kind,
         // The uid makes the write a precondition: a parent deleted (and perhaps re-created)
@@ -219,7 +256,7 @@ pub(super) async fn write_status(
         )
         .await
         .map_err(ReconcileError::Status)?;
-    Ok(())
+    Ok((body["status"].take(), true))
 }
 
 pub(super) async fn add_finalizer(

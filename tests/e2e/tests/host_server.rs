@@ -21,14 +21,16 @@ async fn serve(
     let listener = wasmctrl::server::bind("127.0.0.1:0".parse()?).await?;
     let address = listener.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(wasmctrl::server::serve(
-        listener,
+    let endpoints = wasmctrl::server::Endpoints {
         readiness,
         metrics,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+        explain: Arc::new(wasmctrl::explain::Explain::in_memory(
+            wasmctrl::explain::ExplainOptions::default().bounds,
+        )),
+    };
+    tokio::spawn(wasmctrl::server::serve(listener, endpoints, async move {
+        let _ = stopped.await;
+    }));
     Ok((address, stop))
 }
 

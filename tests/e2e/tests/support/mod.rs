@@ -60,6 +60,8 @@ pub struct HostUnderTest {
     pub metrics: std::sync::Arc<wasmctrl::metrics::Metrics>,
     /// The host's readiness, for tests of `/readyz`.
     pub readiness: std::sync::Arc<wasmctrl::health::Readiness>,
+    /// The records of its reconciles, for tests of `explain`.
+    pub explain: std::sync::Arc<wasmctrl::explain::Explain>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<()>>,
 }
@@ -68,6 +70,17 @@ impl HostUnderTest {
     pub async fn start(test: &str, namespace: &str) -> anyhow::Result<Self> {
         let cache = std::env::temp_dir().join("wasmctrl-e2e-artifacts");
         Self::start_with(TestEnv::get().client().await?, test, namespace, Some(cache)).await
+    }
+
+    /// A host that keeps the records of its reconciles in `explain`.
+    pub async fn start_explained(
+        test: &str,
+        namespace: &str,
+        explain: std::sync::Arc<wasmctrl::explain::Explain>,
+    ) -> anyhow::Result<Self> {
+        let cache = std::env::temp_dir().join("wasmctrl-e2e-artifacts");
+        let client = TestEnv::get().client().await?;
+        Self::start_with_explain(client, test, namespace, Some(cache), explain).await
     }
 
     /// A host with no precompiled artifacts on disk, so a pinned digest it has not loaded
@@ -95,6 +108,17 @@ impl HostUnderTest {
         namespace: &str,
         cache_dir: Option<std::path::PathBuf>,
     ) -> anyhow::Result<Self> {
+        let explain = HostOptions::default().explain;
+        Self::start_with_explain(client, test, namespace, cache_dir, explain).await
+    }
+
+    async fn start_with_explain(
+        client: Client,
+        test: &str,
+        namespace: &str,
+        cache_dir: Option<std::path::PathBuf>,
+        explain: std::sync::Arc<wasmctrl::explain::Explain>,
+    ) -> anyhow::Result<Self> {
         let engine = PluginEngine::new(EngineOptions {
             cache_dir,
             max_concurrent_calls: 8,
@@ -108,18 +132,21 @@ impl HostUnderTest {
             backoff_max: Duration::from_secs(8),
             event_interval: Duration::from_secs(30),
             credentials_namespace: Some(namespace.to_owned()),
+            explain,
             ..HostOptions::default()
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let host = Host::new(client, engine, options);
         let metrics = host.metrics();
         let readiness = host.readiness();
+        let explain = host.explain();
         let task = tokio::spawn(host.run(async {
             let _ = stopped.await;
         }));
         Ok(Self {
             metrics,
             readiness,
+            explain,
             stop: Some(stop),
             task,
         })

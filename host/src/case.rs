@@ -1,0 +1,338 @@
+//! Reconcile cases: one plugin call written down, so it can be run again offline.
+//!
+//! A case holds what the plugin was asked (the parent, its children, the related objects, the
+//! config) and, when it was recorded from a running host, what the plugin answered and which
+//! plugin that was. `wasmctrl explain --save` and the host's recorder write cases;
+//! `wasmctrl plugin run --case` and `wasmctrl plugin replay` read them. The format is plain
+//! YAML or JSON so a person can read, trim and commit one as a regression test.
+//!
+//! Secret values are redacted before a case leaves the host (see [`redact_secret`]): a case
+//! shows which Secrets a plugin saw and their keys, never their values, unless the host was
+//! told otherwise.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::plugin::{JsonObject, ObservedObject, PluginError, PluginEvent, ReconcileRequest};
+use crate::plugin::{ReconcileResponse, Verdict};
+
+/// What replaces each value of a redacted Secret.
+pub const REDACTED: &str = "<redacted>";
+
+/// One reconcile call: the request, and the recorded answer when there is one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Case {
+    /// The parent object.
+    pub parent: Value,
+    /// The children the parent controls, as the host observed them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<Value>,
+    /// The related objects the plugin could read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<Value>,
+    /// The policy's plugin config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Value>,
+    /// The parent was being deleted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finalizing: bool,
+    /// What the plugin answered, when the case was recorded by a host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded: Option<Recorded>,
+}
+
+/// The answer a host saw for a case, and where it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Recorded {
+    /// When the call was made (RFC 3339).
+    pub at: String,
+    /// The policy that made it.
+    pub policy: String,
+    /// The digest of the plugin that answered.
+    pub plugin: String,
+    /// The plugin's answer, when it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<RunOutput>,
+    /// Why the call failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RecordedError>,
+}
+
+/// A failed plugin call, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RecordedError {
+    /// How the call failed, as `wasmctrl_plugin_calls_total` labels it (`trap`, `timeout`,
+    /// `reported_error`, ...).
+    pub outcome: String,
+    /// The error, as the host reported it.
+    pub message: String,
+}
+
+impl RecordedError {
+    /// The record of `error`.
+    pub fn of(error: &PluginError) -> Self {
+        Self {
+            outcome: error.outcome().to_owned(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// A plugin's decision, as `plugin run` prints it and a case records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunOutput {
+    /// Desired children.
+    #[serde(default)]
+    pub children: Vec<JsonObject>,
+    /// Desired parent status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<JsonObject>,
+    /// Requested requeue delay in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue_after_ms: Option<u64>,
+    /// Events to record.
+    #[serde(default)]
+    pub events: Vec<PluginEvent>,
+    /// Clean-up complete.
+    #[serde(default)]
+    pub finalized: bool,
+}
+
+impl From<ReconcileResponse> for RunOutput {
+    fn from(r: ReconcileResponse) -> Self {
+        Self {
+            children: r.children,
+            status: r.status,
+            requeue_after_ms: r
+                .requeue_after
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            events: r.events,
+            finalized: r.finalized,
+        }
+    }
+}
+
+impl From<RunOutput> for ReconcileResponse {
+    fn from(r: RunOutput) -> Self {
+        Self {
+            children: r.children,
+            status: r.status,
+            requeue_after: r.requeue_after_ms.map(std::time::Duration::from_millis),
+            events: r.events,
+            finalized: r.finalized,
+        }
+    }
+}
+
+impl Case {
+    /// The case of `request`, with Secret values redacted unless `secret_data`.
+    pub fn of(request: &ReconcileRequest, secret_data: bool) -> Self {
+        let parse = |text: &str| serde_json::from_str(text).unwrap_or(Value::Null);
+        let objects = |list: &[ObservedObject]| -> Vec<Value> {
+            list.iter()
+                .map(|o| {
+                    let mut value = parse(&o.json);
+                    if !secret_data {
+                        redact_secret(&mut value);
+                    }
+                    value
+                })
+                .collect()
+        };
+        Self {
+            parent: parse(&request.parent),
+            children: objects(&request.children),
+            related: objects(&request.related),
+            config: request.config.as_deref().map(parse),
+            finalizing: request.finalizing,
+            recorded: None,
+        }
+    }
+
+    /// The request this case describes, as the host would send it.
+    pub fn request(&self) -> ReconcileRequest {
+        ReconcileRequest {
+            parent: self.parent.to_string(),
+            children: self
+                .children
+                .iter()
+                .map(ObservedObject::from_value)
+                .collect(),
+            related: self
+                .related
+                .iter()
+                .map(ObservedObject::from_value)
+                .collect(),
+            config: self.config.as_ref().map(Value::to_string),
+            finalizing: self.finalizing,
+        }
+    }
+
+    /// The recorded answer as the runtime returns one, if the case has one.
+    pub fn recorded_answer(&self) -> Option<Result<ReconcileResponse, RecordedError>> {
+        let recorded = self.recorded.as_ref()?;
+        match (&recorded.response, &recorded.error) {
+            (Some(response), _) => Some(Ok(response.clone().into())),
+            (None, Some(error)) => Some(Err(error.clone())),
+            (None, None) => None,
+        }
+    }
+
+    /// Read a case from a YAML or JSON file.
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read case {}", path.display()))?;
+        serde_yaml_ng::from_str(&text)
+            .with_context(|| format!("{} is not a reconcile case", path.display()))
+    }
+
+    /// The case as YAML, with a first line saying what the file is.
+    pub fn to_yaml(&self) -> anyhow::Result<String> {
+        Ok(format!(
+            "# A wasmctrl reconcile case: `wasmctrl plugin run PLUGIN --case FILE` runs it,\n\
+             # `wasmctrl plugin replay PLUGIN FILE --expect` compares with what was recorded.\n{}",
+            serde_yaml_ng::to_string(self)?
+        ))
+    }
+}
+
+/// Replace every value of a core/v1 Secret's `data` and `stringData` with [`REDACTED`],
+/// keeping the keys: a reader sees what a plugin was given, never the secret itself.
+/// Returns whether `object` was a Secret.
+pub fn redact_secret(object: &mut Value) -> bool {
+    if object["kind"] != "Secret" || object["apiVersion"] != "v1" {
+        return false;
+    }
+    for field in ["data", "stringData"] {
+        if let Some(Value::Object(values)) = object.get_mut(field) {
+            for value in values.values_mut() {
+                *value = Value::String(REDACTED.to_owned());
+            }
+        }
+    }
+    // The last-applied annotation repeats the data.
+    if let Some(Value::Object(annotations)) = object
+        .get_mut("metadata")
+        .and_then(|m| m.get_mut("annotations"))
+    {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+    true
+}
+
+/// How a plugin's answer to a case compares with the expected one (the recorded answer, or
+/// another plugin's). Differences read as a shadow run and `plugin diff` print them; the
+/// same failure on both sides is unchanged, since the point is what a change would alter.
+pub fn compare_answers(
+    expected: &Result<ReconcileResponse, RecordedError>,
+    actual: &Result<ReconcileResponse, PluginError>,
+) -> Verdict {
+    match (expected, actual) {
+        (Ok(expected), actual) => crate::plugin::compare(&Ok(expected.clone()), actual),
+        (Err(expected), Err(actual)) if expected.message == actual.to_string() => {
+            Verdict::Unchanged
+        }
+        (Err(expected), Err(actual)) => Verdict::WouldFail(format!(
+            "{actual} (expected to fail with: {})",
+            expected.message
+        )),
+        (Err(expected), Ok(_)) => Verdict::WouldChange(format!(
+            "the expected answer fails ({}); the plugin succeeds",
+            expected.message
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn secret() -> Value {
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db",
+               "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{\"data\":{\"password\":\"aHVudGVyMg==\"}}"}},
+               "data": {"password": "aHVudGVyMg=="}, "stringData": {"user": "admin"}})
+    }
+
+    #[test]
+    fn a_case_holds_the_request_and_gives_it_back() {
+        let request = ReconcileRequest {
+            parent:
+                json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": "a"}})
+                    .to_string(),
+            children: vec![ObservedObject::from_value(
+                &json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "a"}}),
+            )],
+            related: vec![ObservedObject::from_value(
+                &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}),
+            )],
+            config: Some(json!({"service": true}).to_string()),
+            finalizing: false,
+        };
+        let case = Case::of(&request, false);
+        let yaml = case.to_yaml().expect("yaml");
+        let read: Case = serde_yaml_ng::from_str(&yaml).expect("read back");
+        assert_eq!(read, case);
+        assert_eq!(read.request(), request);
+    }
+
+    #[test]
+    fn secret_values_are_redacted_unless_asked_for_and_other_kinds_are_untouched() {
+        let request = ReconcileRequest {
+            parent: "{}".into(),
+            related: vec![
+                ObservedObject::from_value(&secret()),
+                ObservedObject::from_value(
+                    &json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"password": "visible"}}),
+                ),
+            ],
+            ..ReconcileRequest::default()
+        };
+        let redacted = Case::of(&request, false);
+        let text = serde_json::to_string(&redacted).expect("json");
+        assert!(!text.contains("aHVudGVyMg=="), "{text}");
+        assert!(!text.contains("admin"), "{text}");
+        assert_eq!(redacted.related[0]["data"]["password"], REDACTED);
+        assert_eq!(redacted.related[0]["stringData"]["user"], REDACTED);
+        assert_eq!(redacted.related[1]["data"]["password"], "visible");
+
+        let kept = Case::of(&request, true);
+        assert_eq!(kept.related[0]["data"]["password"], "aHVudGVyMg==");
+    }
+
+    #[test]
+    fn the_same_failure_is_unchanged_and_a_new_one_would_fail() {
+        let reported = |message: &str| PluginError::Reported {
+            kind: crate::plugin::ReportedKind::Permanent,
+            message: message.into(),
+        };
+        let recorded = Err(RecordedError::of(&reported("x can never work")));
+        assert_eq!(
+            compare_answers(&recorded, &Err(reported("x can never work"))),
+            Verdict::Unchanged
+        );
+        assert!(matches!(
+            compare_answers(&recorded, &Err(reported("other"))),
+            Verdict::WouldFail(text) if text.contains("expected to fail with")
+        ));
+        assert!(matches!(
+            compare_answers(&recorded, &Ok(ReconcileResponse::default())),
+            Verdict::WouldChange(_)
+        ));
+        assert_eq!(
+            compare_answers(
+                &Ok(ReconcileResponse::default()),
+                &Ok(ReconcileResponse::default())
+            ),
+            Verdict::Unchanged
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! The record of one reconcile, built as it runs: each step's time, what happened to each
+//! child, the status, the Events and the plugin call. At the end it becomes an
+//! [`explain::Record`](crate::explain::Record) in the host's store, and a case file when the
+//! recorder samples it. A host that keeps no records builds none of this.
+
+use std::time::{Duration, Instant};
+
+use kube::core::DynamicObject;
+use kube::runtime::events::EventType;
+use serde_json::Value;
+
+use super::context::PolicyContext;
+use super::reconcile::ReconcileError;
+use crate::case::{Case, Recorded, RecordedError, RunOutput, redact_secret};
+use crate::explain::{
+    ChildAction, ChildRecord, ErrorRecord, EventRecord, ParentRef, Record, RecordResult,
+    StatusRecord, StepTime,
+};
+use crate::plugin::{Digest, PluginError, ReconcileRequest, ReconcileResponse};
+
+/// A reconcile's record, filled in step by step.
+pub(crate) struct Trace {
+    enabled: bool,
+    at: jiff::Timestamp,
+    started: Instant,
+    lap: Instant,
+    steps: Vec<StepTime>,
+    children: Vec<ChildRecord>,
+    status: Option<StatusRecord>,
+    events: Vec<EventRecord>,
+    case: Option<Case>,
+    plugin: Option<Digest>,
+    shadow: Option<String>,
+}
+
+impl Trace {
+    /// A trace that records only if `enabled`.
+    pub fn new(enabled: bool) -> Self {
+        let now = Instant::now();
+        Self {
+            enabled,
+            at: jiff::Timestamp::now(),
+            started: now,
+            lap: now,
+            steps: Vec::new(),
+            children: Vec::new(),
+            status: None,
+            events: Vec::new(),
+            case: None,
+            plugin: None,
+            shadow: None,
+        }
+    }
+
+    /// `step` ended now: it took the time since the previous one ended.
+    pub fn step(&mut self, step: &'static str) {
+        let now = Instant::now();
+        if self.enabled {
+            self.steps.push(StepTime {
+                step: step.to_owned(),
+                ms: millis(now - self.lap),
+            });
+        }
+        self.lap = now;
+    }
+
+    /// The plugin `plugin` is asked `request`.
+    pub fn asked(&mut self, request: &ReconcileRequest, plugin: Digest, secret_data: bool) {
+        if self.enabled {
+            self.case = Some(Case::of(request, secret_data));
+            self.plugin = Some(plugin);
+        }
+    }
+
+    /// The plugin answered.
+    pub fn answered(
+        &mut self,
+        answer: &Result<ReconcileResponse, PluginError>,
+        policy: &str,
+        secret_data: bool,
+    ) {
+        let (Some(case), Some(plugin)) = (&mut self.case, self.plugin) else {
+            return;
+        };
+        let (response, error) = match answer {
+            Ok(response) => {
+                let mut output = RunOutput::from(response.clone());
+                if !secret_data {
+                    for child in &mut output.children {
+                        let mut value = Value::Object(std::mem::take(child));
+                        redact_secret(&mut value);
+                        if let Value::Object(object) = value {
+                            *child = object;
+                        }
+                    }
+                }
+                (Some(output), None)
+            }
+            Err(error) => (None, Some(RecordedError::of(error))),
+        };
+        case.recorded = Some(Recorded {
+            at: timestamp(self.at),
+            policy: policy.to_owned(),
+            plugin: plugin.to_string(),
+            response,
+            error,
+        });
+    }
+
+    /// The candidate's shadow verdict, in words.
+    pub fn shadowed(&mut self, verdict: &crate::plugin::Verdict) {
+        if self.enabled {
+            self.shadow = Some(match verdict {
+                crate::plugin::Verdict::Unchanged => "Unchanged".to_owned(),
+                crate::plugin::Verdict::WouldChange(d) => format!("WouldChange: {d}"),
+                crate::plugin::Verdict::WouldFail(d) => format!("WouldFail: {d}"),
+            });
+        }
+    }
+
+    /// What happened to the child `kind` `name`.
+    pub fn child(&mut self, kind: &str, name: &str, action: ChildAction, changed: Vec<String>) {
+        if self.enabled {
+            self.children.push(ChildRecord {
+                kind: kind.to_owned(),
+                name: name.to_owned(),
+                action,
+                changed,
+            });
+        }
+    }
+
+    /// The status as desired, and whether it was written.
+    pub fn status(&mut self, status: &Value, written: bool) {
+        if self.enabled {
+            self.status = Some(StatusRecord {
+                written,
+                status: status.clone(),
+            });
+        }
+    }
+
+    /// An Event the reconcile asked for.
+    pub fn event(&mut self, type_: EventType, reason: &str, message: &str) {
+        if self.enabled {
+            self.events.push(EventRecord {
+                type_: format!("{type_:?}"),
+                reason: reason.to_owned(),
+                message: message.to_owned(),
+            });
+        }
+    }
+
+    /// Keep the record of this reconcile of `parent`, which ended with `result`.
+    pub fn finish(
+        self,
+        parent: &DynamicObject,
+        ctx: &PolicyContext,
+        result: RecordResult,
+        error: Option<&ReconcileError>,
+    ) {
+        if !self.enabled {
+            return;
+        }
+        let explain = &ctx.explain;
+        let parent = ParentRef {
+            api_version: ctx.parent.api_version.clone(),
+            kind: ctx.parent.kind.clone(),
+            plural: ctx.parent.plural.clone(),
+            namespace: parent.metadata.namespace.clone(),
+            name: parent.metadata.name.clone().unwrap_or_default(),
+            uid: parent.metadata.uid.clone().unwrap_or_default(),
+            generation: parent.metadata.generation,
+            resource_version: parent.metadata.resource_version.clone(),
+        };
+        if let (Some(recorder), Some(case)) = (&explain.recorder, &self.case)
+            && recorder.sample()
+        {
+            recorder.record(
+                &ctx.policy,
+                parent.namespace.as_deref(),
+                &parent.name,
+                case.clone(),
+            );
+        }
+        let record = Record {
+            at: timestamp(self.at),
+            policy: ctx.policy.clone(),
+            plugin: self.plugin.map(|d| d.to_string()),
+            result,
+            duration_ms: millis(self.started.elapsed()),
+            steps: self.steps,
+            children: self.children,
+            status: self.status,
+            events: self.events,
+            error: error.map(|e| ErrorRecord {
+                reason: e.reason().to_owned(),
+                message: format!("{e:#}"),
+            }),
+            shadow: self.shadow,
+            // Kept beside the record: the store drops it when a newer record comes.
+            case: None,
+            parent,
+        };
+        let case = self.case.as_ref().map(serde_json::to_string).transpose();
+        match (serde_json::to_string(&record), case) {
+            (Ok(json), Ok(case)) => explain.store.push(&record.parent, json, case),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::warn!(%error, "could not keep the reconcile's record");
+            }
+        }
+    }
+}
+
+fn millis(duration: Duration) -> f64 {
+    (duration.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn timestamp(at: jiff::Timestamp) -> String {
+    at.round(jiff::Unit::Millisecond).unwrap_or(at).to_string()
+}

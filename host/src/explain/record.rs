@@ -1,0 +1,156 @@
+//! What the host remembers of one reconcile: the record `wasmctrl explain` prints.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::case::Case;
+
+/// One reconcile of one parent, step by step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    /// When the reconcile started (RFC 3339, milliseconds).
+    pub at: String,
+    /// The policy that reconciled the parent.
+    pub policy: String,
+    /// The parent, as the reconcile read it.
+    pub parent: ParentRef,
+    /// The plugin that decided, when one was called.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// How the reconcile ended.
+    pub result: RecordResult,
+    /// Wall-clock time of the whole reconcile, in milliseconds.
+    pub duration_ms: f64,
+    /// Time per step, in the order they ran.
+    pub steps: Vec<StepTime>,
+    /// What happened to each child: the desired ones, then the pruned ones.
+    #[serde(default)]
+    pub children: Vec<ChildRecord>,
+    /// The status the reconcile wrote, or why it wrote none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<StatusRecord>,
+    /// The Events the reconcile asked for.
+    #[serde(default)]
+    pub events: Vec<EventRecord>,
+    /// Why the reconcile failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorRecord>,
+    /// The candidate plugin's shadow verdict for this parent, when it has a candidate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<String>,
+    /// What the plugin was asked and answered; `explain --save` writes it as a case file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub case: Option<Case>,
+}
+
+/// Which parent a record is about.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentRef {
+    /// `apiVersion`.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// The resource's plural name, so `explain myapps/x` finds it too.
+    pub plural: String,
+    /// `metadata.namespace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    #[serde(default)]
+    pub uid: String,
+    /// `metadata.generation` as read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// `metadata.resourceVersion` as read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+}
+
+/// How a reconcile ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordResult {
+    /// The plugin decided, and the cluster now reflects it.
+    Reconciled,
+    /// Something failed; `error` says what.
+    Failed,
+    /// The parent is being deleted and the plugin has not finished cleaning up.
+    Finalizing,
+    /// The plugin finished cleaning up and the finalizer was removed.
+    Finalized,
+    /// The parent is being deleted without a finalizer of this policy: nothing to do.
+    Deleting,
+}
+
+/// Time one step took.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepTime {
+    /// The step: `caches`, `finalizer`, `plugin`, `validate`, `apply`, `prune`, `status`,
+    /// `events`.
+    pub step: String,
+    /// Milliseconds.
+    pub ms: f64,
+}
+
+/// What the reconcile did to one child.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildRecord {
+    /// `kind`.
+    pub kind: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// What was done.
+    pub action: ChildAction,
+    /// For a changed child, the desired fields whose live value differed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<String>,
+}
+
+/// What a reconcile did to a child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChildAction {
+    /// It did not exist and was created.
+    Created,
+    /// It existed and drifted from the desired state; it was applied.
+    Changed,
+    /// It was already as desired; no write.
+    Unchanged,
+    /// It is no longer desired and was deleted.
+    Pruned,
+}
+
+/// The status a reconcile wrote, if any.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusRecord {
+    /// Whether it was written (an unchanged status costs no write).
+    pub written: bool,
+    /// The status as desired.
+    pub status: Value,
+}
+
+/// An Event the reconcile asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The reason.
+    pub reason: String,
+    /// The message.
+    pub message: String,
+}
+
+/// Why a reconcile failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorRecord {
+    /// The condition reason (`PluginReportedError`, `ApplyFailed`, ...).
+    pub reason: String,
+    /// The error, with the plugin's own message when it reported one.
+    pub message: String,
+}

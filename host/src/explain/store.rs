@@ -1,0 +1,396 @@
+//! The host's memory of recent reconciles, bounded in total size and per parent.
+//!
+//! Records are kept as their JSON text: the size the bound counts is the size they take,
+//! and serving one is a copy. Only a parent's newest record keeps its case (the request and
+//! answer, most of a record's size): that is the one `explain --save` writes, and older ones
+//! are history. The oldest record of the whole store goes first when a new one does not fit.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use super::record::ParentRef;
+use crate::lock;
+
+/// What a parent is known by in the store: its kind, namespace and name (not its uid, so a
+/// re-created parent continues its predecessor's history).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ParentKey {
+    /// `apiVersion`.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// The resource's plural.
+    pub plural: String,
+    /// `metadata.namespace`.
+    pub namespace: Option<String>,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl ParentKey {
+    /// Whether `kind` names this parent's kind the way `kubectl` accepts it: the kind or its
+    /// plural, any case, optionally qualified by the API group (`myapps.example.com`).
+    pub fn is_kind(&self, kind: &str) -> bool {
+        let kind = kind.to_ascii_lowercase();
+        let group = self.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        [&self.kind, &self.plural].iter().any(|name| {
+            let name = name.to_ascii_lowercase();
+            kind == name || (!group.is_empty() && kind == format!("{name}.{group}"))
+        })
+    }
+}
+
+impl From<&ParentRef> for ParentKey {
+    fn from(parent: &ParentRef) -> Self {
+        Self {
+            api_version: parent.api_version.clone(),
+            kind: parent.kind.clone(),
+            plural: parent.plural.clone(),
+            namespace: parent.namespace.clone(),
+            name: parent.name.clone(),
+        }
+    }
+}
+
+/// How much the store may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Total size of the records, in bytes; 0 keeps none.
+    pub max_bytes: usize,
+    /// Records kept per parent.
+    pub per_parent: usize,
+}
+
+/// Bookkeeping per record beyond its text: the entries in two queues and the map.
+const OVERHEAD_BYTES: usize = 96;
+
+/// Recent reconcile records by parent.
+pub struct ExplainStore {
+    bounds: Bounds,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Each parent's records, oldest first.
+    parents: HashMap<Arc<ParentKey>, VecDeque<Entry>>,
+    /// Every record in the order it came, for eviction; an entry whose record a parent's
+    /// own bound already dropped is skipped.
+    order: VecDeque<(Arc<ParentKey>, u64)>,
+    bytes: usize,
+    /// Records held, over all parents.
+    records: usize,
+    next: u64,
+}
+
+struct Entry {
+    seq: u64,
+    /// The record without its case.
+    json: Arc<str>,
+    /// The case, while this is the parent's newest record.
+    case: Option<Arc<str>>,
+}
+
+impl Entry {
+    fn cost(&self) -> usize {
+        self.json.len() + self.case.as_ref().map_or(0, |c| c.len()) + OVERHEAD_BYTES
+    }
+
+    /// The whole record: the case goes back in as its last field.
+    fn record(&self) -> String {
+        match (&self.case, self.json.strip_suffix('}')) {
+            (Some(case), Some(open)) => {
+                let comma = if open.ends_with('{') { "" } else { "," };
+                format!("{open}{comma}\"case\":{case}}}")
+            }
+            _ => self.json.to_string(),
+        }
+    }
+}
+
+/// What a look-up found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The parent's records as JSON, newest first.
+    Found(Vec<String>),
+    /// No record of such a parent.
+    NotFound,
+    /// The kind names more than one kind of parent with that name; these.
+    Ambiguous(Vec<String>),
+}
+
+impl std::fmt::Debug for ExplainStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExplainStore")
+            .field("bounds", &self.bounds)
+            .field("bytes", &self.bytes())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExplainStore {
+    /// An empty store with `bounds`.
+    pub fn new(bounds: Bounds) -> Self {
+        Self {
+            bounds,
+            inner: Mutex::default(),
+        }
+    }
+
+    /// The bounds the store keeps to.
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    /// Keep `json`, the record of a reconcile of `parent` (a JSON object without its
+    /// `case`), and `case`, dropping the oldest records as the bounds require. The parent's
+    /// previous record loses its case. A record larger than the whole store is not kept.
+    pub fn push(&self, parent: &ParentRef, json: String, case: Option<String>) {
+        let entry_cost = json.len() + case.as_ref().map_or(0, String::len) + OVERHEAD_BYTES;
+        if self.bounds.per_parent == 0 || entry_cost > self.bounds.max_bytes {
+            return;
+        }
+        let key = ParentKey::from(parent);
+        let mut inner = lock(&self.inner);
+        let inner = &mut *inner;
+        let seq = inner.next;
+        inner.next += 1;
+        // One shared key per parent, however many records and queue entries name it.
+        let key = match inner.parents.get_key_value(&key) {
+            Some((shared, _)) => shared.clone(),
+            None => Arc::new(key),
+        };
+        let records = inner.parents.entry(key.clone()).or_default();
+        if let Some(previous) = records.back_mut().and_then(|e| e.case.take()) {
+            inner.bytes -= previous.len();
+        }
+        records.push_back(Entry {
+            seq,
+            json: json.into(),
+            case: case.map(Into::into),
+        });
+        inner.bytes += entry_cost;
+        inner.records += 1;
+        while records.len() > self.bounds.per_parent {
+            if let Some(dropped) = records.pop_front() {
+                inner.bytes -= dropped.cost();
+                inner.records -= 1;
+            }
+        }
+        inner.order.push_back((key, seq));
+        while inner.bytes > self.bounds.max_bytes {
+            let Some((oldest, seq)) = inner.order.pop_front() else {
+                break;
+            };
+            inner.evict(&oldest, seq);
+        }
+        // Entries of records a parent's own bound dropped pile up in `order` for a parent
+        // reconciled over and over; compact them once they outnumber the records.
+        if inner.order.len() > 2 * inner.records + 1024 {
+            let parents = &inner.parents;
+            inner.order.retain(|(key, seq)| {
+                parents
+                    .get(key)
+                    .is_some_and(|records| records.iter().any(|e| e.seq == *seq))
+            });
+        }
+    }
+
+    /// The records of the parent `name` in `namespace` whose kind `kind` names (kind or
+    /// plural, any case, optionally `.group`), newest first, at most `history`.
+    pub fn lookup(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        history: usize,
+    ) -> Lookup {
+        let inner = lock(&self.inner);
+        let matches: Vec<_> = inner
+            .parents
+            .iter()
+            .filter(|(key, _)| {
+                key.name == name && key.namespace.as_deref() == namespace && key.is_kind(kind)
+            })
+            .collect();
+        match matches.as_slice() {
+            [] => Lookup::NotFound,
+            [(_, records)] => Lookup::Found(
+                records
+                    .iter()
+                    .rev()
+                    .take(history.max(1))
+                    .map(Entry::record)
+                    .collect(),
+            ),
+            several => Lookup::Ambiguous(
+                several
+                    .iter()
+                    .map(|(key, _)| format!("{}.{}", key.plural, key.api_version))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The total size of the records held, in bytes (what the bound counts).
+    pub fn bytes(&self) -> usize {
+        lock(&self.inner).bytes
+    }
+
+    /// How many records are held.
+    pub fn len(&self) -> usize {
+        lock(&self.inner).records
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Inner {
+    /// Drop record `seq` of `key`, if the parent still holds it (it is then its oldest).
+    fn evict(&mut self, key: &Arc<ParentKey>, seq: u64) {
+        let Some(records) = self.parents.get_mut(key) else {
+            return;
+        };
+        if records.front().is_some_and(|e| e.seq == seq)
+            && let Some(dropped) = records.pop_front()
+        {
+            self.bytes -= dropped.cost();
+            self.records -= 1;
+        }
+        if records.is_empty() {
+            self.parents.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent(name: &str) -> ParentRef {
+        ParentRef {
+            api_version: "example.com/v1".into(),
+            kind: "MyApp".into(),
+            plural: "myapps".into(),
+            namespace: Some("ns".into()),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            generation: Some(1),
+            resource_version: None,
+        }
+    }
+
+    fn found(lookup: Lookup) -> Vec<String> {
+        match lookup {
+            Lookup::Found(records) => records.iter().map(ToString::to_string).collect(),
+            other => panic!("expected records, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn keeps_the_newest_records_per_parent_newest_first() {
+        let store = ExplainStore::new(Bounds {
+            max_bytes: 1 << 20,
+            per_parent: 2,
+        });
+        for n in 1..=3 {
+            store.push(
+                &parent("a"),
+                format!(r#"{{"n":"a{n}"}}"#),
+                Some(r#"{"c":1}"#.into()),
+            );
+        }
+        store.push(&parent("b"), "{}".into(), Some("{}".into()));
+        assert_eq!(
+            found(store.lookup("MyApp", Some("ns"), "a", 10)),
+            [r#"{"n":"a3","case":{"c":1}}"#, r#"{"n":"a2"}"#],
+            "only the newest record keeps its case"
+        );
+        assert_eq!(
+            found(store.lookup("myapp", Some("ns"), "a", 1)),
+            [r#"{"n":"a3","case":{"c":1}}"#]
+        );
+        assert_eq!(
+            found(store.lookup("myapps.example.com", Some("ns"), "b", 5)),
+            [r#"{"case":{}}"#]
+        );
+        assert_eq!(
+            store.lookup("myapps", Some("other"), "a", 1),
+            Lookup::NotFound
+        );
+        assert_eq!(store.lookup("widget", Some("ns"), "a", 1), Lookup::NotFound);
+        assert_eq!(store.len(), 3);
+        assert_eq!(store.bytes(), 10 + (10 + 7) + (2 + 2) + 3 * OVERHEAD_BYTES);
+    }
+
+    #[test]
+    fn the_total_never_exceeds_the_bound_and_the_oldest_records_go_first() {
+        let record = "x".repeat(999);
+        let bounds = Bounds {
+            max_bytes: 50 * (1000 + OVERHEAD_BYTES),
+            per_parent: 3,
+        };
+        let store = ExplainStore::new(bounds);
+        for round in 0..3 {
+            for n in 0..5000 {
+                store.push(&parent(&format!("p{n}")), format!("{round}{record}"), None);
+                assert!(store.bytes() <= bounds.max_bytes);
+            }
+        }
+        assert_eq!(store.len(), 50);
+        // The last 50 parents of the last round are what is left.
+        assert!(
+            matches!(store.lookup("MyApp", Some("ns"), "p4999", 3), Lookup::Found(r) if r.len() == 1)
+        );
+        assert_eq!(store.lookup("MyApp", Some("ns"), "p0", 3), Lookup::NotFound);
+    }
+
+    #[test]
+    fn one_busy_parent_does_not_grow_the_eviction_queue_without_bound() {
+        let store = ExplainStore::new(Bounds {
+            max_bytes: 1 << 20,
+            per_parent: 2,
+        });
+        for n in 0..100_000 {
+            store.push(&parent("busy"), format!("{n}"), None);
+        }
+        let order = lock(&store.inner).order.len();
+        assert!(
+            order <= 2 * 2 + 1024 + 1,
+            "{order} entries queued for 2 records"
+        );
+        assert_eq!(
+            found(store.lookup("MyApp", Some("ns"), "busy", 5)),
+            ["99999", "99998"]
+        );
+    }
+
+    #[test]
+    fn a_zero_bound_keeps_nothing_and_the_same_name_of_two_kinds_is_ambiguous() {
+        let none = ExplainStore::new(Bounds {
+            max_bytes: 0,
+            per_parent: 10,
+        });
+        none.push(&parent("a"), "a".into(), None);
+        assert!(none.is_empty());
+
+        let store = ExplainStore::new(Bounds {
+            max_bytes: 1 << 20,
+            per_parent: 10,
+        });
+        store.push(&parent("a"), "a".into(), None);
+        let mut other = parent("a");
+        other.api_version = "other.com/v1".into();
+        store.push(&other, "b".into(), None);
+        assert!(
+            matches!(store.lookup("myapp", Some("ns"), "a", 1), Lookup::Ambiguous(k) if k.len() == 2)
+        );
+        assert_eq!(
+            found(store.lookup("myapp.other.com", Some("ns"), "a", 1)),
+            ["b"]
+        );
+    }
+}
