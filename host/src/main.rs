@@ -1,11 +1,12 @@
 //! The `wasmctrl` binary: parse the command line, set up logging, run, and turn any error into
-//! one line on stderr and a non-zero exit.
+//! one line on stderr and a non-zero exit: 2 for an error, 1 when `plugin replay` found cases
+//! whose answer changed (as `diff` does), so a plugin's CI can tell the two apart.
 
 use std::process::ExitCode;
 
 use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
-use wasmctrl::cli::Cli;
+use wasmctrl::cli::{CasesDiffer, Cli};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -18,9 +19,13 @@ async fn main() -> ExitCode {
         .init();
     match cli.run().await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.is::<CasesDiffer>() => {
+            eprintln!("{error}");
+            ExitCode::from(1)
+        }
         Err(error) => {
             eprintln!("error: {error:#}");
-            ExitCode::FAILURE
+            ExitCode::from(2)
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The `wasmctrl` command line. `main.rs` parses and wires; each subcommand lives in its own
 //! module.
 
+mod explain_cmd;
 mod input;
 mod plugin_cmd;
 mod rbac_cmd;
@@ -10,7 +11,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-pub use plugin_cmd::{PluginCommand, RunOutput};
+pub use explain_cmd::ExplainCommand;
+pub use plugin_cmd::{CasesDiffer, PluginCommand, RunOutput};
 pub use rbac_cmd::RbacCommand;
 pub use run_cmd::RunCommand;
 
@@ -36,6 +38,8 @@ pub enum Command {
     Run(RunCommand),
     /// Print the Roles, ClusterRole and bindings that exactly the given policies need.
     Rbac(RbacCommand),
+    /// Show why a parent looks the way it does: its last reconciles, as the host recorded them.
+    Explain(ExplainCommand),
 }
 
 impl Cli {
@@ -46,6 +50,7 @@ impl Cli {
             Command::Plugin(command) => command.run(cache_dir).await,
             Command::Run(command) => command.run(cache_dir).await,
             Command::Rbac(command) => command.run().await,
+            Command::Explain(command) => command.run().await,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `wasmctrl plugin run | diff | inspect`: the plugin runtime without a cluster.
+//! `wasmctrl plugin run | diff | replay | inspect`: the plugin runtime without a cluster.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -8,9 +8,11 @@ use clap::{Subcommand, ValueEnum};
 use serde::Serialize;
 
 use super::input;
+pub use crate::case::RunOutput;
+use crate::case::{Case, RecordedError, compare_answers};
 use crate::plugin::{
-    CONTRACT_VERSION, Digest, EngineOptions, JsonObject, Limits, ObservedObject, Plugin,
-    PluginEngine, PluginEvent, ReconcileRequest, ReconcileResponse, Verdict,
+    CONTRACT_VERSION, Digest, EngineOptions, Limits, ObservedObject, Plugin, PluginEngine,
+    ReconcileRequest, Verdict,
 };
 
 /// Offline plugin commands.
@@ -53,6 +55,27 @@ pub enum PluginCommand {
         #[arg(short, long, value_enum, default_value_t = Format::Yaml)]
         output: Format,
     },
+    /// Run saved or recorded cases against a plugin and say, per case, whether its answer is
+    /// unchanged, would change or would fail. Exits 1 when any case is not unchanged.
+    Replay {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        /// Case files (`explain --save`, `run --record-dir`), or directories of them.
+        #[arg(required = true)]
+        cases: Vec<PathBuf>,
+        /// Compare with the answers recorded in the cases: a regression suite.
+        #[arg(long, conflicts_with = "against", required_unless_present = "against")]
+        expect: bool,
+        /// Compare with this plugin's answers to the same cases.
+        #[arg(long, value_name = "OLD.wasm")]
+        against: Option<PathBuf>,
+        /// The sandbox's limits.
+        #[command(flatten)]
+        limits: LimitArgs,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = ReplayFormat::Text)]
+        output: ReplayFormat,
+    },
     /// Show a plugin's digest, size, contract version, imports, exports and compile time.
     Inspect {
         /// The plugin component (.wasm).
@@ -63,12 +86,15 @@ pub enum PluginCommand {
     },
 }
 
-/// What the plugin is asked: the parent and what the cluster holds for it.
+/// What the plugin is asked: the parent and what the cluster holds for it, or a case file.
 #[derive(Debug, clap::Args)]
 pub struct RequestArgs {
+    /// A case file (`wasmctrl explain --save`, a recorded case) holding all of the request.
+    #[arg(long, conflicts_with_all = ["parent", "children", "related", "config", "finalizing"])]
+    case: Option<PathBuf>,
     /// The parent object (YAML or JSON).
-    #[arg(long)]
-    parent: PathBuf,
+    #[arg(long, required_unless_present = "case")]
+    parent: Option<PathBuf>,
     /// Observed children (YAML or JSON; multi-document and `kind: List` files work).
     #[arg(long = "children", value_name = "FILE")]
     children: Vec<PathBuf>,
@@ -85,8 +111,15 @@ pub struct RequestArgs {
 
 impl RequestArgs {
     fn request(&self) -> anyhow::Result<ReconcileRequest> {
+        if let Some(case) = &self.case {
+            return Ok(Case::read(case)?.request());
+        }
+        let parent = self
+            .parent
+            .as_deref()
+            .context("--parent or --case is required")?;
         Ok(ReconcileRequest {
-            parent: input::read_object(&self.parent)?.to_string(),
+            parent: input::read_object(parent)?.to_string(),
             children: read_all(&self.children)?,
             related: read_all(&self.related)?,
             config: read_config(self.config.as_deref())?,
@@ -151,38 +184,6 @@ pub enum Format {
     Json,
 }
 
-/// What `plugin run` prints: the plugin's decision.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RunOutput {
-    /// Desired children.
-    pub children: Vec<JsonObject>,
-    /// Desired parent status.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<JsonObject>,
-    /// Requested requeue delay in milliseconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub requeue_after_ms: Option<u64>,
-    /// Events to record.
-    pub events: Vec<PluginEvent>,
-    /// Clean-up complete.
-    pub finalized: bool,
-}
-
-impl From<ReconcileResponse> for RunOutput {
-    fn from(r: ReconcileResponse) -> Self {
-        Self {
-            children: r.children,
-            status: r.status,
-            requeue_after_ms: r
-                .requeue_after
-                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            events: r.events,
-            finalized: r.finalized,
-        }
-    }
-}
-
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct InspectOutput {
@@ -207,7 +208,11 @@ impl PluginCommand {
                 limits,
                 output,
             } => {
-                let parent = request.parent.clone();
+                let parent = request
+                    .case
+                    .clone()
+                    .or(request.parent.clone())
+                    .unwrap_or_default();
                 let request = request.request()?;
                 let engine = PluginEngine::new(EngineOptions {
                     cache_dir,
@@ -258,29 +263,227 @@ impl PluginCommand {
                     output,
                 )
             }
-            Self::Inspect { plugin, output } => {
-                // No cache: the point is to show what compiling costs.
-                let engine = PluginEngine::new(EngineOptions::default())?;
-                let started = Instant::now();
-                let loaded = load(&engine, &plugin, None, Limits::default())?;
-                let compile = started.elapsed();
-                let info = loaded.info();
-                print(
-                    &InspectOutput {
-                        digest: info.digest.to_string(),
-                        size_bytes: info.size_bytes,
-                        contract_version: info.contract_version.clone(),
-                        host_contract_version: CONTRACT_VERSION,
-                        compatible: info.contract_version.as_deref() == Some(CONTRACT_VERSION),
-                        compile_ms: compile.as_secs_f64() * 1e3,
-                        imports: info.imports.clone(),
-                        exports: info.exports.clone(),
-                    },
-                    output,
-                )
+            Self::Replay {
+                plugin,
+                cases,
+                expect,
+                against,
+                limits,
+                output,
+            } => {
+                let engine = PluginEngine::new(EngineOptions {
+                    cache_dir,
+                    ..EngineOptions::default()
+                })?;
+                let baseline = match against {
+                    Some(path) if !expect => {
+                        Baseline::Plugin(load(&engine, &path, None, limits.limits())?)
+                    }
+                    _ => Baseline::Recorded,
+                };
+                let plugin = load(&engine, &plugin, None, limits.limits())?;
+                let report = replay(&plugin, &baseline, &case_files(&cases)?).await?;
+                print!("{}", report.render(output)?);
+                if report.all_unchanged() {
+                    Ok(())
+                } else {
+                    Err(CasesDiffer(report.summary()).into())
+                }
             }
+            Self::Inspect { plugin, output } => inspect(&plugin, output),
         }
     }
+}
+
+fn inspect(plugin: &Path, output: Format) -> anyhow::Result<()> {
+    // No cache: the point is to show what compiling costs.
+    let engine = PluginEngine::new(EngineOptions::default())?;
+    let started = Instant::now();
+    let loaded = load(&engine, plugin, None, Limits::default())?;
+    let compile = started.elapsed();
+    let info = loaded.info();
+    print(
+        &InspectOutput {
+            digest: info.digest.to_string(),
+            size_bytes: info.size_bytes,
+            contract_version: info.contract_version.clone(),
+            host_contract_version: CONTRACT_VERSION,
+            compatible: info.contract_version.as_deref() == Some(CONTRACT_VERSION),
+            compile_ms: compile.as_secs_f64() * 1e3,
+            imports: info.imports.clone(),
+            exports: info.exports.clone(),
+        },
+        output,
+    )
+}
+
+/// Some replayed cases would change or fail: `wasmctrl` exits 1, as `diff` does.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CasesDiffer(String);
+
+/// What a replayed case's answer is compared with.
+enum Baseline {
+    /// The answer recorded in the case.
+    Recorded,
+    /// Another plugin's answer to the same case.
+    Plugin(Plugin),
+}
+
+/// Output formats of `replay`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ReplayFormat {
+    /// A line per case, and the differences.
+    Text,
+    /// YAML.
+    Yaml,
+    /// JSON (pretty-printed).
+    Json,
+}
+
+/// One replayed case.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReplayedCase {
+    case: PathBuf,
+    /// `Unchanged`, `WouldChange` or `WouldFail`.
+    verdict: &'static str,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    detail: String,
+}
+
+/// Every replayed case.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReplayReport {
+    cases: Vec<ReplayedCase>,
+    unchanged: usize,
+    would_change: usize,
+    would_fail: usize,
+}
+
+impl ReplayReport {
+    fn all_unchanged(&self) -> bool {
+        self.unchanged == self.cases.len()
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{} cases: {} unchanged, {} would change, {} would fail",
+            self.cases.len(),
+            self.unchanged,
+            self.would_change,
+            self.would_fail
+        )
+    }
+
+    fn render(&self, format: ReplayFormat) -> anyhow::Result<String> {
+        Ok(match format {
+            ReplayFormat::Yaml => serde_yaml_ng::to_string(self)?,
+            ReplayFormat::Json => serde_json::to_string_pretty(self)? + "\n",
+            ReplayFormat::Text => {
+                let mut out = String::new();
+                for case in &self.cases {
+                    let verdict = match case.verdict {
+                        "Unchanged" => "unchanged",
+                        "WouldChange" => "would-change",
+                        _ => "would-fail",
+                    };
+                    out.push_str(&format!("{verdict:<13} {}\n", case.case.display()));
+                    for line in case.detail.lines() {
+                        out.push_str(&format!("    {line}\n"));
+                    }
+                }
+                out.push_str(&self.summary());
+                out.push('\n');
+                out
+            }
+        })
+    }
+}
+
+/// Run every case on `plugin` and compare each answer with the `baseline`.
+async fn replay(
+    plugin: &Plugin,
+    baseline: &Baseline,
+    cases: &[PathBuf],
+) -> anyhow::Result<ReplayReport> {
+    let mut report = ReplayReport {
+        cases: Vec::new(),
+        unchanged: 0,
+        would_change: 0,
+        would_fail: 0,
+    };
+    for path in cases {
+        let case = Case::read(path)?;
+        let request = case.request();
+        let expected = match baseline {
+            Baseline::Recorded => case.recorded_answer().with_context(|| {
+                format!(
+                    "{} has no recorded answer to expect; compare with a plugin instead (--against)",
+                    path.display()
+                )
+            })?,
+            Baseline::Plugin(other) => other
+                .reconcile(request.clone())
+                .await
+                .map_err(|e| RecordedError::of(&e)),
+        };
+        let actual = plugin.reconcile(request).await;
+        let (verdict, detail) = match compare_answers(&expected, &actual) {
+            Verdict::Unchanged => {
+                report.unchanged += 1;
+                ("Unchanged", String::new())
+            }
+            Verdict::WouldChange(detail) => {
+                report.would_change += 1;
+                ("WouldChange", detail)
+            }
+            Verdict::WouldFail(detail) => {
+                report.would_fail += 1;
+                ("WouldFail", detail)
+            }
+        };
+        report.cases.push(ReplayedCase {
+            case: path.clone(),
+            verdict,
+            detail,
+        });
+    }
+    Ok(report)
+}
+
+/// The case files among `paths`: files as given, directories searched for `.yaml`, `.yml`
+/// and `.json` files, in name order.
+fn case_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()?;
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                walk(&path, found)?;
+            } else if path
+                .extension()
+                .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
+            {
+                found.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut found = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            walk(path, &mut found)?;
+        } else {
+            found.push(path.clone());
+        }
+    }
+    anyhow::ensure!(!found.is_empty(), "no case files found in {paths:?}");
+    Ok(found)
 }
 
 fn read_all(paths: &[PathBuf]) -> anyhow::Result<Vec<ObservedObject>> {

@@ -1,0 +1,345 @@
+//! `wasmctrl explain KIND/NAME`: why a parent looks the way it does, from the records the
+//! host kept of its last reconciles (see [`crate::explain`]).
+//!
+//! The records live in the host's memory and are served on its listener at `/explain`. A
+//! host run locally is asked directly (`--host`); a host deployed in a cluster is reached
+//! through the API server's pod proxy, replica by replica (the pods behind its Service), so
+//! reading records takes cluster permission like any other read and the leader's records are
+//! found whichever replica a Service would have picked.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::ListParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+
+use crate::explain::{ChildAction, Record};
+
+/// Show a parent's last reconciles: what the plugin was asked and decided, what was written,
+/// and how long each step took.
+#[derive(Debug, Args)]
+pub struct ExplainCommand {
+    /// The parent as KIND/NAME; the kind as `kubectl` takes it (`myapp`, `myapps`,
+    /// `myapps.example.com`).
+    parent: String,
+    /// The parent's namespace (default: the kubeconfig context's, else `default`).
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// Show up to this many reconciles, newest first.
+    #[arg(long, default_value_t = 1)]
+    history: usize,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = ExplainFormat::Text)]
+    output: ExplainFormat,
+    /// Write the newest reconcile's request and answer to this file as a case for
+    /// `wasmctrl plugin run --case` and `wasmctrl plugin replay`.
+    #[arg(long, value_name = "CASE.yaml")]
+    save: Option<PathBuf>,
+    /// The host's listener, for a host run locally (`http://127.0.0.1:8080`). Without it,
+    /// the host deployed in the cluster is asked through the API server.
+    #[arg(long, env = "WASMCTRL_HOST_URL")]
+    host: Option<url::Url>,
+    /// The deployed host's Service, NAMESPACE/NAME: its pods are asked.
+    #[arg(long, default_value = "wasmctrl/wasmctrl-metrics")]
+    service: String,
+    /// Kubeconfig to use (default: `KUBECONFIG`, `~/.kube/config` or in-cluster).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context.
+    #[arg(long)]
+    context: Option<String>,
+}
+
+/// Output formats of `explain`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ExplainFormat {
+    /// For people.
+    Text,
+    /// The records as YAML.
+    Yaml,
+    /// The records as JSON.
+    Json,
+}
+
+#[derive(serde::Deserialize)]
+struct Records {
+    records: Vec<Record>,
+}
+
+impl ExplainCommand {
+    /// Run the command: print, and save if asked.
+    pub async fn run(self) -> anyhow::Result<()> {
+        print!("{}", self.render().await?);
+        Ok(())
+    }
+
+    /// What the command prints (and the case it saves, if asked).
+    pub async fn render(&self) -> anyhow::Result<String> {
+        let (kind, name) = self
+            .parent
+            .split_once('/')
+            .filter(|(k, n)| !k.is_empty() && !n.is_empty())
+            .with_context(|| format!("{:?} is not KIND/NAME (e.g. myapp/web)", self.parent))?;
+        let records = match &self.host {
+            Some(host) => {
+                let namespace = self.namespace.clone().unwrap_or_else(|| "default".into());
+                let mut url = host.join("explain").context("--host")?;
+                url.query_pairs_mut()
+                    .append_pair("kind", kind)
+                    .append_pair("namespace", &namespace)
+                    .append_pair("name", name)
+                    .append_pair("history", &self.history.to_string());
+                records_from(direct(&url).await?, &format!("{kind}/{name}"))?
+            }
+            None => {
+                let client = self.client().await?;
+                let namespace = self
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| client.default_namespace().to_owned());
+                through_api_server(&client, &self.service, kind, &namespace, name, self.history)
+                    .await?
+            }
+        };
+        if let Some(path) = &self.save {
+            let case = records.first().and_then(|r| r.case.as_ref()).context(
+                "the last reconcile did not call the plugin, so there is no case to save",
+            )?;
+            std::fs::write(path, case.to_yaml()?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(match self.output {
+            ExplainFormat::Text => records.iter().map(text).collect::<Vec<_>>().join("\n"),
+            ExplainFormat::Yaml => serde_yaml_ng::to_string(&records)?,
+            ExplainFormat::Json => serde_json::to_string_pretty(&records)? + "\n",
+        })
+    }
+
+    async fn client(&self) -> anyhow::Result<Client> {
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let kubeconfig = Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
+            }
+            None if self.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
+            None => kube::Config::infer().await?,
+        };
+        Client::try_from(config).context("building the Kubernetes client")
+    }
+}
+
+/// One answer of a host: its status code and body.
+struct Answer {
+    status: u16,
+    body: String,
+}
+
+async fn direct(url: &url::Url) -> anyhow::Result<Answer> {
+    let response = reqwest::get(url.clone())
+        .await
+        .with_context(|| format!("asking the host at {url}"))?;
+    Ok(Answer {
+        status: response.status().as_u16(),
+        body: response.text().await?,
+    })
+}
+
+/// The records in a host's answer; its message when it has none.
+fn records_from(answer: Answer, parent: &str) -> anyhow::Result<Vec<Record>> {
+    match answer.status {
+        200 => Ok(serde_json::from_str::<Records>(&answer.body)
+            .context("the host's answer is not a list of records")?
+            .records),
+        _ => bail!("{parent}: {}", answer.body.trim()),
+    }
+}
+
+/// Ask every running pod of the host's Service through the API server's pod proxy; the
+/// newest records win (the leader's; after a failover, both replicas may have some).
+async fn through_api_server(
+    client: &Client,
+    service: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    history: usize,
+) -> anyhow::Result<Vec<Record>> {
+    let (service_namespace, service_name) = service
+        .split_once('/')
+        .with_context(|| format!("--service {service:?} is not NAMESPACE/NAME"))?;
+    let found = Api::<Service>::namespaced(client.clone(), service_namespace)
+        .get(service_name)
+        .await
+        .with_context(|| format!("reading the host's Service {service} (--service)"))?;
+    let spec = found.spec.unwrap_or_default();
+    let selector = spec
+        .selector
+        .filter(|s| !s.is_empty())
+        .with_context(|| format!("Service {service} selects no pods"))?;
+    // The pod proxy takes a port number: a named target port is resolved per pod.
+    let port = spec
+        .ports
+        .unwrap_or_default()
+        .first()
+        .map(|p| p.target_port.clone().unwrap_or(IntOrString::Int(p.port)))
+        .with_context(|| format!("Service {service} has no port"))?;
+    let labels = selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let pods = Api::<Pod>::namespaced(client.clone(), service_namespace)
+        .list(&ListParams::default().labels(&labels))
+        .await
+        .with_context(|| format!("listing the pods of Service {service}"))?;
+    let query = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("kind", kind)
+        .append_pair("namespace", namespace)
+        .append_pair("name", name)
+        .append_pair("history", &history.to_string())
+        .finish();
+    let mut records = Vec::new();
+    let mut refusals = Vec::new();
+    for pod in pods
+        .items
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+    {
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let Some(port) = pod_port(pod, &port) else {
+            refusals.push(format!("{pod_name}: no container port named {port:?}"));
+            continue;
+        };
+        let uri = format!(
+            "/api/v1/namespaces/{service_namespace}/pods/{pod_name}:{port}/proxy/explain?{query}"
+        );
+        let request = http::Request::get(&uri).body(kube::client::Body::empty())?;
+        let response = client
+            .send(request)
+            .await
+            .with_context(|| format!("asking pod {pod_name} through the API server"))?;
+        let status = response.status().as_u16();
+        let body =
+            String::from_utf8_lossy(&response.into_body().collect_bytes().await?).into_owned();
+        match records_from(Answer { status, body }, &format!("{kind}/{name}")) {
+            Ok(found) => records.extend(found),
+            Err(why) => refusals.push(format!("{pod_name}: {why:#}")),
+        }
+    }
+    if records.is_empty() {
+        if refusals.is_empty() {
+            bail!("no running pod behind Service {service} to ask");
+        }
+        bail!(
+            "no replica of the host has a record:\n  {}",
+            refusals.join("\n  ")
+        );
+    }
+    records.sort_by(|a, b| b.at.cmp(&a.at));
+    records.truncate(history.max(1));
+    Ok(records)
+}
+
+/// The number of `port` on `pod`: itself, or the container port of that name.
+fn pod_port(pod: &Pod, port: &IntOrString) -> Option<i32> {
+    match port {
+        IntOrString::Int(number) => Some(*number),
+        IntOrString::String(name) => pod
+            .spec
+            .as_ref()?
+            .containers
+            .iter()
+            .flat_map(|c| c.ports.iter().flatten())
+            .find(|p| p.name.as_deref() == Some(name))
+            .map(|p| p.container_port),
+    }
+}
+
+/// A record for people.
+fn text(record: &Record) -> String {
+    let mut out = String::new();
+    let parent = &record.parent;
+    let _ = writeln!(
+        out,
+        "{} {}{} (generation {}) reconciled by policy {} at {}",
+        parent.kind,
+        parent
+            .namespace
+            .as_deref()
+            .map(|ns| format!("{ns}/"))
+            .unwrap_or_default(),
+        parent.name,
+        parent.generation.map_or("-".to_owned(), |g| g.to_string()),
+        record.policy,
+        record.at
+    );
+    let _ = writeln!(
+        out,
+        "  result:  {:?} in {:.1} ms",
+        record.result, record.duration_ms
+    );
+    if let Some(plugin) = &record.plugin {
+        let _ = writeln!(out, "  plugin:  {plugin}");
+    }
+    let steps: Vec<_> = record
+        .steps
+        .iter()
+        .map(|s| format!("{} {:.1}", s.step, s.ms))
+        .collect();
+    let _ = writeln!(out, "  steps (ms): {}", steps.join(", "));
+    if let Some(error) = &record.error {
+        let _ = writeln!(out, "  error:   {}: {}", error.reason, error.message);
+    }
+    if !record.children.is_empty() {
+        let _ = writeln!(out, "  children:");
+        for child in &record.children {
+            let action = match child.action {
+                ChildAction::Created => "created",
+                ChildAction::Changed => "changed",
+                ChildAction::Unchanged => "unchanged",
+                ChildAction::Pruned => "pruned",
+            };
+            let _ = write!(out, "    {action:<10} {} {}", child.kind, child.name);
+            if !child.changed.is_empty() {
+                let _ = write!(out, ": {}", child.changed.join(", "));
+            }
+            out.push('\n');
+        }
+    }
+    if let Some(status) = &record.status {
+        let written = if status.written {
+            "written"
+        } else {
+            "unchanged, not written"
+        };
+        let _ = writeln!(out, "  status ({written}):");
+        let yaml = serde_yaml_ng::to_string(&status.status).unwrap_or_default();
+        for line in yaml.lines() {
+            let _ = writeln!(out, "    {line}");
+        }
+    }
+    if !record.events.is_empty() {
+        let _ = writeln!(out, "  events:");
+        for event in &record.events {
+            let _ = writeln!(
+                out,
+                "    {} {}: {}",
+                event.type_, event.reason, event.message
+            );
+        }
+    }
+    if let Some(shadow) = &record.shadow {
+        let _ = writeln!(out, "  candidate (shadow): {shadow}");
+    }
+    out
+}

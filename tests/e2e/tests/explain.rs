@@ -1,0 +1,420 @@
+//! `wasmctrl explain`, record and replay against a real control plane: what each reconcile did
+//! to each child (created, changed with the fields, unchanged, pruned), a failing reconcile's
+//! reason and the plugin's message, Secret values kept out of records, a saved case and a
+//! recorded directory replaying to the same answer on the same plugin and to a would-change
+//! on `myapp-v2`, and the deployed path through the API server's pod proxy.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::*;
+use wasmctrl::cli::{CasesDiffer, Cli, Command};
+use wasmctrl::explain::{
+    Bounds, ChildAction, Explain, ExplainOptions, Record, RecordOptions, RecordResult,
+};
+use wasmctrl_testenv::TestEnv;
+
+const GROUP: &str = "e2e.wasmctrl.dev";
+
+/// Serve the host's endpoints on all interfaces (the API server's pod proxy will not dial
+/// loopback) until the returned sender fires.
+async fn serve(
+    host: &HostUnderTest,
+) -> anyhow::Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
+    let listener = wasmctrl::server::bind("0.0.0.0:0".parse()?).await?;
+    let address = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let endpoints = wasmctrl::server::Endpoints {
+        readiness: host.readiness.clone(),
+        metrics: host.metrics.clone(),
+        explain: host.explain.clone(),
+    };
+    tokio::spawn(wasmctrl::server::serve(listener, endpoints, async move {
+        let _ = stopped.await;
+    }));
+    Ok((address, stop))
+}
+
+/// `wasmctrl ARGS…` for `explain`: what it prints.
+async fn explain(args: &[&str]) -> anyhow::Result<String> {
+    let mut all = vec!["wasmctrl", "explain"];
+    all.extend_from_slice(args);
+    match Cli::try_parse_from(all)?.command {
+        Command::Explain(command) => command.render().await,
+        _ => anyhow::bail!("not the explain command"),
+    }
+}
+
+/// The records `explain` shows for `parent`, newest first.
+async fn records(url: &str, ns: &str, parent: &str, history: usize) -> anyhow::Result<Vec<Record>> {
+    let history = history.to_string();
+    let text = explain(&[
+        parent,
+        "-n",
+        ns,
+        "--host",
+        url,
+        "--history",
+        &history,
+        "-o",
+        "json",
+    ])
+    .await?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Wait until one of the parent's records satisfies `check`; that record.
+async fn wait_for_record(
+    url: &str,
+    ns: &str,
+    parent: &str,
+    what: &str,
+    check: impl Fn(&Record) -> bool,
+) -> anyhow::Result<Record> {
+    let started = Instant::now();
+    loop {
+        if let Ok(found) = records(url, ns, parent, 50).await
+            && let Some(record) = found.into_iter().find(&check)
+        {
+            return Ok(record);
+        }
+        anyhow::ensure!(started.elapsed() < ACT * 2, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn action(record: &Record, kind: &str) -> Option<(ChildAction, Vec<String>)> {
+    record
+        .children
+        .iter()
+        .find(|c| c.kind == kind)
+        .map(|c| (c.action, c.changed.clone()))
+}
+
+/// `wasmctrl plugin replay ARGS…`: whether every case was unchanged.
+async fn replay(args: &[&str]) -> anyhow::Result<bool> {
+    let mut all = vec!["wasmctrl", "plugin", "replay"];
+    all.extend_from_slice(args);
+    match Cli::try_parse_from(all)?.run().await {
+        Ok(()) => Ok(true),
+        Err(error) if error.is::<CasesDiffer>() => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// MyApp `web` with `replicas`, naming a ConfigMap that does not exist.
+fn web(replicas: i64) -> Value {
+    json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": "web"},
+           "spec": {"replicas": replicas, "image": "nginx:1.25", "configMap": "web-config"}})
+}
+
+fn plugin(name: &str) -> String {
+    wasmctrl_testenv::plugins::guest(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_shows_each_step_and_a_saved_or_recorded_case_replays() -> anyhow::Result<()> {
+    const TEST: &str = "explain-myapp";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    let mut spec = myapp_policy_spec(file_source("myapp_plugin"), json!({"service": true}));
+    spec["related"]
+        .as_array_mut()
+        .context("related")?
+        .push(json!({"apiVersion": "v1", "kind": "Secret",
+                     "selector": {"matchLabels": {"example.com/myapp-config": "true"}}}));
+    apply_policy(&client, TEST, TEST, spec.clone()).await?;
+    let record_dir = tempfile::tempdir()?;
+    let explain_store = Arc::new(Explain::new(&ExplainOptions {
+        bounds: Bounds {
+            max_bytes: 8 << 20,
+            per_parent: 50,
+        },
+        record: Some(RecordOptions {
+            dir: record_dir.path().to_owned(),
+            max_files: 500,
+            one_in: 1,
+        }),
+        secret_data: false,
+    })?);
+    let host = HostUnderTest::start_explained(TEST, &ns, explain_store).await?;
+    let (address, _stop) = serve(&host).await?;
+    let url = format!("http://127.0.0.1:{}", address.port());
+
+    // A Secret the policy relates: its value must never show.
+    let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
+    apply(
+        &secrets,
+        json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "labels": {"example.com/myapp-config": "true"}},
+        "data": {"password": "c2VjcmV0LWh1bnRlcjI="}}),
+    )
+    .await?;
+
+    // Created: both children, with the plugin's Warning about the missing ConfigMap.
+    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    apply(&myapps, web(2)).await?;
+    let created = wait_for_record(&url, &ns, "myapp/web", "a record of the creation", |r| {
+        action(r, "Deployment").is_some_and(|(a, _)| a == ChildAction::Created)
+    })
+    .await?;
+    assert_eq!(created.result, RecordResult::Reconciled);
+    assert_eq!(
+        action(&created, "Service").map(|a| a.0),
+        Some(ChildAction::Created)
+    );
+    assert!(
+        created
+            .events
+            .iter()
+            .any(|e| e.reason == "ConfigMapMissing" && e.type_ == "Warning")
+    );
+    assert!(created.status.as_ref().is_some_and(|s| s.written));
+    let steps: Vec<_> = created.steps.iter().map(|s| s.step.as_str()).collect();
+    for step in [
+        "caches", "request", "plugin", "validate", "apply", "prune", "status", "events",
+    ] {
+        assert!(steps.contains(&step), "step {step} missing from {steps:?}");
+    }
+    assert!(
+        created
+            .plugin
+            .as_deref()
+            .is_some_and(|p| p.starts_with("sha256:"))
+    );
+
+    // Unchanged: a reconcile with nothing to do writes nothing, and says so.
+    let quiet = wait_for_record(
+        &url,
+        &ns,
+        "myapps.example.com/web",
+        "an idle reconcile",
+        |r| {
+            r.children.len() == 2
+                && r.children
+                    .iter()
+                    .all(|c| c.action == ChildAction::Unchanged)
+                && r.status.as_ref().is_some_and(|s| !s.written)
+        },
+    )
+    .await?;
+    assert!(quiet.error.is_none());
+
+    // Changed: the Deployment, naming the field that differed.
+    apply(&myapps, web(3)).await?;
+    let changed = wait_for_record(&url, &ns, "MyApp/web", "a record of the scale-up", |r| {
+        action(r, "Deployment").is_some_and(|(a, _)| a == ChildAction::Changed)
+    })
+    .await?;
+    let (_, fields) = action(&changed, "Deployment").context("deployment")?;
+    assert!(fields.iter().any(|f| f == ".spec.replicas"), "{fields:?}");
+    assert_eq!(
+        action(&changed, "Service").map(|a| a.0),
+        Some(ChildAction::Unchanged)
+    );
+
+    // The text form says the same for people.
+    let text = explain(&["myapp/web", "-n", &ns, "--host", &url, "--history", "50"]).await?;
+    assert!(
+        text.contains("changed    Deployment web: .spec.replicas"),
+        "{text}"
+    );
+
+    // Secret values are redacted in every record and recorded case.
+    let json_text = explain(&["myapp/web", "-n", &ns, "--host", &url, "-o", "json"]).await?;
+    assert!(
+        json_text.contains("\"kind\": \"Secret\""),
+        "the Secret is among the related objects"
+    );
+    assert!(json_text.contains("<redacted>"));
+    assert!(
+        !json_text.contains("c2VjcmV0LWh1bnRlcjI="),
+        "Secret data in explain output"
+    );
+
+    // A saved case replays to the same answer on the same plugin, and v2 would change it.
+    let case = record_dir.path().join("saved.yaml");
+    explain(&[
+        "myapp/web",
+        "-n",
+        &ns,
+        "--host",
+        &url,
+        "--save",
+        path(&case),
+    ])
+    .await?;
+    let saved = std::fs::read_to_string(&case)?;
+    assert!(!saved.contains("c2VjcmV0LWh1bnRlcjI="));
+    assert!(replay(&[&plugin("myapp_plugin"), path(&case), "--expect"]).await?);
+    assert!(!replay(&[&plugin("myapp_v2_plugin"), path(&case), "--expect"]).await?);
+
+    // Pruned: the Service goes once the config no longer asks for it.
+    spec["plugin"]["config"] = json!({"service": false});
+    apply_policy(&client, TEST, TEST, spec).await?;
+    wait_for_record(&url, &ns, "myapp/web", "a record of the prune", |r| {
+        action(r, "Service").is_some_and(|(a, _)| a == ChildAction::Pruned)
+    })
+    .await?;
+
+    // Every recorded reconcile replays unchanged on the plugin that answered it.
+    let recorded = record_dir.path().join(TEST);
+    let files = std::fs::read_dir(&recorded)?.count();
+    assert!(files >= 4, "{files} recorded cases");
+    let all = std::fs::read_to_string(recorded.read_dir()?.next().context("a case")??.path())?;
+    assert!(all.contains("recorded:"), "{all}");
+    assert!(replay(&[&plugin("myapp_plugin"), path(&recorded), "--expect"]).await?);
+
+    // A parent the host never reconciled: a clear answer, not an empty list.
+    let missing = explain(&["myapp/nope", "-n", &ns, "--host", &url]).await;
+    let message = format!("{:#}", missing.expect_err("no record"));
+    assert!(message.contains("no record of myapp"), "{message}");
+    host.stop().await
+}
+
+/// This machine's address on its first non-loopback interface, which the API server can
+/// dial (it refuses to proxy to loopback).
+fn routable_address() -> anyhow::Result<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+    socket
+        .connect("203.0.113.1:9")
+        .context("no route off this machine: the pod proxy test needs a non-loopback address")?;
+    Ok(socket.local_addr()?.ip())
+}
+
+/// A pod that stands for a deployed host replica: on a node no kubelet (or kwok) manages, with
+/// its status saying it runs at `address`, behind a Service as the chart makes one.
+async fn stand_in_replica(
+    client: &kube::Client,
+    ns: &str,
+    address: SocketAddr,
+) -> anyhow::Result<()> {
+    let node_name = format!("explain-{ns}");
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": node_name}}))?;
+    nodes.create(&PostParams::default(), &node).await?;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "wasmctrl-0", "labels": {"app.kubernetes.io/name": "wasmctrl"}},
+        "spec": {"nodeName": node_name,
+                 "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": "wasmctrl", "image": "wasmctrl",
+                                 "ports": [{"name": "metrics", "containerPort": address.port()}]}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let ip = address.ip().to_string();
+    pods.patch_status(
+        "wasmctrl-0",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True"}]}}),
+        ),
+    )
+    .await?;
+    let services: kube::Api<Service> = kube::Api::namespaced(client.clone(), ns);
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "wasmctrl-metrics"},
+        "spec": {"selector": {"app.kubernetes.io/name": "wasmctrl"},
+                 "ports": [{"name": "metrics", "port": 8080, "targetPort": "metrics"}]},
+    }))?;
+    services.create(&PostParams::default(), &service).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_reconcile_is_explained_through_the_api_server() -> anyhow::Result<()> {
+    const TEST: &str = "explain-failure";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
+    apply_policy(&client, TEST, TEST, json!({
+        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "plugin": {"source": file_source("misbehave_plugin"), "config": {"behavior": "permanent"}},
+    }))
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let (address, _stop) = serve(&host).await?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    apply(
+        &widgets,
+        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget",
+        "metadata": {"name": "broken"}, "spec": {}}),
+    )
+    .await?;
+
+    let replica = SocketAddr::new(routable_address()?, address.port());
+    stand_in_replica(&client, &ns, replica).await?;
+    let kubeconfig = TestEnv::get().kubeconfig().to_string_lossy().into_owned();
+    let service = format!("{ns}/wasmctrl-metrics");
+    let started = Instant::now();
+    let text = loop {
+        let args = [
+            "widget/broken",
+            "-n",
+            &ns,
+            "--service",
+            &service,
+            "--kubeconfig",
+            &kubeconfig,
+        ];
+        match explain(&args).await {
+            Ok(text) if text.contains("Failed") => break text,
+            other => {
+                anyhow::ensure!(
+                    started.elapsed() < ACT,
+                    "no failed record through the API server: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    };
+    assert!(text.contains("error:   PluginReportedError"), "{text}");
+    assert!(
+        text.contains("broken can never work"),
+        "the plugin's message: {text}"
+    );
+    assert!(
+        text.contains("Warning PluginReportedError"),
+        "the Event: {text}"
+    );
+
+    let yaml = explain(&[
+        "widgets.e2e.wasmctrl.dev/broken",
+        "-n",
+        &ns,
+        "--service",
+        &service,
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "yaml",
+    ])
+    .await?;
+    let records: Vec<Value> = serde_yaml_ng::from_str(&yaml)?;
+    assert_eq!(records[0]["result"], "Failed");
+    assert_eq!(
+        records[0]["case"]["recorded"]["error"]["outcome"],
+        "reported_error"
+    );
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    nodes
+        .delete(&format!("explain-{ns}"), &Default::default())
+        .await?;
+    host.stop().await
+}
