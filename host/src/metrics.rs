@@ -117,6 +117,8 @@ pub struct Metrics {
     active_plugin: Family<DigestLabels, Gauge>,
     child_operations: Family<ChildLabels, Counter>,
     events_dropped: Family<ControllerLabels, Counter>,
+    explain_bytes: Gauge,
+    explain_records: Gauge,
     /// The digest behind each policy's `wasmctrl_plugin_active_info` series, to remove it
     /// when another takes over.
     active_digests: Mutex<HashMap<String, String>>,
@@ -162,6 +164,8 @@ impl Metrics {
             active_plugin: Family::default(),
             child_operations: Family::default(),
             events_dropped: Family::default(),
+            explain_bytes: Gauge::default(),
+            explain_records: Gauge::default(),
             active_digests: Mutex::default(),
             registry: Registry::default(),
         };
@@ -257,6 +261,17 @@ impl Metrics {
             "wasmctrl_plugin_events_dropped",
             "Events a plugin asked for that the host did not record (over the per-reconcile or per-parent cap)",
             metrics.events_dropped.clone(),
+        );
+        registry.register_with_unit(
+            "wasmctrl_explain_records",
+            "Memory held by the reconcile records `wasmctrl explain` reads (bounded by --explain-memory-mib)",
+            Unit::Bytes,
+            metrics.explain_bytes.clone(),
+        );
+        registry.register(
+            "wasmctrl_explain_records",
+            "Reconcile records held for `wasmctrl explain`",
+            metrics.explain_records.clone(),
         );
     }
 
@@ -409,6 +424,14 @@ impl Metrics {
         self.events_dropped
             .get_or_create(&Self::controller(policy))
             .inc_by(count);
+    }
+
+    /// What the explain store holds now (set when metrics are scraped).
+    pub fn set_explain_store(&self, bytes: usize, records: usize) {
+        self.explain_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.explain_records
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
     }
 
     /// How many reconciles of `policy` ended with `result` so far.

@@ -70,6 +70,10 @@ async fn readyz(State(endpoints): State<Endpoints>) -> impl IntoResponse {
 }
 
 async fn metrics_text(State(endpoints): State<Endpoints>) -> impl IntoResponse {
+    let store = &endpoints.explain.store;
+    endpoints
+        .metrics
+        .set_explain_store(store.bytes(), store.len());
     (
         [(
             header::CONTENT_TYPE,

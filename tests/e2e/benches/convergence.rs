@@ -9,6 +9,9 @@
 //! Deployment, apply Service, apply status) with the same concurrency, which is what the API
 //! server allows; the ratio says what the host's watches, caches, queue and plugin calls cost.
 //!
+//! It also reads the memory the host's explain records hold (`wasmctrl_explain_records_bytes`,
+//! bounded by `--explain-memory-mib`, 32 MiB by default) once every MyApp is Ready.
+//!
 //! Run with `cargo xtask bench convergence` (sizes: `WASMCTRL_BENCH_SIZES=1000,5000`).
 //! The host runs in a child process (this binary, re-executed) so its RSS is its own.
 
@@ -31,6 +34,8 @@ const CONCURRENCY: u32 = 16;
 /// Env var that turns this binary into the host under test: `namespace|selector|kubeconfig`.
 const HOST_MODE: &str = "WASMCTRL_BENCH_HOST";
 const SELECTOR_LABEL: &str = "bench.wasmctrl.dev/run";
+/// Env var giving the host under test its listener address, for `/metrics`.
+const HOST_LISTEN: &str = "WASMCTRL_BENCH_LISTEN";
 
 fn main() -> anyhow::Result<()> {
     if let Ok(spec) = std::env::var(HOST_MODE) {
@@ -71,6 +76,8 @@ struct Row {
     host_ready: Duration,
     host_writes: BTreeMap<String, usize>,
     host_peak_rss_mib: f64,
+    /// Memory and count of the explain records once all were Ready.
+    explain: (f64, u64),
     baseline: Duration,
     baseline_writes: usize,
     swaps: [Swap; 2],
@@ -94,7 +101,9 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let host_ns = create_namespace(&client, &format!("bench-host-{n}")).await?;
     apply_policy(&client, &run, plugin).await?;
     let _ = std::fs::remove_dir_all(artifact_cache());
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let mut host = std::process::Command::new(std::env::current_exe()?)
+        .env(HOST_LISTEN, listen.to_string())
         .env(
             HOST_MODE,
             format!(
@@ -119,6 +128,7 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     // Let the last echoes settle before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let host_peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
+    let explain = explain_store(listen).await?;
     let host_writes = count_writes(&plane.audit_log, audit_before, &host_ns)?;
 
     // Hot swap to v2 (compiled now: the host's artifact cache started empty), then back to
@@ -158,10 +168,37 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         host_ready,
         host_writes,
         host_peak_rss_mib,
+        explain,
         baseline,
         baseline_writes,
         swaps: [to_v2, back_to_v1],
     })
+}
+
+/// The host's explain records: MiB held and how many, from its `/metrics`.
+async fn explain_store(address: std::net::SocketAddr) -> anyhow::Result<(f64, u64)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: host\r\n\r\n")
+        .await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    let value = |series: &str| -> anyhow::Result<f64> {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .with_context(|| format!("{series} missing from the host's metrics"))
+    };
+    Ok((
+        value("wasmctrl_explain_records_bytes")? / f64::from(1 << 20),
+        value("wasmctrl_explain_records")? as u64,
+    ))
 }
 
 fn myapp_resource() -> ApiResource {
@@ -462,9 +499,9 @@ fn count_writes(
 
 fn print_table(rows: &[Row]) {
     println!(
-        "\n| MyApps | host: all reconciled | host: all Ready | host writes | host peak RSS | baseline (same first-pass writes, plain client) | ratio |"
+        "\n| MyApps | host: all reconciled | host: all Ready | host writes | host peak RSS | explain records held | baseline (same first-pass writes, plain client) | ratio |"
     );
-    println!("|---:|---:|---:|---|---:|---:|---:|");
+    println!("|---:|---:|---:|---|---:|---:|---:|---:|");
     for row in rows {
         let writes: Vec<String> = row
             .host_writes
@@ -473,12 +510,14 @@ fn print_table(rows: &[Row]) {
             .map(|(k, v)| format!("{v} {k}"))
             .collect();
         println!(
-            "| {} | {:.1} s | {:.1} s | {} | {:.0} MiB | {:.1} s ({} writes) | {:.2}× |",
+            "| {} | {:.1} s | {:.1} s | {} | {:.0} MiB | {:.1} MiB ({} records) | {:.1} s ({} writes) | {:.2}× |",
             row.n,
             row.host_reconciled.as_secs_f64(),
             row.host_ready.as_secs_f64(),
             writes.join(", "),
             row.host_peak_rss_mib,
+            row.explain.0,
+            row.explain.1,
             row.baseline.as_secs_f64(),
             row.baseline_writes,
             row.host_reconciled.as_secs_f64() / row.baseline.as_secs_f64(),
@@ -527,10 +566,22 @@ fn run_host(spec: &str) -> anyhow::Result<()> {
             ..Default::default()
         };
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        wasmctrl::controller::Host::new(client, engine, options)
-            .run(async move {
-                term.recv().await;
-            })
-            .await
+        let host = wasmctrl::controller::Host::new(client, engine, options);
+        let listen = std::env::var(HOST_LISTEN).context(HOST_LISTEN)?;
+        let listener = wasmctrl::server::bind(listen.parse()?).await?;
+        let endpoints = wasmctrl::server::Endpoints {
+            readiness: host.readiness(),
+            metrics: host.metrics(),
+            explain: host.explain(),
+        };
+        tokio::spawn(wasmctrl::server::serve(
+            listener,
+            endpoints,
+            std::future::pending(),
+        ));
+        host.run(async move {
+            term.recv().await;
+        })
+        .await
     })
 }
