@@ -70,19 +70,20 @@ impl Reconciler for MyAppReconciler {
         }
         let port = app.spec.port.unwrap_or(DEFAULT_PORT);
         let selector = labels::selector(APP, name);
-        let pod_config = match &app.spec.config_map {
+        let (pod_config, config_condition) = match &app.spec.config_map {
             Some(config_map) => {
                 let found = request.related.get::<ConfigMap>(config_map)?;
+                let condition = config_map_condition(config_map, found.is_some());
                 if found.is_none() {
                     response.event(
                         EventType::Warning,
                         "ConfigMapMissing",
-                        format!("ConfigMap {config_map} not found; running without it"),
+                        condition.message.clone(),
                     );
                 }
-                pod_config(found.as_ref())
+                (pod_config(found.as_ref()), Some(condition))
             }
-            None => PodConfig::default(),
+            None => (PodConfig::default(), None),
         };
 
         let mut deployment = deployment(name, &app.spec.image, app.spec.replicas, port, &selector);
@@ -106,7 +107,7 @@ impl Reconciler for MyAppReconciler {
             .and_then(|d| d.status)
             .and_then(|s| s.ready_replicas)
             .unwrap_or(0);
-        response.set_status(&status(app, ready_replicas))?;
+        response.set_status(&status(app, ready_replicas, config_condition))?;
         Ok(response)
     }
 }
@@ -223,13 +224,40 @@ fn service(name: &str, port: i32, selector: &BTreeMap<String, String>) -> Servic
     }
 }
 
-fn status(app: &MyApp, ready_replicas: i32) -> MyAppStatus {
+/// `ConfigMapFound`: whether the ConfigMap the spec names reached the plugin. A missing one
+/// is not a failure (the app runs without it), but it must show where people look, in the
+/// status, not only in an Event that expires.
+fn config_map_condition(name: &str, found: bool) -> Condition {
+    if found {
+        Condition::new(
+            "ConfigMapFound",
+            ConditionStatus::True,
+            "Found",
+            format!("ConfigMap {name} is the pods' environment"),
+        )
+    } else {
+        Condition::new(
+            "ConfigMapFound",
+            ConditionStatus::False,
+            "NotFound",
+            format!(
+                "ConfigMap {name} is not among the related ConfigMaps (the example policy relates those labelled example.com/myapp-config=true); running without it"
+            ),
+        )
+    }
+}
+
+fn status(app: &MyApp, ready_replicas: i32, config_map: Option<Condition>) -> MyAppStatus {
     let replicas = app.spec.replicas;
     let mut conditions = app
         .status
         .as_ref()
         .map(|s| s.conditions.clone())
         .unwrap_or_default();
+    match config_map {
+        Some(condition) => set_condition(&mut conditions, condition),
+        None => conditions.retain(|c| c.type_ != "ConfigMapFound"),
+    }
     let all_ready = ready_replicas == replicas;
     set_condition(
         &mut conditions,
@@ -449,5 +477,13 @@ mod tests {
         assert_eq!(response.events()[0].reason, "ConfigMapMissing");
         let deployment: Deployment = response.child("web").expect("deployment");
         assert_eq!(config_hash(&deployment), None);
+        let status: MyAppStatus = response.status().expect("status");
+        let condition = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "ConfigMapFound")
+            .expect("ConfigMapFound condition");
+        assert_eq!(condition.status, ConditionStatus::False);
+        assert!(condition.message.contains("example.com/myapp-config=true"));
     }
 }
