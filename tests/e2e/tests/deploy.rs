@@ -151,6 +151,28 @@ fn the_chart_lints_renders_the_committed_manifests_and_refuses_nonsense() -> any
     ])?;
     assert!(!single.contains("--leader-elect"));
     assert!(!single.contains("kind: PodDisruptionBudget"));
+
+    // Explain readers: only a Role by default; a RoleBinding once someone is named.
+    let binding = "name: wasmctrl-explain-reader\n  namespace: wasmctrl";
+    assert_eq!(rendered.matches(binding).count(), 1, "the Role alone");
+    let readers = render(&[
+        "wasmctrl",
+        CHART,
+        "--namespace",
+        "wasmctrl",
+        "--set",
+        "explain.readers[0].kind=Group",
+        "--set",
+        "explain.readers[0].name=platform-team",
+        "--set",
+        "explain.readers[0].apiGroup=rbac.authorization.k8s.io",
+    ])?;
+    let docs = documents(&readers)?;
+    let bound = docs
+        .iter()
+        .find(|d| d["kind"] == "RoleBinding" && d["metadata"]["name"] == "wasmctrl-explain-reader")
+        .context("the explain readers' RoleBinding")?;
+    assert_eq!(bound["subjects"][0]["name"], "platform-team");
     Ok(())
 }
 
