@@ -17,6 +17,7 @@ pub use wasmctrl_runtime as plugin;
 pub mod policy;
 pub mod registry;
 pub mod server;
+pub mod telemetry;
 mod watch_backoff;
 
 /// Lock a mutex that only holds plain bookkeeping: a panic elsewhere cannot leave it

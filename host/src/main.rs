@@ -5,19 +5,24 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use tracing_subscriber::EnvFilter;
 use wasmctrl::cli::{CasesDiffer, Cli};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("WASMCTRL_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match cli.run().await {
+    let telemetry = match wasmctrl::telemetry::init() {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = cli.run().await;
+    // Flushing blocks on the exporter's thread, so not on a runtime worker.
+    tokio::task::spawn_blocking(move || telemetry.shutdown())
+        .await
+        .ok();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) if error.is::<CasesDiffer>() => {
             eprintln!("{error}");

@@ -12,6 +12,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
+use tracing::{Instrument as _, info_span};
 
 use super::backoff::Retry;
 use super::children::{self, InvalidChild, ParentIdentity};
@@ -155,8 +156,9 @@ pub(crate) async fn reconcile(
     ctx.metrics.worker(&ctx.policy, 1);
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);
     let mut trace = Trace::new(ctx.explain.wanted());
-    let result =
-        tracing::Instrument::instrument(reconcile_parent(&parent, &ctx, &mut trace), span).await;
+    let result = reconcile_parent(&parent, &ctx, &mut trace)
+        .instrument(span)
+        .await;
     ctx.metrics.worker(&ctx.policy, -1);
     let took = started.elapsed();
     match result {
@@ -244,10 +246,17 @@ async fn reconcile_parent(
     ctx: &PolicyContext,
     trace: &mut Trace,
 ) -> Result<Done, ReconcileError> {
-    wait_for_caches(ctx).await?;
+    // Each step is a span of its own (under the reconcile's), for traces; `trace` times the
+    // same steps for `wasmctrl explain`.
+    wait_for_caches(ctx)
+        .instrument(info_span!("caches"))
+        .await?;
     trace.step("caches");
     let identity = identity(parent, &ctx.parent)?;
-    if let Some((action, result)) = finalize_or_hold(parent, &identity, ctx, trace).await? {
+    let held = finalize_or_hold(parent, &identity, ctx, trace)
+        .instrument(info_span!("finalizer"))
+        .await?;
+    if let Some((action, result)) = held {
         return Ok(Done::deleting(action, result));
     }
     trace.step("finalizer");
@@ -258,14 +267,24 @@ async fn reconcile_parent(
         events,
         requeue_after,
         digest,
-    } = decide(parent, &identity, &observed, ctx, trace).await?;
-    apply_children(&desired, &identity, ctx, trace).await?;
+    } = decide(parent, &identity, &observed, ctx, trace)
+        .instrument(info_span!("decide"))
+        .await?;
+    apply_children(&desired, &identity, ctx, trace)
+        .instrument(info_span!("apply", children = desired.len()))
+        .await?;
     trace.step("apply");
-    prune_children(&observed, &desired, ctx, trace).await?;
+    prune_children(&observed, &desired, ctx, trace)
+        .instrument(info_span!("prune"))
+        .await?;
     trace.step("prune");
-    record_success(parent, &identity, status, desired.len(), ctx, trace).await?;
+    record_success(parent, &identity, status, desired.len(), ctx, trace)
+        .instrument(info_span!("status"))
+        .await?;
     trace.step("status");
-    publish_plugin_events(parent, ctx, events, trace).await;
+    publish_plugin_events(parent, ctx, events, trace)
+        .instrument(info_span!("events"))
+        .await;
     trace.step("events");
     Ok(Done {
         action: Action::requeue(requeue_delay(requeue_after, ctx.resync)),

@@ -1,6 +1,6 @@
 //! The cluster writes of one reconcile: create or update each child (only objects this parent
-//! controls), prune what is no longer desired, write the status, record the plugin digest,
-//! and add or remove the parent's finalizer. Every write is bound to the uid it was decided
+//! controls), prune what is no longer desired, write the status, and add or remove the
+//! parent's finalizer. Each says what it did, for the reconcile's record. Every write is bound to the uid it was decided
 //! for, so a replaced object is never written by mistake.
 
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};

@@ -341,6 +341,7 @@ async fn stand_in_replica(
 async fn a_failing_reconcile_is_explained_through_the_api_server() -> anyhow::Result<()> {
     const TEST: &str = "explain-failure";
     let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
     install_crd(&client, &test_crd(GROUP, "Widget")).await?;
     apply_policy(&client, TEST, TEST, json!({
         "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
@@ -417,4 +418,156 @@ async fn a_failing_reconcile_is_explained_through_the_api_server() -> anyhow::Re
         .delete(&format!("explain-{ns}"), &Default::default())
         .await?;
     host.stop().await
+}
+
+/// Env var that turns this test binary into a host process: its `wasmctrl` arguments, JSON.
+const HOST_ARGS: &str = "WASMCTRL_E2E_EXPLAIN_HOST";
+
+/// Not a test: the body of the host process of the trace test (does nothing when run alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs only as the host of the trace test"]
+async fn host_process() -> anyhow::Result<()> {
+    let Ok(args) = std::env::var(HOST_ARGS) else {
+        return Ok(());
+    };
+    let args: Vec<String> = serde_json::from_str(&args)?;
+    let telemetry = wasmctrl::telemetry::init()?;
+    let result = Cli::parse_from(args).run().await;
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
+    result
+}
+
+/// A stand-in OTLP/HTTP collector: answers every request 200 and keeps the bodies of the
+/// ones posted to `/v1/traces`.
+async fn collector() -> anyhow::Result<(SocketAddr, Arc<std::sync::Mutex<Vec<Vec<u8>>>>)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = bodies.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 8192];
+                // Headers, then as many body bytes as content-length says.
+                loop {
+                    let Ok(n) = stream.read(&mut buffer).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    request.extend_from_slice(&buffer[..n]);
+                    let text = String::from_utf8_lossy(&request);
+                    let Some(end) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let length = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            let (name, value) = l.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if request.len() >= end + 4 + length {
+                        if text.starts_with("POST /v1/traces") {
+                            kept.lock()
+                                .expect("not poisoned")
+                                .push(request[end + 4..end + 4 + length].to_vec());
+                        }
+                        let _ = stream
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                            .await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok((address, bodies))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<()> {
+    const TEST: &str = "explain-traces";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        json!({
+            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+            "plugin": {"source": file_source("misbehave_plugin")},
+        }),
+    )
+    .await?;
+    let (collector, bodies) = collector().await?;
+    let kubeconfig = TestEnv::get().kubeconfig().to_string_lossy().into_owned();
+    let selector = format!("{TEST_LABEL}={TEST}");
+    let args = [
+        "wasmctrl",
+        "run",
+        "--kubeconfig",
+        &kubeconfig,
+        "--namespace",
+        &ns,
+        "--policy-selector",
+        &selector,
+        "--listen",
+        "off",
+    ];
+    let mut host = std::process::Command::new(std::env::current_exe()?)
+        .args(["--exact", "host_process", "--ignored", "--nocapture"])
+        .env(HOST_ARGS, serde_json::to_string(&args)?)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"))
+        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
+        .env("WASMCTRL_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    apply(
+        &widgets,
+        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget",
+        "metadata": {"name": "traced"}, "spec": {}}),
+    )
+    .await?;
+
+    let started = Instant::now();
+    let exported = loop {
+        let all: Vec<u8> = bodies.lock().expect("not poisoned").concat();
+        let has = |name: &str| all.windows(name.len()).any(|w| w == name.as_bytes());
+        if has("reconcile") && has("decide") && has("status") && has("traced") {
+            break all;
+        }
+        if started.elapsed() > ACT * 2 || host.try_wait()?.is_some() {
+            let _ = host.kill();
+            anyhow::bail!(
+                "no reconcile trace reached the collector ({} bytes)",
+                all.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = host.kill();
+    let _ = host.wait();
+    for step in [
+        "caches",
+        "finalizer",
+        "apply",
+        "prune",
+        "events",
+        "wasmctrl",
+    ] {
+        assert!(
+            exported.windows(step.len()).any(|w| w == step.as_bytes()),
+            "{step} missing from the exported spans"
+        );
+    }
+    Ok(())
 }
