@@ -1,9 +1,12 @@
 //! The host's memory of recent reconciles, bounded in total size and per parent.
 //!
-//! Records are kept as their JSON text: the size the bound counts is the size they take,
-//! and serving one is a copy. Only a parent's newest record keeps its case (the request and
-//! answer, most of a record's size): that is the one `explain --save` writes, and older ones
-//! are history. The oldest record of the whole store goes first when a new one does not fit.
+//! Records are kept as their JSON text: the size the bound counts is the size they take.
+//! Only a parent's newest record keeps its case (the request and answer, most of a record's
+//! size), deflated: that is the one `explain --save` writes, and older ones are history.
+//!
+//! When a new record does not fit, history goes first, oldest first; a parent's newest record
+//! goes only when no history is left. So every parent keeps its last reconcile for as long
+//! as the bound allows, however often other parents are reconciled.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -74,9 +77,12 @@ pub struct ExplainStore {
 struct Inner {
     /// Each parent's records, oldest first.
     parents: HashMap<Arc<ParentKey>, VecDeque<Entry>>,
-    /// Every record in the order it came, for eviction; an entry whose record a parent's
-    /// own bound already dropped is skipped.
-    order: VecDeque<(Arc<ParentKey>, u64)>,
+    /// Records that are no longer their parent's newest, in the order they became history:
+    /// the first to evict. An entry whose record is gone already is skipped.
+    history: VecDeque<(Arc<ParentKey>, u64)>,
+    /// Records in the order they came (each came as its parent's newest): evicted only when
+    /// no history is left. An entry whose record is no longer the newest is skipped.
+    newest: VecDeque<(Arc<ParentKey>, u64)>,
     bytes: usize,
     /// Records held, over all parents.
     records: usize,
@@ -87,8 +93,8 @@ struct Entry {
     seq: u64,
     /// The record without its case.
     json: Arc<str>,
-    /// The case, while this is the parent's newest record.
-    case: Option<Arc<str>>,
+    /// The case as deflated JSON, while this is the parent's newest record.
+    case: Option<Box<[u8]>>,
 }
 
 impl Entry {
@@ -98,7 +104,10 @@ impl Entry {
 
     /// The whole record: the case goes back in as its last field.
     fn record(&self) -> String {
-        match (&self.case, self.json.strip_suffix('}')) {
+        match (
+            self.case.as_deref().and_then(inflate),
+            self.json.strip_suffix('}'),
+        ) {
             (Some(case), Some(open)) => {
                 let comma = if open.ends_with('{') { "" } else { "," };
                 format!("{open}{comma}\"case\":{case}}}")
@@ -106,6 +115,24 @@ impl Entry {
             _ => self.json.to_string(),
         }
     }
+}
+
+/// `text` deflated (fast level: cases are objects' JSON, which shrinks several times).
+fn deflate(text: &str) -> Box<[u8]> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+    // Writing to a Vec cannot fail.
+    let _ = encoder.write_all(text.as_bytes());
+    encoder.finish().unwrap_or_default().into_boxed_slice()
+}
+
+fn inflate(bytes: &[u8]) -> Option<String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    flate2::read::DeflateDecoder::new(bytes)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
 }
 
 /// What a look-up found.
@@ -146,7 +173,8 @@ impl ExplainStore {
     /// `case`), and `case`, dropping the oldest records as the bounds require. The parent's
     /// previous record loses its case. A record larger than the whole store is not kept.
     pub fn push(&self, parent: &ParentRef, json: String, case: Option<String>) {
-        let entry_cost = json.len() + case.as_ref().map_or(0, String::len) + OVERHEAD_BYTES;
+        let case = case.as_deref().map(deflate);
+        let entry_cost = json.len() + case.as_ref().map_or(0, |c| c.len()) + OVERHEAD_BYTES;
         if self.bounds.per_parent == 0 || entry_cost > self.bounds.max_bytes {
             return;
         }
@@ -161,13 +189,16 @@ impl ExplainStore {
             None => Arc::new(key),
         };
         let records = inner.parents.entry(key.clone()).or_default();
-        if let Some(previous) = records.back_mut().and_then(|e| e.case.take()) {
-            inner.bytes -= previous.len();
+        if let Some(previous) = records.back_mut() {
+            if let Some(case) = previous.case.take() {
+                inner.bytes -= case.len();
+            }
+            inner.history.push_back((key.clone(), previous.seq));
         }
         records.push_back(Entry {
             seq,
             json: json.into(),
-            case: case.map(Into::into),
+            case,
         });
         inner.bytes += entry_cost;
         inner.records += 1;
@@ -177,23 +208,17 @@ impl ExplainStore {
                 inner.records -= 1;
             }
         }
-        inner.order.push_back((key, seq));
+        inner.newest.push_back((key, seq));
         while inner.bytes > self.bounds.max_bytes {
-            let Some((oldest, seq)) = inner.order.pop_front() else {
+            if let Some((key, seq)) = inner.history.pop_front() {
+                inner.evict(&key, seq);
+            } else if let Some((key, seq)) = inner.newest.pop_front() {
+                inner.evict(&key, seq);
+            } else {
                 break;
-            };
-            inner.evict(&oldest, seq);
+            }
         }
-        // Entries of records a parent's own bound dropped pile up in `order` for a parent
-        // reconciled over and over; compact them once they outnumber the records.
-        if inner.order.len() > 2 * inner.records + 1024 {
-            let parents = &inner.parents;
-            inner.order.retain(|(key, seq)| {
-                parents
-                    .get(key)
-                    .is_some_and(|records| records.iter().any(|e| e.seq == *seq))
-            });
-        }
+        inner.compact();
     }
 
     /// The records of the parent `name` in `namespace` whose kind `kind` names (kind or
@@ -249,7 +274,8 @@ impl ExplainStore {
 }
 
 impl Inner {
-    /// Drop record `seq` of `key`, if the parent still holds it (it is then its oldest).
+    /// Drop record `seq` of `key` if the parent still holds it as its oldest (history goes
+    /// oldest first, and a newest record is evicted only as the parent's last).
     fn evict(&mut self, key: &Arc<ParentKey>, seq: u64) {
         let Some(records) = self.parents.get_mut(key) else {
             return;
@@ -262,6 +288,28 @@ impl Inner {
         }
         if records.is_empty() {
             self.parents.remove(key);
+        }
+    }
+
+    /// Queue entries of records already gone (history a parent's own bound dropped) or no
+    /// longer newest pile up for parents reconciled over and over; drop them once they
+    /// outnumber the records.
+    fn compact(&mut self) {
+        let parents = &self.parents;
+        if self.history.len() > 2 * self.records + 1024 {
+            self.history.retain(|(key, seq)| {
+                parents
+                    .get(key)
+                    .is_some_and(|records| records.iter().any(|e| e.seq == *seq))
+            });
+        }
+        if self.newest.len() > 2 * parents.len() + 1024 {
+            self.newest.retain(|(key, seq)| {
+                parents
+                    .get(key)
+                    .and_then(VecDeque::back)
+                    .is_some_and(|e| e.seq == *seq)
+            });
         }
     }
 }
@@ -323,7 +371,53 @@ mod tests {
         );
         assert_eq!(store.lookup("widget", Some("ns"), "a", 1), Lookup::NotFound);
         assert_eq!(store.len(), 3);
-        assert_eq!(store.bytes(), 10 + (10 + 7) + (2 + 2) + 3 * OVERHEAD_BYTES);
+        let deflated = |text: &str| deflate(text).len();
+        assert_eq!(
+            store.bytes(),
+            10 + (10 + deflated(r#"{"c":1}"#)) + (2 + deflated("{}")) + 3 * OVERHEAD_BYTES
+        );
+    }
+
+    #[test]
+    fn a_quiet_parent_keeps_its_last_record_while_a_busy_one_loses_history() {
+        let record = "x".repeat(904);
+        let store = ExplainStore::new(Bounds {
+            max_bytes: 4 * (904 + OVERHEAD_BYTES),
+            per_parent: 5,
+        });
+        store.push(&parent("quiet"), record.clone(), None);
+        for _ in 0..10 {
+            store.push(&parent("busy"), record.clone(), None);
+        }
+        assert!(
+            matches!(store.lookup("MyApp", Some("ns"), "quiet", 5), Lookup::Found(r) if r.len() == 1)
+        );
+        assert!(
+            matches!(store.lookup("MyApp", Some("ns"), "busy", 5), Lookup::Found(r) if r.len() == 3)
+        );
+        assert!(store.bytes() <= store.bounds().max_bytes);
+    }
+
+    #[test]
+    fn a_case_is_kept_deflated_and_served_whole() {
+        let store = ExplainStore::new(Bounds {
+            max_bytes: 1 << 20,
+            per_parent: 5,
+        });
+        let case = format!(
+            r#"{{"parent":{{"metadata":{{"name":"{}"}}}}}}"#,
+            "n".repeat(4000)
+        );
+        store.push(&parent("a"), r#"{"n":1}"#.into(), Some(case.clone()));
+        assert!(
+            store.bytes() < 1000,
+            "a repetitive case deflates: {}",
+            store.bytes()
+        );
+        assert_eq!(
+            found(store.lookup("MyApp", Some("ns"), "a", 1)),
+            [format!(r#"{{"n":1,"case":{case}}}"#)]
+        );
     }
 
     #[test]
@@ -357,10 +451,17 @@ mod tests {
         for n in 0..100_000 {
             store.push(&parent("busy"), format!("{n}"), None);
         }
-        let order = lock(&store.inner).order.len();
+        let (history, newest) = {
+            let inner = lock(&store.inner);
+            (inner.history.len(), inner.newest.len())
+        };
         assert!(
-            order <= 2 * 2 + 1024 + 1,
-            "{order} entries queued for 2 records"
+            history <= 2 * 2 + 1024 + 1,
+            "{history} history entries for 2 records"
+        );
+        assert!(
+            newest <= 2 + 1024 + 1,
+            "{newest} newest entries for 1 parent"
         );
         assert_eq!(
             found(store.lookup("MyApp", Some("ns"), "busy", 5)),
