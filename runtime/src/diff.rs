@@ -83,6 +83,20 @@ fn describe(active: &ReconcileResponse, candidate: &ReconcileResponse) -> String
     out
 }
 
+/// The field that names the items of both lists, if every item is an object with a distinct
+/// string under it: `type` (conditions) or `name` (containers, ports, env).
+fn list_key(a: &[Value], b: &[Value]) -> Option<&'static str> {
+    ["type", "name"].into_iter().find(|key| {
+        [a, b].iter().all(|list| {
+            let mut names: Vec<&str> = list.iter().filter_map(|v| v[*key].as_str()).collect();
+            let all = names.len() == list.len();
+            names.sort_unstable();
+            names.dedup();
+            all && names.len() == list.len()
+        }) && !(a.is_empty() && b.is_empty())
+    })
+}
+
 /// The path of the first field that differs between `old` and `new`, with both values.
 fn first_change(old: &Value, new: &Value) -> String {
     /// Descend while both sides are containers that differ somewhere inside; stop at the
@@ -102,6 +116,26 @@ fn first_change(old: &Value, new: &Value) -> String {
                     if x != y {
                         path.push('.');
                         path.push_str(key);
+                        return walk(x, y, path);
+                    }
+                }
+                (old, new)
+            }
+            (Some(Value::Array(a)), Some(Value::Array(b))) if list_key(a, b).is_some() => {
+                // Lists of named items (conditions, containers, ports) compare item by item
+                // whatever their order and length: `[type=Ready]`, not "the list changed".
+                let key = list_key(a, b).unwrap_or_default();
+                let item = |list: &'a [Value], name: &str| {
+                    list.iter().find(|v| v[key].as_str() == Some(name))
+                };
+                let mut names: Vec<&str> =
+                    a.iter().chain(b).filter_map(|v| v[key].as_str()).collect();
+                names.sort_unstable();
+                names.dedup();
+                for name in names {
+                    let (x, y) = (item(a, name), item(b, name));
+                    if x != y {
+                        let _ = write!(path, "[{key}={name}]");
                         return walk(x, y, path);
                     }
                 }
@@ -154,6 +188,26 @@ mod tests {
             status: status.as_object().cloned(),
             ..ReconcileResponse::default()
         }
+    }
+
+    #[test]
+    fn named_list_items_are_compared_by_name() {
+        let ready = json!({"type": "Ready", "status": "True"});
+        let found = json!({"type": "ConfigMapFound", "status": "False"});
+        let before = json!({"conditions": [ready]});
+        let after = json!({"conditions": [ready, found]});
+        assert_eq!(
+            first_change(&before, &after),
+            r#".conditions[type=ConfigMapFound] (absent) -> {"status":"False","type":"ConfigMapFound"}"#
+        );
+        let env =
+            |v: &str| json!({"env": [{"name": "A", "value": "1"}, {"name": "B", "value": v}]});
+        assert_eq!(
+            first_change(&env("2"), &env("3")),
+            r#".env[name=B].value "2" -> "3""#
+        );
+        // Unnamed items still compare by position.
+        assert_eq!(first_change(&json!([1, 2]), &json!([1, 3])), "[1] 2 -> 3");
     }
 
     #[test]
