@@ -78,8 +78,9 @@ struct ExplainArgs {
     /// Memory for the records `wasmctrl explain` reads, in MiB; 0 keeps none.
     #[arg(long, env = "WASMCTRL_EXPLAIN_MEMORY_MIB", default_value_t = 32)]
     explain_memory_mib: usize,
-    /// Reconciles remembered per parent (only the newest keeps its request and answer).
-    #[arg(long, env = "WASMCTRL_EXPLAIN_HISTORY", default_value_t = 5)]
+    /// Reconciles remembered per parent (only the newest keeps its request and answer); past
+    /// this, ones that changed nothing make room first.
+    #[arg(long, env = "WASMCTRL_EXPLAIN_HISTORY", default_value_t = 10)]
     explain_history: usize,
     /// Keep Secret values in records and recorded cases; by default they are redacted.
     #[arg(long, env = "WASMCTRL_EXPLAIN_SECRET_DATA")]

@@ -204,7 +204,14 @@ impl Trace {
         };
         let case = self.case.as_ref().map(serde_json::to_string).transpose();
         match (serde_json::to_string(&record), case) {
-            (Ok(json), Ok(case)) => explain.store.push(&record.parent, json, case),
+            (Ok(json), Ok(case)) => {
+                let eventful = record.result != RecordResult::Reconciled
+                    || record
+                        .children
+                        .iter()
+                        .any(|c| c.action != ChildAction::Unchanged);
+                explain.store.push(&record.parent, json, case, eventful);
+            }
             (Err(error), _) | (_, Err(error)) => {
                 tracing::warn!(%error, "could not keep the reconcile's record");
             }

@@ -34,7 +34,7 @@ impl Default for ExplainOptions {
         Self {
             bounds: Bounds {
                 max_bytes: 32 << 20,
-                per_parent: 5,
+                per_parent: 10,
             },
             record: None,
             secret_data: false,

@@ -95,6 +95,8 @@ struct Entry {
     json: Arc<str>,
     /// The case as deflated JSON, while this is the parent's newest record.
     case: Option<Box<[u8]>>,
+    /// The reconcile changed something (or failed): kept over quiet ones.
+    eventful: bool,
 }
 
 impl Entry {
@@ -172,7 +174,11 @@ impl ExplainStore {
     /// Keep `json`, the record of a reconcile of `parent` (a JSON object without its
     /// `case`), and `case`, dropping the oldest records as the bounds require. The parent's
     /// previous record loses its case. A record larger than the whole store is not kept.
-    pub fn push(&self, parent: &ParentRef, json: String, case: Option<String>) {
+    ///
+    /// Past the per-parent bound, the oldest *quiet* record goes first (one that changed no
+    /// child and did not fail: a resync, an echo of the reconcile's own writes), so the
+    /// reconciles that did something stay to be explained.
+    pub fn push(&self, parent: &ParentRef, json: String, case: Option<String>, eventful: bool) {
         let case = case.as_deref().map(deflate);
         let entry_cost = json.len() + case.as_ref().map_or(0, |c| c.len()) + OVERHEAD_BYTES;
         if self.bounds.per_parent == 0 || entry_cost > self.bounds.max_bytes {
@@ -199,11 +205,17 @@ impl ExplainStore {
             seq,
             json: json.into(),
             case,
+            eventful,
         });
         inner.bytes += entry_cost;
         inner.records += 1;
         while records.len() > self.bounds.per_parent {
-            if let Some(dropped) = records.pop_front() {
+            let quiet = records
+                .iter()
+                .take(records.len() - 1)
+                .position(|e| !e.eventful)
+                .unwrap_or(0);
+            if let Some(dropped) = records.remove(quiet) {
                 inner.bytes -= dropped.cost();
                 inner.records -= 1;
             }
@@ -274,14 +286,13 @@ impl ExplainStore {
 }
 
 impl Inner {
-    /// Drop record `seq` of `key` if the parent still holds it as its oldest (history goes
-    /// oldest first, and a newest record is evicted only as the parent's last).
+    /// Drop record `seq` of `key` if the parent still holds it.
     fn evict(&mut self, key: &Arc<ParentKey>, seq: u64) {
         let Some(records) = self.parents.get_mut(key) else {
             return;
         };
-        if records.front().is_some_and(|e| e.seq == seq)
-            && let Some(dropped) = records.pop_front()
+        if let Some(position) = records.iter().position(|e| e.seq == seq)
+            && let Some(dropped) = records.remove(position)
         {
             self.bytes -= dropped.cost();
             self.records -= 1;
@@ -349,9 +360,10 @@ mod tests {
                 &parent("a"),
                 format!(r#"{{"n":"a{n}"}}"#),
                 Some(r#"{"c":1}"#.into()),
+                false,
             );
         }
-        store.push(&parent("b"), "{}".into(), Some("{}".into()));
+        store.push(&parent("b"), "{}".into(), Some("{}".into()), false);
         assert_eq!(
             found(store.lookup("MyApp", Some("ns"), "a", 10)),
             [r#"{"n":"a3","case":{"c":1}}"#, r#"{"n":"a2"}"#],
@@ -379,15 +391,38 @@ mod tests {
     }
 
     #[test]
+    fn quiet_records_make_room_before_eventful_ones() {
+        let store = ExplainStore::new(Bounds {
+            max_bytes: 1 << 20,
+            per_parent: 3,
+        });
+        store.push(&parent("a"), "1".into(), None, true);
+        for n in 2..=6 {
+            store.push(&parent("a"), format!("{n}"), None, false);
+        }
+        assert_eq!(
+            found(store.lookup("MyApp", Some("ns"), "a", 5)),
+            ["6", "5", "1"]
+        );
+        for n in 7..=9 {
+            store.push(&parent("a"), format!("{n}"), None, true);
+        }
+        assert_eq!(
+            found(store.lookup("MyApp", Some("ns"), "a", 5)),
+            ["9", "8", "7"]
+        );
+    }
+
+    #[test]
     fn a_quiet_parent_keeps_its_last_record_while_a_busy_one_loses_history() {
         let record = "x".repeat(904);
         let store = ExplainStore::new(Bounds {
             max_bytes: 4 * (904 + OVERHEAD_BYTES),
             per_parent: 5,
         });
-        store.push(&parent("quiet"), record.clone(), None);
+        store.push(&parent("quiet"), record.clone(), None, false);
         for _ in 0..10 {
-            store.push(&parent("busy"), record.clone(), None);
+            store.push(&parent("busy"), record.clone(), None, false);
         }
         assert!(
             matches!(store.lookup("MyApp", Some("ns"), "quiet", 5), Lookup::Found(r) if r.len() == 1)
@@ -408,7 +443,7 @@ mod tests {
             r#"{{"parent":{{"metadata":{{"name":"{}"}}}}}}"#,
             "n".repeat(4000)
         );
-        store.push(&parent("a"), r#"{"n":1}"#.into(), Some(case.clone()));
+        store.push(&parent("a"), r#"{"n":1}"#.into(), Some(case.clone()), false);
         assert!(
             store.bytes() < 1000,
             "a repetitive case deflates: {}",
@@ -430,7 +465,12 @@ mod tests {
         let store = ExplainStore::new(bounds);
         for round in 0..3 {
             for n in 0..5000 {
-                store.push(&parent(&format!("p{n}")), format!("{round}{record}"), None);
+                store.push(
+                    &parent(&format!("p{n}")),
+                    format!("{round}{record}"),
+                    None,
+                    false,
+                );
                 assert!(store.bytes() <= bounds.max_bytes);
             }
         }
@@ -449,7 +489,7 @@ mod tests {
             per_parent: 2,
         });
         for n in 0..100_000 {
-            store.push(&parent("busy"), format!("{n}"), None);
+            store.push(&parent("busy"), format!("{n}"), None, false);
         }
         let (history, newest) = {
             let inner = lock(&store.inner);
@@ -475,17 +515,17 @@ mod tests {
             max_bytes: 0,
             per_parent: 10,
         });
-        none.push(&parent("a"), "a".into(), None);
+        none.push(&parent("a"), "a".into(), None, false);
         assert!(none.is_empty());
 
         let store = ExplainStore::new(Bounds {
             max_bytes: 1 << 20,
             per_parent: 10,
         });
-        store.push(&parent("a"), "a".into(), None);
+        store.push(&parent("a"), "a".into(), None, false);
         let mut other = parent("a");
         other.api_version = "other.com/v1".into();
-        store.push(&other, "b".into(), None);
+        store.push(&other, "b".into(), None, false);
         assert!(
             matches!(store.lookup("myapp", Some("ns"), "a", 1), Lookup::Ambiguous(k) if k.len() == 2)
         );
