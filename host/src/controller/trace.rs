@@ -162,6 +162,14 @@ impl Trace {
         if !self.enabled {
             return;
         }
+        let mut steps = self.steps;
+        if error.is_some() {
+            // The step that failed ran from the last one's end until now.
+            steps.push(StepTime {
+                step: "failed".to_owned(),
+                ms: millis(self.lap.elapsed()),
+            });
+        }
         let explain = &ctx.explain;
         let parent = ParentRef {
             api_version: ctx.parent.api_version.clone(),
@@ -189,7 +197,7 @@ impl Trace {
             plugin: self.plugin.map(|d| d.to_string()),
             result,
             duration_ms: millis(self.started.elapsed()),
-            steps: self.steps,
+            steps,
             children: self.children,
             status: self.status,
             events: self.events,
@@ -223,6 +231,24 @@ fn millis(duration: Duration) -> f64 {
     (duration.as_secs_f64() * 1e6).round() / 1e3
 }
 
+/// RFC 3339 in UTC with exactly three decimals, so records from two replicas sort by time
+/// as text.
 fn timestamp(at: jiff::Timestamp) -> String {
-    at.round(jiff::Unit::Millisecond).unwrap_or(at).to_string()
+    at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_always_carry_three_decimals_so_they_sort_as_text() {
+        let whole = jiff::Timestamp::from_second(1_796_076_402).expect("in range");
+        let later = whole
+            .checked_add(jiff::SignedDuration::from_millis(661))
+            .expect("in range");
+        assert_eq!(timestamp(whole), "2026-11-30T22:06:42.000Z");
+        assert_eq!(timestamp(later), "2026-11-30T22:06:42.661Z");
+        assert!(timestamp(whole) < timestamp(later));
+    }
 }

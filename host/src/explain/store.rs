@@ -2,10 +2,12 @@
 //!
 //! Records are kept as their JSON text: the size the bound counts is the size they take.
 //! Only a parent's newest record keeps its case (the request and answer, most of a record's
-//! size), deflated: that is the one `explain --save` writes, and older ones are history.
+//! size): that is the one `explain --save` writes, and older ones are history.
 //!
-//! When a new record does not fit, history goes first, oldest first; a parent's newest record
-//! goes only when no history is left. So every parent keeps its last reconcile for as long
+//! When a new record does not fit, the cases kept as text are deflated first, oldest first
+//! (so a reconcile pays for compression only under memory pressure, and only for a case that
+//! outlived its parent's next reconcile); then history goes, oldest first; a parent's newest
+//! record goes only when no history is left. So every parent keeps its last reconcile for as long
 //! as the bound allows, however often other parents are reconciled.
 
 use std::collections::{HashMap, VecDeque};
@@ -83,6 +85,9 @@ struct Inner {
     /// Records in the order they came (each came as its parent's newest): evicted only when
     /// no history is left. An entry whose record is no longer the newest is skipped.
     newest: VecDeque<(Arc<ParentKey>, u64)>,
+    /// Records holding their case as text, oldest first: deflated before anything is
+    /// evicted. An entry whose case is gone or deflated is skipped.
+    raw_cases: VecDeque<(Arc<ParentKey>, u64)>,
     bytes: usize,
     /// Records held, over all parents.
     records: usize,
@@ -93,21 +98,21 @@ struct Entry {
     seq: u64,
     /// The record without its case.
     json: Arc<str>,
-    /// The case as deflated JSON, while this is the parent's newest record.
-    case: Option<Box<[u8]>>,
+    /// The case, while this is the parent's newest record.
+    case: Option<CaseText>,
     /// The reconcile changed something (or failed): kept over quiet ones.
     eventful: bool,
 }
 
 impl Entry {
     fn cost(&self) -> usize {
-        self.json.len() + self.case.as_ref().map_or(0, |c| c.len()) + OVERHEAD_BYTES
+        self.json.len() + self.case.as_ref().map_or(0, CaseText::len) + OVERHEAD_BYTES
     }
 
     /// The whole record: the case goes back in as its last field.
     fn record(&self) -> String {
         match (
-            self.case.as_deref().and_then(inflate),
+            self.case.as_ref().and_then(CaseText::text),
             self.json.strip_suffix('}'),
         ) {
             (Some(case), Some(open)) => {
@@ -115,6 +120,28 @@ impl Entry {
                 format!("{open}{comma}\"case\":{case}}}")
             }
             _ => self.json.to_string(),
+        }
+    }
+}
+
+/// A case as JSON text, or deflated once memory ran short.
+enum CaseText {
+    Raw(Box<str>),
+    Deflated(Box<[u8]>),
+}
+
+impl CaseText {
+    fn len(&self) -> usize {
+        match self {
+            Self::Raw(text) => text.len(),
+            Self::Deflated(bytes) => bytes.len(),
+        }
+    }
+
+    fn text(&self) -> Option<String> {
+        match self {
+            Self::Raw(text) => Some(text.to_string()),
+            Self::Deflated(bytes) => inflate(bytes),
         }
     }
 }
@@ -179,8 +206,8 @@ impl ExplainStore {
     /// child and did not fail: a resync, an echo of the reconcile's own writes), so the
     /// reconciles that did something stay to be explained.
     pub fn push(&self, parent: &ParentRef, json: String, case: Option<String>, eventful: bool) {
-        let case = case.as_deref().map(deflate);
-        let entry_cost = json.len() + case.as_ref().map_or(0, |c| c.len()) + OVERHEAD_BYTES;
+        let case = case.map(|text| CaseText::Raw(text.into()));
+        let entry_cost = json.len() + case.as_ref().map_or(0, CaseText::len) + OVERHEAD_BYTES;
         if self.bounds.per_parent == 0 || entry_cost > self.bounds.max_bytes {
             return;
         }
@@ -200,6 +227,9 @@ impl ExplainStore {
                 inner.bytes -= case.len();
             }
             inner.history.push_back((key.clone(), previous.seq));
+        }
+        if case.is_some() {
+            inner.raw_cases.push_back((key.clone(), seq));
         }
         records.push_back(Entry {
             seq,
@@ -222,7 +252,9 @@ impl ExplainStore {
         }
         inner.newest.push_back((key, seq));
         while inner.bytes > self.bounds.max_bytes {
-            if let Some((key, seq)) = inner.history.pop_front() {
+            if let Some((key, seq)) = inner.raw_cases.pop_front() {
+                inner.deflate_case(&key, seq);
+            } else if let Some((key, seq)) = inner.history.pop_front() {
                 inner.evict(&key, seq);
             } else if let Some((key, seq)) = inner.newest.pop_front() {
                 inner.evict(&key, seq);
@@ -302,6 +334,22 @@ impl Inner {
         }
     }
 
+    /// Deflate the case of record `seq` of `key`, if it still holds one as text.
+    fn deflate_case(&mut self, key: &Arc<ParentKey>, seq: u64) {
+        let Some(entry) = self
+            .parents
+            .get_mut(key)
+            .and_then(|records| records.iter_mut().find(|e| e.seq == seq))
+        else {
+            return;
+        };
+        if let Some(CaseText::Raw(text)) = &entry.case {
+            let deflated = deflate(text);
+            self.bytes = self.bytes - text.len() + deflated.len();
+            entry.case = Some(CaseText::Deflated(deflated));
+        }
+    }
+
     /// Queue entries of records already gone (history a parent's own bound dropped) or no
     /// longer newest pile up for parents reconciled over and over; drop them once they
     /// outnumber the records.
@@ -312,6 +360,14 @@ impl Inner {
                 parents
                     .get(key)
                     .is_some_and(|records| records.iter().any(|e| e.seq == *seq))
+            });
+        }
+        if self.raw_cases.len() > 2 * parents.len() + 1024 {
+            self.raw_cases.retain(|(key, seq)| {
+                parents
+                    .get(key)
+                    .and_then(VecDeque::back)
+                    .is_some_and(|e| e.seq == *seq && matches!(e.case, Some(CaseText::Raw(_))))
             });
         }
         if self.newest.len() > 2 * parents.len() + 1024 {
@@ -383,11 +439,7 @@ mod tests {
         );
         assert_eq!(store.lookup("widget", Some("ns"), "a", 1), Lookup::NotFound);
         assert_eq!(store.len(), 3);
-        let deflated = |text: &str| deflate(text).len();
-        assert_eq!(
-            store.bytes(),
-            10 + (10 + deflated(r#"{"c":1}"#)) + (2 + deflated("{}")) + 3 * OVERHEAD_BYTES
-        );
+        assert_eq!(store.bytes(), 10 + (10 + 7) + (2 + 2) + 3 * OVERHEAD_BYTES);
     }
 
     #[test]
@@ -434,21 +486,20 @@ mod tests {
     }
 
     #[test]
-    fn a_case_is_kept_deflated_and_served_whole() {
-        let store = ExplainStore::new(Bounds {
-            max_bytes: 1 << 20,
-            per_parent: 5,
-        });
+    fn cases_are_deflated_before_anything_is_evicted_and_served_whole() {
         let case = format!(
             r#"{{"parent":{{"metadata":{{"name":"{}"}}}}}}"#,
             "n".repeat(4000)
         );
+        let store = ExplainStore::new(Bounds {
+            max_bytes: 4200,
+            per_parent: 5,
+        });
         store.push(&parent("a"), r#"{"n":1}"#.into(), Some(case.clone()), false);
-        assert!(
-            store.bytes() < 1000,
-            "a repetitive case deflates: {}",
-            store.bytes()
-        );
+        assert!(store.bytes() > 4000, "kept as text while memory lasts");
+        store.push(&parent("b"), r#"{"n":2}"#.into(), Some("{}".into()), false);
+        assert!(store.bytes() < 1000, "a's case deflated: {}", store.bytes());
+        assert_eq!(store.len(), 2, "nothing evicted");
         assert_eq!(
             found(store.lookup("MyApp", Some("ns"), "a", 1)),
             [format!(r#"{{"n":1,"case":{case}}}"#)]
