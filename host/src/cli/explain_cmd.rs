@@ -27,7 +27,7 @@ pub struct ExplainCommand {
     /// The parent as KIND/NAME; the kind as `kubectl` takes it (`myapp`, `myapps`,
     /// `myapps.example.com`).
     parent: String,
-    /// The parent's namespace (default: the kubeconfig context's, else `default`).
+    /// The parent's namespace (default: the kubeconfig context's; `default` with `--host`).
     #[arg(short, long)]
     namespace: Option<String>,
     /// Show up to this many reconciles, newest first.
