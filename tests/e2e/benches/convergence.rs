@@ -12,7 +12,8 @@
 //! It also reads the memory the host's explain records hold (`wasmctrl_explain_records_bytes`,
 //! bounded by `--explain-memory-mib`, 32 MiB by default) once every MyApp is Ready.
 //!
-//! Run with `cargo xtask bench convergence` (sizes: `WASMCTRL_BENCH_SIZES=1000,5000`).
+//! Run with `cargo xtask bench convergence` (sizes: `WASMCTRL_BENCH_SIZES=1000,5000`; the
+//! host's explain memory: `WASMCTRL_BENCH_EXPLAIN_MIB`, default 32, 0 keeps no records).
 //! The host runs in a child process (this binary, re-executed) so its RSS is its own.
 
 use std::collections::{BTreeMap, HashMap};
@@ -560,9 +561,20 @@ fn run_host(spec: &str) -> anyhow::Result<()> {
             cache_dir: Some(artifact_cache()),
             ..Default::default()
         })?;
+        let explain_mib: usize = std::env::var("WASMCTRL_BENCH_EXPLAIN_MIB")
+            .unwrap_or_else(|_| "32".into())
+            .parse()
+            .context("WASMCTRL_BENCH_EXPLAIN_MIB")?;
+        let defaults = wasmctrl::explain::ExplainOptions::default();
         let options = wasmctrl::controller::HostOptions {
             namespace: Some(namespace.to_owned()),
             policy_selector: Some(selector.to_owned()),
+            explain: Arc::new(wasmctrl::explain::Explain::in_memory(
+                wasmctrl::explain::Bounds {
+                    max_bytes: explain_mib << 20,
+                    ..defaults.bounds
+                },
+            )),
             ..Default::default()
         };
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
