@@ -20,6 +20,25 @@ pub enum Verdict {
     WouldFail(String),
 }
 
+impl Verdict {
+    /// `Unchanged`, `WouldChange` or `WouldFail`, as statuses and reports name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Unchanged => "Unchanged",
+            Self::WouldChange(_) => "WouldChange",
+            Self::WouldFail(_) => "WouldFail",
+        }
+    }
+
+    /// What would change or fail; empty when unchanged.
+    pub fn detail(&self) -> &str {
+        match self {
+            Self::Unchanged => "",
+            Self::WouldChange(detail) | Self::WouldFail(detail) => detail,
+        }
+    }
+}
+
 /// Compare the active plugin's answer with the candidate's.
 pub fn compare(
     active: &Result<ReconcileResponse, PluginError>,

@@ -248,17 +248,12 @@ impl PluginCommand {
                     &active.reconcile(request).await,
                     &candidate.reconcile(candidate_request).await,
                 );
-                let (verdict, detail) = match verdict {
-                    Verdict::Unchanged => ("Unchanged", String::new()),
-                    Verdict::WouldChange(detail) => ("WouldChange", detail),
-                    Verdict::WouldFail(detail) => ("WouldFail", detail),
-                };
                 print(
                     &DiffOutput {
                         active_digest: active.digest().to_string(),
                         candidate_digest: candidate.digest().to_string(),
-                        verdict,
-                        detail,
+                        verdict: verdict.name(),
+                        detail: verdict.detail().to_owned(),
                     },
                     output,
                 )
@@ -430,24 +425,16 @@ async fn replay(
                 .map_err(|e| RecordedError::of(&e)),
         };
         let actual = plugin.reconcile(request).await;
-        let (verdict, detail) = match compare_answers(&expected, &actual) {
-            Verdict::Unchanged => {
-                report.unchanged += 1;
-                ("Unchanged", String::new())
-            }
-            Verdict::WouldChange(detail) => {
-                report.would_change += 1;
-                ("WouldChange", detail)
-            }
-            Verdict::WouldFail(detail) => {
-                report.would_fail += 1;
-                ("WouldFail", detail)
-            }
-        };
+        let verdict = compare_answers(&expected, &actual);
+        match verdict {
+            Verdict::Unchanged => report.unchanged += 1,
+            Verdict::WouldChange(_) => report.would_change += 1,
+            Verdict::WouldFail(_) => report.would_fail += 1,
+        }
         report.cases.push(ReplayedCase {
             case: path.clone(),
-            verdict,
-            detail,
+            verdict: verdict.name(),
+            detail: verdict.detail().to_owned(),
         });
     }
     Ok(report)

@@ -165,28 +165,22 @@ pub(super) fn candidate_counts(
     };
     let mut examples = Vec::new();
     for (key, verdict) in verdicts.iter() {
-        let (name, detail) = match verdict {
+        match verdict {
             Verdict::Unchanged => {
                 status.unchanged += 1;
                 continue;
             }
-            Verdict::WouldChange(detail) => {
-                status.would_change += 1;
-                ("WouldChange", detail)
-            }
-            Verdict::WouldFail(detail) => {
-                status.would_fail += 1;
-                ("WouldFail", detail)
-            }
-        };
+            Verdict::WouldChange(_) => status.would_change += 1,
+            Verdict::WouldFail(_) => status.would_fail += 1,
+        }
         let parent = match &key.namespace {
             Some(ns) => format!("{ns}/{}", key.name),
             None => key.name.clone(),
         };
         examples.push(ShadowExample {
             parent,
-            verdict: name.into(),
-            detail: events::truncate(detail.clone(), 1024),
+            verdict: verdict.name().into(),
+            detail: events::truncate(verdict.detail().to_owned(), 1024),
         });
     }
     examples.sort_by(|a, b| a.parent.cmp(&b.parent));

@@ -110,10 +110,9 @@ impl Trace {
     /// The candidate's shadow verdict, in words.
     pub fn shadowed(&mut self, verdict: &crate::plugin::Verdict) {
         if self.enabled {
-            self.shadow = Some(match verdict {
-                crate::plugin::Verdict::Unchanged => "Unchanged".to_owned(),
-                crate::plugin::Verdict::WouldChange(d) => format!("WouldChange: {d}"),
-                crate::plugin::Verdict::WouldFail(d) => format!("WouldFail: {d}"),
+            self.shadow = Some(match verdict.detail() {
+                "" => verdict.name().to_owned(),
+                detail => format!("{}: {detail}", verdict.name()),
             });
         }
     }
