@@ -85,16 +85,21 @@ impl ExplainCommand {
             .split_once('/')
             .filter(|(k, n)| !k.is_empty() && !n.is_empty())
             .with_context(|| format!("{:?} is not KIND/NAME (e.g. myapp/web)", self.parent))?;
+        let query = |namespace: &str| {
+            url::form_urlencoded::Serializer::new(String::new())
+                .append_pair("kind", kind)
+                .append_pair("namespace", namespace)
+                .append_pair("name", name)
+                .append_pair("history", &self.history.to_string())
+                .finish()
+        };
+        let parent = format!("{kind}/{name}");
         let records = match &self.host {
             Some(host) => {
-                let namespace = self.namespace.clone().unwrap_or_else(|| "default".into());
+                let namespace = self.namespace.as_deref().unwrap_or("default");
                 let mut url = host.join("explain").context("--host")?;
-                url.query_pairs_mut()
-                    .append_pair("kind", kind)
-                    .append_pair("namespace", &namespace)
-                    .append_pair("name", name)
-                    .append_pair("history", &self.history.to_string());
-                records_from(direct(&url).await?, &format!("{kind}/{name}"))?
+                url.set_query(Some(&query(namespace)));
+                records_from(direct(&url).await?, &parent)?
             }
             None => {
                 let client = self.client().await?;
@@ -102,8 +107,8 @@ impl ExplainCommand {
                     .namespace
                     .clone()
                     .unwrap_or_else(|| client.default_namespace().to_owned());
-                through_api_server(&client, &self.service, kind, &namespace, name, self.history)
-                    .await?
+                let query = query(&namespace);
+                through_api_server(&client, &self.service, &query, &parent, self.history).await?
             }
         };
         if let Some(path) = &self.save {
@@ -169,9 +174,8 @@ fn records_from(answer: Answer, parent: &str) -> anyhow::Result<Vec<Record>> {
 async fn through_api_server(
     client: &Client,
     service: &str,
-    kind: &str,
-    namespace: &str,
-    name: &str,
+    query: &str,
+    parent: &str,
     history: usize,
 ) -> anyhow::Result<Vec<Record>> {
     let (service_namespace, service_name) = service
@@ -202,12 +206,6 @@ async fn through_api_server(
         .list(&ListParams::default().labels(&labels))
         .await
         .with_context(|| format!("listing the pods of Service {service}"))?;
-    let query = url::form_urlencoded::Serializer::new(String::new())
-        .append_pair("kind", kind)
-        .append_pair("namespace", namespace)
-        .append_pair("name", name)
-        .append_pair("history", &history.to_string())
-        .finish();
     let mut records = Vec::new();
     let mut refusals = Vec::new();
     for pod in pods
@@ -231,7 +229,7 @@ async fn through_api_server(
         let status = response.status().as_u16();
         let body =
             String::from_utf8_lossy(&response.into_body().collect_bytes().await?).into_owned();
-        match records_from(Answer { status, body }, &format!("{kind}/{name}")) {
+        match records_from(Answer { status, body }, parent) {
             Ok(found) => records.extend(found),
             Err(why) => refusals.push(format!("{pod_name}: {why:#}")),
         }
