@@ -58,17 +58,20 @@ fn run_with_files(dir: &Path) -> Value {
     let config_file = dir.join("config.json");
     std::fs::write(&parent_file, parent().to_string()).expect("write");
     std::fs::write(&config_file, json!({"service": true}).to_string()).expect("write");
-    let out = wasmctrl(&[
-        "plugin",
-        "run",
-        &plugin("myapp_plugin"),
+    run_json(&[
         "--parent",
         path(&parent_file),
         "--config",
         path(&config_file),
-        "-o",
-        "json",
-    ]);
+    ])
+}
+
+/// `wasmctrl plugin run` of MyApp with `args`: its JSON output.
+fn run_json(args: &[&str]) -> Value {
+    let plugin = plugin("myapp_plugin");
+    let mut all = vec!["plugin", "run", &plugin, "-o", "json"];
+    all.extend_from_slice(args);
+    let out = wasmctrl(&all);
     assert!(
         out.status.success(),
         "{}",
@@ -86,24 +89,7 @@ fn a_case_runs_as_the_request_it_holds_and_replays_against_what_was_recorded() {
     let mut case = json!({"parent": parent(), "config": {"service": true}});
     let bare = dir.path().join("bare.yaml");
     std::fs::write(&bare, serde_yaml_ng::to_string(&case).expect("yaml")).expect("write");
-    let out = wasmctrl(&[
-        "plugin",
-        "run",
-        &plugin("myapp_plugin"),
-        "--case",
-        path(&bare),
-        "-o",
-        "json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        serde_json::from_slice::<Value>(&out.stdout).expect("json"),
-        expected
-    );
+    assert_eq!(run_json(&["--case", path(&bare)]), expected);
 
     // `--expect` needs a recorded answer: trouble, exit 2.
     let out = wasmctrl(&[

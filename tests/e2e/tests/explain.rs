@@ -287,6 +287,29 @@ async fn explain_shows_each_step_and_a_saved_or_recorded_case_replays() -> anyho
     host.stop().await
 }
 
+/// A namespace for `test` with a policy running the misbehave plugin with `config` on its
+/// Widgets (ConfigMaps as children).
+async fn widget_test(test: &str, config: Value) -> anyhow::Result<(kube::Client, String)> {
+    let (client, ns) = test_namespace(test).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
+    let spec = json!({
+        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "plugin": {"source": file_source("misbehave_plugin"), "config": config},
+    });
+    apply_policy(&client, test, test, spec).await?;
+    Ok((client, ns))
+}
+
+async fn create_widget(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<()> {
+    let widgets = api(client, &resource(GROUP, "v1", "Widget"), ns);
+    let widget = json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget",
+                        "metadata": {"name": name}, "spec": {}});
+    apply(&widgets, widget).await?;
+    Ok(())
+}
+
 /// This machine's address on its first non-loopback interface, which the API server can
 /// dial (it refuses to proxy to loopback).
 fn routable_address() -> anyhow::Result<std::net::IpAddr> {
@@ -340,24 +363,10 @@ async fn stand_in_replica(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_reconcile_is_explained_through_the_api_server() -> anyhow::Result<()> {
     const TEST: &str = "explain-failure";
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
-    apply_policy(&client, TEST, TEST, json!({
-        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
-        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
-        "plugin": {"source": file_source("misbehave_plugin"), "config": {"behavior": "permanent"}},
-    }))
-    .await?;
+    let (client, ns) = widget_test(TEST, json!({"behavior": "permanent"})).await?;
     let host = HostUnderTest::start(TEST, &ns).await?;
     let (address, _stop) = serve(&host).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
-    apply(
-        &widgets,
-        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget",
-        "metadata": {"name": "broken"}, "spec": {}}),
-    )
-    .await?;
+    create_widget(&client, &ns, "broken").await?;
 
     let replica = SocketAddr::new(routable_address()?, address.port());
     stand_in_replica(&client, &ns, replica).await?;
@@ -493,20 +502,7 @@ async fn collector() -> anyhow::Result<(SocketAddr, Arc<std::sync::Mutex<Vec<Vec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<()> {
     const TEST: &str = "explain-traces";
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
-    apply_policy(
-        &client,
-        TEST,
-        TEST,
-        json!({
-            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
-            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
-            "plugin": {"source": file_source("misbehave_plugin")},
-        }),
-    )
-    .await?;
+    let (client, ns) = widget_test(TEST, json!({})).await?;
     let (collector, bodies) = collector().await?;
     let kubeconfig = TestEnv::get().kubeconfig().to_string_lossy().into_owned();
     let selector = format!("{TEST_LABEL}={TEST}");
@@ -530,13 +526,7 @@ async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<
         .env("WASMCTRL_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .spawn()?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
-    apply(
-        &widgets,
-        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget",
-        "metadata": {"name": "traced"}, "spec": {}}),
-    )
-    .await?;
+    create_widget(&client, &ns, "traced").await?;
 
     let started = Instant::now();
     let exported = loop {
