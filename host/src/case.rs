@@ -40,9 +40,66 @@ pub struct Case {
     /// The parent was being deleted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub finalizing: bool,
+    /// What the plugin must answer: a golden case for `wasmctrl plugin test`, written by hand
+    /// or by `plugin test --update`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect: Option<Expected>,
     /// What the plugin answered, when the case was recorded by a host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recorded: Option<Recorded>,
+}
+
+/// The answer a golden case expects: the plugin's decision, or `error:` for a call that must
+/// fail. Read from YAML by looking for `error` first, so a mistyped field is named in the
+/// error instead of matching neither shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged, try_from = "Value")]
+pub enum Expected {
+    /// The call fails with this error.
+    Failure {
+        /// The error: `outcome` as the host labels it and the whole message.
+        error: RecordedError,
+    },
+    /// The plugin decides this.
+    Answer(RunOutput),
+}
+
+impl TryFrom<Value> for Expected {
+    type Error = serde_json::Error;
+
+    fn try_from(value: Value) -> Result<Self, Self::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Failure {
+            error: RecordedError,
+        }
+        if value.get("error").is_some() {
+            let Failure { error } = serde_json::from_value(value)?;
+            Ok(Self::Failure { error })
+        } else {
+            serde_json::from_value(value).map(Self::Answer)
+        }
+    }
+}
+
+impl Expected {
+    /// What the runtime would return for this expectation.
+    pub fn answer(&self) -> Result<ReconcileResponse, RecordedError> {
+        match self {
+            Self::Failure { error } => Err(error.clone()),
+            Self::Answer(output) => Ok(output.clone().into()),
+        }
+    }
+
+    /// The expectation of what a plugin returned.
+    pub fn of(answer: &Result<ReconcileResponse, PluginError>) -> Self {
+        match answer {
+            Ok(response) => Self::Answer(response.clone().into()),
+            Err(error) => Self::Failure {
+                error: RecordedError::of(error),
+            },
+        }
+    }
 }
 
 /// The answer a host saw for a case, and where it came from.
@@ -86,7 +143,7 @@ impl RecordedError {
 
 /// A plugin's decision, as `plugin run` prints it and a case records it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RunOutput {
     /// Desired children.
     #[serde(default)]
@@ -152,6 +209,7 @@ impl Case {
             related: objects(&request.related),
             config: request.config.as_deref().map(parse),
             finalizing: request.finalizing,
+            expect: None,
             recorded: None,
         }
     }
@@ -175,8 +233,11 @@ impl Case {
         }
     }
 
-    /// The recorded answer as the runtime returns one, if the case has one.
-    pub fn recorded_answer(&self) -> Option<Result<ReconcileResponse, RecordedError>> {
+    /// The answer this case expects: its `expect`, or else what was recorded.
+    pub fn expected_answer(&self) -> Option<Result<ReconcileResponse, RecordedError>> {
+        if let Some(expected) = &self.expect {
+            return Some(expected.answer());
+        }
         let recorded = self.recorded.as_ref()?;
         match (&recorded.response, &recorded.error) {
             (Some(response), _) => Some(Ok(response.clone().into())),
@@ -197,7 +258,8 @@ impl Case {
     pub fn to_yaml(&self) -> anyhow::Result<String> {
         Ok(format!(
             "# A wasmctrl reconcile case: `wasmctrl plugin run PLUGIN --case FILE` runs it,\n\
-             # `wasmctrl plugin replay PLUGIN FILE --expect` compares with what was recorded.\n{}",
+             # `wasmctrl plugin test PLUGIN FILE` checks the answer against `expect` (or what was\n\
+             # recorded), `wasmctrl plugin replay PLUGIN FILE --against OLD` against another plugin.\n{}",
             serde_yaml_ng::to_string(self)?
         ))
     }

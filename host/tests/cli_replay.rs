@@ -1,4 +1,4 @@
-//! `wasmctrl plugin run --case` and `wasmctrl plugin replay`: a case file runs exactly as the
+//! `wasmctrl plugin run --case`, `plugin replay` and `plugin test`: a case file runs exactly as the
 //! request it holds, and replay says per case whether a plugin's answer is unchanged, would
 //! change or would fail, with `diff`'s exit codes (0 same, 1 different, 2 trouble).
 
@@ -100,7 +100,7 @@ fn a_case_runs_as_the_request_it_holds_and_replays_against_what_was_recorded() {
         "--expect",
     ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("has no recorded answer"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no recorded or expected answer"));
 
     // Recorded with this plugin's answer: the same plugin replays unchanged...
     case["recorded"] = json!({"at": "2026-11-30T00:00:00Z", "policy": "myapp",
@@ -147,4 +147,124 @@ fn a_case_runs_as_the_request_it_holds_and_replays_against_what_was_recorded() {
 
     // Another plugin answers something else than what was recorded.
     assert_eq!(replay_expecting("misbehave_plugin", &cases).0, Some(1));
+}
+
+/// `wasmctrl plugin test PLUGIN CASES [--update]`: exit code, stdout and stderr.
+fn test_cases(plugin_name: &str, cases: &Path, update: bool) -> (Option<i32>, String, String) {
+    let plugin = plugin(plugin_name);
+    let mut args = vec!["plugin", "test", &plugin, path(cases)];
+    if update {
+        args.push("--update");
+    }
+    let out = wasmctrl(&args);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn golden_cases_pass_fail_with_the_difference_and_update_to_the_plugins_answers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let answer = run_with_files(dir.path());
+    let cases = dir.path().join("cases");
+    std::fs::create_dir(&cases).expect("mkdir");
+    // A case expecting MyApp's answer (YAML), and one expecting a failure (JSON): a parent
+    // without a spec is invalid.
+    let web = cases.join("web.yaml");
+    std::fs::write(
+        &web,
+        serde_yaml_ng::to_string(
+            &json!({"parent": parent(), "config": {"service": true}, "expect": answer}),
+        )
+        .expect("yaml"),
+    )
+    .expect("write");
+    let mut broken_parent = parent();
+    broken_parent
+        .as_object_mut()
+        .expect("object")
+        .remove("spec");
+    let out = wasmctrl(&[
+        "plugin",
+        "run",
+        &plugin("myapp_plugin"),
+        "--parent",
+        path(&write_json(dir.path(), "broken.json", &broken_parent)),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&out.stderr);
+    let message = message
+        .trim()
+        .rsplit_once("reconciling ")
+        .and_then(|(_, rest)| rest.split_once(": "))
+        .map(|(_, m)| m.to_owned())
+        .expect("error message");
+    let broken = write_json(
+        &cases,
+        "broken.json",
+        &json!({"parent": broken_parent,
+                "expect": {"error": {"outcome": "reported_error", "message": message}}}),
+    );
+
+    let (code, stdout, stderr) = test_cases("myapp_plugin", &cases, false);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("2 cases: 2 passed, 0 failed"), "{stdout}");
+
+    // v2 labels every child: the YAML case fails with the difference, exit 1.
+    let (code, stdout, _) = test_cases("myapp_v2_plugin", &cases, false);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains("FAILED"), "{stdout}");
+    assert!(
+        stdout.contains("~ Deployment web: .metadata.labels.example.com/plugin-version"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("2 cases: 1 passed, 1 failed"), "{stdout}");
+
+    // --update writes v2's answer into the failing case only; then v2 passes and MyApp fails.
+    let broken_before = std::fs::read_to_string(&broken).expect("read");
+    let (code, stdout, _) = test_cases("myapp_v2_plugin", &cases, true);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("1 updated"), "{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(&broken).expect("read"),
+        broken_before,
+        "a passing case is left as it was"
+    );
+    let updated: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&web).expect("read")).expect("yaml");
+    assert_eq!(
+        updated["expect"]["children"][0]["metadata"]["labels"]["example.com/plugin-version"],
+        "v2"
+    );
+    assert_eq!(test_cases("myapp_v2_plugin", &cases, false).0, Some(0));
+    assert_eq!(test_cases("myapp_plugin", &cases, false).0, Some(1));
+
+    // A case without an expectation is trouble (exit 2) that names the way out; a typo in
+    // `expect` is named.
+    let bare = cases.join("bare.yaml");
+    std::fs::write(
+        &bare,
+        serde_yaml_ng::to_string(&json!({"parent": parent()})).expect("yaml"),
+    )
+    .expect("write");
+    let (code, _, stderr) = test_cases("myapp_plugin", &bare, false);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--update"), "{stderr}");
+    std::fs::write(
+        &bare,
+        serde_yaml_ng::to_string(&json!({"parent": parent(), "expect": {"chidren": []}}))
+            .expect("yaml"),
+    )
+    .expect("write");
+    let (code, _, stderr) = test_cases("myapp_plugin", &bare, false);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("unknown field `chidren`"), "{stderr}");
+}
+
+fn write_json(dir: &Path, name: &str, value: &Value) -> std::path::PathBuf {
+    let file = dir.join(name);
+    std::fs::write(&file, serde_json::to_string_pretty(value).expect("json")).expect("write");
+    file
 }

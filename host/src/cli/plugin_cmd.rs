@@ -1,4 +1,4 @@
-//! `wasmctrl plugin run | diff | replay | inspect`: the plugin runtime without a cluster.
+//! `wasmctrl plugin run | diff | replay | test | inspect`: the plugin runtime without a cluster.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::input;
 pub use crate::case::RunOutput;
-use crate::case::{Case, RecordedError, compare_answers};
+use crate::case::{Case, Expected, RecordedError, compare_answers};
 use crate::plugin::{
     CONTRACT_VERSION, Digest, EngineOptions, Limits, ObservedObject, Plugin, PluginEngine,
     ReconcileRequest, Verdict,
@@ -69,6 +69,26 @@ pub enum PluginCommand {
         /// Compare with this plugin's answers to the same cases.
         #[arg(long, value_name = "OLD.wasm")]
         against: Option<PathBuf>,
+        /// The sandbox's limits.
+        #[command(flatten)]
+        limits: LimitArgs,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = ReplayFormat::Text)]
+        output: ReplayFormat,
+    },
+    /// Run golden cases: each case's request against the plugin, its answer compared with the
+    /// case's `expect` (or, for a recorded case, what was recorded). Exits 1 on any mismatch,
+    /// so a plugin repository's CI can run it.
+    Test {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        /// Case files, or directories of them.
+        #[arg(required = true)]
+        cases: Vec<PathBuf>,
+        /// Write the plugin's answer into the `expect` of every case it does not match (or that
+        /// has none), instead of failing. Review the change before committing it.
+        #[arg(long)]
+        update: bool,
         /// The sandbox's limits.
         #[command(flatten)]
         limits: LimitArgs,
@@ -214,10 +234,7 @@ impl PluginCommand {
                     .or(request.parent.clone())
                     .unwrap_or_default();
                 let request = request.request()?;
-                let engine = PluginEngine::new(EngineOptions {
-                    cache_dir,
-                    ..EngineOptions::default()
-                })?;
+                let engine = engine(cache_dir)?;
                 let plugin = load(&engine, &plugin, digest.as_ref(), limits.limits())?;
                 let response = plugin
                     .reconcile(request)
@@ -238,10 +255,7 @@ impl PluginCommand {
                     config: read_config(candidate_config.as_deref())?.or(request.config.clone()),
                     ..request.clone()
                 };
-                let engine = PluginEngine::new(EngineOptions {
-                    cache_dir,
-                    ..EngineOptions::default()
-                })?;
+                let engine = engine(cache_dir)?;
                 let active = load(&engine, &active, None, limits.limits())?;
                 let candidate = load(&engine, &candidate, None, limits.limits())?;
                 let verdict = crate::plugin::compare(
@@ -266,10 +280,7 @@ impl PluginCommand {
                 limits,
                 output,
             } => {
-                let engine = PluginEngine::new(EngineOptions {
-                    cache_dir,
-                    ..EngineOptions::default()
-                })?;
+                let engine = engine(cache_dir)?;
                 let baseline = match against {
                     Some(path) if !expect => {
                         Baseline::Plugin(load(&engine, &path, None, limits.limits())?)
@@ -285,9 +296,35 @@ impl PluginCommand {
                     Err(CasesDiffer(report.summary()).into())
                 }
             }
+            Self::Test {
+                plugin,
+                cases,
+                update,
+                limits,
+                output,
+            } => {
+                let engine = engine(cache_dir)?;
+                let plugin = load(&engine, &plugin, None, limits.limits())?;
+                let report = test(&plugin, &case_files(&cases)?, update).await?;
+                print!("{}", report.render(output)?);
+                if report.failed == 0 {
+                    Ok(())
+                } else {
+                    Err(CasesDiffer(report.summary()).into())
+                }
+            }
             Self::Inspect { plugin, output } => inspect(&plugin, output),
         }
     }
+}
+
+/// The engine for an offline command, compiling through the artifact cache when there is one.
+fn engine(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginEngine> {
+    PluginEngine::new(EngineOptions {
+        cache_dir,
+        ..EngineOptions::default()
+    })
+    .context("starting the plugin engine")
 }
 
 fn inspect(plugin: &Path, output: Format) -> anyhow::Result<()> {
@@ -413,9 +450,9 @@ async fn replay(
         let case = Case::read(path)?;
         let request = case.request();
         let expected = match baseline {
-            Baseline::Recorded => case.recorded_answer().with_context(|| {
+            Baseline::Recorded => case.expected_answer().with_context(|| {
                 format!(
-                    "{} has no recorded answer to expect; compare with a plugin instead (--against)",
+                    "{} has no recorded or expected answer; compare with a plugin instead (--against)",
                     path.display()
                 )
             })?,
@@ -438,6 +475,121 @@ async fn replay(
         });
     }
     Ok(report)
+}
+
+/// One golden case's result.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TestedCase {
+    case: PathBuf,
+    /// `Passed`, `Failed` or `Updated`.
+    result: &'static str,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    detail: String,
+}
+
+/// Every golden case's result.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TestReport {
+    cases: Vec<TestedCase>,
+    passed: usize,
+    failed: usize,
+    updated: usize,
+}
+
+impl TestReport {
+    fn summary(&self) -> String {
+        let mut summary = format!(
+            "{} cases: {} passed, {} failed",
+            self.cases.len(),
+            self.passed,
+            self.failed
+        );
+        if self.updated > 0 {
+            summary.push_str(&format!(", {} updated", self.updated));
+        }
+        summary
+    }
+
+    fn render(&self, format: ReplayFormat) -> anyhow::Result<String> {
+        Ok(match format {
+            ReplayFormat::Yaml => serde_yaml_ng::to_string(self)?,
+            ReplayFormat::Json => serde_json::to_string_pretty(self)? + "\n",
+            ReplayFormat::Text => {
+                let mut out = String::new();
+                for case in &self.cases {
+                    let result = match case.result {
+                        "Passed" => "ok",
+                        "Updated" => "updated",
+                        _ => "FAILED",
+                    };
+                    out.push_str(&format!("{result:<8} {}\n", case.case.display()));
+                    for line in case.detail.lines() {
+                        out.push_str(&format!("    {line}\n"));
+                    }
+                }
+                out.push_str(&self.summary());
+                out.push('\n');
+                out
+            }
+        })
+    }
+}
+
+/// Run every golden case on `plugin`; with `update`, write the plugin's answer into each case
+/// it does not match instead of failing it.
+async fn test(plugin: &Plugin, cases: &[PathBuf], update: bool) -> anyhow::Result<TestReport> {
+    let mut report = TestReport {
+        cases: Vec::new(),
+        passed: 0,
+        failed: 0,
+        updated: 0,
+    };
+    for path in cases {
+        let mut case = Case::read(path)?;
+        let actual = plugin.reconcile(case.request()).await;
+        let verdict = match case.expected_answer() {
+            Some(expected) => compare_answers(&expected, &actual),
+            None if update => Verdict::WouldChange("no expected answer yet".to_owned()),
+            None => anyhow::bail!(
+                "{} has no expected answer (`expect:`); `wasmctrl plugin test PLUGIN CASES --update` writes the plugin's",
+                path.display()
+            ),
+        };
+        let (result, detail) = match verdict {
+            Verdict::Unchanged => {
+                report.passed += 1;
+                ("Passed", String::new())
+            }
+            changed if update => {
+                case.expect = Some(Expected::of(&actual));
+                write_case(path, &case)?;
+                report.updated += 1;
+                ("Updated", changed.detail().to_owned())
+            }
+            failed => {
+                report.failed += 1;
+                ("Failed", failed.detail().to_owned())
+            }
+        };
+        report.cases.push(TestedCase {
+            case: path.clone(),
+            result,
+            detail,
+        });
+    }
+    Ok(report)
+}
+
+/// Write `case` back to `path`, as JSON when the file is JSON.
+fn write_case(path: &Path, case: &Case) -> anyhow::Result<()> {
+    let text = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::to_string_pretty(case)? + "\n"
+    } else {
+        case.to_yaml()?
+    };
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The case files among `paths`: files as given, directories searched for `.yaml`, `.yml`

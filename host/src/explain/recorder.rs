@@ -209,6 +209,7 @@ mod tests {
             related: vec![],
             config: None,
             finalizing: false,
+            expect: None,
             recorded: None,
         }
     }
