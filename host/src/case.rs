@@ -260,7 +260,7 @@ impl Case {
             "# A wasmctrl reconcile case: `wasmctrl plugin run PLUGIN --case FILE` runs it,\n\
              # `wasmctrl plugin test PLUGIN FILE` checks the answer against `expect` (or what was\n\
              # recorded), `wasmctrl plugin replay PLUGIN FILE --against OLD` against another plugin.\n{}",
-            serde_yaml_ng::to_string(self)?
+            crate::yaml::to_string(self)?
         ))
     }
 }

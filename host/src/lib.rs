@@ -19,6 +19,7 @@ pub mod registry;
 pub mod server;
 pub mod telemetry;
 mod watch_backoff;
+pub mod yaml;
 
 /// Lock a mutex that only holds plain bookkeeping: a panic elsewhere cannot leave it
 /// inconsistent, so poisoning is ignored.

@@ -120,7 +120,7 @@ impl ExplainCommand {
         }
         Ok(match self.output {
             ExplainFormat::Text => records.iter().map(text).collect::<Vec<_>>().join("\n"),
-            ExplainFormat::Yaml => serde_yaml_ng::to_string(&records)?,
+            ExplainFormat::Yaml => crate::yaml::to_string(&records)?,
             ExplainFormat::Json => serde_json::to_string_pretty(&records)? + "\n",
         })
     }
@@ -321,7 +321,7 @@ fn text(record: &Record) -> String {
             "unchanged, not written"
         };
         let _ = writeln!(out, "  status ({written}):");
-        let yaml = serde_yaml_ng::to_string(&status.status).unwrap_or_default();
+        let yaml = crate::yaml::to_string(&status.status).unwrap_or_default();
         for line in yaml.lines() {
             let _ = writeln!(out, "    {line}");
         }

@@ -411,7 +411,7 @@ impl ReplayReport {
 
     fn render(&self, format: ReplayFormat) -> anyhow::Result<String> {
         Ok(match format {
-            ReplayFormat::Yaml => serde_yaml_ng::to_string(self)?,
+            ReplayFormat::Yaml => crate::yaml::to_string(self)?,
             ReplayFormat::Json => serde_json::to_string_pretty(self)? + "\n",
             ReplayFormat::Text => {
                 let mut out = String::new();
@@ -514,7 +514,7 @@ impl TestReport {
 
     fn render(&self, format: ReplayFormat) -> anyhow::Result<String> {
         Ok(match format {
-            ReplayFormat::Yaml => serde_yaml_ng::to_string(self)?,
+            ReplayFormat::Yaml => crate::yaml::to_string(self)?,
             ReplayFormat::Json => serde_json::to_string_pretty(self)? + "\n",
             ReplayFormat::Text => {
                 let mut out = String::new();
@@ -652,7 +652,7 @@ fn load(
 
 fn print<T: Serialize>(value: &T, format: Format) -> anyhow::Result<()> {
     let text = match format {
-        Format::Yaml => serde_yaml_ng::to_string(value)?,
+        Format::Yaml => crate::yaml::to_string(value)?,
         Format::Json => serde_json::to_string_pretty(value)? + "\n",
     };
     print!("{text}");

@@ -138,7 +138,7 @@ impl RbacCommand {
         );
         for document in documents {
             text.push_str("---\n");
-            text.push_str(&serde_yaml_ng::to_string(&document)?);
+            text.push_str(&crate::yaml::to_string(&document)?);
         }
         Ok(text)
     }
