@@ -131,6 +131,24 @@ mod tests {
     }
 
     #[test]
+    fn the_sdk_bundles_the_contract_this_host_serves() {
+        // The SDK carries its own copy of the WIT so it can be published and used alone; a
+        // change to the contract must reach both.
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let read = |path: &str| {
+            std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+        };
+        assert!(
+            read("wit/plugin.wit") == read("plugins/sdk/wit/plugin.wit"),
+            "plugins/sdk/wit/plugin.wit differs from wit/plugin.wit: copy the contract into the SDK"
+        );
+        assert!(
+            read("wit/plugin.wit")
+                .contains(&format!("package wasmctrl:plugin@{CONTRACT_VERSION};"))
+        );
+    }
+
+    #[test]
     fn a_component_without_the_reconciler_lists_what_it_exports() {
         let err = exporting(&["wasi:http/incoming-handler@0.2.0"])
             .check()

@@ -77,6 +77,11 @@ pub use glue::{RawRequest, reconcile_raw};
 pub use request::{Observed, ObservedObject, Request};
 pub use response::{Event, EventType, Response};
 
+/// The version of the host contract (`wasmctrl:plugin`) plugins built with this SDK export.
+/// A host refuses a plugin whose contract it does not serve, naming both versions;
+/// `wasmctrl plugin inspect` shows a plugin's and `wasmctrl version` the host's.
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
 /// Re-exported so plugins use the same Kubernetes types the SDK was built against.
 pub use k8s_openapi;
 /// Re-exported for building and reading untyped objects.
@@ -97,12 +102,12 @@ pub trait Reconciler {
     fn reconcile(request: &Request<Self::Parent, Self::Config>) -> Result<Response, Error>;
 }
 
-/// The WIT bindings, generated from the contract in `wit/`. Used by [`export_reconciler!`];
+/// The WIT bindings, generated from the contract bundled in this crate's `wit/`. Used by [`export_reconciler!`];
 /// plugin code does not need to touch them.
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "wit",
         world: "plugin",
         pub_export_macro: true,
         export_macro_name: "__export_plugin",
@@ -144,3 +149,16 @@ macro_rules! export_reconciler {
 #[doc(hidden)]
 #[cfg(target_arch = "wasm32")]
 pub use glue::wasm_reconcile as __wasm_reconcile;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn contract_version_is_the_bundled_wit_package_version() {
+        let wit = include_str!("../wit/plugin.wit");
+        let package = format!("package wasmctrl:plugin@{};", super::CONTRACT_VERSION);
+        assert!(
+            wit.lines().any(|l| l.trim() == package),
+            "{package} not in wit/plugin.wit"
+        );
+    }
+}
