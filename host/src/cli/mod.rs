@@ -4,6 +4,7 @@
 mod explain_cmd;
 mod input;
 mod plugin_cmd;
+mod plugin_new;
 mod rbac_cmd;
 mod run_cmd;
 

@@ -1,4 +1,4 @@
-//! `wasmctrl plugin run | diff | replay | test | inspect`: the plugin runtime without a cluster.
+//! `wasmctrl plugin run | diff | replay | test | new | inspect`: the plugin runtime without a cluster.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -96,6 +96,10 @@ pub enum PluginCommand {
         #[arg(short, long, value_enum, default_value_t = ReplayFormat::Text)]
         output: ReplayFormat,
     },
+    /// Create a plugin crate that builds, tests and runs as it is: the parent type and its CRD,
+    /// a reconciler with one child, native tests, golden cases, a ReconcilePolicy, a README
+    /// and the script its CI runs.
+    New(super::plugin_new::NewArgs),
     /// Show a plugin's digest, size, contract version, imports, exports and compile time.
     Inspect {
         /// The plugin component (.wasm).
@@ -289,12 +293,11 @@ impl PluginCommand {
                 };
                 let plugin = load(&engine, &plugin, None, limits.limits())?;
                 let report = replay(&plugin, &baseline, &case_files(&cases)?).await?;
-                print!("{}", report.render(output)?);
-                if report.all_unchanged() {
-                    Ok(())
-                } else {
-                    Err(CasesDiffer(report.summary()).into())
-                }
+                conclude(
+                    report.render(output)?,
+                    report.all_unchanged(),
+                    report.summary(),
+                )
             }
             Self::Test {
                 plugin,
@@ -306,15 +309,24 @@ impl PluginCommand {
                 let engine = engine(cache_dir)?;
                 let plugin = load(&engine, &plugin, None, limits.limits())?;
                 let report = test(&plugin, &case_files(&cases)?, update).await?;
-                print!("{}", report.render(output)?);
-                if report.failed == 0 {
-                    Ok(())
-                } else {
-                    Err(CasesDiffer(report.summary()).into())
-                }
+                conclude(report.render(output)?, report.failed == 0, report.summary())
+            }
+            Self::New(args) => {
+                print!("{}", super::plugin_new::scaffold(&args)?);
+                Ok(())
             }
             Self::Inspect { plugin, output } => inspect(&plugin, output),
         }
+    }
+}
+
+/// Print a report of cases; `wasmctrl` exits 1 (with `summary`) unless they all `passed`.
+fn conclude(report: String, passed: bool, summary: String) -> anyhow::Result<()> {
+    print!("{report}");
+    if passed {
+        Ok(())
+    } else {
+        Err(CasesDiffer(summary).into())
     }
 }
 
