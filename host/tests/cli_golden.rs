@@ -150,6 +150,12 @@ fn every_failure_is_one_line_that_names_the_cause() {
             "does not export `wasmctrl:plugin/reconciler@0.1.0`",
         ),
         (
+            "future contract",
+            support::guest("future_contract_plugin"),
+            vec![],
+            "implements contract wasmctrl:plugin@0.2.0, but this host serves only @0.1.0: rebuild the plugin with wasmctrl-plugin-sdk for contract 0.1.0",
+        ),
+        (
             "wrong digest",
             support::guest("myapp_plugin"),
             vec![
@@ -240,5 +246,53 @@ fn plugin_diff_shows_what_a_candidate_would_change() {
             .as_str()
             .is_some_and(|d| d.contains("deliberate panic")),
         "{failing:?}"
+    );
+}
+
+/// `plugin inspect` shows any component's contract, whether or not this host serves it, and
+/// says why it would refuse one; `wasmctrl version` says which contracts it serves.
+#[test]
+fn inspect_and_version_name_the_contracts() {
+    let inspect = |plugin: &str| -> serde_json::Value {
+        let output = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+            .env("WASMCTRL_LOG", "off")
+            .args(["plugin", "inspect", "-o", "json"])
+            .arg(support::guest(plugin))
+            .output()
+            .expect("run wasmctrl");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).expect("json")
+    };
+    let future = inspect("future_contract_plugin");
+    assert_eq!(future["contractVersion"], "0.2.0");
+    assert_eq!(future["hostContractVersions"], serde_json::json!(["0.1.0"]));
+    assert_eq!(future["compatible"], false);
+    assert!(
+        future["refused"]
+            .as_str()
+            .is_some_and(|r| r.contains("serves only @0.1.0")),
+        "{future}"
+    );
+    let myapp = inspect("myapp_plugin");
+    assert_eq!(myapp["contractVersion"], "0.1.0");
+    assert_eq!(myapp["compatible"], true);
+    assert!(myapp.get("refused").is_none(), "{myapp}");
+    let wrong_world = inspect("wrong-world");
+    assert_eq!(wrong_world["compatible"], false);
+    assert!(wrong_world["contractVersion"].is_null());
+
+    let version = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+        .arg("version")
+        .output()
+        .expect("run wasmctrl");
+    let version: serde_json::Value =
+        serde_yaml_ng::from_slice(&version.stdout).expect("version is YAML");
+    assert_eq!(
+        version["pluginContracts"],
+        serde_json::json!(["wasmctrl:plugin@0.1.0"])
     );
 }

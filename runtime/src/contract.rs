@@ -16,7 +16,16 @@ wasmtime::component::bindgen!({
 pub(crate) use exports::wasmctrl::plugin::reconciler as wit;
 
 /// The contract version this host implements (the WIT package version).
+///
+/// A host serves exactly the contract versions it has bindings for: the version is part of
+/// every interface name, and a new version may change any record. When the WIT changes, the
+/// host binds the new world next to the old one and serves both for as long as plugins of
+/// the old one are in use; until then a plugin of another version is refused at load, before
+/// any call, with both versions named ([`PluginError::ContractVersion`]).
 pub const CONTRACT_VERSION: &str = "0.1.0";
+
+/// Every contract version this host serves, for `wasmctrl version` and `plugin inspect`.
+pub const CONTRACT_VERSIONS: &[&str] = &[CONTRACT_VERSION];
 /// The interface every plugin must export, versioned.
 const RECONCILER_EXPORT: &str = "wasmctrl:plugin/reconciler@0.1.0";
 const RECONCILER_EXPORT_PREFIX: &str = "wasmctrl:plugin/reconciler@";

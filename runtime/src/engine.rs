@@ -185,6 +185,38 @@ impl PluginEngine {
         Ok(())
     }
 
+    /// What a component is, whether or not this host would run it: its digest, size, surface
+    /// and compile time, and why it would be refused if it would. Compiles without the
+    /// artifact cache, since the compile time is part of the answer.
+    pub fn inspect(&self, bytes: &[u8]) -> Result<Inspection, PluginError> {
+        check_is_component(bytes)?;
+        let started = Instant::now();
+        let component = Component::new(&self.inner.engine, bytes)
+            .map_err(|e| PluginError::InvalidComponent(format!("{e:#}")))?;
+        let compile_time = started.elapsed();
+        let surface = Surface::of(&self.inner.engine, &component);
+        let refusal = surface
+            .check()
+            .err()
+            .or_else(|| {
+                self.inner
+                    .linker
+                    .instantiate_pre(&component)
+                    .err()
+                    .map(|e| PluginError::WrongWorld(format!("{e:#}")))
+            })
+            .map(|e| e.to_string());
+        Ok(Inspection {
+            digest: Digest::of(bytes),
+            size_bytes: bytes.len(),
+            contract_version: surface.contract_version().map(str::to_owned),
+            imports: surface.imports,
+            exports: surface.exports,
+            compile_time,
+            refusal,
+        })
+    }
+
     /// Check the contract and pre-instantiate: everything a call would otherwise repeat.
     fn prepare(
         &self,
@@ -307,6 +339,26 @@ fn start_epoch_clock(engine: &Engine) -> std::io::Result<()> {
             }
         })?;
     Ok(())
+}
+
+/// What [`PluginEngine::inspect`] finds out about a component.
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    /// Content digest of the bytes.
+    pub digest: Digest,
+    /// Size of the component in bytes.
+    pub size_bytes: usize,
+    /// The `wasmctrl:plugin` contract version the component exports, if any.
+    pub contract_version: Option<String>,
+    /// Names the component imports.
+    pub imports: Vec<String>,
+    /// Names the component exports.
+    pub exports: Vec<String>,
+    /// Time to compile it.
+    pub compile_time: Duration,
+    /// Why this host would refuse to load it (another contract version, another world, an
+    /// import it does not provide); `None` when it would load.
+    pub refusal: Option<String>,
 }
 
 #[cfg(test)]

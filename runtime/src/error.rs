@@ -20,14 +20,14 @@ pub enum PluginError {
     /// A component, but not one that implements the `wasmctrl:plugin` world.
     #[error("component does not implement the wasmctrl plugin world: {0}")]
     WrongWorld(String),
-    /// Implements the contract, but a version this host does not speak.
+    /// Implements the contract, but a version this host does not serve.
     #[error(
-        "plugin implements contract wasmctrl:plugin@{found}, this host speaks @{supported}; rebuild the plugin with a matching SDK"
+        "plugin implements contract wasmctrl:plugin@{found}, but this host serves only @{supported}: rebuild the plugin with wasmctrl-plugin-sdk for contract {supported} (`wasmctrl plugin new` writes the SDK this host was built with), or run a wasmctrl that serves @{found}"
     )]
     ContractVersion {
         /// The version the plugin exports.
         found: String,
-        /// The version this host implements.
+        /// The version this host serves.
         supported: &'static str,
     },
     /// The limits ask for more than the engine was configured to allow.

@@ -32,10 +32,10 @@ use wasmtime::{Store, Trap};
 pub use call::{
     EventType, JsonObject, ObservedObject, PluginEvent, ReconcileRequest, ReconcileResponse,
 };
-pub use contract::CONTRACT_VERSION;
+pub use contract::{CONTRACT_VERSION, CONTRACT_VERSIONS};
 pub use diff::{Verdict, compare};
 pub use digest::{Digest, InvalidDigest};
-pub use engine::{EngineOptions, PluginEngine};
+pub use engine::{EngineOptions, Inspection, PluginEngine};
 pub use error::{PluginError, ReportedKind};
 pub use limits::Limits;
 

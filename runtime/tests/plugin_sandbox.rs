@@ -276,6 +276,28 @@ fn component_of_another_world_is_rejected_at_load() {
 }
 
 #[test]
+fn a_plugin_of_another_contract_version_is_refused_naming_both_and_can_still_be_inspected() {
+    let engine = engine();
+    let bytes = guest_bytes("future_contract_plugin");
+    let err = engine
+        .load(&bytes, None, Limits::default())
+        .expect_err("contract 0.2.0");
+    assert!(
+        matches!(&err, PluginError::ContractVersion { found, supported: "0.1.0" } if found == "0.2.0"),
+        "{err}"
+    );
+    let inspection = engine.inspect(&bytes).expect("inspects");
+    assert_eq!(inspection.contract_version.as_deref(), Some("0.2.0"));
+    assert_eq!(inspection.refusal, Some(err.to_string()));
+    let myapp = engine
+        .inspect(&guest_bytes("myapp_plugin"))
+        .expect("inspects");
+    assert_eq!(myapp.contract_version.as_deref(), Some("0.1.0"));
+    assert_eq!(myapp.refusal, None);
+    assert_still_serves(&misbehave(&engine, Limits::default()));
+}
+
+#[test]
 fn core_module_and_garbage_are_rejected_with_a_reason() {
     let engine = engine();
     let core = engine

@@ -8,14 +8,6 @@ use anyhow::{Context as _, bail};
 use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime};
 use wasmctrl_testenv::repo_root;
 
-/// Every plugin crate built for wasm32-wasip2.
-const PLUGINS: [&str; 4] = [
-    "myapp-plugin",
-    "myapp-v2-plugin",
-    "misbehave-plugin",
-    "wrong-world-plugin",
-];
-
 pub fn cargo() -> Command {
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     command.current_dir(repo_root());
@@ -85,7 +77,7 @@ pub fn setup() -> anyhow::Result<()> {
 /// myapp-v2 needs MyApp's logic without MyApp's component export.
 pub fn build_plugins() -> anyhow::Result<()> {
     setup()?;
-    for plugin in PLUGINS {
+    for plugin in wasmctrl_testenv::plugins::GUESTS {
         run(
             &format!("building plugin {plugin}"),
             cargo().args([

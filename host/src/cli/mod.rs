@@ -41,6 +41,17 @@ pub enum Command {
     Rbac(RbacCommand),
     /// Show why a parent looks the way it does: its last reconciles, as the host recorded them.
     Explain(ExplainCommand),
+    /// Print this wasmctrl's version and the plugin contract versions it serves.
+    Version,
+}
+
+/// What `wasmctrl version` prints.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct VersionOutput {
+    wasmctrl: &'static str,
+    /// Plugins built for these contracts load; any other is refused at load.
+    plugin_contracts: Vec<String>,
 }
 
 impl Cli {
@@ -52,6 +63,19 @@ impl Cli {
             Command::Run(command) => command.run(cache_dir).await,
             Command::Rbac(command) => command.run().await,
             Command::Explain(command) => command.run().await,
+            Command::Version => {
+                print!(
+                    "{}",
+                    crate::yaml::to_string(&VersionOutput {
+                        wasmctrl: env!("CARGO_PKG_VERSION"),
+                        plugin_contracts: crate::plugin::CONTRACT_VERSIONS
+                            .iter()
+                            .map(|v| format!("wasmctrl:plugin@{v}"))
+                            .collect(),
+                    })?
+                );
+                Ok(())
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `wasmctrl plugin run | diff | replay | test | new | inspect`: the plugin runtime without a cluster.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Subcommand, ValueEnum};
@@ -11,7 +11,7 @@ use super::input;
 pub use crate::case::RunOutput;
 use crate::case::{Case, Expected, RecordedError, compare_answers};
 use crate::plugin::{
-    CONTRACT_VERSION, Digest, EngineOptions, Limits, ObservedObject, Plugin, PluginEngine,
+    CONTRACT_VERSIONS, Digest, EngineOptions, Limits, ObservedObject, Plugin, PluginEngine,
     ReconcileRequest, Verdict,
 };
 
@@ -212,10 +212,16 @@ pub enum Format {
 #[serde(rename_all = "camelCase")]
 struct InspectOutput {
     digest: String,
-    size_bytes: Option<usize>,
+    size_bytes: usize,
+    /// The contract the plugin was built for.
     contract_version: Option<String>,
-    host_contract_version: &'static str,
+    /// The contracts this host serves.
+    host_contract_versions: &'static [&'static str],
+    /// Whether this host would load it.
     compatible: bool,
+    /// Why not, when it would not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refused: Option<String>,
     compile_ms: f64,
     imports: Vec<String>,
     exports: Vec<String>,
@@ -340,22 +346,24 @@ fn engine(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginEngine> {
 }
 
 fn inspect(plugin: &Path, output: Format) -> anyhow::Result<()> {
+    let bytes = std::fs::read(plugin)
+        .with_context(|| format!("cannot read plugin {}", plugin.display()))?;
     // No cache: the point is to show what compiling costs.
     let engine = PluginEngine::new(EngineOptions::default())?;
-    let started = Instant::now();
-    let loaded = load(&engine, plugin, None, Limits::default())?;
-    let compile = started.elapsed();
-    let info = loaded.info();
+    let found = engine
+        .inspect(&bytes)
+        .with_context(|| format!("inspecting plugin {}", plugin.display()))?;
     print(
         &InspectOutput {
-            digest: info.digest.to_string(),
-            size_bytes: info.size_bytes,
-            contract_version: info.contract_version.clone(),
-            host_contract_version: CONTRACT_VERSION,
-            compatible: info.contract_version.as_deref() == Some(CONTRACT_VERSION),
-            compile_ms: compile.as_secs_f64() * 1e3,
-            imports: info.imports.clone(),
-            exports: info.exports.clone(),
+            digest: found.digest.to_string(),
+            size_bytes: found.size_bytes,
+            contract_version: found.contract_version,
+            host_contract_versions: CONTRACT_VERSIONS,
+            compatible: found.refusal.is_none(),
+            refused: found.refusal,
+            compile_ms: found.compile_time.as_secs_f64() * 1e3,
+            imports: found.imports,
+            exports: found.exports,
         },
         output,
     )

@@ -260,7 +260,12 @@ impl RunCommand {
             .apiserver_version()
             .await
             .context("reaching the API server")?;
-        tracing::info!(server = %version.git_version, "connected to the API server");
+        tracing::info!(
+            server = %version.git_version,
+            wasmctrl = env!("CARGO_PKG_VERSION"),
+            plugin_contracts = ?crate::plugin::CONTRACT_VERSIONS,
+            "connected to the API server"
+        );
         Ok((client, gated))
     }
 

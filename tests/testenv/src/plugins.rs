@@ -4,12 +4,14 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Guests the tests use, built together in one cargo invocation.
-const GUESTS: [&str; 4] = [
+/// Every plugin crate in the repository, built for wasm32-wasip2 one cargo invocation each
+/// (by the tests on first use, and by `cargo xtask build-plugins`).
+pub const GUESTS: [&str; 5] = [
     "myapp-plugin",
     "myapp-v2-plugin",
     "misbehave-plugin",
     "wrong-world-plugin",
+    "future-contract-plugin",
 ];
 
 /// Cargo's target directory (honours `CARGO_TARGET_DIR`, as CI sets it).
