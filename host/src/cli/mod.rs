@@ -3,6 +3,7 @@
 
 mod explain_cmd;
 mod input;
+mod kinds;
 mod plugin_cmd;
 mod plugin_new;
 mod rbac_cmd;

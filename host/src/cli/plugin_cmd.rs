@@ -8,12 +8,15 @@ use clap::{Subcommand, ValueEnum};
 use serde::Serialize;
 
 use super::input;
+use super::kinds::KindTable;
 pub use crate::case::RunOutput;
 use crate::case::{Case, Expected, RecordedError, compare_answers};
+use crate::controller::offline::OfflinePolicy;
 use crate::plugin::{
     CONTRACT_VERSIONS, Digest, EngineOptions, Limits, ObservedObject, Plugin, PluginEngine,
     ReconcileRequest, Verdict,
 };
+use crate::policy::ReconcilePolicySpec;
 
 /// Offline plugin commands.
 #[derive(Debug, Subcommand)]
@@ -28,7 +31,17 @@ pub enum PluginCommand {
         /// Refuse the plugin unless its bytes hash to this `sha256:` digest.
         #[arg(long)]
         digest: Option<Digest>,
-        /// The sandbox's limits.
+        /// Run as the host runs this ReconcilePolicy: the plugin sees only the children the
+        /// parent controls and the related objects the policy selects, gets the policy's
+        /// config (unless `--config`) and limits, and its answer is validated and stamped
+        /// (namespace, ownerReference, labels) with the status completed (`observedGeneration`,
+        /// `Reconciled`). CustomResourceDefinitions in the same file tell their kinds' scope.
+        #[arg(long, value_name = "POLICY.yaml")]
+        policy: Option<PathBuf>,
+        /// CustomResourceDefinitions of the policy's custom child kinds, for their scope.
+        #[arg(long = "crd", value_name = "FILE", requires = "policy")]
+        crds: Vec<PathBuf>,
+        /// The sandbox's limits (a policy's own limits take precedence).
         #[command(flatten)]
         limits: LimitArgs,
         /// Output format.
@@ -134,6 +147,14 @@ pub struct RequestArgs {
 }
 
 impl RequestArgs {
+    /// The file the parent came from, for messages.
+    fn source(&self) -> &Path {
+        self.case
+            .as_deref()
+            .or(self.parent.as_deref())
+            .unwrap_or(Path::new(""))
+    }
+
     fn request(&self) -> anyhow::Result<ReconcileRequest> {
         if let Some(case) = &self.case {
             return Ok(Case::read(case)?.request());
@@ -157,6 +178,157 @@ fn read_config(path: Option<&Path>) -> anyhow::Result<Option<String>> {
         .map(input::read_object)
         .transpose()?
         .map(|c| c.to_string()))
+}
+
+/// What `plugin run` was given, less the policy.
+struct RunArgs {
+    plugin: PathBuf,
+    request: RequestArgs,
+    digest: Option<Digest>,
+    limits: LimitArgs,
+    output: Format,
+}
+
+/// `plugin run` without a policy: the request exactly as given.
+async fn run_plainly(engine: PluginEngine, run: RunArgs) -> anyhow::Result<()> {
+    let request = run.request.request()?;
+    let plugin = load(
+        &engine,
+        &run.plugin,
+        run.digest.as_ref(),
+        run.limits.limits(),
+    )?;
+    let response = plugin
+        .reconcile(request)
+        .await
+        .with_context(|| format!("reconciling {}", run.request.source().display()))?;
+    print(&RunOutput::from(response), run.output)
+}
+
+/// `plugin run --policy`: the request as the host would build it (notes on stderr for what
+/// it leaves out), the answer as the host would apply and write it.
+async fn run_as_host(
+    engine: PluginEngine,
+    run: RunArgs,
+    policy: &Path,
+    crds: &[PathBuf],
+) -> anyhow::Result<()> {
+    let as_host = AsHost::read(policy, crds)?;
+    let (request, left_out) = as_host.request(&run.request)?;
+    for note in left_out {
+        eprintln!("note: the host would not pass {note}");
+    }
+    let limits = crate::registry::limits_over(run.limits.limits(), as_host.limits());
+    let plugin = load(&engine, &run.plugin, run.digest.as_ref(), limits)?;
+    let parent: serde_json::Value = serde_json::from_str(&request.parent)?;
+    let response = plugin
+        .reconcile(request)
+        .await
+        .with_context(|| format!("reconciling {}", run.request.source().display()))?;
+    let answer = as_host.policy.answer(&parent, response.clone())?;
+    print(
+        &RunOutput {
+            children: answer.children,
+            status: Some(answer.status),
+            ..RunOutput::from(response)
+        },
+        run.output,
+    )
+}
+
+/// A ReconcilePolicy read for `plugin run --policy`.
+struct AsHost {
+    policy: OfflinePolicy,
+    spec_limits: Option<crate::policy::PolicyLimits>,
+}
+
+impl AsHost {
+    /// The policy in `path` (the only ReconcilePolicy there), with the scope of its child
+    /// kinds from the built-in table and the CRDs in `path` and `crds`.
+    fn read(path: &Path, crds: &[PathBuf]) -> anyhow::Result<Self> {
+        let mut kinds = KindTable::builtin();
+        let mut policies = Vec::new();
+        for file in std::iter::once(path).chain(crds.iter().map(PathBuf::as_path)) {
+            for object in input::read_objects(file)? {
+                match object["kind"].as_str() {
+                    Some("ReconcilePolicy") if file == path => policies.push(object),
+                    Some("CustomResourceDefinition") => {
+                        kinds.add_crd(&object).with_context(|| {
+                            format!("{}: a CustomResourceDefinition", file.display())
+                        })?
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let [object] = <[_; 1]>::try_from(policies).map_err(|found| {
+            anyhow::anyhow!(
+                "{} holds {} ReconcilePolicies, expected one",
+                path.display(),
+                found.len()
+            )
+        })?;
+        let name = object["metadata"]["name"]
+            .as_str()
+            .with_context(|| format!("{}: the policy has no metadata.name", path.display()))?;
+        let spec: ReconcilePolicySpec = serde_json::from_value(object["spec"].clone())
+            .with_context(|| format!("{}: policy {name} has an invalid spec", path.display()))?;
+        let spec_limits = spec.limits.clone();
+        let policy = OfflinePolicy::new(name, spec, |api_version, kind| {
+            kinds.get(api_version, kind).map(|k| k.namespaced)
+        })
+        .with_context(|| format!("{}: policy {name}", path.display()))?;
+        Ok(Self {
+            policy,
+            spec_limits,
+        })
+    }
+
+    fn limits(&self) -> Option<&crate::policy::PolicyLimits> {
+        self.spec_limits.as_ref()
+    }
+
+    /// The request the host would send, from what `args` gives, and what it would leave out.
+    fn request(&self, args: &RequestArgs) -> anyhow::Result<(ReconcileRequest, Vec<String>)> {
+        let (parent, children, related, config, finalizing) = match &args.case {
+            Some(case) => {
+                let case = Case::read(case)?;
+                (
+                    case.parent,
+                    case.children,
+                    case.related,
+                    case.config.map(|c| c.to_string()),
+                    case.finalizing,
+                )
+            }
+            None => {
+                let parent = args
+                    .parent
+                    .as_deref()
+                    .context("--parent or --case is required")?;
+                let objects = |paths: &[PathBuf]| -> anyhow::Result<Vec<serde_json::Value>> {
+                    Ok(paths
+                        .iter()
+                        .map(|p| input::read_objects(p))
+                        .collect::<Result<Vec<_>, _>>()?
+                        .into_iter()
+                        .flatten()
+                        .collect())
+                };
+                (
+                    input::read_object(parent)?,
+                    objects(&args.children)?,
+                    objects(&args.related)?,
+                    read_config(args.config.as_deref())?,
+                    args.finalizing,
+                )
+            }
+        };
+        let offline = self
+            .policy
+            .request(&parent, children, related, config, finalizing)?;
+        Ok((offline.request, offline.left_out))
+    }
 }
 
 /// What `plugin diff` prints.
@@ -235,22 +407,23 @@ impl PluginCommand {
                 plugin,
                 request,
                 digest,
+                policy,
+                crds,
                 limits,
                 output,
             } => {
-                let parent = request
-                    .case
-                    .clone()
-                    .or(request.parent.clone())
-                    .unwrap_or_default();
-                let request = request.request()?;
                 let engine = engine(cache_dir)?;
-                let plugin = load(&engine, &plugin, digest.as_ref(), limits.limits())?;
-                let response = plugin
-                    .reconcile(request)
-                    .await
-                    .with_context(|| format!("reconciling {}", parent.display()))?;
-                print(&RunOutput::from(response), output)
+                let run = RunArgs {
+                    plugin,
+                    request,
+                    digest,
+                    limits,
+                    output,
+                };
+                match policy {
+                    Some(policy) => run_as_host(engine, run, &policy, &crds).await,
+                    None => run_plainly(engine, run).await,
+                }
             }
             Self::Diff {
                 active,

@@ -1,16 +1,15 @@
 //! `wasmctrl rbac`: the RBAC objects that exactly the given policies need, for the host's
 //! ServiceAccount — the same rules the host checks it holds before it runs a policy.
 
-use std::any::TypeId;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use k8s_openapi::{NamespaceResourceScope, Resource};
 use serde_json::{Value, json};
 
 use super::input;
+use super::kinds::KindTable;
 use crate::policy::ReconcilePolicySpec;
 use crate::policy::permissions::{self, KindScope, Rules};
 
@@ -259,96 +258,6 @@ fn documents(
         }));
     }
     documents
-}
-
-/// Kinds by (apiVersion, kind): the built-in ones a policy commonly names, and those of the
-/// CRDs given.
-struct KindTable(BTreeMap<(String, String), KindScope>);
-
-macro_rules! builtin_kinds {
-    ($($kind:ty),* $(,)?) => {
-        [$((
-            <$kind as Resource>::API_VERSION,
-            <$kind as Resource>::KIND,
-            <$kind as Resource>::GROUP,
-            <$kind as Resource>::URL_PATH_SEGMENT,
-            TypeId::of::<<$kind as Resource>::Scope>() == TypeId::of::<NamespaceResourceScope>(),
-        )),*]
-    };
-}
-
-impl KindTable {
-    fn builtin() -> Self {
-        use k8s_openapi::api::{apps, autoscaling, batch, core, networking, policy, rbac};
-        let known = builtin_kinds![
-            core::v1::ConfigMap,
-            core::v1::Secret,
-            core::v1::Service,
-            core::v1::ServiceAccount,
-            core::v1::Pod,
-            core::v1::PersistentVolumeClaim,
-            core::v1::Namespace,
-            core::v1::Endpoints,
-            apps::v1::Deployment,
-            apps::v1::StatefulSet,
-            apps::v1::DaemonSet,
-            apps::v1::ReplicaSet,
-            batch::v1::Job,
-            batch::v1::CronJob,
-            networking::v1::Ingress,
-            networking::v1::NetworkPolicy,
-            policy::v1::PodDisruptionBudget,
-            autoscaling::v2::HorizontalPodAutoscaler,
-            rbac::v1::Role,
-            rbac::v1::RoleBinding,
-        ];
-        let mut table = Self(BTreeMap::new());
-        for (api_version, kind, group, resource, namespaced) in known {
-            table.insert(
-                api_version,
-                kind,
-                KindScope {
-                    group: group.to_owned(),
-                    resource: resource.to_owned(),
-                    namespaced,
-                },
-            );
-        }
-        table
-    }
-
-    fn insert(&mut self, api_version: &str, kind: &str, scope: KindScope) {
-        self.0
-            .insert((api_version.to_owned(), kind.to_owned()), scope);
-    }
-
-    fn get(&self, api_version: &str, kind: &str) -> Option<&KindScope> {
-        self.0.get(&(api_version.to_owned(), kind.to_owned()))
-    }
-
-    /// Every served version of the CRD's kind.
-    fn add_crd(&mut self, crd: &Value) -> anyhow::Result<()> {
-        let spec = &crd["spec"];
-        let group = spec["group"].as_str().context("spec.group")?;
-        let kind = spec["names"]["kind"].as_str().context("spec.names.kind")?;
-        let plural = spec["names"]["plural"]
-            .as_str()
-            .context("spec.names.plural")?;
-        let namespaced = spec["scope"].as_str() != Some("Cluster");
-        for version in spec["versions"].as_array().context("spec.versions")? {
-            let version = version["name"].as_str().context("spec.versions[].name")?;
-            self.insert(
-                &format!("{group}/{version}"),
-                kind,
-                KindScope {
-                    group: group.to_owned(),
-                    resource: plural.to_owned(),
-                    namespaced,
-                },
-            );
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ mod context;
 mod events;
 mod field_ownership;
 pub(crate) mod kinds;
+pub mod offline;
 mod parent_claims;
 mod permissions;
 mod policy_controller;

@@ -486,11 +486,7 @@ async fn record_success(
     ctx: &PolicyContext,
     trace: &mut Trace,
 ) -> Result<(), ReconcileError> {
-    let outcome = Outcome {
-        success: true,
-        reason: "Reconciled".into(),
-        message: format!("{desired} children desired"),
-    };
+    let outcome = status::Outcome::success(desired);
     let (status, written) = writes::write_status(parent, identity, status, &outcome, ctx).await?;
     trace.status(&status, written);
     Ok(())
@@ -672,7 +668,7 @@ fn reference(parent: &DynamicObject, ctx: &PolicyContext) -> ObjectReference {
 }
 
 /// The current time as Kubernetes writes it (RFC 3339, seconds).
-pub(super) fn now() -> String {
+pub(crate) fn now() -> String {
     jiff::Timestamp::now()
         .round(jiff::Unit::Second)
         .map_or_else(|_| jiff::Timestamp::now().to_string(), |t| t.to_string())

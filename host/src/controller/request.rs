@@ -27,18 +27,26 @@ pub(crate) fn observed_children(parent: &ParentIdentity, caches: &[ChildCache]) 
             .get(&parent.uid)
             .iter()
             .filter_map(|key| cache.store.get(key))
-            .filter(|child| {
-                child.metadata.namespace == parent.namespace
-                    && child
-                        .owner_references()
-                        .iter()
-                        .any(|owner| owner.controller == Some(true) && owner.uid == parent.uid)
-            })
+            .filter(|child| is_controlled_by(parent, &child.metadata))
             .collect();
         children.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         observed.extend(children.into_iter().map(|child| (index, child)));
     }
     observed
+}
+
+/// Whether the object with `metadata` is `parent`'s child: in its namespace, with a
+/// controller ownerReference to its uid. The one rule for the caches and `plugin run --policy`.
+pub(crate) fn is_controlled_by(
+    parent: &ParentIdentity,
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> bool {
+    metadata.namespace == parent.namespace
+        && metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|owner| owner.controller == Some(true) && owner.uid == parent.uid)
 }
 
 /// Related objects in the parent's namespace (the watches already applied the selector), in

@@ -21,6 +21,17 @@ pub struct Outcome {
     pub message: String,
 }
 
+impl Outcome {
+    /// A successful reconcile that desired `children` children.
+    pub fn success(children: usize) -> Self {
+        Self {
+            success: true,
+            reason: "Reconciled".into(),
+            message: format!("{children} children desired"),
+        }
+    }
+}
+
 /// The status to write after a successful reconcile: the plugin's status with
 /// `observedGeneration` and the `Reconciled` condition added, and transition times stamped.
 pub fn after_success(

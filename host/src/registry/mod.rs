@@ -230,7 +230,11 @@ impl PluginRegistry {
 
 /// The call limits a policy asks for, over the host's defaults.
 pub fn limits(policy: Option<&PolicyLimits>) -> Limits {
-    let mut limits = Limits::default();
+    limits_over(Limits::default(), policy)
+}
+
+/// The call limits a policy asks for, over `limits`.
+pub fn limits_over(mut limits: Limits, policy: Option<&PolicyLimits>) -> Limits {
     if let Some(policy) = policy {
         if let Some(ms) = policy.timeout_ms {
             limits.timeout = Duration::from_millis(u64::from(ms));
