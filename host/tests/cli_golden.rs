@@ -52,8 +52,11 @@ fn run_case(case: &Path, plugin: &Path) -> (bool, String, String) {
 
 #[test]
 fn myapp_plugin_run_matches_golden_output() {
-    let plugin = support::guest("myapp_plugin");
-    let bless = std::env::var_os("WASMCTRL_BLESS").is_some();
+    check_golden_output("myapp_plugin", std::env::var_os("WASMCTRL_BLESS").is_some());
+}
+
+fn check_golden_output(plugin: &str, bless: bool) {
+    let plugin = support::guest(plugin);
     let mut failures = Vec::new();
     let cases = golden_cases();
     assert!(cases.len() >= 8, "golden cases missing");
@@ -294,5 +297,62 @@ fn inspect_and_version_name_the_contracts() {
     assert_eq!(
         version["pluginContracts"],
         serde_json::json!(["wasmctrl:plugin@0.1.0"])
+    );
+}
+
+/// A plugin that cannot decode its input names the value where the user wrote it: file, line,
+/// column and path, not a column of the JSON the CLI made from the YAML.
+#[test]
+fn a_decoding_error_points_into_the_users_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        name.to_owned()
+    };
+    let parent = write(
+        "parent.yaml",
+        "apiVersion: example.com/v1\nkind: MyApp\nmetadata:\n  name: web\n  namespace: default\nspec:\n  image: nginx\n  replicas: three\n",
+    );
+    let good_parent = write(
+        "good.yaml",
+        "apiVersion: example.com/v1\nkind: MyApp\nmetadata:\n  name: web\nspec:\n  image: nginx\n  replicas: 1\n",
+    );
+    let config = write("config.yaml", "# the policy's config\nservice: \"yes\"\n");
+    let case = write(
+        "case.yaml",
+        "# a saved case\nparent:\n  apiVersion: example.com/v1\n  kind: MyApp\n  metadata: {name: web}\n  spec:\n    image: nginx\n    replicas: [1]\n",
+    );
+    let run = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+            .current_dir(dir.path())
+            .env("WASMCTRL_LOG", "off")
+            .arg("--cache-dir")
+            .arg(support::workspace_root().join("target/test-artifact-cache"))
+            .args(["plugin", "run"])
+            .arg(support::guest("myapp_plugin"))
+            .args(args)
+            .output()
+            .expect("run wasmctrl");
+        assert_eq!(output.status.code(), Some(2));
+        String::from_utf8(output.stderr).expect("utf-8")
+    };
+    let stderr = run(&["--parent", &parent]);
+    assert!(
+        stderr.contains(
+            "invalid type: string \"three\", expected i32 at parent.yaml:8:3 (spec.replicas)"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("line 1 column"), "{stderr}");
+    let stderr = run(&["--parent", &good_parent, "--config", &config]);
+    assert!(
+        stderr.contains("plugin config is invalid: invalid type: string \"yes\", expected a boolean at config.yaml:2:1 (service)"),
+        "{stderr}"
+    );
+    let stderr = run(&["--case", &case]);
+    assert!(
+        stderr.contains("expected i32 at case.yaml:8:5 (spec.replicas)"),
+        "{stderr}"
     );
 }

@@ -4,6 +4,7 @@
 mod explain_cmd;
 mod input;
 mod kinds;
+mod locate;
 mod plugin_cmd;
 mod plugin_new;
 mod rbac_cmd;

@@ -9,12 +9,13 @@ use serde::Serialize;
 
 use super::input;
 use super::kinds::KindTable;
+use super::locate::{self, Step};
 pub use crate::case::RunOutput;
 use crate::case::{Case, Expected, RecordedError, compare_answers};
 use crate::controller::offline::OfflinePolicy;
 use crate::plugin::{
     CONTRACT_VERSIONS, Digest, EngineOptions, Limits, ObservedObject, Plugin, PluginEngine,
-    ReconcileRequest, Verdict,
+    PluginError, ReconcileRequest, Verdict,
 };
 use crate::policy::ReconcilePolicySpec;
 
@@ -147,6 +148,34 @@ pub struct RequestArgs {
 }
 
 impl RequestArgs {
+    /// The plugin's error, with a position in the JSON it was given (a decoding error)
+    /// moved to where that value is in the user's file.
+    fn locate(&self, error: PluginError, parent: &str, config: Option<&str>) -> anyhow::Error {
+        let message = error.to_string();
+        let relocate = |file: &Path, json: &str, prefix: &[Step]| {
+            let text = std::fs::read_to_string(file).ok()?;
+            locate::relocate(&message, json, file, &text, prefix)
+        };
+        // The SDK names the config when that is what failed to decode; else it is the parent.
+        let relocated = if message.contains("plugin config is invalid") {
+            match (&self.case, &self.config, config) {
+                (Some(case), _, Some(json)) => relocate(case, json, &[Step::Key("config".into())]),
+                (None, Some(file), Some(json)) => relocate(file, json, &[]),
+                _ => None,
+            }
+        } else {
+            match (&self.case, &self.parent) {
+                (Some(case), _) => relocate(case, parent, &[Step::Key("parent".into())]),
+                (None, Some(file)) => relocate(file, parent, &[]),
+                (None, None) => None,
+            }
+        };
+        match relocated {
+            Some(message) => anyhow::anyhow!(message),
+            None => error.into(),
+        }
+    }
+
     /// The file the parent came from, for messages.
     fn source(&self) -> &Path {
         self.case
@@ -198,9 +227,11 @@ async fn run_plainly(engine: PluginEngine, run: RunArgs) -> anyhow::Result<()> {
         run.digest.as_ref(),
         run.limits.limits(),
     )?;
+    let (parent, config) = (request.parent.clone(), request.config.clone());
     let response = plugin
         .reconcile(request)
         .await
+        .map_err(|e| run.request.locate(e, &parent, config.as_deref()))
         .with_context(|| format!("reconciling {}", run.request.source().display()))?;
     print(&RunOutput::from(response), run.output)
 }
@@ -221,9 +252,11 @@ async fn run_as_host(
     let limits = crate::registry::limits_over(run.limits.limits(), as_host.limits());
     let plugin = load(&engine, &run.plugin, run.digest.as_ref(), limits)?;
     let parent: serde_json::Value = serde_json::from_str(&request.parent)?;
+    let (parent_json, config) = (request.parent.clone(), request.config.clone());
     let response = plugin
         .reconcile(request)
         .await
+        .map_err(|e| run.request.locate(e, &parent_json, config.as_deref()))
         .with_context(|| format!("reconciling {}", run.request.source().display()))?;
     let answer = as_host.policy.answer(&parent, response.clone())?;
     print(
