@@ -55,6 +55,13 @@ fn myapp_plugin_run_matches_golden_output() {
     check_golden_output("myapp_plugin", std::env::var_os("WASMCTRL_BLESS").is_some());
 }
 
+/// The Python MyApp (`plugins/python/myapp`) decides exactly as the Rust one: the same golden
+/// outputs, byte for byte, never blessed from Python.
+#[test]
+fn python_myapp_plugin_run_matches_the_same_golden_output() {
+    check_golden_output("myapp_py", false);
+}
+
 fn check_golden_output(plugin: &str, bless: bool) {
     let plugin = support::guest(plugin);
     let mut failures = Vec::new();
@@ -298,6 +305,67 @@ fn inspect_and_version_name_the_contracts() {
         version["pluginContracts"],
         serde_json::json!(["wasmctrl:plugin@0.1.0"])
     );
+}
+
+/// Beyond the golden cases: where MyApp reads a related ConfigMap and its config, `plugin diff`
+/// finds nothing between the Rust and the Python plugin.
+#[test]
+fn python_myapp_decides_as_the_rust_one_with_config_maps_and_config() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let write = |name: &str, value: serde_json::Value| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, value.to_string()).expect("write");
+        path.to_string_lossy().into_owned()
+    };
+    let parent = |config_map: &str| {
+        serde_json::json!({"apiVersion": "example.com/v1", "kind": "MyApp",
+            "metadata": {"name": "web", "namespace": "default", "uid": "u"},
+            "spec": {"replicas": 2, "image": "nginx", "port": 8080, "configMap": config_map},
+            "status": {"conditions": [{"type": "ConfigMapFound", "status": "True", "reason": "Found",
+                        "lastTransitionTime": "2026-11-29T10:00:01Z"}]}})
+    };
+    let related = write(
+        "related.json",
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "env", "namespace": "default"},
+         "data": {"B": "2", "A": "1", "é": "ü"}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "empty", "namespace": "default"},
+         "data": {}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "nodata", "namespace": "default"}}]}),
+    );
+    let no_service = write("config.json", serde_json::json!({"service": false}));
+    let rust = support::guest("myapp_plugin");
+    let python = support::guest("myapp_py");
+    for (config_map, extra) in [
+        ("env", vec![]),
+        ("empty", vec![]),
+        ("nodata", vec![]),
+        ("missing", vec![]),
+        ("env", vec!["--config", no_service.as_str()]),
+    ] {
+        let parent_file = write("parent.json", parent(config_map));
+        let output = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+            .env("WASMCTRL_LOG", "off")
+            .arg("--cache-dir")
+            .arg(support::workspace_root().join("target/test-artifact-cache"))
+            .args(["plugin", "diff", "-o", "json"])
+            .arg(&rust)
+            .arg(&python)
+            .args(["--parent", &parent_file, "--related", &related])
+            .args(&extra)
+            .output()
+            .expect("run wasmctrl");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let diff: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+        assert_eq!(
+            diff["verdict"], "Unchanged",
+            "configMap {config_map} {extra:?}: {diff}"
+        );
+    }
 }
 
 /// A plugin that cannot decode its input names the value where the user wrote it: file, line,

@@ -91,7 +91,8 @@ pub fn build_plugins() -> anyhow::Result<()> {
             ]),
         )?;
     }
-    Ok(())
+    eprintln!("xtask: building the Python plugins");
+    wasmctrl_testenv::plugins::build_python_guests()
 }
 
 pub fn crds() -> anyhow::Result<()> {

@@ -14,6 +14,61 @@ pub const GUESTS: [&str; 5] = [
     "future-contract-plugin",
 ];
 
+/// Python plugins (`plugins/python/<dir>/app.py`, with the Python SDK beside them), built
+/// with componentize-py into `<stem>.wasm`: (directory, file stem).
+pub const PYTHON_GUESTS: [(&str, &str); 1] = [("myapp", "myapp_py")];
+
+/// Build every Python guest whose component is older than its sources (app, SDK, contract)
+/// or the pinned componentize-py. About 5 s each when it has to.
+pub fn build_python_guests() -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let root = crate::repo_root();
+    let componentize = crate::tools::build("componentize-py")?;
+    let python = root.join("plugins/python");
+    for (dir, stem) in PYTHON_GUESTS {
+        let app = python.join(dir);
+        let out = guest_path(stem);
+        let inputs = [
+            app.join("app.py"),
+            python.join("wasmctrl_plugin.py"),
+            root.join("wit/plugin.wit"),
+            componentize.clone(),
+        ];
+        if is_newer_than_all(&out, &inputs) {
+            continue;
+        }
+        std::fs::create_dir_all(plugin_dir())?;
+        let output = Command::new(&componentize)
+            .arg("-d")
+            .arg(root.join("wit"))
+            .args(["-w", "plugin", "componentize", "app", "-p"])
+            .arg(&app)
+            .arg("-p")
+            .arg(&python)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .with_context(|| format!("running {}", componentize.display()))?;
+        anyhow::ensure!(
+            output.status.success(),
+            "componentize-py could not build {}: {}",
+            app.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
+
+fn is_newer_than_all(out: &std::path::Path, inputs: &[PathBuf]) -> bool {
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let Some(built) = modified(out) else {
+        return false;
+    };
+    inputs
+        .iter()
+        .all(|input| modified(input).is_some_and(|t| t <= built))
+}
+
 /// Cargo's target directory (honours `CARGO_TARGET_DIR`, as CI sets it).
 pub fn target_dir() -> PathBuf {
     let root = crate::repo_root();
@@ -56,6 +111,9 @@ pub fn guest(file_stem: &str) -> PathBuf {
                 status.success(),
                 "building {guest} failed; is the wasm32-wasip2 target installed? (`cargo xtask setup`)"
             );
+        }
+        if let Err(e) = build_python_guests() {
+            panic!("building the Python guest plugins failed: {e:#}");
         }
     });
     let path = guest_path(file_stem);

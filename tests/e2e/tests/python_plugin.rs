@@ -1,0 +1,95 @@
+//! A plugin written in Python (componentize-py, `plugins/python/myapp`) runs in the host
+//! under the same sandbox limits as the Rust one: it converges MyApps against the real control
+//! plane, reads related ConfigMaps, and in shadow against the Rust MyApp it would change
+//! nothing — the two decide the same — so it can be promoted with no write.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::*;
+
+fn myapp(name: &str, replicas: i64) -> Value {
+    json!({
+        "apiVersion": "example.com/v1", "kind": "MyApp",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "image": "nginx:1.27", "configMap": "env"},
+    })
+}
+
+fn ready(app: &Value) -> bool {
+    app["status"]["readyReplicas"] == app["spec"]["replicas"]
+        && app["status"]["observedGeneration"] == app["metadata"]["generation"]
+        && condition(app, "Ready").is_some_and(|c| c["status"] == "True")
+        && condition(app, "ConfigMapFound").is_some_and(|c| c["status"] == "True")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_plugin_converges_myapps_and_decides_as_the_rust_one() -> anyhow::Result<()> {
+    const TEST: &str = "python-plugin";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        myapp_policy_spec(file_source("myapp_py"), json!({})),
+    )
+    .await?;
+    let host = HostUnderTest::start(TEST, &ns).await?;
+    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
+    let services = api(&client, &resource("", "v1", "Service"), &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    apply(
+        &config_maps,
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "env", "labels": {"example.com/myapp-config": "true"}},
+            "data": {"GREETING": "hello"},
+        }),
+    )
+    .await?;
+
+    // Python decides: Deployments with the ConfigMap's environment, Services, Ready status.
+    for (name, replicas) in [("a", 1), ("b", 2)] {
+        apply(&myapps, myapp(name, replicas)).await?;
+    }
+    for name in ["a", "b"] {
+        wait_for_object(&myapps, name, "MyApp ready under the Python plugin", ready).await?;
+        let deployment = get(&deployments, name).await?.expect("the Deployment");
+        assert_eq!(
+            deployment["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"],
+            "hello"
+        );
+        assert!(get(&services, name).await?.is_some(), "the Service");
+    }
+    apply(&myapps, myapp("b", 3)).await?;
+    wait_for_object(&myapps, "b", "MyApp b scaled under Python", |a| {
+        ready(a) && a["status"]["readyReplicas"] == 3
+    })
+    .await?;
+
+    // The Rust MyApp as the candidate, in shadow: nothing would change for any parent.
+    let mut with_rust = myapp_policy_spec(file_source("myapp_py"), json!({}));
+    with_rust["plugin"]["candidate"] = json!({"source": file_source("myapp_plugin")});
+    apply_policy(&client, TEST, TEST, with_rust).await?;
+    let policy_api = policies(&client);
+    wait_for_object(
+        &policy_api,
+        TEST,
+        "the Rust candidate evaluated, unchanged",
+        |p| {
+            let c = &p["status"]["candidate"];
+            c["evaluated"].as_u64().is_some_and(|n| n >= 2)
+                && c["unchanged"] == c["evaluated"]
+                && c["wouldChange"] == 0
+                && c["wouldFail"] == 0
+        },
+    )
+    .await?;
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
