@@ -62,4 +62,23 @@ mod tests {
         let back: Value = serde_yaml_ng::from_str(&text).expect("read back");
         assert_eq!(back, value);
     }
+
+    #[test]
+    fn long_and_odd_strings_read_back_exactly() {
+        let long = "word ".repeat(40);
+        let strings = [
+            long.trim_end().to_owned(),
+            format!("{long}  two  spaces   and trailing "),
+            "line one\n  indented line\n\nafter a blank\n".to_owned(),
+            "no final newline\nsecond".to_owned(),
+            "tab\tand unicode é ü ✓ and a # hash and a: colon".to_owned(),
+            " leading space".to_owned(),
+            "- dash".to_owned(),
+            String::new(),
+        ];
+        let value = json!({ "strings": strings });
+        let text = super::to_string(&value).expect("yaml");
+        let back: Value = serde_yaml_ng::from_str(&text).expect("read back");
+        assert_eq!(back, value, "{text}");
+    }
 }
