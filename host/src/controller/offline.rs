@@ -266,11 +266,13 @@ impl OfflinePolicy {
 
 fn identify(object: &Value) -> (String, String, String, ObjectMeta) {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    // Metadata that does not decode (an ownerReference without its uid, say) counts as
+    // having no owner and no labels, as the API server would never have stored it.
     let meta: ObjectMeta = serde_json::from_value(object["metadata"].clone()).unwrap_or_default();
     (
         text(&object["apiVersion"]),
         text(&object["kind"]),
-        meta.name.clone().unwrap_or_default(),
+        text(&object["metadata"]["name"]),
         meta,
     )
 }
