@@ -636,28 +636,44 @@ impl ReplayReport {
     }
 
     fn render(&self, format: ReplayFormat) -> anyhow::Result<String> {
-        Ok(match format {
-            ReplayFormat::Yaml => crate::yaml::to_string(self)?,
-            ReplayFormat::Json => serde_json::to_string_pretty(self)? + "\n",
-            ReplayFormat::Text => {
-                let mut out = String::new();
-                for case in &self.cases {
-                    let verdict = match case.verdict {
-                        "Unchanged" => "unchanged",
-                        "WouldChange" => "would-change",
-                        _ => "would-fail",
-                    };
-                    out.push_str(&format!("{verdict:<13} {}\n", case.case.display()));
-                    for line in case.detail.lines() {
-                        out.push_str(&format!("    {line}\n"));
-                    }
-                }
-                out.push_str(&self.summary());
-                out.push('\n');
-                out
-            }
-        })
+        let rows = self.cases.iter().map(|case| {
+            let verdict = match case.verdict {
+                "Unchanged" => "unchanged",
+                "WouldChange" => "would-change",
+                _ => "would-fail",
+            };
+            (verdict, case.case.as_path(), case.detail.as_str())
+        });
+        render_cases(self, format, 13, rows, &self.summary())
     }
+}
+
+/// A report on cases (`replay`, `test`): `report` itself as YAML or JSON, or as text a line
+/// per case (its label padded to `width`, its file, the detail indented below) and the
+/// summary.
+fn render_cases<'a, R: Serialize>(
+    report: &R,
+    format: ReplayFormat,
+    width: usize,
+    rows: impl Iterator<Item = (&'a str, &'a Path, &'a str)>,
+    summary: &str,
+) -> anyhow::Result<String> {
+    Ok(match format {
+        ReplayFormat::Yaml => crate::yaml::to_string(report)?,
+        ReplayFormat::Json => serde_json::to_string_pretty(report)? + "\n",
+        ReplayFormat::Text => {
+            let mut out = String::new();
+            for (label, case, detail) in rows {
+                out.push_str(&format!("{label:<width$} {}\n", case.display()));
+                for line in detail.lines() {
+                    out.push_str(&format!("    {line}\n"));
+                }
+            }
+            out.push_str(summary);
+            out.push('\n');
+            out
+        }
+    })
 }
 
 /// Run every case on `plugin` and compare each answer with the `baseline`.
@@ -739,27 +755,15 @@ impl TestReport {
     }
 
     fn render(&self, format: ReplayFormat) -> anyhow::Result<String> {
-        Ok(match format {
-            ReplayFormat::Yaml => crate::yaml::to_string(self)?,
-            ReplayFormat::Json => serde_json::to_string_pretty(self)? + "\n",
-            ReplayFormat::Text => {
-                let mut out = String::new();
-                for case in &self.cases {
-                    let result = match case.result {
-                        "Passed" => "ok",
-                        "Updated" => "updated",
-                        _ => "FAILED",
-                    };
-                    out.push_str(&format!("{result:<8} {}\n", case.case.display()));
-                    for line in case.detail.lines() {
-                        out.push_str(&format!("    {line}\n"));
-                    }
-                }
-                out.push_str(&self.summary());
-                out.push('\n');
-                out
-            }
-        })
+        let rows = self.cases.iter().map(|case| {
+            let result = match case.result {
+                "Passed" => "ok",
+                "Updated" => "updated",
+                _ => "FAILED",
+            };
+            (result, case.case.as_path(), case.detail.as_str())
+        });
+        render_cases(self, format, 8, rows, &self.summary())
     }
 }
 
