@@ -339,19 +339,10 @@ impl AsHost {
                     .parent
                     .as_deref()
                     .context("--parent or --case is required")?;
-                let objects = |paths: &[PathBuf]| -> anyhow::Result<Vec<serde_json::Value>> {
-                    Ok(paths
-                        .iter()
-                        .map(|p| input::read_objects(p))
-                        .collect::<Result<Vec<_>, _>>()?
-                        .into_iter()
-                        .flatten()
-                        .collect())
-                };
                 (
                     input::read_object(parent)?,
-                    objects(&args.children)?,
-                    objects(&args.related)?,
+                    read_values(&args.children)?,
+                    read_values(&args.related)?,
                     read_config(args.config.as_deref())?,
                     args.finalizing,
                 )
@@ -855,16 +846,20 @@ fn case_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(found)
 }
 
-fn read_all(paths: &[PathBuf]) -> anyhow::Result<Vec<ObservedObject>> {
+/// Every object in `paths`, in order.
+fn read_values(paths: &[PathBuf]) -> anyhow::Result<Vec<serde_json::Value>> {
     let mut objects = Vec::new();
     for path in paths {
-        objects.extend(
-            input::read_objects(path)?
-                .iter()
-                .map(ObservedObject::from_value),
-        );
+        objects.extend(input::read_objects(path)?);
     }
     Ok(objects)
+}
+
+fn read_all(paths: &[PathBuf]) -> anyhow::Result<Vec<ObservedObject>> {
+    Ok(read_values(paths)?
+        .iter()
+        .map(ObservedObject::from_value)
+        .collect())
 }
 
 fn load(
