@@ -253,3 +253,76 @@ fn the_policys_config_applies_and_what_it_does_not_allow_is_refused() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_related_kind_chosen_by_name_shows_the_plugin_only_the_object_the_parent_names() {
+    let files = Files::new();
+    let d = files.path();
+    let mut by_name = policy(
+        json!({"service": true}),
+        &[("apps/v1", "Deployment"), ("v1", "Service")],
+    );
+    by_name["spec"]["related"] =
+        json!([{"apiVersion": "v1", "kind": "ConfigMap", "nameFrom": "spec.configMap"}]);
+    let by_name = write_yaml(d, "by-name.yaml", &[by_name]);
+    // Unlabelled and named: shown. Labelled but not named, or named in another namespace:
+    // left out, with why.
+    let related = write_yaml(
+        d,
+        "related.yaml",
+        &[
+            config_map("web-env", "shop", false),
+            config_map("shared", "shop", true),
+            config_map("web-env", "other", false),
+        ],
+    );
+    let args = [
+        "--policy",
+        &by_name,
+        "--parent",
+        &files.parent,
+        "--related",
+        &related,
+    ];
+    let (code, answer, stderr) = run(d, &args);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(condition(&answer, "ConfigMapFound")["status"], "True");
+    assert!(
+        stderr.contains(
+            "related ConfigMap shared: the parent's spec.configMap does not name it (it names web-env)"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("not the parent's"), "{stderr}");
+    assert!(
+        !stderr.contains("related ConfigMap web-env: the parent's"),
+        "{stderr}"
+    );
+
+    // The parent names nothing: nothing is shown.
+    let unnamed = write_yaml(
+        d,
+        "unnamed.yaml",
+        &[json!({
+            "apiVersion": "example.com/v1", "kind": "MyApp",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "uid-web"},
+            "spec": {"replicas": 1, "image": "nginx:1.27"},
+        })],
+    );
+    let (code, _, stderr) = run(
+        d,
+        &[
+            "--policy",
+            &by_name,
+            "--parent",
+            &unnamed,
+            "--related",
+            &related,
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("related ConfigMap web-env: the parent's spec.configMap does not name it (it names nothing)"),
+        "{stderr}"
+    );
+}

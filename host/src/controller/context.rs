@@ -28,7 +28,16 @@ pub(crate) struct ChildCache {
     pub created: Arc<super::field_ownership::CreatedFields>,
 }
 
-/// A related kind: a cache of the objects the plugin may read.
+/// A related kind, as the policy chooses its objects.
+pub(crate) enum Related {
+    /// All of a namespace, or those a selector matches: the watch holds exactly those.
+    Selected(RelatedCache),
+    /// Those a field of the parent names, read when first needed.
+    Named(Arc<super::related::NamedObjects>),
+}
+
+/// A related kind chosen by selector (or not at all): a cache of the objects the plugin may
+/// read.
 pub(crate) struct RelatedCache {
     pub store: Store<DynamicObject>,
     /// The objects by namespace.
@@ -69,7 +78,8 @@ pub(crate) struct Caches {
     /// The child kinds the policy allows, in the order of `children`.
     pub allowed: Vec<AllowedKind>,
     pub children: Vec<ChildCache>,
-    pub related: Vec<RelatedCache>,
+    /// In the order of the policy's `related`.
+    pub related: Vec<Related>,
     /// Becomes true once every child and related cache has listed its objects.
     pub ready: tokio::sync::watch::Receiver<bool>,
 }

@@ -24,6 +24,7 @@ mod policy_status;
 mod prepare;
 mod queue;
 mod reconcile;
+mod related;
 mod release;
 mod request;
 mod status;

@@ -3,16 +3,18 @@
 //! Given a policy, the same rules the controller applies decide what the plugin is shown and
 //! what becomes of its answer: only children the parent controls (by uid, in its namespace)
 //! of the policy's child kinds; only related objects of the policy's related kinds in the
-//! parent's namespace that match their selector; the policy's config and limits; then the
+//! parent's namespace that match their selector or that the parent names; the policy's
+//! config and limits; then the
 //! desired children validated and stamped (namespace, ownerReference, labels, fingerprint)
 //! and the status with `observedGeneration` and the `Reconciled` condition added. What the
 //! plugin is not shown is reported, so an author sees why.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::{Selector, SelectorExt as _};
+use kube::core::SelectorExt as _;
 use serde_json::Value;
 
 use super::children::{self, AllowedKind, InvalidChild, ParentIdentity};
+use super::related::RelatedBy;
 use super::request::is_controlled_by;
 use super::status::{self, Outcome};
 use crate::plugin::{JsonObject, ObservedObject, ReconcileRequest, ReconcileResponse};
@@ -37,7 +39,7 @@ pub struct OfflinePolicy {
     policy_label: String,
     spec: ReconcilePolicySpec,
     allowed: Vec<AllowedKind>,
-    related: Vec<Option<Selector>>,
+    related: Vec<RelatedBy>,
 }
 
 /// What the plugin is asked, and what the host would not show it.
@@ -85,15 +87,7 @@ impl OfflinePolicy {
         let related = spec
             .related
             .iter()
-            .map(|rel| {
-                rel.selector
-                    .clone()
-                    .map(Selector::try_from)
-                    .transpose()
-                    .map_err(|e| {
-                        OfflineError::Policy(format!("related {} selector: {e}", rel.kind))
-                    })
-            })
+            .map(|rel| RelatedBy::of(rel).map_err(OfflineError::Policy))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             policy_label: children::policy_label_value(name),
@@ -185,9 +179,19 @@ impl OfflinePolicy {
                     "related {kind} {name}: in namespace {:?}, not the parent's",
                     meta.namespace.as_deref().unwrap_or("")
                 )),
-                Some((_, Some(selector))) if !selector.matches(&labels) => left_out.push(format!(
+                Some((_, RelatedBy::Selector(selector))) if !selector.matches(&labels) => left_out
+                    .push(format!(
                     "related {kind} {name}: its labels do not match the policy's selector ({selector})"
                 )),
+                Some((_, RelatedBy::Name(path))) if !path.names(parent).contains(&name) => {
+                    left_out.push(format!(
+                        "related {kind} {name}: the parent's {path} does not name it{}",
+                        match path.names(parent).as_slice() {
+                            [] => " (it names nothing)".to_owned(),
+                            names => format!(" (it names {})", names.join(", ")),
+                        }
+                    ));
+                }
                 Some(_) => kept_related.push(without_managed_fields(object)),
             }
         }

@@ -26,6 +26,7 @@ use super::policy_status::{PolicyStatusWriter, State};
 use super::prepare::{self, Parts};
 use super::queue::QueueGauge;
 use super::reconcile;
+use super::related::RelatedBy;
 use super::release;
 use super::swap;
 use super::watch_health::WatchHealth;
@@ -115,12 +116,25 @@ async fn run_controller(
 ) {
     let name = policy.name_any();
     let setup = watch_setup(&policy, shared);
-    let mut watches = Watches::parents(&setup, &parts.parent);
+    let references = parts
+        .related
+        .iter()
+        .enumerate()
+        .filter_map(|(position, (resolved, by))| match by {
+            RelatedBy::Name(path) => Some((position, path.clone(), resolved.namespaced)),
+            RelatedBy::All | RelatedBy::Selector(_) => None,
+        })
+        .collect();
+    let mut watches = Watches::parents(&setup, &parts.parent, references);
     for (kind, resolved) in &parts.children {
         watches = watches.owns(&setup, kind, resolved);
     }
-    for (resolved, selector) in &parts.related {
-        watches = watches.reads(&setup, resolved, selector.as_ref());
+    for (position, (resolved, by)) in parts.related.iter().enumerate() {
+        watches = match by {
+            RelatedBy::All => watches.reads(&setup, resolved, None),
+            RelatedBy::Selector(selector) => watches.reads(&setup, resolved, Some(selector)),
+            RelatedBy::Name(path) => watches.reads_named(&setup, resolved, position, path.clone()),
+        };
     }
     let (controller, parents, caches, wait_for_caches) = watches.finish(&shared.readiness);
     shared

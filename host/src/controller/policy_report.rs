@@ -3,7 +3,7 @@
 //! children of kinds it no longer manages. The counts are pure reads of the caches and the
 //! bookkeeping, so they are tested without a cluster.
 
-use kube::core::{DynamicObject, Selector};
+use kube::core::DynamicObject;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt as _};
 
@@ -12,6 +12,7 @@ use super::context::{ChildCache, Outcomes, Serving, lock};
 use super::events;
 use super::kinds::ResolvedKind;
 use super::policy_status::{PolicyStatusWriter, State};
+use super::related::RelatedBy;
 use super::release;
 use crate::plugin::{Digest, Verdict};
 use crate::policy::{CandidateStatus, KindRef, ReconcilePolicy, ShadowExample};
@@ -69,24 +70,28 @@ pub(super) async fn report_unmanaged_children(
     );
 }
 
-/// Whether every related kind is narrowed by a selector. One that is not makes the host cache
-/// every object of that kind in the watched namespaces and hand all of them to every call.
-pub(super) fn related_cost(related: &[(ResolvedKind, Option<Selector>)]) -> Option<State> {
+/// Whether every related kind is narrowed, by a selector or by name. One that is not makes
+/// the host cache every object of that kind in the watched namespaces and hand all of them to
+/// every call.
+pub(super) fn related_cost(related: &[(ResolvedKind, RelatedBy)]) -> Option<State> {
     if related.is_empty() {
         return None;
     }
     let unselected: Vec<String> = related
         .iter()
-        .filter(|(_, selector)| selector.is_none())
+        .filter(|(_, by)| matches!(by, RelatedBy::All))
         .map(|(kind, _)| format!("{} {}", kind.resource.api_version, kind.resource.kind))
         .collect();
     Some(if unselected.is_empty() {
-        State::ok("Selected", "every related kind has a selector")
+        State::ok(
+            "Selected",
+            "every related kind is chosen by a selector or by name",
+        )
     } else {
         State::failed(
             "UnselectedRelatedKind",
             format!(
-                "related {} without a selector: the host caches every such object in the watched namespaces and passes all of them to each call; add a selector",
+                "related {} without a selector: the host caches every such object in the watched namespaces and passes all of them to each call; add a selector, or nameFrom when the parent names the object",
                 unselected.join(", ")
             ),
         )

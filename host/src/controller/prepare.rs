@@ -2,7 +2,6 @@
 //! controller starts. Each step either yields what the next needs or the `Ready=False` state
 //! that says why the policy waits; the policy controller retries until all pass.
 
-use kube::core::Selector;
 use kube::{Client, ResourceExt as _};
 
 use super::kinds::{self, KindError, ResolvedKind};
@@ -10,6 +9,7 @@ use super::parent_claims;
 use super::permissions;
 use super::policy_controller::Shared;
 use super::policy_status::{PolicyStatusWriter, State};
+use super::related::RelatedBy;
 use crate::plugin::Plugin;
 use crate::policy::{KindRef, ReconcilePolicy, ReconcilePolicySpec};
 use crate::registry::PluginRequest;
@@ -19,7 +19,8 @@ pub(super) struct Parts {
     pub plugin: Plugin,
     pub parent: ResolvedKind,
     pub children: Vec<(KindRef, ResolvedKind)>,
-    pub related: Vec<(ResolvedKind, Option<Selector>)>,
+    /// In the order of the policy's `related`.
+    pub related: Vec<(ResolvedKind, RelatedBy)>,
 }
 
 /// Load the plugin (once: `plugin` keeps it between attempts) and pass every check. On
@@ -51,11 +52,11 @@ pub(super) async fn prepare(
 type Kinds = (
     ResolvedKind,
     Vec<(KindRef, ResolvedKind)>,
-    Vec<(ResolvedKind, Option<Selector>)>,
+    Vec<(ResolvedKind, RelatedBy)>,
 );
 
 /// The checks, in order: kinds served, parent kind not taken, namespace usable, permissions
-/// granted, selectors valid.
+/// granted, related objects chosen in a usable way.
 async fn check(policy: &ReconcilePolicy, shared: &Shared) -> Result<Kinds, State> {
     let spec = &policy.spec;
     let host_namespace = shared.options.namespace.as_deref();
@@ -75,7 +76,7 @@ async fn check(policy: &ReconcilePolicy, shared: &Shared) -> Result<Kinds, State
         tracing::warn!(policy = %policy.name_any(), message = %forbidden.message, "missing permissions");
         return Err(forbidden);
     }
-    let related = related_selectors(spec, related)?;
+    let related = related_choices(spec, related)?;
     Ok((parent, children, related))
 }
 
@@ -202,22 +203,18 @@ fn parent_scope_problem(
     }
 }
 
-/// Each related kind with its parsed selector.
-fn related_selectors(
+/// Each related kind with how its objects are chosen.
+fn related_choices(
     spec: &ReconcilePolicySpec,
     related: Vec<ResolvedKind>,
-) -> Result<Vec<(ResolvedKind, Option<Selector>)>, State> {
+) -> Result<Vec<(ResolvedKind, RelatedBy)>, State> {
     spec.related
         .iter()
         .zip(related)
         .map(|(rel, kind)| {
-            let selector = rel.selector.clone().map(Selector::try_from).transpose();
-            selector.map(|selector| (kind, selector)).map_err(|error| {
-                State::failed(
-                    "InvalidSelector",
-                    format!("related {} selector: {error}", rel.kind),
-                )
-            })
+            RelatedBy::of(rel)
+                .map(|by| (kind, by))
+                .map_err(|message| State::failed("InvalidRelated", message))
         })
         .collect()
 }

@@ -92,6 +92,14 @@ pub(crate) enum ReconcileError {
         "the caches of the policy's kinds have not synced; the policy's Ready condition says which kind cannot be watched and why"
     )]
     CachesNotReady,
+    #[error("{0}")]
+    Related(Box<super::related::ReadError>),
+}
+
+impl From<super::related::ReadError> for ReconcileError {
+    fn from(error: super::related::ReadError) -> Self {
+        Self::Related(Box::new(error))
+    }
 }
 
 impl ReconcileError {
@@ -108,6 +116,7 @@ impl ReconcileError {
             Self::Status(_) => "StatusWriteFailed",
             Self::Finalizer(_) => "FinalizerFailed",
             Self::CachesNotReady => "CachesNotReady",
+            Self::Related(_) => "RelatedReadFailed",
         }
     }
 
@@ -353,7 +362,8 @@ async fn decide(
 ) -> Result<Decision, ReconcileError> {
     let selection = ctx.serving.select(parent.labels());
     let serving = &selection.serving;
-    let request = request::build(parent, identity, observed, ctx, serving, false);
+    let related = request::related(parent, identity, &ctx.caches.related).await?;
+    let request = request::build(parent, observed, related, serving, false);
     trace.step("request");
     trace.asked(&request, *serving.plugin.digest(), ctx.explain.secret_data);
     let key = ObjectRef::from_obj_with(parent, ctx.parent.clone());
@@ -636,7 +646,8 @@ async fn finalize(
 ) -> Result<(Action, RecordResult), ReconcileError> {
     let serving = ctx.serving.select(parent.labels()).serving;
     let observed = request::observed_children(identity, &ctx.caches.children);
-    let request = request::build(parent, identity, &observed, ctx, &serving, true);
+    let related = request::related(parent, identity, &ctx.caches.related).await?;
+    let request = request::build(parent, &observed, related, &serving, true);
     trace.step("request");
     trace.asked(&request, *serving.plugin.digest(), ctx.explain.secret_data);
     let answer = call_plugin(&serving.plugin, request, ctx).await;

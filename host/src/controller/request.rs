@@ -1,5 +1,5 @@
 //! What a plugin is asked: the parent, the children the caches show it controls, and the
-//! related objects in its namespace. One builder for a reconcile and for finalizing, so both
+//! related objects the policy chooses for it. One builder for a reconcile and for finalizing, so both
 //! see the same world.
 
 use std::sync::Arc;
@@ -8,7 +8,8 @@ use kube::ResourceExt as _;
 use kube::core::DynamicObject;
 
 use super::children::ParentIdentity;
-use super::context::{ActivePlugin, ChildCache, PolicyContext, RelatedCache};
+use super::context::{ActivePlugin, ChildCache, Related, RelatedCache};
+use super::related::ReadError;
 use crate::plugin::{ObservedObject, ReconcileRequest};
 
 /// A child the parent has: the index of its kind in the policy's allowed kinds, and the
@@ -49,41 +50,54 @@ pub(crate) fn is_controlled_by(
             .any(|owner| owner.controller == Some(true) && owner.uid == parent.uid)
 }
 
-/// Related objects in the parent's namespace (the watches already applied the selector), in
-/// a stable order (kind, then name), found through each cache's namespace index.
-pub(crate) fn related_objects(
-    parent: &ParentIdentity,
-    caches: &[RelatedCache],
-) -> Vec<ObservedObject> {
-    let namespace = parent.namespace.clone().unwrap_or_default();
-    let mut related = Vec::new();
-    for cache in caches {
-        let mut objects: Vec<_> = cache
-            .by_namespace
-            .get(&namespace)
-            .iter()
-            .filter_map(|key| cache.store.get(key))
-            .filter(|o| o.metadata.namespace == parent.namespace)
-            .collect();
-        objects.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        related.extend(objects.iter().map(observed_object));
-    }
-    related
-}
-
-/// The request for `parent` with its `observed` children, served by `serving`.
-pub(crate) fn build(
+/// The related objects the plugin is shown for `parent`, in the policy's order of kinds, each
+/// kind in name order: from the caches for kinds chosen by selector, read (when not current)
+/// for kinds chosen by name.
+pub(crate) async fn related(
     parent: &DynamicObject,
     identity: &ParentIdentity,
+    related: &[Related],
+) -> Result<Vec<ObservedObject>, ReadError> {
+    let mut objects = Vec::new();
+    for kind in related {
+        match kind {
+            Related::Selected(cache) => objects.extend(selected_objects(identity, cache)),
+            Related::Named(named) => {
+                objects.extend(named.named_by(parent).await?.iter().map(observed_object))
+            }
+        }
+    }
+    Ok(objects)
+}
+
+/// Objects of a selected kind in the parent's namespace (the watch already applied the
+/// selector), in name order, found through the cache's namespace index.
+fn selected_objects(parent: &ParentIdentity, cache: &RelatedCache) -> Vec<ObservedObject> {
+    let namespace = parent.namespace.clone().unwrap_or_default();
+    let mut objects: Vec<_> = cache
+        .by_namespace
+        .get(&namespace)
+        .iter()
+        .filter_map(|key| cache.store.get(key))
+        .filter(|o| o.metadata.namespace == parent.namespace)
+        .collect();
+    objects.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    objects.iter().map(observed_object).collect()
+}
+
+/// The request for `parent` with its `observed` children and `related` objects, served by
+/// `serving`.
+pub(crate) fn build(
+    parent: &DynamicObject,
     observed: &[Observed],
-    ctx: &PolicyContext,
+    related: Vec<ObservedObject>,
     serving: &ActivePlugin,
     finalizing: bool,
 ) -> ReconcileRequest {
     ReconcileRequest {
         parent: serde_json::to_string(parent).unwrap_or_default(),
         children: observed.iter().map(|(_, o)| observed_object(o)).collect(),
-        related: related_objects(identity, &ctx.caches.related),
+        related,
         config: serving.config.clone(),
         finalizing,
     }
@@ -181,11 +195,11 @@ mod tests {
             ],
             store_index::namespace,
         );
-        let caches = [RelatedCache {
+        let cache = RelatedCache {
             store,
             by_namespace,
-        }];
-        let related = related_objects(&parent(), &caches);
+        };
+        let related = selected_objects(&parent(), &cache);
         let names: Vec<_> = related.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(names, ["here-a", "here-b"]);
         assert_eq!(related[0].kind, "ConfigMap");

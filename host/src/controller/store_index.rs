@@ -16,13 +16,14 @@ use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
-/// What an object is indexed under, if anything.
-pub(crate) type IndexKey = fn(&DynamicObject) -> Option<String>;
+/// What an object is indexed under: no key, one, or several.
+type IndexKeys = Box<dyn Fn(&DynamicObject) -> Vec<String> + Send + Sync>;
 
-/// Objects of one cache by an index key (a controller's uid, a namespace).
+/// Objects of one cache by an index key (a controller's uid, a namespace, a name a field
+/// of the object holds).
 pub(crate) struct StoreIndex {
     resource: ApiResource,
-    key: IndexKey,
+    keys: IndexKeys,
     inner: Mutex<Inner>,
 }
 
@@ -36,39 +37,48 @@ struct Inner {
 #[derive(Default)]
 struct Entries {
     by_key: HashMap<String, HashSet<ObjectRef<DynamicObject>>>,
-    key_of: HashMap<ObjectRef<DynamicObject>, String>,
+    keys_of: HashMap<ObjectRef<DynamicObject>, Vec<String>>,
 }
 
 impl Entries {
-    fn insert(&mut self, object: ObjectRef<DynamicObject>, key: Option<String>) {
+    fn insert(&mut self, object: ObjectRef<DynamicObject>, keys: Vec<String>) {
         self.remove(&object);
-        if let Some(key) = key {
+        if keys.is_empty() {
+            return;
+        }
+        for key in &keys {
             self.by_key
                 .entry(key.clone())
                 .or_default()
                 .insert(object.clone());
-            self.key_of.insert(object, key);
         }
+        self.keys_of.insert(object, keys);
     }
 
     fn remove(&mut self, object: &ObjectRef<DynamicObject>) {
-        if let Some(old) = self.key_of.remove(object)
-            && let Some(set) = self.by_key.get_mut(&old)
-        {
-            set.remove(object);
-            if set.is_empty() {
-                self.by_key.remove(&old);
+        for old in self.keys_of.remove(object).unwrap_or_default() {
+            if let Some(set) = self.by_key.get_mut(&old) {
+                set.remove(object);
+                if set.is_empty() {
+                    self.by_key.remove(&old);
+                }
             }
         }
     }
 }
 
 impl StoreIndex {
-    /// An empty index of objects of `resource` under `key`.
-    pub fn new(resource: ApiResource, key: IndexKey) -> Self {
+    /// An empty index of objects of `resource` under the key or keys `keys` gives each.
+    pub fn new<K>(
+        resource: ApiResource,
+        keys: impl Fn(&DynamicObject) -> K + Send + Sync + 'static,
+    ) -> Self
+    where
+        K: IntoIterator<Item = String>,
+    {
         Self {
             resource,
-            key,
+            keys: Box::new(move |object| keys(object).into_iter().collect()),
             inner: Mutex::default(),
         }
     }
@@ -80,17 +90,17 @@ impl StoreIndex {
             |object: &DynamicObject| ObjectRef::from_obj_with(object, self.resource.clone());
         match event {
             watcher::Event::Apply(object) => {
-                let key = (self.key)(object);
-                inner.current.insert(reference(object), key);
+                let keys = (self.keys)(object);
+                inner.current.insert(reference(object), keys);
             }
             watcher::Event::Delete(object) => inner.current.remove(&reference(object)),
             watcher::Event::Init => inner.relisting = Some(Entries::default()),
             watcher::Event::InitApply(object) => {
-                let key = (self.key)(object);
+                let keys = (self.keys)(object);
                 inner
                     .relisting
                     .get_or_insert_with(Entries::default)
-                    .insert(reference(object), key);
+                    .insert(reference(object), keys);
             }
             watcher::Event::InitDone => {
                 if let Some(listed) = inner.relisting.take() {
@@ -165,6 +175,36 @@ mod tests {
         assert_eq!(names(&index, "q"), ["y", "z"]);
         index.observe(&watcher::Event::Delete(child("x", "p")));
         assert!(names(&index, "p").is_empty());
+    }
+
+    #[test]
+    fn an_object_with_several_keys_is_found_under_each_and_moves_with_them() {
+        // As the parents are indexed under the objects they name.
+        let names = |object: &DynamicObject| -> Vec<String> {
+            object.data["refs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        };
+        let parent = |refs: &[&str]| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "p", "namespace": "a"}, "refs": refs,
+            }))
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let index = StoreIndex::new(config_maps(), names);
+        index.observe(&watcher::Event::Apply(parent(&["x", "y"])));
+        assert_eq!(self::names(&index, "x"), ["p"]);
+        assert_eq!(self::names(&index, "y"), ["p"]);
+        index.observe(&watcher::Event::Apply(parent(&["y", "z"])));
+        assert!(self::names(&index, "x").is_empty());
+        assert_eq!(self::names(&index, "y"), ["p"]);
+        assert_eq!(self::names(&index, "z"), ["p"]);
+        index.observe(&watcher::Event::Apply(parent(&[])));
+        assert!(self::names(&index, "y").is_empty() && self::names(&index, "z").is_empty());
     }
 
     #[test]

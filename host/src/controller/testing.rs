@@ -11,7 +11,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use super::context::ActivePlugin;
-use super::store_index::{IndexKey, StoreIndex};
+use super::store_index::StoreIndex;
 use crate::plugin::{EngineOptions, Limits, Plugin, PluginEngine};
 
 /// The ConfigMap kind.
@@ -38,7 +38,7 @@ pub fn store(resource: ApiResource, objects: Vec<DynamicObject>) -> Store<Dynami
 pub fn indexed_store(
     resource: ApiResource,
     objects: Vec<DynamicObject>,
-    key: IndexKey,
+    key: fn(&DynamicObject) -> Option<String>,
 ) -> (Store<DynamicObject>, Arc<StoreIndex>) {
     let index = Arc::new(StoreIndex::new(resource.clone(), key));
     let mut writer = Writer::new(resource);

@@ -1,24 +1,27 @@
 //! A policy's watches, wired into one kube-runtime `Controller`: the parents it reconciles,
-//! the children it owns (found by the policy label) and the related objects it reads. Each
-//! watch fills a cache the reconciles read and triggers the parents it concerns; one builder
-//! method per kind of watch, as kube-runtime's own `Controller` builder does.
+//! the children it owns (found by the policy label) and the related objects it reads (by
+//! selector, or the metadata of those chosen by name). Each watch fills a cache the
+//! reconciles read and triggers the parents it concerns; one builder method per kind of
+//! watch, as kube-runtime's own `Controller` builder does.
 
 use std::sync::Arc;
 
 use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
-use kube::core::{ApiResource, DynamicObject, Selector, TypeMeta};
+use kube::core::{ApiResource, DynamicObject, PartialObjectMeta, Selector, TypeMeta};
 use kube::runtime::controller::Controller;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 
 use super::children::{self, AllowedKind};
-use super::context::{Caches, ChildCache, RelatedCache};
+use super::context::{Caches, ChildCache, Related, RelatedCache};
 use super::field_ownership::CreatedFields;
 use super::kinds::ResolvedKind;
 use super::queue::QueueGauge;
-use super::store_index::{self, IndexKey, StoreIndex};
+use super::related::{self, FieldPath, NamedObjects};
+use super::store_index::{self, StoreIndex};
 use super::watch_health::WatchHealth;
 use crate::policy::KindRef;
 use crate::watch_backoff::WatchBackoff;
@@ -42,18 +45,27 @@ impl WatchSetup {
         self.namespace.as_deref().filter(|_| kind.namespaced)
     }
 
-    /// A watch stream of `kind` in the policy's scope, cached in a store and indexed under
-    /// `index_by`, with `managedFields` dropped: plugins never see them and the host does not
+    fn api<K>(&self, kind: &ResolvedKind) -> Api<K>
+    where
+        K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+    {
+        match self.scope(kind) {
+            Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &kind.resource),
+            None => Api::all_with(self.client.clone(), &kind.resource),
+        }
+    }
+
+    /// A watch stream of `kind` in the policy's scope, cached in a store and fed to
+    /// `indexes`, with `managedFields` dropped: plugins never see them and the host does not
     /// need to hold them.
     fn cached_watch(
         &self,
         kind: &ResolvedKind,
         config: watcher::Config,
         created: Option<Arc<CreatedFields>>,
-        index_by: IndexKey,
+        indexes: Vec<Arc<StoreIndex>>,
     ) -> (
         Store<DynamicObject>,
-        Arc<StoreIndex>,
         impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>>
         + Send
         + 'static,
@@ -61,11 +73,7 @@ impl WatchSetup {
         let resource = &kind.resource;
         let writer = reflector::store::Writer::new(resource.clone());
         let reader = writer.as_reader();
-        let index = Arc::new(StoreIndex::new(resource.clone(), index_by));
-        let api: Api<DynamicObject> = match self.scope(kind) {
-            Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, resource),
-            None => Api::all_with(self.client.clone(), resource),
-        };
+        let api: Api<DynamicObject> = self.api(kind);
         // List responses leave out each item's apiVersion and kind; plugins and the
         // convergence check need them, so every cached object gets them back.
         let types = TypeMeta {
@@ -74,7 +82,6 @@ impl WatchSetup {
         };
         let health = self.health.clone();
         let name = format!("{} {}", resource.api_version, resource.kind);
-        let indexed = index.clone();
         let stream = watcher(api, config)
             .backoff(WatchBackoff::default())
             .inspect(move |event| health.observe(&name, event))
@@ -89,11 +96,50 @@ impl WatchSetup {
             })
             .inspect(move |event| {
                 if let Ok(event) = event {
-                    indexed.observe(event);
+                    for index in &indexes {
+                        index.observe(event);
+                    }
                 }
             })
             .reflect(writer);
-        (reader, index, stream)
+        (reader, stream)
+    }
+
+    /// A watch of `kind`'s metadata in the policy's scope, each object kept as its name,
+    /// namespace and resourceVersion only: what tells a named object exists and whether it
+    /// changed.
+    fn metadata_watch(
+        &self,
+        kind: &ResolvedKind,
+        named: Arc<NamedObjects>,
+        writer: reflector::store::Writer<PartialObjectMeta<DynamicObject>>,
+    ) -> impl futures::Stream<
+        Item = Result<watcher::Event<PartialObjectMeta<DynamicObject>>, watcher::Error>,
+    > + Send
+    + 'static {
+        let health = self.health.clone();
+        let name = format!("{} {}", kind.resource.api_version, kind.resource.kind);
+        watcher(
+            self.api::<PartialObjectMeta<DynamicObject>>(kind),
+            watcher::Config::default(),
+        )
+        .backoff(WatchBackoff::default())
+        .inspect(move |event| health.observe(&name, event))
+        .modify(|object| {
+            let meta = std::mem::take(&mut object.metadata);
+            object.metadata = ObjectMeta {
+                name: meta.name,
+                namespace: meta.namespace,
+                resource_version: meta.resource_version,
+                ..ObjectMeta::default()
+            };
+        })
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(object)) = event {
+                named.forget(object);
+            }
+        })
+        .reflect(writer)
     }
 }
 
@@ -103,23 +149,39 @@ pub(super) struct Watches {
     parents: Store<DynamicObject>,
     /// The parents by namespace, for the related objects that concern all of a namespace.
     parents_by_namespace: Arc<StoreIndex>,
+    /// The parents by the objects they name, for related kinds chosen by name.
+    parents_by_reference: Arc<StoreIndex>,
     parent: ApiResource,
     /// The child kinds the policy allows, in the order of `children`.
     allowed: Vec<AllowedKind>,
     children: Vec<ChildCache>,
-    related: Vec<RelatedCache>,
+    related: Vec<Related>,
 }
 
 impl Watches {
     /// The controller over the parent kind. Status-only updates (the host's own status writes
     /// among them) do not trigger a reconcile: they would turn every failure into an
-    /// immediate retry and defeat backoff.
-    pub fn parents(setup: &WatchSetup, parent: &ResolvedKind) -> Self {
-        let (parents, parents_by_namespace, stream) = setup.cached_watch(
+    /// immediate retry and defeat backoff. `references` are the related kinds chosen by name
+    /// (their place in the policy's `related`, the field naming them, whether namespaced):
+    /// the parents are indexed by the objects they name.
+    pub fn parents(
+        setup: &WatchSetup,
+        parent: &ResolvedKind,
+        references: Vec<(usize, FieldPath, bool)>,
+    ) -> Self {
+        let parents_by_namespace = Arc::new(StoreIndex::new(
+            parent.resource.clone(),
+            store_index::namespace,
+        ));
+        let parents_by_reference = Arc::new(StoreIndex::new(
+            parent.resource.clone(),
+            move |parent: &DynamicObject| related::parent_reference_keys(&references, parent),
+        ));
+        let (parents, stream) = setup.cached_watch(
             parent,
             watcher::Config::default(),
             None,
-            store_index::namespace,
+            vec![parents_by_namespace.clone(), parents_by_reference.clone()],
         );
         let queue = setup.queue.clone();
         let controller = Controller::for_stream_with(
@@ -136,6 +198,7 @@ impl Watches {
             controller,
             parents,
             parents_by_namespace,
+            parents_by_reference,
             parent: parent.resource.clone(),
             allowed: Vec::new(),
             children: Vec::new(),
@@ -147,11 +210,15 @@ impl Watches {
     /// parent.
     pub fn owns(mut self, setup: &WatchSetup, kind: &KindRef, resolved: &ResolvedKind) -> Self {
         let created = Arc::new(CreatedFields::new(setup.field_manager.clone()));
-        let (store, by_controller, stream) = setup.cached_watch(
+        let by_controller = Arc::new(StoreIndex::new(
+            resolved.resource.clone(),
+            store_index::controller_uid,
+        ));
+        let (store, stream) = setup.cached_watch(
             resolved,
             watcher::Config::default().labels(&setup.owned_selector),
             Some(created.clone()),
-            store_index::controller_uid,
+            vec![by_controller.clone()],
         );
         let queue = setup.queue.clone();
         let parent_kind = self.parent.kind.clone();
@@ -193,29 +260,63 @@ impl Watches {
             Some(selector) => watcher::Config::default().labels_from(selector),
             None => watcher::Config::default(),
         };
-        let (store, by_namespace, stream) =
-            setup.cached_watch(resolved, config, None, store_index::namespace);
-        let parents = self.parents_by_namespace.clone();
-        let queue = setup.queue.clone();
+        let by_namespace = Arc::new(StoreIndex::new(
+            resolved.resource.clone(),
+            store_index::namespace,
+        ));
+        let (store, stream) =
+            setup.cached_watch(resolved, config, None, vec![by_namespace.clone()]);
+        let parents = parents_under(self.parents_by_namespace.clone(), setup.queue.clone());
         let mapper = move |object: DynamicObject| {
-            let namespace = object.metadata.namespace.clone().unwrap_or_default();
-            let parents = parents.get(&namespace);
-            queue.added(
-                parents
-                    .iter()
-                    .map(|p| (p.namespace.clone(), p.name.clone())),
-            );
-            parents
+            parents(object.metadata.namespace.as_deref().unwrap_or_default())
         };
         self.controller = self.controller.watches_stream_with(
             stream.touched_objects(),
             mapper,
             resolved.resource.clone(),
         );
-        self.related.push(RelatedCache {
+        self.related.push(Related::Selected(RelatedCache {
             store,
             by_namespace,
-        });
+        }));
+        self
+    }
+
+    /// Watch the metadata of one related kind chosen by name (`position` in the policy's
+    /// `related`, the parents' field `path`): a change to an object triggers the parents that
+    /// name it, and only those; the objects themselves are read when a reconcile needs them.
+    pub fn reads_named(
+        mut self,
+        setup: &WatchSetup,
+        resolved: &ResolvedKind,
+        position: usize,
+        path: FieldPath,
+    ) -> Self {
+        let writer = reflector::store::Writer::new(resolved.resource.clone());
+        let named = Arc::new(NamedObjects::new(
+            path,
+            resolved.resource.clone(),
+            resolved.namespaced,
+            setup.client.clone(),
+            writer.as_reader(),
+        ));
+        let stream = setup.metadata_watch(resolved, named.clone(), writer);
+        let parents = parents_under(self.parents_by_reference.clone(), setup.queue.clone());
+        let namespaced = resolved.namespaced;
+        let mapper = move |object: PartialObjectMeta<DynamicObject>| {
+            let namespace = object.metadata.namespace.as_deref().filter(|_| namespaced);
+            parents(&related::reference_key(
+                position,
+                namespace,
+                &object.name_any(),
+            ))
+        };
+        self.controller = self.controller.watches_stream_with(
+            stream.touched_objects(),
+            mapper,
+            resolved.resource.clone(),
+        );
+        self.related.push(Related::Named(named));
         self
     }
 
@@ -251,16 +352,28 @@ impl Watches {
         impl Future<Output = ()> + use<>,
     ) {
         let (ready_tx, caches_ready) = tokio::sync::watch::channel(false);
-        let stores: Vec<Store<DynamicObject>> = self
-            .children
-            .iter()
-            .map(|c| c.store.clone())
-            .chain(self.related.iter().map(|r| r.store.clone()))
-            .collect();
+        let mut stores: Vec<futures::future::BoxFuture<'static, bool>> = Vec::new();
+        for store in self.children.iter().map(|c| c.store.clone()) {
+            stores.push(Box::pin(
+                async move { store.wait_until_ready().await.is_ok() },
+            ));
+        }
+        for related in &self.related {
+            stores.push(match related {
+                Related::Selected(cache) => {
+                    let store = cache.store.clone();
+                    Box::pin(async move { store.wait_until_ready().await.is_ok() })
+                }
+                Related::Named(named) => {
+                    let store = named.metadata().clone();
+                    Box::pin(async move { store.wait_until_ready().await.is_ok() })
+                }
+            });
+        }
         let mut syncing = readiness.syncing();
         let wait = async move {
             for store in stores {
-                if store.wait_until_ready().await.is_err() {
+                if !store.await {
                     return std::future::pending().await;
                 }
             }
@@ -269,6 +382,22 @@ impl Watches {
             std::future::pending::<()>().await
         };
         (caches_ready, wait)
+    }
+}
+
+/// What a related event triggers: the parents `index` holds under a key, counted as queued.
+fn parents_under(
+    index: Arc<StoreIndex>,
+    queue: Arc<QueueGauge>,
+) -> impl Fn(&str) -> Vec<ObjectRef<DynamicObject>> + Send + Sync + 'static {
+    move |key| {
+        let parents = index.get(key);
+        queue.added(
+            parents
+                .iter()
+                .map(|p| (p.namespace.clone(), p.name.clone())),
+        );
+        parents
     }
 }
 

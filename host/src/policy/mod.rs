@@ -232,9 +232,11 @@ pub struct ConfigMapSource {
     pub key: String,
 }
 
-/// A kind of read-only object the plugin receives.
+/// A kind of read-only object the plugin receives: the objects a label selector matches, or
+/// the objects a field of the parent names.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.selector) && has(self.nameFrom))").message("choose related objects by selector or by nameFrom, not both"))]
 pub struct RelatedSpec {
     /// e.g. `v1`.
     #[schemars(length(min = 1))]
@@ -242,9 +244,20 @@ pub struct RelatedSpec {
     /// e.g. `ConfigMap`.
     #[schemars(length(min = 1))]
     pub kind: String,
-    /// Narrows the objects sent; all of the kind in the parent's namespace when unset.
+    /// Narrows the objects sent; all of the kind in the parent's namespace when unset (and
+    /// `nameFrom` is unset too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
+    /// Send only the object the parent names in this field (a dot-separated path such as
+    /// `spec.databaseSecret`; the field holds a name, or a list of names), from the parent's
+    /// namespace. The host watches the kind's metadata only and reads the named objects
+    /// themselves, so no other object of the kind is held or sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        regex(pattern = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"),
+        length(max = 256)
+    )]
+    pub name_from: Option<String>,
 }
 
 /// Per-call sandbox limits.

@@ -33,9 +33,10 @@ pub struct MyAppSpec {
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<i32>,
     /// A ConfigMap in the same namespace whose data becomes the container's environment.
-    /// Editing it rolls the pods. The policy must list ConfigMaps as related objects; the
-    /// example policy relates only those labelled `example.com/myapp-config: "true"`. A
-    /// ConfigMap the plugin is not given shows as `ConfigMapFound=False`.
+    /// Editing it rolls the pods. The policy must list ConfigMaps as related objects: by
+    /// name (`nameFrom: spec.configMap`, no label needed) or by selector (the example policy
+    /// relates those labelled `example.com/myapp-config: "true"`). A ConfigMap the plugin is
+    /// not given shows as `ConfigMapFound=False`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub config_map: Option<String>,

@@ -186,8 +186,11 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
 
     let service_account = install_chart_rbac(&client, RELEASE, &ns).await?;
 
-    // The policy's own, from `wasmctrl rbac` on the policy file and the MyApp CRD.
-    let spec = myapp_policy_in(&ns, file_source("myapp_plugin"));
+    // The policy's own, from `wasmctrl rbac` on the policy file and the MyApp CRD. Its
+    // ConfigMaps are chosen by name, which the host reads with `get`.
+    let mut spec = myapp_policy_in(&ns, file_source("myapp_plugin"));
+    spec["related"] =
+        json!([{"apiVersion": "v1", "kind": "ConfigMap", "nameFrom": "spec.configMap"}]);
     let generated = apply_policy_rbac(
         &client,
         TEST,
@@ -205,17 +208,27 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
     )
     .await?;
     let apps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    apply(
+        &config_maps,
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web-env"},
+               "data": {"A": "1"}}),
+    )
+    .await?;
     apply(
         &apps,
         json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": "web"},
-               "spec": {"replicas": 1, "image": "nginx:1.27"}}),
+               "spec": {"replicas": 1, "image": "nginx:1.27", "configMap": "web-env"}}),
     )
     .await?;
     wait_for_object(
         &apps,
         "web",
-        "web reconciled as the ServiceAccount",
-        |app| condition(app, "Reconciled").is_some_and(|c| c["status"] == "True"),
+        "web reconciled as the ServiceAccount, with the named ConfigMap read",
+        |app| {
+            condition(app, "Reconciled").is_some_and(|c| c["status"] == "True")
+                && condition(app, "ConfigMapFound").is_some_and(|c| c["status"] == "True")
+        },
     )
     .await?;
     let services = api(&client, &resource("", "v1", "Service"), &ns);

@@ -91,6 +91,18 @@ async fn valid_policy_is_accepted_and_mistakes_are_refused() -> anyhow::Result<(
     let mut zero_timeout = valid_spec();
     zero_timeout["limits"]["timeoutMs"] = json!(0);
     cases.push(("zero timeout", zero_timeout, "spec.limits.timeoutMs"));
+    let mut two_ways = valid_spec();
+    two_ways["related"] = json!([{"apiVersion": "v1", "kind": "Secret",
+        "selector": {"matchLabels": {"a": "b"}}, "nameFrom": "spec.secret"}]);
+    cases.push(("selector and nameFrom", two_ways, "not both"));
+    let mut bad_path = valid_spec();
+    bad_path["related"] = json!([{"apiVersion": "v1", "kind": "Secret",
+        "nameFrom": "spec.secrets[0]"}]);
+    cases.push((
+        "nameFrom not a field path",
+        bad_path,
+        "spec.related[0].nameFrom",
+    ));
 
     for (what, spec, expected) in cases {
         let message = dry_run(&api, &policy("invalid", spec))
