@@ -1,6 +1,6 @@
 //! What a plugin is asked: the parent, the children the caches show it controls, and the
-//! related objects the policy chooses for it. One builder for a reconcile and for finalizing, so both
-//! see the same world.
+//! related objects the policy chooses for it. One builder for a reconcile and for
+//! finalizing, so both see the same world.
 
 use std::sync::Arc;
 
