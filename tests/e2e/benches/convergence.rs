@@ -1,20 +1,23 @@
-//! Convergence benchmark: N MyApps created at once, reconciled by a wasmctrl host, against a
-//! fresh local control plane per size.
+//! Convergence benchmark: N MyApps created at once, reconciled by a wasmctrl host; then the
+//! same first-pass writes from a plain client. Each phase runs on a fresh local control plane.
 //!
 //! Reports, per size: time until every MyApp is reconciled (children applied, status written
 //! with `observedGeneration` and `Reconciled=True`), time until every MyApp is `Ready` (its
 //! Deployment's pod is ready, which also measures the controller-manager, scheduler and kwok),
-//! the writes the host issued (from the API server's audit log), and the host's peak RSS.
-//! Then the baseline: a plain kube client issuing the first pass of the same writes (apply
-//! Deployment, apply Service, apply status) with the same concurrency, which is what the API
-//! server allows; the ratio says what the host's watches, caches, queue and plugin calls cost.
+//! the writes the host issued (from the API server's audit log, which never rotates), the
+//! host's peak RSS and its RSS every second, and the CPU seconds of kube-apiserver, etcd and
+//! the client up to all-reconciled (is the API server the limit, or the client?). The
+//! baseline is a plain kube client issuing the first pass of the same writes (apply
+//! Deployment, apply Service, apply status) with the same concurrency; the ratio (baseline
+//! time / host time) says what the host's watches, caches, queue and plugin calls cost.
 //!
 //! It also reads the memory the host's explain records hold (`wasmctrl_explain_records_bytes`,
 //! bounded by `--explain-memory-mib`, 32 MiB by default) once every MyApp is Ready.
 //!
-//! Run with `cargo xtask bench convergence` (sizes: `WASMCTRL_BENCH_SIZES=1000,5000`; the
-//! host's explain memory: `WASMCTRL_BENCH_EXPLAIN_MIB`, default 32, 0 keeps no records).
-//! The host runs in a child process (this binary, re-executed) so its RSS is its own.
+//! Run with `cargo xtask bench convergence` (sizes: `WASMCTRL_BENCH_SIZES=1000,5000`; repeats
+//! alternating which phase goes first: `WASMCTRL_BENCH_REPEAT=2`; the host's explain memory:
+//! `WASMCTRL_BENCH_EXPLAIN_MIB`, default 32, 0 keeps no records). The host runs in a child
+//! process (this binary, re-executed) so its RSS is its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -53,19 +56,58 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let binaries = Binaries::build(&wasmctrl_testenv::repo_root())?;
     let plugin = wasmctrl_testenv::plugins::guest("myapp_plugin");
+    let repeats: usize = std::env::var("WASMCTRL_BENCH_REPEAT")
+        .unwrap_or_else(|_| "1".into())
+        .parse()
+        .context("WASMCTRL_BENCH_REPEAT")?;
     let mut rows = Vec::new();
-    for n in sizes {
-        let dir = wasmctrl_testenv::plugins::target_dir().join(format!("cluster-bench-{n}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        let plane = runtime.block_on(ControlPlane::start(
-            &dir,
-            &binaries,
-            Lifetime::TiedToStarter,
-        ))?;
-        let result = runtime.block_on(bench_size(n, &plane, &plugin));
-        plane.stop();
-        let _ = std::fs::remove_dir_all(&dir);
-        rows.push(result?);
+    for repeat in 0..repeats {
+        for &n in &sizes {
+            // Host and baseline each on a fresh control plane, the order alternating between
+            // repeats, so neither inherits the other's objects or a warmer machine.
+            let fresh = |phase: &str| -> anyhow::Result<(PathBuf, ControlPlane)> {
+                let dir = wasmctrl_testenv::plugins::target_dir()
+                    .join(format!("cluster-bench-{n}-{phase}"));
+                let _ = std::fs::remove_dir_all(&dir);
+                let plane = runtime.block_on(ControlPlane::start(
+                    &dir,
+                    &binaries,
+                    Lifetime::TiedToStarter,
+                ))?;
+                Ok((dir, plane))
+            };
+            let host_first = repeat % 2 == 0;
+            let mut host = None;
+            let mut baseline = None;
+            for phase in if host_first {
+                ["host", "baseline"]
+            } else {
+                ["baseline", "host"]
+            } {
+                let (dir, plane) = fresh(phase)?;
+                let result = if phase == "host" {
+                    runtime
+                        .block_on(host_phase(n, &plane, &plugin))
+                        .map(|h| host = Some(h))
+                } else {
+                    runtime
+                        .block_on(baseline_phase(n, &plane))
+                        .map(|b| baseline = Some(b))
+                };
+                plane.stop();
+                let _ = std::fs::remove_dir_all(&dir);
+                result?;
+            }
+            let (Some(host), Some(baseline)) = (host, baseline) else {
+                bail!("a phase of size {n} did not run");
+            };
+            rows.push(Row {
+                n,
+                host_first,
+                host,
+                baseline,
+            });
+        }
     }
     print_table(&rows);
     Ok(())
@@ -73,15 +115,41 @@ fn main() -> anyhow::Result<()> {
 
 struct Row {
     n: usize,
-    host_reconciled: Duration,
-    host_ready: Duration,
-    host_writes: BTreeMap<String, usize>,
-    host_peak_rss_mib: f64,
+    /// Whether the host phase ran first.
+    host_first: bool,
+    host: HostRun,
+    baseline: BaselineRun,
+}
+
+/// The host's run on its own control plane.
+struct HostRun {
+    reconciled: Duration,
+    ready: Duration,
+    writes: BTreeMap<String, usize>,
+    peak_rss_mib: f64,
+    /// The host's RSS (MiB) sampled every second from the first create to all Ready.
+    rss: Vec<(Duration, f64)>,
+    /// CPU seconds from the first create to all reconciled.
+    cpu: Cpu,
     /// Memory and count of the explain records once all were Ready.
     explain: (f64, u64),
-    baseline: Duration,
-    baseline_writes: usize,
     swaps: [Swap; 2],
+}
+
+/// The plain client's run on its own control plane.
+struct BaselineRun {
+    elapsed: Duration,
+    writes: usize,
+    cpu: Cpu,
+}
+
+/// CPU seconds spent by the API server, etcd and the client (the host, or the baseline's
+/// process) over one phase: whether the API server or the client is the bottleneck.
+#[derive(Default, Clone, Copy)]
+struct Cpu {
+    apiserver: f64,
+    etcd: f64,
+    client: f64,
 }
 
 /// One hot swap: from the policy update to the policy reporting the new digest, and to the
@@ -93,7 +161,7 @@ struct Swap {
 }
 
 #[allow(unsafe_code)] // see the SAFETY comment inside
-async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<Row> {
+async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<HostRun> {
     let client = admin_client(&plane.kubeconfig).await?;
     wasmctrl_testenv::crds::install_repo_crds(&client).await?;
     let run = format!("n{n}");
@@ -120,17 +188,23 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let audit_before = audit_lines(&plane.audit_log)?;
 
     let myapps = Api::<DynamicObject>::namespaced_with(client.clone(), &host_ns, &myapp_resource());
-    let watch = tokio::spawn(watch_progress(myapps.clone(), n));
+    let probe = CpuProbe::new(plane, host_pid);
+    let watch = tokio::spawn(watch_progress(myapps.clone(), n, probe));
+    let (stop_sampling, sampling) = tokio::sync::oneshot::channel::<()>();
+    let sampler = tokio::spawn(sample_rss(host_pid, sampling));
+    let cpu_before = probe.read();
     let started = Instant::now();
     create_myapps(&myapps, n).await?;
-    let (reconciled_at, ready_at) = watch.await??;
-    let host_reconciled = reconciled_at.duration_since(started);
-    let host_ready = ready_at.duration_since(started);
+    let (reconciled_at, ready_at, cpu_at_reconciled) = watch.await??;
+    let _ = stop_sampling.send(());
+    let rss = sampler.await?;
+    let reconciled = reconciled_at.duration_since(started);
+    let ready = ready_at.duration_since(started);
     // Let the last echoes settle before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let host_peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
+    let peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
     let explain = explain_store(listen).await?;
-    let host_writes = count_writes(&plane.audit_log, audit_before, &host_ns)?;
+    let writes = count_writes(&plane.audit_log, audit_before, &host_ns)?;
 
     // Hot swap to v2 (compiled now: the host's artifact cache started empty), then back to
     // v1 (its precompiled artifact is on disk since the host started).
@@ -147,33 +221,122 @@ async fn bench_size(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         libc::kill(host_pid as libc::pid_t, libc::SIGTERM);
     }
     let _ = host.wait();
+    Ok(HostRun {
+        reconciled,
+        ready,
+        writes,
+        peak_rss_mib,
+        rss,
+        cpu: cpu_at_reconciled.since(cpu_before),
+        explain,
+        swaps: [to_v2, back_to_v1],
+    })
+}
 
-    // The baseline: the same first-pass writes from a plain client.
+/// The baseline: the same first-pass writes from a plain client.
+async fn baseline_phase(n: usize, plane: &ControlPlane) -> anyhow::Result<BaselineRun> {
+    let client = admin_client(&plane.kubeconfig).await?;
+    wasmctrl_testenv::crds::install_repo_crds(&client).await?;
     let base_ns = create_namespace(&client, &format!("bench-base-{n}")).await?;
     let base_myapps =
         Api::<DynamicObject>::namespaced_with(client.clone(), &base_ns, &myapp_resource());
     let audit_before = audit_lines(&plane.audit_log)?;
+    let probe = CpuProbe::new(plane, std::process::id());
+    let cpu_before = probe.read();
     let started = Instant::now();
     let created = create_myapps(&base_myapps, n).await?;
     baseline_writes(&client, &base_ns, created).await?;
-    let baseline = started.elapsed();
-    let baseline_writes = count_writes(&plane.audit_log, audit_before, &base_ns)?
+    let elapsed = started.elapsed();
+    let cpu = probe.read().since(cpu_before);
+    let writes = count_writes(&plane.audit_log, audit_before, &base_ns)?
         .iter()
         .filter(|(k, _)| !k.starts_with("create myapps"))
         .map(|(_, v)| v)
         .sum();
-
-    Ok(Row {
-        n,
-        host_reconciled,
-        host_ready,
-        host_writes,
-        host_peak_rss_mib,
-        explain,
-        baseline,
-        baseline_writes,
-        swaps: [to_v2, back_to_v1],
+    Ok(BaselineRun {
+        elapsed,
+        writes,
+        cpu,
     })
+}
+
+/// The host's RSS every second until `stop` fires.
+async fn sample_rss(
+    pid: u32,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> Vec<(Duration, f64)> {
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Some(rss) = memory_mib(pid, "VmRSS") {
+                    samples.push((started.elapsed(), rss));
+                }
+            }
+            _ = &mut stop => return samples,
+        }
+    }
+}
+
+/// The processes whose CPU time a phase reports.
+#[derive(Clone, Copy)]
+struct CpuProbe {
+    apiserver: Option<u32>,
+    etcd: Option<u32>,
+    client: u32,
+}
+
+impl CpuProbe {
+    fn new(plane: &ControlPlane, client: u32) -> Self {
+        let pid = |name: &str| {
+            plane
+                .components
+                .iter()
+                .find(|c| c.name == name)
+                .map(|c| c.pid)
+        };
+        Self {
+            apiserver: pid("kube-apiserver"),
+            etcd: pid("etcd"),
+            client,
+        }
+    }
+
+    /// CPU seconds used so far by each.
+    fn read(&self) -> Cpu {
+        let of = |pid: Option<u32>| pid.and_then(process_cpu_seconds).unwrap_or(f64::NAN);
+        Cpu {
+            apiserver: of(self.apiserver),
+            etcd: of(self.etcd),
+            client: of(Some(self.client)),
+        }
+    }
+}
+
+impl Cpu {
+    fn since(self, before: Self) -> Self {
+        Self {
+            apiserver: self.apiserver - before.apiserver,
+            etcd: self.etcd - before.etcd,
+            client: self.client - before.client,
+        }
+    }
+}
+
+/// User plus system CPU seconds of a process (its threads included), from `/proc/PID/stat`.
+fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start at state, field 3; utime
+    // and stime are fields 14 and 15.
+    let after = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    #[allow(unsafe_code)]
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / per_second)
 }
 
 /// The host's explain records: MiB held and how many, from its `/metrics`.
@@ -297,9 +460,16 @@ async fn create_myapps(
 }
 
 /// Watch MyApps until all `n` are reconciled, then until all are Ready.
-async fn watch_progress(api: Api<DynamicObject>, n: usize) -> anyhow::Result<(Instant, Instant)> {
+/// When every MyApp is reconciled and when every one is Ready, and the CPU `probe` read at
+/// the first.
+async fn watch_progress(
+    api: Api<DynamicObject>,
+    n: usize,
+    probe: CpuProbe,
+) -> anyhow::Result<(Instant, Instant, Cpu)> {
     let mut state: HashMap<String, (bool, bool)> = HashMap::new();
     let mut reconciled_at = None;
+    let mut cpu_at_reconciled = None;
     let stream = watcher(api, watcher::Config::default()).applied_objects();
     let mut stream = std::pin::pin!(stream);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30 * 60);
@@ -322,10 +492,12 @@ async fn watch_progress(api: Api<DynamicObject>, n: usize) -> anyhow::Result<(In
         );
         if reconciled_at.is_none() && state.len() == n && state.values().all(|s| s.0) {
             reconciled_at = Some(Instant::now());
+            cpu_at_reconciled = Some(probe.read());
         }
         if state.len() == n && state.values().all(|s| s.1) {
             let ready_at = Instant::now();
-            return Ok((reconciled_at.unwrap_or(ready_at), ready_at));
+            let cpu = cpu_at_reconciled.unwrap_or_else(|| probe.read());
+            return Ok((reconciled_at.unwrap_or(ready_at), ready_at, cpu));
         }
     }
 }
@@ -500,29 +672,66 @@ fn count_writes(
 
 fn print_table(rows: &[Row]) {
     println!(
-        "\n| MyApps | host: all reconciled | host: all Ready | host writes | host peak RSS | explain records held | baseline (same first-pass writes, plain client) | ratio |"
+        "\n| MyApps | order | host: all reconciled | host: all Ready | host writes | host peak RSS | explain records held | baseline (same first-pass writes, plain client) | ratio (baseline time / host time) |"
     );
-    println!("|---:|---:|---:|---|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---|---:|---:|---:|---:|");
     for row in rows {
-        let writes: Vec<String> = row
-            .host_writes
+        let (host, base) = (&row.host, &row.baseline);
+        let writes: Vec<String> = host
+            .writes
             .iter()
             .filter(|(k, _)| !k.starts_with("create myapps"))
             .map(|(k, v)| format!("{v} {k}"))
             .collect();
         println!(
-            "| {} | {:.1} s | {:.1} s | {} | {:.0} MiB | {:.1} MiB ({} records) | {:.1} s ({} writes) | {:.2}× |",
+            "| {} | {} | {:.1} s | {:.1} s | {} | {:.0} MiB | {:.1} MiB ({} records) | {:.1} s ({} writes) | {:.2}× |",
             row.n,
-            row.host_reconciled.as_secs_f64(),
-            row.host_ready.as_secs_f64(),
+            if row.host_first {
+                "host, baseline"
+            } else {
+                "baseline, host"
+            },
+            host.reconciled.as_secs_f64(),
+            host.ready.as_secs_f64(),
             writes.join(", "),
-            row.host_peak_rss_mib,
-            row.explain.0,
-            row.explain.1,
-            row.baseline.as_secs_f64(),
-            row.baseline_writes,
-            row.host_reconciled.as_secs_f64() / row.baseline.as_secs_f64(),
+            host.peak_rss_mib,
+            host.explain.0,
+            host.explain.1,
+            base.elapsed.as_secs_f64(),
+            base.writes,
+            base.elapsed.as_secs_f64() / host.reconciled.as_secs_f64(),
         );
+    }
+    println!(
+        "\n| MyApps | phase | wall | kube-apiserver CPU | etcd CPU | client CPU (host or baseline) |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|");
+    for row in rows {
+        for (phase, wall, cpu) in [
+            ("host, to all reconciled", row.host.reconciled, row.host.cpu),
+            ("baseline", row.baseline.elapsed, row.baseline.cpu),
+        ] {
+            let wall = wall.as_secs_f64();
+            let share = |seconds: f64| format!("{seconds:.1} s ({:.2} cores)", seconds / wall);
+            println!(
+                "| {} | {phase} | {wall:.1} s | {} | {} | {} |",
+                row.n,
+                share(cpu.apiserver),
+                share(cpu.etcd),
+                share(cpu.client)
+            );
+        }
+    }
+    println!("\nHost RSS over time (MiB, every 10 s from the first create to all Ready):");
+    for row in rows {
+        let series: Vec<String> = row
+            .host
+            .rss
+            .iter()
+            .step_by(10)
+            .map(|(at, mib)| format!("{:.0}s {mib:.0}", at.as_secs_f64()))
+            .collect();
+        println!("- {}: {}", row.n, series.join(", "));
     }
     println!(
         "\n| MyApps | swap | policy reports the new digest | first parent on it | last parent on it |"
@@ -531,7 +740,7 @@ fn print_table(rows: &[Row]) {
     for row in rows {
         for (what, swap) in ["v1 → v2 (compiled)", "v2 → v1 (artifact cache hit)"]
             .iter()
-            .zip(&row.swaps)
+            .zip(&row.host.swaps)
         {
             println!(
                 "| {} | {what} | {:.2} s | {:.2} s | {:.1} s |",

@@ -206,6 +206,9 @@ impl ControlPlane {
                     "--allow-privileged=true".into(),
                     format!("--audit-policy-file={}", audit_policy.display()),
                     format!("--audit-log-path={}", audit_log.display()),
+                    // Never rotate (the default rotates at 100 MB): write counts read the
+                    // whole log, and a rotation mid-run would cut them short.
+                    "--audit-log-maxsize=1000000".into(),
                     format!("--cert-dir={}", dir.join("apiserver-certs").display()),
                 ],
             )?;
