@@ -11,6 +11,7 @@ use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::backoff::Backoff;
+use super::cached::CachedObject;
 use super::children::AllowedKind;
 use super::events::EventSink;
 use super::store_index::StoreIndex;
@@ -21,9 +22,9 @@ use crate::plugin::{Digest, Plugin, Verdict};
 /// Its index is its index in [`Caches::allowed`].
 pub(crate) struct ChildCache {
     pub resource: ApiResource,
-    pub store: Store<DynamicObject>,
+    pub store: Store<CachedObject>,
     /// The children by their controller's uid.
-    pub by_controller: Arc<StoreIndex>,
+    pub by_controller: Arc<StoreIndex<CachedObject>>,
     /// Children whose create-time fields must be handed over before an apply.
     pub created: Arc<super::field_ownership::CreatedFields>,
 }
@@ -39,9 +40,9 @@ pub(crate) enum Related {
 /// A related kind chosen by selector (or not at all): a cache of the objects the plugin may
 /// read.
 pub(crate) struct RelatedCache {
-    pub store: Store<DynamicObject>,
+    pub store: Store<CachedObject>,
     /// The objects by namespace.
-    pub by_namespace: Arc<StoreIndex>,
+    pub by_namespace: Arc<StoreIndex<CachedObject>>,
 }
 
 /// Everything one policy's reconciles share: who they act as, the caches they read, the

@@ -15,7 +15,7 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
 use kube::api::{Patch, PatchParams};
 use kube::core::DynamicObject;
 use kube::{Api, ResourceExt as _};
@@ -37,11 +37,15 @@ impl CreatedFields {
     }
 
     /// Look at a child as the watch delivers it, before its managed fields are dropped.
-    pub fn note(&self, object: &DynamicObject) {
-        let key = (object.metadata.namespace.clone(), object.name_any());
-        let created_only = object
-            .managed_fields()
+    pub fn note(&self, metadata: &ObjectMeta) {
+        let key = (
+            metadata.namespace.clone(),
+            metadata.name.clone().unwrap_or_default(),
+        );
+        let created_only = metadata
+            .managed_fields
             .iter()
+            .flatten()
             .any(|entry| self.is_ours(entry, "Update"));
         let mut marked = self.lock();
         if created_only {

@@ -10,6 +10,7 @@
 //! - `children`, `status` and `backoff` are the pure decisions the reconciler acts on.
 
 mod backoff;
+mod cached;
 mod children;
 mod context;
 mod events;

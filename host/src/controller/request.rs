@@ -7,6 +7,7 @@ use std::sync::Arc;
 use kube::ResourceExt as _;
 use kube::core::DynamicObject;
 
+use super::cached::CachedObject;
 use super::children::ParentIdentity;
 use super::context::{ActivePlugin, ChildCache, Related, RelatedCache};
 use super::related::ReadError;
@@ -14,7 +15,7 @@ use crate::plugin::{ObservedObject, ReconcileRequest};
 
 /// A child the parent has: the index of its kind in the policy's allowed kinds, and the
 /// cached object.
-pub(crate) type Observed = (usize, Arc<DynamicObject>);
+pub(crate) type Observed = (usize, Arc<CachedObject>);
 
 /// Children in `caches` whose controller is this parent (by uid, in its namespace), with the
 /// index of their kind, in a stable order (kind, then name). An object that merely carries
@@ -63,7 +64,7 @@ pub(crate) async fn related(
         match kind {
             Related::Selected(cache) => objects.extend(selected_objects(identity, cache)),
             Related::Named(named) => {
-                objects.extend(named.named_by(parent).await?.iter().map(observed_object))
+                objects.extend(named.named_by(parent).await?.iter().map(|o| read_object(o)))
             }
         }
     }
@@ -103,7 +104,7 @@ pub(crate) fn build(
     }
 }
 
-fn observed_object(object: &Arc<DynamicObject>) -> ObservedObject {
+fn observed_object(object: &Arc<CachedObject>) -> ObservedObject {
     let (api_version, kind) = object
         .types
         .as_ref()
@@ -113,7 +114,22 @@ fn observed_object(object: &Arc<DynamicObject>) -> ObservedObject {
         api_version,
         kind,
         name: object.name_any(),
-        json: serde_json::to_string(&**object).unwrap_or_default(),
+        json: object.to_json(),
+    }
+}
+
+/// An object read for a reconcile (a related object chosen by name).
+fn read_object(object: &DynamicObject) -> ObservedObject {
+    let (api_version, kind) = object
+        .types
+        .as_ref()
+        .map(|t| (t.api_version.clone(), t.kind.clone()))
+        .unwrap_or_default();
+    ObservedObject {
+        api_version,
+        kind,
+        name: object.name_any(),
+        json: serde_json::to_string(object).unwrap_or_default(),
     }
 }
 
@@ -128,7 +144,7 @@ mod tests {
     use crate::controller::store_index;
     use crate::controller::testing::{self, config_maps};
 
-    fn object(namespace: &str, name: &str, controller_uid: Option<(&str, bool)>) -> DynamicObject {
+    fn object(namespace: &str, name: &str, controller_uid: Option<(&str, bool)>) -> CachedObject {
         let owners: Vec<_> = controller_uid
             .map(|(uid, controller)| {
                 json!({"apiVersion": "example.com/v1", "kind": "MyApp", "name": "p",

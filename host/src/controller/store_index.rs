@@ -12,36 +12,44 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
+use kube::Resource;
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 /// What an object is indexed under: no key, one, or several.
-type IndexKeys = Box<dyn Fn(&DynamicObject) -> Vec<String> + Send + Sync>;
+type IndexKeys<K> = Box<dyn Fn(&K) -> Vec<String> + Send + Sync>;
 
 /// Objects of one cache by an index key (a controller's uid, a namespace, a name a field
 /// of the object holds).
-pub(crate) struct StoreIndex {
+pub(crate) struct StoreIndex<K: Resource<DynamicType = ApiResource> = DynamicObject> {
     resource: ApiResource,
-    keys: IndexKeys,
-    inner: Mutex<Inner>,
+    keys: IndexKeys<K>,
+    inner: Mutex<Inner<K>>,
 }
 
-#[derive(Default)]
-struct Inner {
-    current: Entries,
+struct Inner<K: Resource<DynamicType = ApiResource>> {
+    current: Entries<K>,
     /// The re-list in progress, if any.
-    relisting: Option<Entries>,
+    relisting: Option<Entries<K>>,
 }
 
-#[derive(Default)]
-struct Entries {
-    by_key: HashMap<String, HashSet<ObjectRef<DynamicObject>>>,
-    keys_of: HashMap<ObjectRef<DynamicObject>, Vec<String>>,
+struct Entries<K: Resource<DynamicType = ApiResource>> {
+    by_key: HashMap<String, HashSet<ObjectRef<K>>>,
+    keys_of: HashMap<ObjectRef<K>, Vec<String>>,
 }
 
-impl Entries {
-    fn insert(&mut self, object: ObjectRef<DynamicObject>, keys: Vec<String>) {
+impl<K: Resource<DynamicType = ApiResource>> Default for Entries<K> {
+    fn default() -> Self {
+        Self {
+            by_key: HashMap::new(),
+            keys_of: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ApiResource>> Entries<K> {
+    fn insert(&mut self, object: ObjectRef<K>, keys: Vec<String>) {
         self.remove(&object);
         if keys.is_empty() {
             return;
@@ -55,7 +63,7 @@ impl Entries {
         self.keys_of.insert(object, keys);
     }
 
-    fn remove(&mut self, object: &ObjectRef<DynamicObject>) {
+    fn remove(&mut self, object: &ObjectRef<K>) {
         for old in self.keys_of.remove(object).unwrap_or_default() {
             if let Some(set) = self.by_key.get_mut(&old) {
                 set.remove(object);
@@ -67,27 +75,29 @@ impl Entries {
     }
 }
 
-impl StoreIndex {
+impl<K: Resource<DynamicType = ApiResource>> StoreIndex<K> {
     /// An empty index of objects of `resource` under the key or keys `keys` gives each.
-    pub fn new<K>(
+    pub fn new<Keys>(
         resource: ApiResource,
-        keys: impl Fn(&DynamicObject) -> K + Send + Sync + 'static,
+        keys: impl Fn(&K) -> Keys + Send + Sync + 'static,
     ) -> Self
     where
-        K: IntoIterator<Item = String>,
+        Keys: IntoIterator<Item = String>,
     {
         Self {
             resource,
             keys: Box::new(move |object| keys(object).into_iter().collect()),
-            inner: Mutex::default(),
+            inner: Mutex::new(Inner {
+                current: Entries::default(),
+                relisting: None,
+            }),
         }
     }
 
     /// Take one watch event, as the store will.
-    pub fn observe(&self, event: &watcher::Event<DynamicObject>) {
+    pub fn observe(&self, event: &watcher::Event<K>) {
         let mut inner = crate::lock(&self.inner);
-        let reference =
-            |object: &DynamicObject| ObjectRef::from_obj_with(object, self.resource.clone());
+        let reference = |object: &K| ObjectRef::from_obj_with(object, self.resource.clone());
         match event {
             watcher::Event::Apply(object) => {
                 let keys = (self.keys)(object);
@@ -111,7 +121,7 @@ impl StoreIndex {
     }
 
     /// The objects indexed under `key`.
-    pub fn get(&self, key: &str) -> Vec<ObjectRef<DynamicObject>> {
+    pub fn get(&self, key: &str) -> Vec<ObjectRef<K>> {
         let inner = crate::lock(&self.inner);
         inner
             .current
@@ -123,9 +133,9 @@ impl StoreIndex {
 }
 
 /// The uid of an object's controller: children are indexed under their parent.
-pub(crate) fn controller_uid(object: &DynamicObject) -> Option<String> {
+pub(crate) fn controller_uid<K: Resource>(object: &K) -> Option<String> {
     object
-        .metadata
+        .meta()
         .owner_references
         .as_ref()?
         .iter()
@@ -135,8 +145,8 @@ pub(crate) fn controller_uid(object: &DynamicObject) -> Option<String> {
 
 /// An object's namespace (`""` for a cluster-scoped one): related objects are indexed under
 /// the namespace whose parents they concern.
-pub(crate) fn namespace(object: &DynamicObject) -> Option<String> {
-    Some(object.metadata.namespace.clone().unwrap_or_default())
+pub(crate) fn namespace<K: Resource>(object: &K) -> Option<String> {
+    Some(object.meta().namespace.clone().unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -35,14 +35,17 @@ pub fn store(resource: ApiResource, objects: Vec<DynamicObject>) -> Store<Dynami
 
 /// A synced store of `resource` holding `objects`, and its index under `key`, fed the same
 /// events as a watch would feed them.
-pub fn indexed_store(
+pub fn indexed_store<K>(
     resource: ApiResource,
-    objects: Vec<DynamicObject>,
-    key: fn(&DynamicObject) -> Option<String>,
-) -> (Store<DynamicObject>, Arc<StoreIndex>) {
+    objects: Vec<K>,
+    key: fn(&K) -> Option<String>,
+) -> (Store<K>, Arc<StoreIndex<K>>)
+where
+    K: kube::Resource<DynamicType = ApiResource> + Clone + 'static,
+{
     let index = Arc::new(StoreIndex::new(resource.clone(), key));
     let mut writer = Writer::new(resource);
-    let mut feed = |event: watcher::Event<DynamicObject>| {
+    let mut feed = |event: watcher::Event<K>| {
         index.observe(&event);
         writer.apply_watcher_event(&event);
     };

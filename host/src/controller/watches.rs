@@ -15,6 +15,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 
+use super::cached::{CachedObject, HasTypes};
 use super::children::{self, AllowedKind};
 use super::context::{Caches, ChildCache, Related, RelatedCache};
 use super::field_ownership::CreatedFields;
@@ -55,25 +56,34 @@ impl WatchSetup {
         }
     }
 
-    /// A watch stream of `kind` in the policy's scope, cached in a store and fed to
-    /// `indexes`, with `managedFields` dropped: plugins never see them and the host does not
-    /// need to hold them.
-    fn cached_watch(
+    /// A watch stream of `kind` in the policy's scope, cached in a store (as `K`: parents as
+    /// `DynamicObject`, children and related objects compactly) and fed to `indexes`, with
+    /// `managedFields` dropped: plugins never see them and the host does not need to hold
+    /// them.
+    fn cached_watch<K>(
         &self,
         kind: &ResolvedKind,
         config: watcher::Config,
         created: Option<Arc<CreatedFields>>,
-        indexes: Vec<Arc<StoreIndex>>,
+        indexes: Vec<Arc<StoreIndex<K>>>,
     ) -> (
-        Store<DynamicObject>,
-        impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>>
-        + Send
-        + 'static,
-    ) {
+        Store<K>,
+        impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    )
+    where
+        K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>
+            + HasTypes
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
         let resource = &kind.resource;
         let writer = reflector::store::Writer::new(resource.clone());
         let reader = writer.as_reader();
-        let api: Api<DynamicObject> = self.api(kind);
+        let api: Api<K> = self.api(kind);
         // List responses leave out each item's apiVersion and kind; plugins and the
         // convergence check need them, so every cached object gets them back.
         let types = TypeMeta {
@@ -85,13 +95,14 @@ impl WatchSetup {
         let stream = watcher(api, config)
             .backoff(WatchBackoff::default())
             .inspect(move |event| health.observe(&name, event))
-            .modify(move |object: &mut DynamicObject| {
+            .modify(move |object: &mut K| {
                 if let Some(created) = &created {
-                    created.note(object);
+                    created.note(object.meta());
                 }
                 object.managed_fields_mut().clear();
-                if object.types.is_none() {
-                    object.types = Some(types.clone());
+                let object_types = object.types_mut();
+                if object_types.is_none() {
+                    *object_types = Some(types.clone());
                 }
             })
             .inspect(move |event| {
@@ -212,7 +223,7 @@ impl Watches {
         let created = Arc::new(CreatedFields::new(setup.field_manager.clone()));
         let by_controller = Arc::new(StoreIndex::new(
             resolved.resource.clone(),
-            store_index::controller_uid,
+            store_index::controller_uid::<CachedObject>,
         ));
         let (store, stream) = setup.cached_watch(
             resolved,
@@ -262,12 +273,12 @@ impl Watches {
         };
         let by_namespace = Arc::new(StoreIndex::new(
             resolved.resource.clone(),
-            store_index::namespace,
+            store_index::namespace::<CachedObject>,
         ));
         let (store, stream) =
             setup.cached_watch(resolved, config, None, vec![by_namespace.clone()]);
         let parents = parents_under(self.parents_by_namespace.clone(), setup.queue.clone());
-        let mapper = move |object: DynamicObject| {
+        let mapper = move |object: CachedObject| {
             parents(object.metadata.namespace.as_deref().unwrap_or_default())
         };
         self.controller = self.controller.watches_stream_with(

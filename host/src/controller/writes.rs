@@ -3,6 +3,7 @@
 //! parent's finalizer. Each says what it did, for the reconcile's record. Every write is bound to the uid it was decided
 //! for, so a replaced object is never written by mistake.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::ObjectRef;
@@ -52,7 +53,9 @@ pub(super) async fn apply_child(
         key = key.within(namespace);
     }
     match cache.store.get(&key) {
-        Some(observed) => update_child(child, &observed, parent, ctx).await,
+        Some(observed) => {
+            update_child(child, &observed.metadata, observed.to_value(), parent, ctx).await
+        }
         None => create_child(child, parent, ctx).await,
     }
 }
@@ -85,39 +88,41 @@ pub(super) async fn create_child(
         Ok(_) => Ok(Applied::Created),
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let live = api.get(&child.name).await.map_err(apply_error)?;
-            update_child(child, &live, parent, ctx).await
+            let live_json = serde_json::to_value(&live).unwrap_or_default();
+            update_child(child, &live.metadata, live_json, parent, ctx).await
         }
         Err(source) => Err(apply_error(source)),
     }
 }
 
-/// Server-side apply a child that exists, if this parent controls it and it drifted. The
-/// apply carries the observed uid, so an object deleted and re-created by someone else
-/// since the read is refused by the API server rather than taken over.
+/// Server-side apply a child that exists (its `metadata`, and the whole `observed` object),
+/// if this parent controls it and it drifted. The apply carries the observed uid, so an
+/// object deleted and re-created by someone else since the read is refused by the API
+/// server rather than taken over.
 pub(super) async fn update_child(
     child: &DesiredChild,
-    observed: &DynamicObject,
+    metadata: &ObjectMeta,
+    observed_json: Value,
     parent: &ParentIdentity,
     ctx: &PolicyContext,
 ) -> Result<Applied, ReconcileError> {
     let kind = &ctx.caches.allowed[child.kind_index].kind;
-    if let Some(owner) = children::foreign_controller(observed.owner_references(), &parent.uid) {
+    let owners = metadata.owner_references.as_deref().unwrap_or_default();
+    if let Some(owner) = children::foreign_controller(owners, &parent.uid) {
         return Err(ReconcileError::ChildConflict {
             kind: kind.clone(),
             name: child.name.clone(),
             owner,
         });
     }
-    let observed_json = serde_json::to_value(observed).unwrap_or_default();
     if children::is_converged(child, &observed_json) {
         return Ok(Applied::Unchanged);
     }
     let changed = changed_fields(child, &observed_json);
     tracing::debug!(%kind, name = %child.name, differs_at = %changed[0], "child drifted from its desired state");
     let mut body = child.object.clone();
-    if let (Some(uid), Some(metadata)) = (&observed.metadata.uid, body["metadata"].as_object_mut())
-    {
-        metadata.insert("uid".into(), json!(uid));
+    if let (Some(uid), Some(body_metadata)) = (&metadata.uid, body["metadata"].as_object_mut()) {
+        body_metadata.insert("uid".into(), json!(uid));
     }
     let apply_error = |source| ReconcileError::Apply {
         kind: kind.clone(),

@@ -16,7 +16,8 @@
 //!
 //! Run with `cargo xtask bench convergence` (sizes: `WASMCTRL_BENCH_SIZES=1000,5000`; repeats
 //! alternating which phase goes first: `WASMCTRL_BENCH_REPEAT=2`; the host's explain memory:
-//! `WASMCTRL_BENCH_EXPLAIN_MIB`, default 32, 0 keeps no records). The host runs in a child
+//! `WASMCTRL_BENCH_EXPLAIN_MIB`, default 32, 0 keeps no records; stop at all reconciled,
+//! without waiting for the pods or swapping: `WASMCTRL_BENCH_UNTIL=reconciled`). The host runs in a child
 //! process (this binary, re-executed) so its RSS is its own.
 
 use std::collections::{BTreeMap, HashMap};
@@ -124,7 +125,8 @@ struct Row {
 /// The host's run on its own control plane.
 struct HostRun {
     reconciled: Duration,
-    ready: Duration,
+    /// Unless the run stopped at all reconciled (`WASMCTRL_BENCH_UNTIL=reconciled`).
+    ready: Option<Duration>,
     writes: BTreeMap<String, usize>,
     peak_rss_mib: f64,
     /// The host's RSS (MiB) sampled every second from the first create to all Ready.
@@ -133,7 +135,8 @@ struct HostRun {
     cpu: Cpu,
     /// Memory and count of the explain records once all were Ready.
     explain: (f64, u64),
-    swaps: [Swap; 2],
+    /// After all Ready, unless the run stopped at all reconciled.
+    swaps: Option<[Swap; 2]>,
 }
 
 /// The plain client's run on its own control plane.
@@ -199,7 +202,7 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let _ = stop_sampling.send(());
     let rss = sampler.await?;
     let reconciled = reconciled_at.duration_since(started);
-    let ready = ready_at.duration_since(started);
+    let ready = ready_at.map(|at| at.duration_since(started));
     // Let the last echoes settle before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
@@ -207,15 +210,21 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let writes = count_writes(&plane.audit_log, audit_before, &host_ns)?;
 
     // Hot swap to v2 (compiled now: the host's artifact cache started empty), then back to
-    // v1 (its precompiled artifact is on disk since the host started).
-    let v2 = wasmctrl_testenv::plugins::guest("myapp_v2_plugin");
-    let deployments = Api::<DynamicObject>::namespaced_with(
-        client.clone(),
-        &host_ns,
-        &ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", "Deployment")),
-    );
-    let to_v2 = measure_swap(&client, &run, &v2, &deployments, n, true).await?;
-    let back_to_v1 = measure_swap(&client, &run, plugin, &deployments, n, false).await?;
+    // v1 (its precompiled artifact is on disk since the host started); once all are Ready,
+    // so the swaps do not compete with the first rollout.
+    let swaps = if ready.is_some() {
+        let v2 = wasmctrl_testenv::plugins::guest("myapp_v2_plugin");
+        let deployments = Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            &host_ns,
+            &ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", "Deployment")),
+        );
+        let to_v2 = measure_swap(&client, &run, &v2, &deployments, n, true).await?;
+        let back_to_v1 = measure_swap(&client, &run, plugin, &deployments, n, false).await?;
+        Some([to_v2, back_to_v1])
+    } else {
+        None
+    };
     // SAFETY: kill has no memory-safety preconditions.
     unsafe {
         libc::kill(host_pid as libc::pid_t, libc::SIGTERM);
@@ -229,7 +238,7 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         rss,
         cpu: cpu_at_reconciled.since(cpu_before),
         explain,
-        swaps: [to_v2, back_to_v1],
+        swaps,
     })
 }
 
@@ -459,20 +468,21 @@ async fn create_myapps(
         .await
 }
 
-/// Watch MyApps until all `n` are reconciled, then until all are Ready.
-/// When every MyApp is reconciled and when every one is Ready, and the CPU `probe` read at
-/// the first.
+/// When every MyApp is reconciled and (unless `WASMCTRL_BENCH_UNTIL=reconciled`) when every
+/// one is Ready, and the CPU `probe` read at the first.
 async fn watch_progress(
     api: Api<DynamicObject>,
     n: usize,
     probe: CpuProbe,
-) -> anyhow::Result<(Instant, Instant, Cpu)> {
+) -> anyhow::Result<(Instant, Option<Instant>, Cpu)> {
+    let until_ready = std::env::var("WASMCTRL_BENCH_UNTIL").as_deref() != Ok("reconciled");
     let mut state: HashMap<String, (bool, bool)> = HashMap::new();
     let mut reconciled_at = None;
     let mut cpu_at_reconciled = None;
     let stream = watcher(api, watcher::Config::default()).applied_objects();
     let mut stream = std::pin::pin!(stream);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30 * 60);
+    // 10,000 pods take the controller-manager and kwok most of an hour on two cores.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90 * 60);
     loop {
         let next = tokio::time::timeout_at(deadline, stream.try_next()).await;
         let Ok(Ok(Some(app))) = next else {
@@ -491,13 +501,18 @@ async fn watch_progress(
             (reconciled, reconciled && condition("Ready")),
         );
         if reconciled_at.is_none() && state.len() == n && state.values().all(|s| s.0) {
-            reconciled_at = Some(Instant::now());
-            cpu_at_reconciled = Some(probe.read());
+            let at = Instant::now();
+            reconciled_at = Some(at);
+            let cpu = probe.read();
+            cpu_at_reconciled = Some(cpu);
+            if !until_ready {
+                return Ok((at, None, cpu));
+            }
         }
         if state.len() == n && state.values().all(|s| s.1) {
             let ready_at = Instant::now();
             let cpu = cpu_at_reconciled.unwrap_or_else(|| probe.read());
-            return Ok((reconciled_at.unwrap_or(ready_at), ready_at, cpu));
+            return Ok((reconciled_at.unwrap_or(ready_at), Some(ready_at), cpu));
         }
     }
 }
@@ -684,7 +699,7 @@ fn print_table(rows: &[Row]) {
             .map(|(k, v)| format!("{v} {k}"))
             .collect();
         println!(
-            "| {} | {} | {:.1} s | {:.1} s | {} | {:.0} MiB | {:.1} MiB ({} records) | {:.1} s ({} writes) | {:.2}× |",
+            "| {} | {} | {:.1} s | {} | {} | {:.0} MiB | {:.1} MiB ({} records) | {:.1} s ({} writes) | {:.2}× |",
             row.n,
             if row.host_first {
                 "host, baseline"
@@ -692,7 +707,10 @@ fn print_table(rows: &[Row]) {
                 "baseline, host"
             },
             host.reconciled.as_secs_f64(),
-            host.ready.as_secs_f64(),
+            host.ready.map_or_else(
+                || "(not waited for)".to_owned(),
+                |r| format!("{:.1} s", r.as_secs_f64())
+            ),
             writes.join(", "),
             host.peak_rss_mib,
             host.explain.0,
@@ -722,7 +740,9 @@ fn print_table(rows: &[Row]) {
             );
         }
     }
-    println!("\nHost RSS over time (MiB, every 10 s from the first create to all Ready):");
+    println!(
+        "\nHost RSS over time (MiB, every 10 s from the first create to all Ready, or reconciled):"
+    );
     for row in rows {
         let series: Vec<String> = row
             .host
@@ -740,7 +760,7 @@ fn print_table(rows: &[Row]) {
     for row in rows {
         for (what, swap) in ["v1 → v2 (compiled)", "v2 → v1 (artifact cache hit)"]
             .iter()
-            .zip(&row.host.swaps)
+            .zip(row.host.swaps.iter().flatten())
         {
             println!(
                 "| {} | {what} | {:.2} s | {:.2} s | {:.1} s |",

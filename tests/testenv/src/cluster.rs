@@ -532,8 +532,8 @@ async fn create_fake_node(client: &kube::Client) -> anyhow::Result<()> {
                        "kubernetes.io/arch": "amd64", "type": "kwok"},
         },
         "status": {
-            "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": "10000"},
-            "capacity": {"cpu": "1000", "memory": "4Ti", "pods": "10000"},
+            "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": "50000"},
+            "capacity": {"cpu": "1000", "memory": "4Ti", "pods": "50000"},
         },
     }))?;
     Api::<Node>::all(client.clone())
