@@ -105,31 +105,24 @@ pub(crate) fn build(
 }
 
 fn observed_object(object: &Arc<CachedObject>) -> ObservedObject {
-    let (api_version, kind) = object
-        .types
-        .as_ref()
-        .map(|t| (t.api_version.clone(), t.kind.clone()))
-        .unwrap_or_default();
-    ObservedObject {
-        api_version,
-        kind,
-        name: object.name_any(),
-        json: object.to_json(),
-    }
+    observed(object.types.as_ref(), object.name_any(), object.to_json())
 }
 
 /// An object read for a reconcile (a related object chosen by name).
 fn read_object(object: &DynamicObject) -> ObservedObject {
-    let (api_version, kind) = object
-        .types
-        .as_ref()
+    let json = serde_json::to_string(object).unwrap_or_default();
+    observed(object.types.as_ref(), object.name_any(), json)
+}
+
+fn observed(types: Option<&kube::core::TypeMeta>, name: String, json: String) -> ObservedObject {
+    let (api_version, kind) = types
         .map(|t| (t.api_version.clone(), t.kind.clone()))
         .unwrap_or_default();
     ObservedObject {
         api_version,
         kind,
-        name: object.name_any(),
-        json: serde_json::to_string(object).unwrap_or_default(),
+        name,
+        json,
     }
 }
 
