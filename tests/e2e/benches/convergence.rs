@@ -8,7 +8,7 @@
 //! host's peak RSS and its RSS every second, and the CPU seconds of kube-apiserver, etcd and
 //! the client up to all-reconciled (is the API server the limit, or the client?). The
 //! baseline is a plain kube client issuing the first pass of the same writes (apply
-//! Deployment, apply Service, apply status) with the same concurrency; the ratio (baseline
+//! Deployment, apply Service, apply status, the plugin's Events) with the same concurrency; the ratio (baseline
 //! time / host time) says what the host's watches, caches, queue and plugin calls cost.
 //!
 //! It also reads the memory the host's explain records hold (`wasmctrl_explain_records_bytes`,
@@ -536,9 +536,18 @@ async fn baseline_writes(
     );
     let myapps = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &myapp_resource());
     let params = Arc::new(PatchParams::apply("baseline").force());
+    // The plugin's Events are writes the host makes for it; the baseline makes them too, the
+    // same way (events.k8s.io, through kube's recorder).
+    let recorder = kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "baseline".into(),
+            instance: None,
+        },
+    );
     futures::stream::iter(apps)
         .map(|(name, uid)| {
-            let (deployments, services, myapps, params) = (deployments.clone(), services.clone(), myapps.clone(), params.clone());
+            let (deployments, services, myapps, params, recorder) = (deployments.clone(), services.clone(), myapps.clone(), params.clone(), recorder.clone());
             async move {
                 let parent = json!({
                     "apiVersion": "example.com/v1", "kind": "MyApp",
@@ -558,6 +567,28 @@ async fn baseline_writes(
                 status["observedGeneration"] = json!(1);
                 let body = json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": name}, "status": status});
                 myapps.patch_status(&name, &params, &Patch::Apply(&body)).await?;
+                let reference = k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("example.com/v1".into()),
+                    kind: Some("MyApp".into()),
+                    name: Some(name.clone()),
+                    namespace: Some(ns.to_owned()),
+                    uid: Some(uid.clone()),
+                    ..Default::default()
+                };
+                for event in response.events() {
+                    let type_ = match event.kind {
+                        wasmctrl_plugin_sdk::EventType::Warning => kube::runtime::events::EventType::Warning,
+                        _ => kube::runtime::events::EventType::Normal,
+                    };
+                    let event = kube::runtime::events::Event {
+                        type_,
+                        reason: event.reason.clone(),
+                        note: Some(event.message.clone()),
+                        action: "Reconcile".into(),
+                        secondary: None,
+                    };
+                    recorder.publish(&event, &reference).await?;
+                }
                 Ok::<_, anyhow::Error>(())
             }
         })
