@@ -31,9 +31,12 @@ pub fn cargo() -> Command {
 
 pub fn run(what: &str, command: &mut Command) -> anyhow::Result<()> {
     eprintln!("xtask: {what}");
+    let started = Instant::now();
     let status = command
         .status()
         .with_context(|| format!("starting: {what}"))?;
+    // Each step's time, so a slow CI run says where its minutes went.
+    eprintln!("xtask: {what}: {:.0}s", started.elapsed().as_secs_f64());
     if !status.success() {
         bail!("{what} failed ({status})");
     }
