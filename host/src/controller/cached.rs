@@ -48,12 +48,26 @@ impl CachedObject {
         json
     }
 
-    /// The whole object as a JSON value.
+    /// The whole object as a JSON value, built from its parts: the body parsed, the
+    /// metadata converted (not written out as text and parsed back, as going through
+    /// [`Self::to_json`] would; this runs for every child a reconcile applies).
     pub fn to_value(&self) -> Value {
-        serde_json::from_str(&self.to_json()).unwrap_or_default()
+        let mut object: serde_json::Map<String, Value> =
+            serde_json::from_str(&self.body).unwrap_or_default();
+        if let Some(types) = &self.types {
+            object.insert("apiVersion".into(), types.api_version.clone().into());
+            object.insert("kind".into(), types.kind.clone().into());
+        }
+        object.insert(
+            "metadata".into(),
+            serde_json::to_value(&self.metadata)
+                .unwrap_or_else(|_| Value::Object(Default::default())),
+        );
+        Value::Object(object)
     }
 
-    /// The object `value` holds; `None` if its metadata does not decode.
+    /// The object `value` holds; an error if it is not a JSON object or its metadata does
+    /// not decode.
     pub fn from_value(mut value: Value) -> Result<Self, serde_json::Error> {
         let Some(object) = value.as_object_mut() else {
             return Err(serde_json::Error::custom("an object must be a JSON object"));
