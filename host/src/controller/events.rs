@@ -15,7 +15,8 @@ pub const MAX_EVENTS_PER_PARENT: u32 = 30;
 
 /// Publishes Events, at most one per (object, reason) per interval.
 pub struct EventSink {
-    recorder: Recorder,
+    client: Client,
+    reporter: Reporter,
     min_interval: Duration,
     recent: Mutex<Recent>,
 }
@@ -26,6 +27,9 @@ pub struct EventSink {
 struct Recent {
     by_reason: HashMap<(String, String), Instant>,
     by_object: HashMap<String, (Instant, u32)>,
+    /// When expired entries were last dropped: once per interval, not on every Event, so
+    /// publishing stays O(1) however many parents there are.
+    pruned: Option<Instant>,
 }
 
 /// Whether an Event was passed on.
@@ -47,7 +51,8 @@ impl EventSink {
             instance: std::env::var("POD_NAME").ok(),
         };
         Self {
-            recorder: Recorder::new(client, reporter),
+            client,
+            reporter,
             min_interval,
             recent: Mutex::new(Recent::default()),
         }
@@ -81,7 +86,12 @@ impl EventSink {
             action: action.to_owned(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, object).await {
+        // A recorder per Event, as kube documents it (one per reconcile): a shared one keeps
+        // every Event it published for six minutes and sweeps that whole cache on each
+        // publish, which at 10,000 parents is tens of MiB and O(parents) per Event. Its
+        // cache only turns repeats into a series; this sink already holds repeats back.
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        if let Err(error) = recorder.publish(&event, object).await {
             tracing::warn!(reason, error = %error, "could not record event");
         }
         Published::Sent
@@ -105,8 +115,11 @@ impl Recent {
             return Published::OverQuota;
         }
         window.1 += 1;
-        self.by_reason.retain(|_, last| fresh(last));
-        self.by_object.retain(|_, (start, _)| fresh(start));
+        if self.pruned.is_none_or(|at| !fresh(&at)) {
+            self.by_reason.retain(|_, last| fresh(last));
+            self.by_object.retain(|_, (start, _)| fresh(start));
+            self.pruned = Some(now);
+        }
         self.by_reason.insert(key, now);
         Published::Sent
     }
@@ -169,5 +182,28 @@ mod tests {
             recent.admit("a".into(), "Failed", later, minute),
             Published::Sent
         );
+    }
+
+    #[test]
+    fn expired_entries_are_dropped_once_an_interval_has_passed() {
+        let mut recent = Recent::default();
+        let start = Instant::now();
+        let minute = Duration::from_secs(60);
+        for i in 0..100 {
+            recent.admit(format!("uid-{i}"), "Reconciled", start, minute);
+        }
+        assert_eq!(recent.by_reason.len(), 100);
+        // Within the interval nothing is swept (nothing has expired).
+        recent.admit("late".into(), "Reconciled", start + minute / 2, minute);
+        assert_eq!(recent.by_reason.len(), 101);
+        // After it, the first hundred have expired and go; the half-interval one stays.
+        recent.admit(
+            "later".into(),
+            "Reconciled",
+            start + minute + minute / 4,
+            minute,
+        );
+        assert_eq!(recent.by_reason.len(), 2, "{:?}", recent.by_reason.keys());
+        assert_eq!(recent.by_object.len(), 2);
     }
 }
