@@ -1,11 +1,13 @@
-//! How the host holds the children and related objects it caches: the metadata typed (what
-//! ownership checks, indexes and prunes read) and everything else as compact JSON text.
+//! How the host holds the parents, children and related objects it caches: the metadata
+//! typed (what ownership checks, indexes, predicates and prunes read) and everything else as
+//! compact JSON text.
 //!
 //! A `DynamicObject` keeps its body as a `serde_json::Value` tree, about six times the size
 //! of its JSON: a 2 KB Deployment held 13 KB. With 10,000 parents and 20,000 children the
 //! trees alone were most of the host's memory. The body is only ever sent to a plugin (as
 //! text) or compared with a desired object (parsed then, once per reconcile that applies),
-//! so it is kept as the text it arrived as.
+//! so it is kept as the text it arrived as. A parent's body is parsed when its reconcile
+//! starts and dropped when it ends.
 
 use std::borrow::Cow;
 
@@ -64,6 +66,17 @@ impl CachedObject {
                 .unwrap_or_else(|_| Value::Object(Default::default())),
         );
         Value::Object(object)
+    }
+
+    /// The object as a `DynamicObject`, for the reconcile of a cached parent: the metadata
+    /// cloned, the body parsed (once per reconcile, not held between them).
+    pub fn to_dynamic(&self) -> kube::core::DynamicObject {
+        kube::core::DynamicObject {
+            types: self.types.clone(),
+            metadata: self.metadata.clone(),
+            data: serde_json::from_str(&self.body)
+                .unwrap_or_else(|_| Value::Object(Default::default())),
+        }
     }
 
     /// The object `value` holds; an error if it is not a JSON object or its metadata does
@@ -183,6 +196,16 @@ mod tests {
         );
         let text: Value = serde_json::from_str(&object.to_json()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(text, deployment());
+    }
+
+    #[test]
+    fn a_parent_becomes_the_dynamic_object_it_was() {
+        let object: CachedObject =
+            serde_json::from_value(deployment()).unwrap_or_else(|e| panic!("{e}"));
+        let dynamic = object.to_dynamic();
+        let expected: kube::core::DynamicObject =
+            serde_json::from_value(deployment()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(dynamic, expected);
     }
 
     #[test]

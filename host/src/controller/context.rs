@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use kube::Client;
-use kube::core::{ApiResource, DynamicObject};
+use kube::core::ApiResource;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::backoff::Backoff;
@@ -88,9 +88,9 @@ pub(crate) struct Caches {
 /// What a policy's reconciles ended with, for retries and the policy's counts.
 pub(crate) struct Outcomes {
     /// Retry delays of the failing parents.
-    pub backoff: Backoff<ObjectRef<DynamicObject>>,
+    pub backoff: Backoff<ObjectRef<CachedObject>>,
     /// Parents whose last reconcile succeeded, and the plugin that decided it.
-    pub reconciled: Mutex<HashMap<ObjectRef<DynamicObject>, Option<Digest>>>,
+    pub reconciled: Mutex<HashMap<ObjectRef<CachedObject>, Option<Digest>>>,
 }
 
 impl Outcomes {
@@ -112,7 +112,7 @@ pub(crate) struct Serving {
     /// The candidate plugin, if the policy names one.
     pub candidate: arc_swap::ArcSwapOption<Candidate>,
     /// The candidate's shadow verdict per parent, since it was loaded.
-    pub shadow: Mutex<HashMap<ObjectRef<DynamicObject>, Verdict>>,
+    pub shadow: Mutex<HashMap<ObjectRef<CachedObject>, Verdict>>,
 }
 
 impl Serving {
@@ -181,7 +181,7 @@ mod tests {
     use super::*;
     use crate::controller::testing::{label_selector, parent, serving};
 
-    fn labels(parent: &DynamicObject) -> &std::collections::BTreeMap<String, String> {
+    fn labels(parent: &kube::core::DynamicObject) -> &std::collections::BTreeMap<String, String> {
         use kube::ResourceExt as _;
         parent.labels()
     }

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use kube::api::Api;
-use kube::core::DynamicObject;
 use kube::runtime::controller;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt as _};
@@ -17,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::HostOptions;
 use super::backoff::Backoff;
+use super::cached::CachedObject;
 use super::children;
 use super::context::{ActivePlugin, Caches, Outcomes, PolicyContext, Serving};
 use super::events::EventSink;
@@ -125,7 +125,11 @@ async fn run_controller(
             RelatedBy::All | RelatedBy::Selector(_) => None,
         })
         .collect();
-    let mut watches = Watches::parents(&setup, &parts.parent, references);
+    let by_namespace = parts
+        .related
+        .iter()
+        .any(|(_, by)| matches!(by, RelatedBy::All | RelatedBy::Selector(_)));
+    let mut watches = Watches::parents(&setup, &parts.parent, references, by_namespace);
     for (kind, resolved) in &parts.children {
         watches = watches.owns(&setup, kind, resolved);
     }
@@ -305,10 +309,10 @@ fn keep_finalizers_in_sync<'a>(
 /// The controller itself: reconcile at the policy's concurrency, every parent again on
 /// `requeue_all`, until `stop`.
 fn run_reconciles(
-    controller: kube::runtime::Controller<DynamicObject>,
+    controller: kube::runtime::Controller<CachedObject>,
     policy: &ReconcilePolicy,
     ctx: &Arc<PolicyContext>,
-    parents: &Store<DynamicObject>,
+    parents: &Store<CachedObject>,
     requeue_all: tokio::sync::mpsc::UnboundedReceiver<()>,
     stop: CancellationToken,
 ) -> impl Future<Output = ()> + use<> {
@@ -369,7 +373,7 @@ fn requeue_on_takeover(
 /// Every [`STATUS_INTERVAL`], write the policy's counts and watch health (when they changed).
 async fn report_periodically(
     ctx: &PolicyContext,
-    parents: &Store<DynamicObject>,
+    parents: &Store<CachedObject>,
     status: &tokio::sync::Mutex<PolicyStatusWriter>,
     health: &WatchHealth,
     running: State,

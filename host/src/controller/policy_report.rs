@@ -3,10 +3,10 @@
 //! children of kinds it no longer manages. The counts are pure reads of the caches and the
 //! bookkeeping, so they are tested without a cluster.
 
-use kube::core::DynamicObject;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt as _};
 
+use super::cached::CachedObject;
 use super::children;
 use super::context::{ChildCache, Outcomes, Serving, lock};
 use super::events;
@@ -114,10 +114,10 @@ pub(crate) struct Counts {
 /// the digest of the active plugin.
 pub(super) fn counts(
     outcomes: &Outcomes,
-    parents: &Store<DynamicObject>,
+    parents: &Store<CachedObject>,
     active: &Digest,
 ) -> Counts {
-    let exists = |key: &ObjectRef<DynamicObject>| parents.get(key).is_some();
+    let exists = |key: &ObjectRef<CachedObject>| parents.get(key).is_some();
     outcomes.backoff.retain(exists);
     let mut reconciled = lock(&outcomes.reconciled);
     reconciled.retain(|key, _| exists(key));
@@ -149,7 +149,7 @@ pub(super) fn forget_deleted_children(children: &[ChildCache]) {
 /// few examples (sorted, so an unchanged picture writes nothing).
 pub(super) fn candidate_counts(
     serving: &Serving,
-    parents: &Store<DynamicObject>,
+    parents: &Store<CachedObject>,
 ) -> Option<CandidateStatus> {
     use kube::core::SelectorExt as _;
     const EXAMPLES: usize = 5;
@@ -203,7 +203,7 @@ mod tests {
     use crate::controller::context::{ActivePlugin, Candidate};
     use crate::controller::testing::{label_selector, myapps, parent, plugin, serving, store};
 
-    fn key(namespace: &str, name: &str) -> ObjectRef<DynamicObject> {
+    fn key(namespace: &str, name: &str) -> ObjectRef<CachedObject> {
         ObjectRef::new_with(name, myapps()).within(namespace)
     }
 

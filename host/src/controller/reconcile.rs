@@ -15,6 +15,7 @@ use serde_json::json;
 use tracing::{Instrument as _, info_span};
 
 use super::backoff::Retry;
+use super::cached::CachedObject;
 use super::children::{self, InvalidChild, ParentIdentity};
 use super::context::{PolicyContext, lock};
 use super::events::Published;
@@ -151,14 +152,17 @@ fn describe(problems: &[InvalidChild]) -> String {
 /// The kube-runtime reconcile function: run one reconcile, keep the backoff history, and
 /// report a failure on the parent.
 pub(crate) async fn reconcile(
-    parent: Arc<DynamicObject>,
+    cached: Arc<CachedObject>,
     ctx: Arc<PolicyContext>,
 ) -> Result<Action, Failure> {
     if !ctx.leadership.is_leader() {
         // Taking over re-enqueues every parent, so nothing waits on this.
         return Ok(Action::await_change());
     }
-    let key = ObjectRef::from_obj_with(&*parent, ctx.parent.clone());
+    let key = parent_key(&*cached, &ctx.parent);
+    // Parents are cached compactly; this reconcile reads the whole object.
+    let parent = cached.to_dynamic();
+    drop(cached);
     ctx.queue
         .started(&(parent.metadata.namespace.clone(), parent.name_any()));
     let started = std::time::Instant::now();
@@ -209,9 +213,23 @@ pub(crate) async fn reconcile(
     }
 }
 
+/// A parent's key in the policy's maps (its outcome, its shadow verdict): the kind, namespace
+/// and name only, none of the uid and resourceVersion a reference can carry, as the maps
+/// hold one per parent.
+fn parent_key(parent: &impl kube::Resource, kind: &ApiResource) -> ObjectRef<CachedObject> {
+    let key = ObjectRef::new_with(
+        parent.meta().name.as_deref().unwrap_or_default(),
+        kind.clone(),
+    );
+    match &parent.meta().namespace {
+        Some(namespace) => key.within(namespace),
+        None => key,
+    }
+}
+
 /// The kube-runtime error policy: retry after the backoff the failure was given.
 pub(crate) fn error_policy(
-    _parent: Arc<DynamicObject>,
+    _parent: Arc<CachedObject>,
     failure: &Failure,
     _ctx: Arc<PolicyContext>,
 ) -> Action {
@@ -366,7 +384,7 @@ async fn decide(
     let request = request::build(parent, observed, related, serving, false);
     trace.step("request");
     trace.asked(&request, *serving.plugin.digest(), ctx.explain.secret_data);
-    let key = ObjectRef::from_obj_with(parent, ctx.parent.clone());
+    let key = parent_key(parent, &ctx.parent);
     let answer = match &selection.shadow {
         Some(shadow) => {
             let shadow_request = ReconcileRequest {

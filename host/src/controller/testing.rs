@@ -10,6 +10,7 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use serde_json::json;
 
+use super::cached::CachedObject;
 use super::context::ActivePlugin;
 use super::store_index::StoreIndex;
 use crate::plugin::{EngineOptions, Limits, Plugin, PluginEngine};
@@ -28,8 +29,16 @@ pub fn myapps() -> ApiResource {
     ))
 }
 
-/// A synced store of `resource` holding `objects`.
-pub fn store(resource: ApiResource, objects: Vec<DynamicObject>) -> Store<DynamicObject> {
+/// A synced store of `resource` holding `objects`, cached as the watches cache them.
+pub fn store(resource: ApiResource, objects: Vec<DynamicObject>) -> Store<CachedObject> {
+    let objects = objects
+        .into_iter()
+        .map(|object| {
+            serde_json::to_value(object)
+                .and_then(CachedObject::from_value)
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
     indexed_store(resource, objects, |_| None).0
 }
 

@@ -56,8 +56,8 @@ impl WatchSetup {
         }
     }
 
-    /// A watch stream of `kind` in the policy's scope, cached in a store (as `K`: parents as
-    /// `DynamicObject`, children and related objects compactly) and fed to `indexes`, with
+    /// A watch stream of `kind` in the policy's scope, cached in a store (as `K`, in practice
+    /// compactly: [`CachedObject`]) and fed to `indexes`, with
     /// `managedFields` dropped: plugins never see them and the host does not need to hold
     /// them.
     fn cached_watch<K>(
@@ -156,12 +156,12 @@ impl WatchSetup {
 
 /// A policy's controller and the caches its reconciles read.
 pub(super) struct Watches {
-    controller: Controller<DynamicObject>,
-    parents: Store<DynamicObject>,
+    controller: Controller<CachedObject>,
+    parents: Store<CachedObject>,
     /// The parents by namespace, for the related objects that concern all of a namespace.
-    parents_by_namespace: Arc<StoreIndex>,
+    parents_by_namespace: Arc<StoreIndex<CachedObject>>,
     /// The parents by the objects they name, for related kinds chosen by name.
-    parents_by_reference: Arc<StoreIndex>,
+    parents_by_reference: Arc<StoreIndex<CachedObject>>,
     parent: ApiResource,
     /// The child kinds the policy allows, in the order of `children`.
     allowed: Vec<AllowedKind>,
@@ -174,19 +174,30 @@ impl Watches {
     /// among them) do not trigger a reconcile: they would turn every failure into an
     /// immediate retry and defeat backoff. `references` are the related kinds chosen by name
     /// (their place in the policy's `related`, the field naming them, whether namespaced):
-    /// the parents are indexed by the objects they name.
+    /// the parents are indexed by the objects they name. `by_namespace`: some related kind
+    /// concerns every parent in an object's namespace, so the parents are indexed by it.
     pub fn parents(
         setup: &WatchSetup,
         parent: &ResolvedKind,
         references: Vec<(usize, FieldPath, bool)>,
+        by_namespace: bool,
     ) -> Self {
+        // Only related kinds read by selector (or all of a kind) look parents up by
+        // namespace; without one, the index stays empty rather than hold every parent.
         let parents_by_namespace = Arc::new(StoreIndex::new(
             parent.resource.clone(),
-            store_index::namespace,
+            move |parent: &CachedObject| store_index::namespace(parent).filter(|_| by_namespace),
         ));
         let parents_by_reference = Arc::new(StoreIndex::new(
             parent.resource.clone(),
-            move |parent: &DynamicObject| related::parent_reference_keys(&references, parent),
+            move |parent: &CachedObject| {
+                // Only a policy with related kinds chosen by name pays for reading the body.
+                if references.is_empty() {
+                    Vec::new()
+                } else {
+                    related::parent_reference_keys(&references, &parent.to_dynamic())
+                }
+            },
         ));
         let (parents, stream) = setup.cached_watch(
             parent,
@@ -338,8 +349,8 @@ impl Watches {
         self,
         readiness: &Arc<crate::health::Readiness>,
     ) -> (
-        Controller<DynamicObject>,
-        Store<DynamicObject>,
+        Controller<CachedObject>,
+        Store<CachedObject>,
         Caches,
         impl Future<Output = ()> + use<>,
     ) {
@@ -398,9 +409,9 @@ impl Watches {
 
 /// What a related event triggers: the parents `index` holds under a key, counted as queued.
 fn parents_under(
-    index: Arc<StoreIndex>,
+    index: Arc<StoreIndex<CachedObject>>,
     queue: Arc<QueueGauge>,
-) -> impl Fn(&str) -> Vec<ObjectRef<DynamicObject>> + Send + Sync + 'static {
+) -> impl Fn(&str) -> Vec<ObjectRef<CachedObject>> + Send + Sync + 'static {
     move |key| {
         let parents = index.get(key);
         queue.added(
@@ -414,7 +425,7 @@ fn parents_under(
 
 /// A fingerprint of what a parent's reconcile depends on besides its children: spec (via the
 /// generation), labels, annotations, finalizers and deletion.
-fn parent_changed(parent: &DynamicObject) -> Option<u64> {
+fn parent_changed(parent: &CachedObject) -> Option<u64> {
     use std::hash::{Hash as _, Hasher as _};
     let meta = &parent.metadata;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
