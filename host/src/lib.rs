@@ -21,6 +21,12 @@ pub mod telemetry;
 mod watch_backoff;
 pub mod yaml;
 
+/// The memory allocator the `wasmctrl` binary runs on (each binary that runs the host, as the
+/// convergence benchmark does, declares it with `#[global_allocator]`). A host caching
+/// tens of thousands of objects while reconciles allocate on every worker thread fragments
+/// glibc's per-thread arenas; musl's allocator, in the static image, is slower still.
+pub type Allocator = tikv_jemallocator::Jemalloc;
+
 /// Lock a mutex that only holds plain bookkeeping: a panic elsewhere cannot leave it
 /// inconsistent, so poisoning is ignored.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

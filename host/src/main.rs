@@ -7,6 +7,9 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use wasmctrl::cli::{CasesDiffer, Cli};
 
+#[global_allocator]
+static ALLOCATOR: wasmctrl::Allocator = wasmctrl::Allocator {};
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();

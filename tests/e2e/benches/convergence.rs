@@ -17,7 +17,9 @@
 //! Run with `cargo xtask bench convergence` (sizes: `WASMCTRL_BENCH_SIZES=1000,5000`; repeats
 //! alternating which phase goes first: `WASMCTRL_BENCH_REPEAT=2`; the host's explain memory:
 //! `WASMCTRL_BENCH_EXPLAIN_MIB`, default 32, 0 keeps no records; stop at all reconciled,
-//! without waiting for the pods or swapping: `WASMCTRL_BENCH_UNTIL=reconciled`). The host runs in a child
+//! without waiting for the pods or swapping: `WASMCTRL_BENCH_UNTIL=reconciled`; the host alone,
+//! without the baseline: `WASMCTRL_BENCH_PHASES=host`; extra environment for the host alone,
+//! e.g. a heap profiler's `LD_PRELOAD`: `WASMCTRL_BENCH_HOST_ENV`). The host runs in a child
 //! process (this binary, re-executed) so its RSS is its own.
 
 use std::collections::{BTreeMap, HashMap};
@@ -33,6 +35,11 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
 use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, admin_client, memory_mib};
+
+// The host's allocator, as in the `wasmctrl` binary: the host under test runs in this
+// process's re-executed copy.
+#[global_allocator]
+static ALLOCATOR: wasmctrl::Allocator = wasmctrl::Allocator {};
 
 /// Concurrency of the host's policy and of the baseline client.
 const CONCURRENCY: u32 = 16;
@@ -61,6 +68,13 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|_| "1".into())
         .parse()
         .context("WASMCTRL_BENCH_REPEAT")?;
+    // `host` alone skips the baseline: for looking into the host (its memory, a profile)
+    // without paying for the comparison.
+    let with_baseline = match std::env::var("WASMCTRL_BENCH_PHASES").as_deref() {
+        Err(_) | Ok("host,baseline") => true,
+        Ok("host") => false,
+        Ok(other) => bail!("WASMCTRL_BENCH_PHASES must be host or host,baseline, not {other}"),
+    };
     let mut rows = Vec::new();
     for repeat in 0..repeats {
         for &n in &sizes {
@@ -80,11 +94,15 @@ fn main() -> anyhow::Result<()> {
             let host_first = repeat % 2 == 0;
             let mut host = None;
             let mut baseline = None;
-            for phase in if host_first {
+            let order = if host_first {
                 ["host", "baseline"]
             } else {
                 ["baseline", "host"]
-            } {
+            };
+            for phase in order
+                .into_iter()
+                .filter(|phase| with_baseline || *phase == "host")
+            {
                 let (dir, plane) = fresh(phase)?;
                 let result = if phase == "host" {
                     runtime
@@ -99,8 +117,8 @@ fn main() -> anyhow::Result<()> {
                 let _ = std::fs::remove_dir_all(&dir);
                 result?;
             }
-            let (Some(host), Some(baseline)) = (host, baseline) else {
-                bail!("a phase of size {n} did not run");
+            let Some(host) = host else {
+                bail!("the host phase of size {n} did not run");
             };
             rows.push(Row {
                 n,
@@ -119,7 +137,8 @@ struct Row {
     /// Whether the host phase ran first.
     host_first: bool,
     host: HostRun,
-    baseline: BaselineRun,
+    /// Unless `WASMCTRL_BENCH_PHASES=host`.
+    baseline: Option<BaselineRun>,
 }
 
 /// The host's run on its own control plane.
@@ -184,6 +203,7 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
             ),
         )
         .env("WASMCTRL_LOG", "warn")
+        .envs(host_env()?)
         .spawn()
         .context("starting the host")?;
     let host_pid = host.id();
@@ -267,6 +287,23 @@ async fn baseline_phase(n: usize, plane: &ControlPlane) -> anyhow::Result<Baseli
         writes,
         cpu,
     })
+}
+
+/// Extra environment for the host process alone, from `WASMCTRL_BENCH_HOST_ENV`
+/// (space-separated `NAME=value` pairs): an allocator setting, or a heap profiler's
+/// `LD_PRELOAD`, without it reaching the baseline or this process.
+fn host_env() -> anyhow::Result<Vec<(String, String)>> {
+    let Ok(pairs) = std::env::var("WASMCTRL_BENCH_HOST_ENV") else {
+        return Ok(Vec::new());
+    };
+    pairs
+        .split_whitespace()
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(name, value)| (name.to_owned(), value.to_owned()))
+                .with_context(|| format!("WASMCTRL_BENCH_HOST_ENV: {pair} is not NAME=value"))
+        })
+        .collect()
 }
 
 /// The host's RSS every second until `stop` fires.
@@ -537,17 +574,14 @@ async fn baseline_writes(
     let myapps = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &myapp_resource());
     let params = Arc::new(PatchParams::apply("baseline").force());
     // The plugin's Events are writes the host makes for it; the baseline makes them too, the
-    // same way (events.k8s.io, through kube's recorder).
-    let recorder = kube::runtime::events::Recorder::new(
-        client.clone(),
-        kube::runtime::events::Reporter {
-            controller: "baseline".into(),
-            instance: None,
-        },
-    );
+    // same way (events.k8s.io, through a kube recorder per Event, as the host does).
+    let reporter = kube::runtime::events::Reporter {
+        controller: "baseline".into(),
+        instance: None,
+    };
     futures::stream::iter(apps)
         .map(|(name, uid)| {
-            let (deployments, services, myapps, params, recorder) = (deployments.clone(), services.clone(), myapps.clone(), params.clone(), recorder.clone());
+            let (deployments, services, myapps, params, reporter) = (deployments.clone(), services.clone(), myapps.clone(), params.clone(), reporter.clone());
             async move {
                 let parent = json!({
                     "apiVersion": "example.com/v1", "kind": "MyApp",
@@ -587,7 +621,9 @@ async fn baseline_writes(
                         action: "Reconcile".into(),
                         secondary: None,
                     };
-                    recorder.publish(&event, &reference).await?;
+                    kube::runtime::events::Recorder::new(client.clone(), reporter.clone())
+                        .publish(&event, &reference)
+                        .await?;
                 }
                 Ok::<_, anyhow::Error>(())
             }
@@ -722,7 +758,23 @@ fn print_table(rows: &[Row]) {
     );
     println!("|---:|---|---:|---:|---|---:|---:|---:|---:|");
     for row in rows {
-        let (host, base) = (&row.host, &row.baseline);
+        let host = &row.host;
+        let (baseline, ratio) = row.baseline.as_ref().map_or_else(
+            || ("(not run)".to_owned(), "—".to_owned()),
+            |base| {
+                (
+                    format!(
+                        "{:.1} s ({} writes)",
+                        base.elapsed.as_secs_f64(),
+                        base.writes
+                    ),
+                    format!(
+                        "{:.2}×",
+                        base.elapsed.as_secs_f64() / host.reconciled.as_secs_f64()
+                    ),
+                )
+            },
+        );
         let writes: Vec<String> = host
             .writes
             .iter()
@@ -730,7 +782,7 @@ fn print_table(rows: &[Row]) {
             .map(|(k, v)| format!("{v} {k}"))
             .collect();
         println!(
-            "| {} | {} | {:.1} s | {} | {} | {:.0} MiB | {:.1} MiB ({} records) | {:.1} s ({} writes) | {:.2}× |",
+            "| {} | {} | {:.1} s | {} | {} | {:.0} MiB | {:.1} MiB ({} records) | {baseline} | {ratio} |",
             row.n,
             if row.host_first {
                 "host, baseline"
@@ -746,9 +798,6 @@ fn print_table(rows: &[Row]) {
             host.peak_rss_mib,
             host.explain.0,
             host.explain.1,
-            base.elapsed.as_secs_f64(),
-            base.writes,
-            base.elapsed.as_secs_f64() / host.reconciled.as_secs_f64(),
         );
     }
     println!(
@@ -756,10 +805,14 @@ fn print_table(rows: &[Row]) {
     );
     println!("|---:|---|---:|---:|---:|---:|");
     for row in rows {
-        for (phase, wall, cpu) in [
-            ("host, to all reconciled", row.host.reconciled, row.host.cpu),
-            ("baseline", row.baseline.elapsed, row.baseline.cpu),
-        ] {
+        let baseline = row
+            .baseline
+            .as_ref()
+            .map(|base| ("baseline", base.elapsed, base.cpu));
+        for (phase, wall, cpu) in
+            std::iter::once(("host, to all reconciled", row.host.reconciled, row.host.cpu))
+                .chain(baseline)
+        {
             let wall = wall.as_secs_f64();
             let share = |seconds: f64| format!("{seconds:.1} s ({:.2} cores)", seconds / wall);
             println!(
