@@ -24,7 +24,8 @@ pub mod yaml;
 /// The memory allocator the `wasmctrl` binary runs on (each binary that runs the host, as the
 /// convergence benchmark does, declares it with `#[global_allocator]`). A host caching
 /// tens of thousands of objects while reconciles allocate on every worker thread fragments
-/// glibc's per-thread arenas; musl's allocator, in the static image, is slower still.
+/// glibc's per-thread arenas: at 10,000 parents jemalloc held 21 MiB less and ran faster
+/// (BENCHMARKS.md). It also spares the static (musl) image musl's own allocator.
 pub type Allocator = tikv_jemallocator::Jemalloc;
 
 /// Lock a mutex that only holds plain bookkeeping: a panic elsewhere cannot leave it

@@ -18,10 +18,18 @@ use serde_json::Value;
 
 /// A cached object: `apiVersion`/`kind`, typed metadata, and the other top-level fields as
 /// the JSON text of one object (`{"spec":…,"status":…}`).
+///
+/// The annotations are kept as text too, so `metadata.annotations` is always `None`: the
+/// host reads no annotation of a cached object through its metadata (plugins get them in
+/// [`Self::to_json`], reconciles in [`Self::to_dynamic`] and [`Self::to_value`]), and a typed
+/// map costs a ~540-byte B-tree node per object however few it holds: on every child, which
+/// carries the host's desired-state hash.
 #[derive(Clone, Debug)]
 pub(crate) struct CachedObject {
     pub types: Option<TypeMeta>,
     pub metadata: ObjectMeta,
+    /// `metadata.annotations` as JSON text, if the object has any.
+    annotations: Option<Box<str>>,
     body: Box<str>,
 }
 
@@ -29,7 +37,16 @@ impl CachedObject {
     /// The whole object as JSON text, as the API server serves it (without `managedFields`,
     /// which the watches drop).
     pub fn to_json(&self) -> String {
-        let metadata = serde_json::to_string(&self.metadata).unwrap_or_else(|_| "{}".into());
+        let mut metadata = serde_json::to_string(&self.metadata).unwrap_or_else(|_| "{}".into());
+        if let Some(annotations) = &self.annotations {
+            metadata.pop(); // the closing brace
+            if metadata.len() > 1 {
+                metadata.push(',');
+            }
+            metadata.push_str("\"annotations\":");
+            metadata.push_str(annotations);
+            metadata.push('}');
+        }
         let mut json = String::with_capacity(self.body.len() + metadata.len() + 64);
         json.push('{');
         if let Some(types) = &self.types {
@@ -60,20 +77,40 @@ impl CachedObject {
             object.insert("apiVersion".into(), types.api_version.clone().into());
             object.insert("kind".into(), types.kind.clone().into());
         }
-        object.insert(
-            "metadata".into(),
-            serde_json::to_value(&self.metadata)
-                .unwrap_or_else(|_| Value::Object(Default::default())),
-        );
+        let mut metadata = serde_json::to_value(&self.metadata)
+            .unwrap_or_else(|_| Value::Object(Default::default()));
+        if let (Some(annotations), Some(metadata)) =
+            (self.annotations_value(), metadata.as_object_mut())
+        {
+            metadata.insert("annotations".into(), annotations);
+        }
+        object.insert("metadata".into(), metadata);
         Value::Object(object)
+    }
+
+    /// The annotations as JSON text (`{"key":"value",…}`), if the object has any: what tells
+    /// whether they changed.
+    pub fn annotations_text(&self) -> Option<&str> {
+        self.annotations.as_deref()
+    }
+
+    fn annotations_value(&self) -> Option<Value> {
+        self.annotations
+            .as_deref()
+            .and_then(|text| serde_json::from_str(text).ok())
     }
 
     /// The object as a `DynamicObject`, for the reconcile of a cached parent: the metadata
     /// cloned, the body parsed (once per reconcile, not held between them).
     pub fn to_dynamic(&self) -> kube::core::DynamicObject {
+        let mut metadata = self.metadata.clone();
+        metadata.annotations = self
+            .annotations
+            .as_deref()
+            .and_then(|text| serde_json::from_str(text).ok());
         kube::core::DynamicObject {
             types: self.types.clone(),
-            metadata: self.metadata.clone(),
+            metadata,
             data: serde_json::from_str(&self.body)
                 .unwrap_or_else(|_| Value::Object(Default::default())),
         }
@@ -85,7 +122,12 @@ impl CachedObject {
         let Some(object) = value.as_object_mut() else {
             return Err(serde_json::Error::custom("an object must be a JSON object"));
         };
-        let metadata = object.remove("metadata").unwrap_or(Value::Null);
+        let mut metadata = object.remove("metadata").unwrap_or(Value::Null);
+        let annotations = metadata
+            .as_object_mut()
+            .and_then(|metadata| metadata.remove("annotations"))
+            .filter(|annotations| annotations.as_object().is_some_and(|map| !map.is_empty()))
+            .map(|annotations| annotations.to_string().into_boxed_str());
         let metadata: ObjectMeta = if metadata.is_null() {
             ObjectMeta::default()
         } else {
@@ -104,6 +146,7 @@ impl CachedObject {
         Ok(Self {
             types,
             metadata,
+            annotations,
             body: value.to_string().into_boxed_str(),
         })
     }
@@ -178,6 +221,7 @@ mod tests {
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": "a", "uid": "u1",
                          "labels": {"app": "web"},
+                         "annotations": {"wasmctrl.dev/desired-hash": "abc", "note": "\"quoted\""},
                          "ownerReferences": [{"apiVersion": "example.com/v1", "kind": "MyApp",
                                               "name": "web", "uid": "p1", "controller": true}]},
             "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "c", "image": "nginx:1.27 \"quoted\""}]}}},
@@ -196,6 +240,26 @@ mod tests {
         );
         let text: Value = serde_json::from_str(&object.to_json()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(text, deployment());
+    }
+
+    #[test]
+    fn annotations_are_held_as_text_and_come_back_everywhere() {
+        let object: CachedObject =
+            serde_json::from_value(deployment()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(object.metadata.annotations.is_none());
+        let text: Value = serde_json::from_str(object.annotations_text().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(text, deployment()["metadata"]["annotations"]);
+        assert_eq!(
+            object.to_dynamic().metadata.annotations.map(|a| a.len()),
+            Some(2)
+        );
+        // An empty map is no annotations, and reads back as none.
+        let mut bare = deployment();
+        bare["metadata"]["annotations"] = json!({});
+        let object: CachedObject = serde_json::from_value(bare).unwrap_or_else(|e| panic!("{e}"));
+        assert!(object.annotations_text().is_none());
+        assert!(object.to_value()["metadata"].get("annotations").is_none());
     }
 
     #[test]

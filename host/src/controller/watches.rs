@@ -431,7 +431,7 @@ fn parent_changed(parent: &CachedObject) -> Option<u64> {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     meta.generation.hash(&mut hasher);
     meta.labels.hash(&mut hasher);
-    meta.annotations.hash(&mut hasher);
+    parent.annotations_text().hash(&mut hasher);
     meta.finalizers.hash(&mut hasher);
     meta.deletion_timestamp
         .as_ref()
