@@ -784,10 +784,10 @@ fn print_table(rows: &[Row]) {
         println!(
             "| {} | {} | {:.1} s | {} | {} | {:.0} MiB | {:.1} MiB ({} records) | {baseline} | {ratio} |",
             row.n,
-            if row.host_first {
-                "host, baseline"
-            } else {
-                "baseline, host"
+            match (row.baseline.is_some(), row.host_first) {
+                (false, _) => "host",
+                (true, true) => "host, baseline",
+                (true, false) => "baseline, host",
             },
             host.reconciled.as_secs_f64(),
             host.ready.map_or_else(
