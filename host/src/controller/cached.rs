@@ -80,7 +80,7 @@ impl CachedObject {
         let mut metadata = serde_json::to_value(&self.metadata)
             .unwrap_or_else(|_| Value::Object(Default::default()));
         if let (Some(annotations), Some(metadata)) =
-            (self.annotations_value(), metadata.as_object_mut())
+            (self.annotations::<Value>(), metadata.as_object_mut())
         {
             metadata.insert("annotations".into(), annotations);
         }
@@ -94,7 +94,8 @@ impl CachedObject {
         self.annotations.as_deref()
     }
 
-    fn annotations_value(&self) -> Option<Value> {
+    /// The annotations parsed back, as a JSON value or a typed map.
+    fn annotations<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
         self.annotations
             .as_deref()
             .and_then(|text| serde_json::from_str(text).ok())
@@ -104,10 +105,7 @@ impl CachedObject {
     /// cloned, the body parsed (once per reconcile, not held between them).
     pub fn to_dynamic(&self) -> kube::core::DynamicObject {
         let mut metadata = self.metadata.clone();
-        metadata.annotations = self
-            .annotations
-            .as_deref()
-            .and_then(|text| serde_json::from_str(text).ok());
+        metadata.annotations = self.annotations();
         kube::core::DynamicObject {
             types: self.types.clone(),
             metadata,
