@@ -304,8 +304,11 @@ impl Host {
         }
         let shared = self.shared.clone();
         let policy = Arc::new(policy);
+        // Counted as syncing from now, before the list of policies is done: the host must
+        // not report ready while a listed policy's plugin is still loading.
+        let syncing = self.shared.readiness.syncing();
         let entry = Running::after(running.remove(&name), &policy, false, |updates, stop| {
-            policy_controller::run(updates, shared, stop)
+            policy_controller::run(updates, shared, stop, syncing)
         });
         running.insert(name, entry);
     }

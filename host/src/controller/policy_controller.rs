@@ -52,10 +52,15 @@ pub(crate) struct Shared {
 
 /// Run a policy until `stop` is cancelled. `updates` carries the policy, and later versions
 /// of it that differ only in their plugin (those are hot-swapped, not restarted).
+///
+/// `syncing` holds the host's readiness back until the controller's caches are synced, or
+/// until the first attempt to start it failed (that failure is on the policy's status; the
+/// host is as ready as it can be without it).
 pub(crate) async fn run(
     mut updates: watch::Receiver<Arc<ReconcilePolicy>>,
     shared: Arc<Shared>,
     stop: CancellationToken,
+    mut syncing: crate::health::SyncGuard,
 ) {
     let mut policy = updates.borrow_and_update().clone();
     let name = policy.name_any();
@@ -82,11 +87,12 @@ pub(crate) async fn run(
         };
         match prepared {
             Some(parts) => {
-                run_controller(policy, &shared, parts, status, stop, updates).await;
+                run_controller(policy, &shared, parts, status, stop, updates, syncing).await;
                 tracing::info!(policy = %name, "policy controller stopped");
                 return;
             }
             None => {
+                syncing.synced();
                 status.flush().await;
                 let delay = retry.failed(&()).delay;
                 tokio::select! {
@@ -113,6 +119,7 @@ async fn run_controller(
     mut status: PolicyStatusWriter,
     stop: CancellationToken,
     updates: watch::Receiver<Arc<ReconcilePolicy>>,
+    syncing: crate::health::SyncGuard,
 ) {
     let name = policy.name_any();
     let setup = watch_setup(&policy, shared);
@@ -140,7 +147,7 @@ async fn run_controller(
             RelatedBy::Name(path) => watches.reads_named(&setup, resolved, position, path.clone()),
         };
     }
-    let (controller, parents, caches, wait_for_caches) = watches.finish(&shared.readiness);
+    let (controller, parents, caches, wait_for_caches) = watches.finish(syncing);
     shared
         .metrics
         .set_active_plugin(&name, Some(&parts.plugin.digest().to_string()));

@@ -343,18 +343,18 @@ impl Watches {
     }
 
     /// The controller, the parents' cache, the caches the reconciles read, and a future to
-    /// run beside the controller that marks those caches (and the host's readiness) ready
-    /// once every one has listed its objects.
+    /// run beside the controller that marks those caches ready, and releases `syncing` (the
+    /// host's readiness), once every one, the parents' included, has listed its objects.
     pub fn finish(
         self,
-        readiness: &Arc<crate::health::Readiness>,
+        syncing: crate::health::SyncGuard,
     ) -> (
         Controller<CachedObject>,
         Store<CachedObject>,
         Caches,
         impl Future<Output = ()> + use<>,
     ) {
-        let (ready, wait_for_caches) = self.caches_ready(readiness);
+        let (ready, wait_for_caches) = self.caches_ready(syncing);
         let caches = Caches {
             allowed: self.allowed,
             children: self.children,
@@ -368,13 +368,17 @@ impl Watches {
     /// every cache on behalf of all reconciles and publishes the result on the receiver.
     fn caches_ready(
         &self,
-        readiness: &Arc<crate::health::Readiness>,
+        mut syncing: crate::health::SyncGuard,
     ) -> (
         tokio::sync::watch::Receiver<bool>,
         impl Future<Output = ()> + use<>,
     ) {
         let (ready_tx, caches_ready) = tokio::sync::watch::channel(false);
         let mut stores: Vec<futures::future::BoxFuture<'static, bool>> = Vec::new();
+        let parents = self.parents.clone();
+        stores.push(Box::pin(
+            async move { parents.wait_until_ready().await.is_ok() },
+        ));
         for store in self.children.iter().map(|c| c.store.clone()) {
             stores.push(Box::pin(
                 async move { store.wait_until_ready().await.is_ok() },
@@ -392,7 +396,6 @@ impl Watches {
                 }
             });
         }
-        let mut syncing = readiness.syncing();
         let wait = async move {
             for store in stores {
                 if !store.await {

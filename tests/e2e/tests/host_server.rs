@@ -61,12 +61,25 @@ async fn a_running_host_is_ready_and_its_metrics_count_reconciles() -> anyhow::R
         }),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    // No precompiled artifact: the plugin takes a while to compile, and the host must not
+    // say ready before it is loaded and the policy's caches are synced.
+    let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
     let (address, stop) = serve(host.readiness.clone(), host.metrics.clone()).await?;
-    wasmctrl_testenv::cluster::eventually("/readyz to say ok", ACT, || async {
-        Ok(http_get(address, "/readyz").await? == (200, "ok".into()))
-    })
-    .await?;
+    let deadline = tokio::time::Instant::now() + ACT;
+    while http_get(address, "/readyz").await? != (200, "ok".into()) {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz never said ok"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let (_, text) = http_get(address, "/metrics").await?;
+    assert!(
+        text.contains(&format!(
+            r#"wasmctrl_plugin_active_info{{controller="{TEST}",digest="sha256:"#
+        )),
+        "ready before the policy's controller started:\n{text}"
+    );
 
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     apply(
