@@ -11,13 +11,21 @@
 //! Deployment, apply Service, apply status, the plugin's Events) with the same concurrency; the ratio (baseline
 //! time / host time) says what the host's watches, caches, queue and plugin calls cost.
 //!
+//! Once every MyApp is Ready (or the cluster is quiet), it swaps the plugin to v2 and back (the rollout: the last
+//! Deployment rebuilt, and its rate against the all-reconciled rate), then stops the host and
+//! starts a new one on the converged cluster: the time to its caches synced, to the last
+//! parent checked, and the writes it made (none should be needed).
+//!
 //! It also reads the memory the host's explain records hold (`wasmctrl_explain_records_bytes`,
 //! bounded by `--explain-memory-mib`, 32 MiB by default) once every MyApp is Ready.
 //!
 //! Run with `cargo xtask bench convergence` (sizes: `WASMCTRL_BENCH_SIZES=1000,5000`; repeats
 //! alternating which phase goes first: `WASMCTRL_BENCH_REPEAT=2`; the host's explain memory:
 //! `WASMCTRL_BENCH_EXPLAIN_MIB`, default 32, 0 keeps no records; stop at all reconciled,
-//! without waiting for the pods or swapping: `WASMCTRL_BENCH_UNTIL=reconciled`; the host alone,
+//! without waiting for the pods, swapping or restarting: `WASMCTRL_BENCH_UNTIL=reconciled`;
+//! swap and restart without waiting for the pods: `WASMCTRL_BENCH_UNTIL=quiet`, which stops
+//! the controller-manager, scheduler and kwok once all are reconciled, so that the cluster
+//! goes quiet in seconds instead of the hour 10,000 pods take on two cores; the host alone,
 //! without the baseline: `WASMCTRL_BENCH_PHASES=host`; extra environment for the host alone,
 //! e.g. a heap profiler's `LD_PRELOAD`: `WASMCTRL_BENCH_HOST_ENV`). The host runs in a child
 //! process (this binary, re-executed) so its RSS is its own.
@@ -129,6 +137,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     print_table(&rows);
+    print_restarts(&rows);
     Ok(())
 }
 
@@ -156,6 +165,20 @@ struct HostRun {
     explain: (f64, u64),
     /// After all Ready, unless the run stopped at all reconciled.
     swaps: Option<[Swap; 2]>,
+    /// After the swaps, unless the run stopped at all reconciled.
+    restart: Option<Restart>,
+}
+
+/// A new host started on the converged cluster (after the swaps).
+struct Restart {
+    /// From its start to its caches synced (`/readyz`).
+    synced: Duration,
+    /// From its start to the last parent checked.
+    checked: Duration,
+    reconciles: u64,
+    /// Should be empty: a converged cluster needs no writes.
+    writes: BTreeMap<String, usize>,
+    peak_rss_mib: f64,
 }
 
 /// The plain client's run on its own control plane.
@@ -182,7 +205,6 @@ struct Swap {
     last: Duration,
 }
 
-#[allow(unsafe_code)] // see the SAFETY comment inside
 async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<HostRun> {
     let client = admin_client(&plane.kubeconfig).await?;
     wasmctrl_testenv::crds::install_repo_crds(&client).await?;
@@ -192,27 +214,15 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let host_ns = create_namespace(&client, &format!("bench-host-{n}")).await?;
     apply_policy(&client, &run, plugin).await?;
     let _ = std::fs::remove_dir_all(artifact_cache());
-    let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let mut host = std::process::Command::new(std::env::current_exe()?)
-        .env(HOST_LISTEN, listen.to_string())
-        .env(
-            HOST_MODE,
-            format!(
-                "{host_ns}|{SELECTOR_LABEL}={run}|{}",
-                plane.kubeconfig.display()
-            ),
-        )
-        .env("WASMCTRL_LOG", "warn")
-        .envs(host_env()?)
-        .spawn()
-        .context("starting the host")?;
+    let (mut host, listen) = spawn_host(&host_ns, &run, plane)?;
     let host_pid = host.id();
     wait_policy_ready(&client, "bench").await?;
     let audit_before = audit_lines(&plane.audit_log)?;
 
     let myapps = Api::<DynamicObject>::namespaced_with(client.clone(), &host_ns, &myapp_resource());
     let probe = CpuProbe::new(plane, host_pid);
-    let watch = tokio::spawn(watch_progress(myapps.clone(), n, probe));
+    let until = Until::from_env()?;
+    let watch = tokio::spawn(watch_progress(myapps.clone(), n, probe, until));
     let (stop_sampling, sampling) = tokio::sync::oneshot::channel::<()>();
     let sampler = tokio::spawn(sample_rss(host_pid, sampling));
     let cpu_before = probe.read();
@@ -228,11 +238,24 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
     let explain = explain_store(listen).await?;
     let writes = count_writes(&plane.audit_log, audit_before, &host_ns)?;
+    let settled = match until {
+        Until::Ready => true,
+        Until::Reconciled => false,
+        Until::Quiet => {
+            // Nothing moves the Deployments' status any more: the cluster goes quiet once
+            // the host has caught up with the last changes.
+            for component in ["kwok", "kube-scheduler", "kube-controller-manager"] {
+                plane.kill_component(component).await?;
+            }
+            true
+        }
+    };
 
     // Hot swap to v2 (compiled now: the host's artifact cache started empty), then back to
-    // v1 (its precompiled artifact is on disk since the host started); once all are Ready,
-    // so the swaps do not compete with the first rollout.
-    let swaps = if ready.is_some() {
+    // v1 (its precompiled artifact is on disk since the host started); once the host is
+    // quiet, so the swaps do not compete with the first rollout.
+    let swaps = if settled {
+        wait_quiet(listen).await?;
         let v2 = wasmctrl_testenv::plugins::guest("myapp_v2_plugin");
         let deployments = Api::<DynamicObject>::namespaced_with(
             client.clone(),
@@ -240,16 +263,21 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
             &ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", "Deployment")),
         );
         let to_v2 = measure_swap(&client, &run, &v2, &deployments, n, true).await?;
+        wait_quiet(listen).await?;
         let back_to_v1 = measure_swap(&client, &run, plugin, &deployments, n, false).await?;
         Some([to_v2, back_to_v1])
     } else {
         None
     };
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe {
-        libc::kill(host_pid as libc::pid_t, libc::SIGTERM);
-    }
-    let _ = host.wait();
+    // A restart of the converged host, once it is quiet after the swaps.
+    let restart = if settled {
+        wait_quiet(listen).await?;
+        stop_host(&mut host);
+        Some(measure_restart(&host_ns, &run, plane, n).await?)
+    } else {
+        stop_host(&mut host);
+        None
+    };
     Ok(HostRun {
         reconciled,
         ready,
@@ -259,7 +287,133 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         cpu: cpu_at_reconciled.since(cpu_before),
         explain,
         swaps,
+        restart,
     })
+}
+
+/// Start the host under test in its own process (this binary, re-executed), serving
+/// `/readyz` and `/metrics` at the returned address.
+fn spawn_host(
+    host_ns: &str,
+    run: &str,
+    plane: &ControlPlane,
+) -> anyhow::Result<(std::process::Child, std::net::SocketAddr)> {
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let host = std::process::Command::new(std::env::current_exe()?)
+        .env(HOST_LISTEN, listen.to_string())
+        .env(
+            HOST_MODE,
+            format!(
+                "{host_ns}|{SELECTOR_LABEL}={run}|{}",
+                plane.kubeconfig.display()
+            ),
+        )
+        .env("WASMCTRL_LOG", "warn")
+        .envs(host_env()?)
+        .spawn()
+        .context("starting the host")?;
+    Ok((host, listen))
+}
+
+#[allow(unsafe_code)] // see the SAFETY comment inside
+fn stop_host(host: &mut std::process::Child) {
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(host.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let _ = host.wait();
+}
+
+/// Start a new host on the converged cluster and time it: to its caches synced (`/readyz`
+/// answers 200) and to the last parent checked (at least `n` reconciles finished, none
+/// running and none waiting). Counts the writes it made, which should be none.
+async fn measure_restart(
+    host_ns: &str,
+    run: &str,
+    plane: &ControlPlane,
+    n: usize,
+) -> anyhow::Result<Restart> {
+    let audit_before = audit_lines(&plane.audit_log)?;
+    let started = Instant::now();
+    let (mut host, listen) = spawn_host(host_ns, run, plane)?;
+    let deadline = started + Duration::from_secs(600);
+    let mut synced = None;
+    let checked = loop {
+        if Instant::now() > deadline {
+            stop_host(&mut host);
+            bail!("the restarted host did not check every parent in 10 minutes");
+        }
+        if synced.is_none()
+            && http_get(listen, "/readyz")
+                .await
+                .is_ok_and(|(code, _)| code == 200)
+        {
+            synced = Some(started.elapsed());
+        }
+        if synced.is_some() {
+            let progress = HostProgress::read(listen).await?;
+            if progress.reconciles >= n as f64 && progress.idle() {
+                break started.elapsed();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let reconciles = HostProgress::read(listen).await?.reconciles as u64;
+    // Writes answered later than the last check would still be the restart's.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let peak_rss_mib = memory_mib(host.id(), "VmHWM").unwrap_or(f64::NAN);
+    stop_host(&mut host);
+    let writes = count_writes(&plane.audit_log, audit_before, host_ns)?;
+    Ok(Restart {
+        synced: synced.unwrap_or_default(),
+        checked,
+        reconciles,
+        writes,
+        peak_rss_mib,
+    })
+}
+
+/// The host's work so far, from its `/metrics`.
+struct HostProgress {
+    /// Reconciles finished, any result.
+    reconciles: f64,
+    active: f64,
+    waiting: f64,
+}
+
+impl HostProgress {
+    async fn read(address: std::net::SocketAddr) -> anyhow::Result<Self> {
+        let (_, text) = http_get(address, "/metrics").await?;
+        Ok(Self {
+            reconciles: metric_sum(&text, "controller_runtime_reconcile_total{"),
+            active: metric_sum(&text, "controller_runtime_active_workers{"),
+            waiting: metric_sum(&text, "workqueue_depth{"),
+        })
+    }
+
+    fn idle(&self) -> bool {
+        self.active == 0.0 && self.waiting == 0.0
+    }
+}
+
+/// Wait until the host has been idle, with no reconcile finished, for five seconds: the
+/// controller-manager's echoes of the last writes (Deployment status, ReplicaSets) are over.
+async fn wait_quiet(address: std::net::SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30 * 60);
+    let mut last = HostProgress::read(address).await?.reconciles;
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < Duration::from_secs(5) {
+        if Instant::now() > deadline {
+            bail!("the host was still reconciling after 30 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let progress = HostProgress::read(address).await?;
+        if progress.reconciles != last || !progress.idle() {
+            last = progress.reconciles;
+            quiet_since = Instant::now();
+        }
+    }
+    Ok(())
 }
 
 /// The baseline: the same first-pass writes from a plain client.
@@ -387,13 +541,7 @@ fn process_cpu_seconds(pid: u32) -> Option<f64> {
 
 /// The host's explain records: MiB held and how many, from its `/metrics`.
 async fn explain_store(address: std::net::SocketAddr) -> anyhow::Result<(f64, u64)> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: host\r\n\r\n")
-        .await?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await?;
+    let (_, text) = http_get(address, "/metrics").await?;
     let value = |series: &str| -> anyhow::Result<f64> {
         text.lines()
             .find_map(|l| {
@@ -409,6 +557,32 @@ async fn explain_store(address: std::net::SocketAddr) -> anyhow::Result<(f64, u6
         value("wasmctrl_explain_records_bytes")? / f64::from(1 << 20),
         value("wasmctrl_explain_records")? as u64,
     ))
+}
+
+/// The sum of every series of one metric (`name{` for labelled series).
+fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// A GET to the host's listener: the status code and the body.
+async fn http_get(address: std::net::SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: host\r\n\r\n").as_bytes())
+        .await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("no status line in the answer to GET {path}"))?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Ok((code, body.to_owned()))
 }
 
 fn myapp_resource() -> ApiResource {
@@ -505,14 +679,40 @@ async fn create_myapps(
         .await
 }
 
-/// When every MyApp is reconciled and (unless `WASMCTRL_BENCH_UNTIL=reconciled`) when every
-/// one is Ready, and the CPU `probe` read at the first.
+/// How far a host phase goes, `WASMCTRL_BENCH_UNTIL`.
+#[derive(Clone, Copy, PartialEq)]
+enum Until {
+    /// Every MyApp Ready (its pod too), then the swaps and the restart: the default.
+    Ready,
+    /// Every MyApp reconciled, and stop.
+    Reconciled,
+    /// Every MyApp reconciled; then the controller-manager, scheduler and kwok are stopped
+    /// and, once the host is quiet, the swaps and the restart.
+    Quiet,
+}
+
+impl Until {
+    fn from_env() -> anyhow::Result<Self> {
+        match std::env::var("WASMCTRL_BENCH_UNTIL").as_deref() {
+            Err(_) | Ok("ready") => Ok(Self::Ready),
+            Ok("reconciled") => Ok(Self::Reconciled),
+            Ok("quiet") => Ok(Self::Quiet),
+            Ok(other) => {
+                bail!("WASMCTRL_BENCH_UNTIL must be ready, reconciled or quiet, not {other}")
+            }
+        }
+    }
+}
+
+/// When every MyApp is reconciled and (with `Until::Ready`) when every one is Ready, and the
+/// CPU `probe` read at the first.
 async fn watch_progress(
     api: Api<DynamicObject>,
     n: usize,
     probe: CpuProbe,
+    until: Until,
 ) -> anyhow::Result<(Instant, Option<Instant>, Cpu)> {
-    let until_ready = std::env::var("WASMCTRL_BENCH_UNTIL").as_deref() != Ok("reconciled");
+    let until_ready = until == Until::Ready;
     let mut state: HashMap<String, (bool, bool)> = HashMap::new();
     let mut reconciled_at = None;
     let mut cpu_at_reconciled = None;
@@ -838,22 +1038,54 @@ fn print_table(rows: &[Row]) {
         println!("- {}: {}", row.n, series.join(", "));
     }
     println!(
-        "\n| MyApps | swap | policy reports the new digest | first parent on it | last parent on it |"
+        "\n| MyApps | swap | policy reports the new digest | first parent on it | last parent on it | rollout rate (all-reconciled rate) |"
     );
-    println!("|---:|---|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|");
     for row in rows {
         for (what, swap) in ["v1 → v2 (compiled)", "v2 → v1 (artifact cache hit)"]
             .iter()
             .zip(row.host.swaps.iter().flatten())
         {
             println!(
-                "| {} | {what} | {:.2} s | {:.2} s | {:.1} s |",
+                "| {} | {what} | {:.2} s | {:.2} s | {:.1} s | {:.0}/s ({:.0}/s) |",
                 row.n,
                 swap.active.as_secs_f64(),
                 swap.first.as_secs_f64(),
-                swap.last.as_secs_f64()
+                swap.last.as_secs_f64(),
+                row.n as f64 / swap.last.as_secs_f64(),
+                row.n as f64 / row.host.reconciled.as_secs_f64(),
             );
         }
+    }
+}
+
+fn print_restarts(rows: &[Row]) {
+    println!(
+        "\n| MyApps | restart: caches synced | last parent checked | reconciles | writes | new host's peak RSS |"
+    );
+    println!("|---:|---:|---:|---:|---|---:|");
+    for row in rows {
+        let Some(restart) = &row.host.restart else {
+            continue;
+        };
+        let writes: Vec<String> = restart
+            .writes
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect();
+        println!(
+            "| {} | {:.1} s | {:.1} s | {} | {} | {:.0} MiB |",
+            row.n,
+            restart.synced.as_secs_f64(),
+            restart.checked.as_secs_f64(),
+            restart.reconciles,
+            if writes.is_empty() {
+                "0".to_owned()
+            } else {
+                writes.join(", ")
+            },
+            restart.peak_rss_mib,
+        );
     }
 }
 
