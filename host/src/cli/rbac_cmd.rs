@@ -109,8 +109,8 @@ impl RbacCommand {
                         &api_version,
                         &kind,
                         KindScope {
-                            group: resolved.resource.group,
-                            resource: resolved.resource.plural,
+                            group: resolved.resource.group.clone(),
+                            resource: resolved.resource.plural.clone(),
                             namespaced: resolved.namespaced,
                         },
                     );

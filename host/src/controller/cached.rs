@@ -10,6 +10,7 @@
 //! starts and dropped when it ends.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{ApiResource, DynamicResourceScope, TypeMeta};
@@ -157,27 +158,31 @@ impl<'de> serde::Deserialize<'de> for CachedObject {
     }
 }
 
+/// The kind shared by every reference to a cached object: kube-runtime keeps one
+/// `ObjectRef` per object in its store, two per scheduled reconcile, and the host one per
+/// parent in each of its own maps; an `ApiResource` in each (five strings) cost ~200 bytes a
+/// reference, a shared one 8.
 impl kube::Resource for CachedObject {
-    type DynamicType = ApiResource;
+    type DynamicType = Arc<ApiResource>;
     type Scope = DynamicResourceScope;
 
-    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+    fn kind(dt: &Arc<ApiResource>) -> Cow<'_, str> {
         dt.kind.as_str().into()
     }
 
-    fn group(dt: &ApiResource) -> Cow<'_, str> {
+    fn group(dt: &Arc<ApiResource>) -> Cow<'_, str> {
         dt.group.as_str().into()
     }
 
-    fn version(dt: &ApiResource) -> Cow<'_, str> {
+    fn version(dt: &Arc<ApiResource>) -> Cow<'_, str> {
         dt.version.as_str().into()
     }
 
-    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+    fn api_version(dt: &Arc<ApiResource>) -> Cow<'_, str> {
         dt.api_version.as_str().into()
     }
 
-    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+    fn plural(dt: &Arc<ApiResource>) -> Cow<'_, str> {
         dt.plural.as_str().into()
     }
 

@@ -21,7 +21,7 @@ use crate::plugin::{Digest, Plugin, Verdict};
 /// A child kind as one policy's reconciles see it: the cache of the children it already has.
 /// Its index is its index in [`Caches::allowed`].
 pub(crate) struct ChildCache {
-    pub resource: ApiResource,
+    pub resource: Arc<ApiResource>,
     pub store: Store<CachedObject>,
     /// The children by their controller's uid.
     pub by_controller: Arc<StoreIndex<CachedObject>>,
@@ -56,7 +56,7 @@ pub(crate) struct PolicyContext {
     pub field_manager: String,
     /// The finalizer this policy holds on parents, when it asks for one.
     pub finalizer: Option<String>,
-    pub parent: ApiResource,
+    pub parent: Arc<ApiResource>,
     pub resync: Duration,
     pub events: EventSink,
     pub metrics: Arc<Metrics>,

@@ -1,6 +1,8 @@
 //! Kinds resolved through discovery. A policy names kinds by `apiVersion` and `kind`; the
 //! resource (plural) and scope come from the API server, never from guessing.
 
+use std::sync::Arc;
+
 use kube::Client;
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::{self, Scope};
@@ -10,8 +12,8 @@ use crate::policy::KindRef;
 /// A kind the API server serves.
 #[derive(Debug, Clone)]
 pub struct ResolvedKind {
-    /// Group, version, kind and plural.
-    pub resource: ApiResource,
+    /// Group, version, kind and plural; shared by every cached object's references.
+    pub resource: Arc<ApiResource>,
     /// Whether objects of the kind live in a namespace.
     pub namespaced: bool,
 }
@@ -49,7 +51,7 @@ pub async fn resolve(client: &Client, kind: &KindRef) -> Result<ResolvedKind, Ki
     let gvk = GroupVersionKind::gvk(group, version, &kind.kind);
     match discovery::pinned_kind(client, &gvk).await {
         Ok((resource, capabilities)) => Ok(ResolvedKind {
-            resource,
+            resource: Arc::new(resource),
             namespaced: capabilities.scope == Scope::Namespaced,
         }),
         Err(kube::Error::Discovery(_)) => Err(not_found(kind)),

@@ -204,7 +204,7 @@ mod tests {
     use crate::controller::testing::{label_selector, myapps, parent, plugin, serving, store};
 
     fn key(namespace: &str, name: &str) -> ObjectRef<CachedObject> {
-        ObjectRef::new_with(name, myapps()).within(namespace)
+        ObjectRef::new_with(name, Arc::new(myapps())).within(namespace)
     }
 
     #[test]

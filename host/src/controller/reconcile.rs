@@ -216,7 +216,7 @@ pub(crate) async fn reconcile(
 /// A parent's key in the policy's maps (its outcome, its shadow verdict): the kind, namespace
 /// and name only, none of the uid and resourceVersion a reference can carry, as the maps
 /// hold one per parent.
-fn parent_key(parent: &impl kube::Resource, kind: &ApiResource) -> ObjectRef<CachedObject> {
+fn parent_key(parent: &impl kube::Resource, kind: &Arc<ApiResource>) -> ObjectRef<CachedObject> {
     let key = ObjectRef::new_with(
         parent.meta().name.as_deref().unwrap_or_default(),
         kind.clone(),

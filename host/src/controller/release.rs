@@ -32,8 +32,8 @@ pub(crate) async fn release_parents(
     finalizer: &str,
 ) -> anyhow::Result<usize> {
     let api: Api<DynamicObject> = match namespace.filter(|_| parent.namespaced) {
-        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &parent.resource),
-        None => Api::all_with(client.clone(), &parent.resource),
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &*parent.resource),
+        None => Api::all_with(client.clone(), &*parent.resource),
     };
     let parents = api
         .list(&ListParams::default())
@@ -46,8 +46,8 @@ pub(crate) async fn release_parents(
         };
         let name = object.name_any();
         let api: Api<DynamicObject> = match &object.metadata.namespace {
-            Some(namespace) => Api::namespaced_with(client.clone(), namespace, &parent.resource),
-            None => Api::all_with(client.clone(), &parent.resource),
+            Some(namespace) => Api::namespaced_with(client.clone(), namespace, &*parent.resource),
+            None => Api::all_with(client.clone(), &*parent.resource),
         };
         let path = format!("/metadata/finalizers/{index}");
         let patch: json_patch::Patch = serde_json::from_value(json!([
@@ -168,8 +168,8 @@ pub(crate) async fn unmanaged_children(
             Err(error) => return Err(error.into()),
         };
         let api: Api<DynamicObject> = match namespace.filter(|_| resolved.namespaced) {
-            Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resolved.resource),
-            None => Api::all_with(client.clone(), &resolved.resource),
+            Some(namespace) => Api::namespaced_with(client.clone(), namespace, &*resolved.resource),
+            None => Api::all_with(client.clone(), &*resolved.resource),
         };
         let count = api
             .list_metadata(&ListParams::default().labels(&selector))

@@ -165,7 +165,7 @@ mod tests {
     #[test]
     fn only_children_this_parent_controls_in_its_namespace_are_observed() {
         let (store, by_controller) = testing::indexed_store(
-            config_maps(),
+            Arc::new(config_maps()),
             vec![
                 object("a", "mine-2", Some(("uid-p", true))),
                 object("a", "mine-1", Some(("uid-p", true))),
@@ -177,7 +177,7 @@ mod tests {
             store_index::controller_uid,
         );
         let caches = [ChildCache {
-            resource: config_maps(),
+            resource: Arc::new(config_maps()),
             store,
             by_controller,
             created: Arc::new(CreatedFields::new("wasmctrl/test".into())),
@@ -196,7 +196,7 @@ mod tests {
     #[test]
     fn related_objects_come_from_the_parents_namespace_only() {
         let (store, by_namespace) = testing::indexed_store(
-            config_maps(),
+            Arc::new(config_maps()),
             vec![
                 object("a", "here-b", None),
                 object("a", "here-a", None),

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use kube::Resource;
-use kube::core::{ApiResource, DynamicObject};
+use kube::core::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
@@ -28,8 +28,8 @@ type IndexKeys<K> = Box<dyn Fn(&K) -> Vec<String> + Send + Sync>;
 
 /// Objects of one cache by an index key (a controller's uid, a namespace, a name a field
 /// of the object holds).
-pub(crate) struct StoreIndex<K: Resource<DynamicType = ApiResource> = DynamicObject> {
-    resource: ApiResource,
+pub(crate) struct StoreIndex<K: Resource = DynamicObject> {
+    resource: K::DynamicType,
     keys: IndexKeys<K>,
     inner: Mutex<Inner>,
     _kind: std::marker::PhantomData<fn() -> K>,
@@ -92,10 +92,13 @@ impl Entries {
     }
 }
 
-impl<K: Resource<DynamicType = ApiResource>> StoreIndex<K> {
+impl<K: Resource> StoreIndex<K>
+where
+    K::DynamicType: Clone,
+{
     /// An empty index of objects of `resource` under the key or keys `keys` gives each.
     pub fn new<Keys>(
-        resource: ApiResource,
+        resource: K::DynamicType,
         keys: impl Fn(&K) -> Keys + Send + Sync + 'static,
     ) -> Self
     where

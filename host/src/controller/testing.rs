@@ -39,18 +39,19 @@ pub fn store(resource: ApiResource, objects: Vec<DynamicObject>) -> Store<Cached
                 .unwrap_or_else(|e| panic!("{e}"))
         })
         .collect();
-    indexed_store(resource, objects, |_| None).0
+    indexed_store(Arc::new(resource), objects, |_| None).0
 }
 
 /// A synced store of `resource` holding `objects`, and its index under `key`, fed the same
 /// events as a watch would feed them.
 pub fn indexed_store<K>(
-    resource: ApiResource,
+    resource: K::DynamicType,
     objects: Vec<K>,
     key: fn(&K) -> Option<String>,
 ) -> (Store<K>, Arc<StoreIndex<K>>)
 where
-    K: kube::Resource<DynamicType = ApiResource> + Clone + 'static,
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
 {
     let index = Arc::new(StoreIndex::new(resource.clone(), key));
     let mut writer = Writer::new(resource);

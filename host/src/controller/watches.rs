@@ -46,13 +46,14 @@ impl WatchSetup {
         self.namespace.as_deref().filter(|_| kind.namespaced)
     }
 
-    fn api<K>(&self, kind: &ResolvedKind) -> Api<K>
+    /// `kind` as `K`, whose dynamic type (a shared or an owned `ApiResource`) is `dyntype`.
+    fn api<K>(&self, kind: &ResolvedKind, dyntype: &K::DynamicType) -> Api<K>
     where
-        K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+        K: kube::Resource<Scope = kube::core::DynamicResourceScope>,
     {
         match self.scope(kind) {
-            Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &kind.resource),
-            None => Api::all_with(self.client.clone(), &kind.resource),
+            Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, dyntype),
+            None => Api::all_with(self.client.clone(), dyntype),
         }
     }
 
@@ -71,7 +72,7 @@ impl WatchSetup {
         impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     )
     where
-        K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>
+        K: kube::Resource<DynamicType = Arc<ApiResource>, Scope = kube::core::DynamicResourceScope>
             + HasTypes
             + Clone
             + serde::de::DeserializeOwned
@@ -83,7 +84,7 @@ impl WatchSetup {
         let resource = &kind.resource;
         let writer = reflector::store::Writer::new(resource.clone());
         let reader = writer.as_reader();
-        let api: Api<K> = self.api(kind);
+        let api: Api<K> = self.api(kind, &kind.resource);
         // List responses leave out each item's apiVersion and kind; plugins and the
         // convergence check need them, so every cached object gets them back.
         let types = TypeMeta {
@@ -131,7 +132,7 @@ impl WatchSetup {
         let health = self.health.clone();
         let name = format!("{} {}", kind.resource.api_version, kind.resource.kind);
         watcher(
-            self.api::<PartialObjectMeta<DynamicObject>>(kind),
+            self.api::<PartialObjectMeta<DynamicObject>>(kind, &kind.resource),
             watcher::Config::default(),
         )
         .backoff(WatchBackoff::default())
@@ -162,7 +163,7 @@ pub(super) struct Watches {
     parents_by_namespace: Arc<StoreIndex<CachedObject>>,
     /// The parents by the objects they name, for related kinds chosen by name.
     parents_by_reference: Arc<StoreIndex<CachedObject>>,
-    parent: ApiResource,
+    parent: Arc<ApiResource>,
     /// The child kinds the policy allows, in the order of `children`.
     allowed: Vec<AllowedKind>,
     children: Vec<ChildCache>,
@@ -314,10 +315,10 @@ impl Watches {
         position: usize,
         path: FieldPath,
     ) -> Self {
-        let writer = reflector::store::Writer::new(resolved.resource.clone());
+        let writer = reflector::store::Writer::new(ApiResource::clone(&resolved.resource));
         let named = Arc::new(NamedObjects::new(
             path,
-            resolved.resource.clone(),
+            ApiResource::clone(&resolved.resource),
             resolved.namespaced,
             setup.client.clone(),
             writer.as_reader(),
@@ -336,7 +337,7 @@ impl Watches {
         self.controller = self.controller.watches_stream_with(
             stream.touched_objects(),
             mapper,
-            resolved.resource.clone(),
+            ApiResource::clone(&resolved.resource),
         );
         self.related.push(Related::Named(named));
         self
