@@ -27,7 +27,8 @@
 //! the controller-manager, scheduler and kwok once all are reconciled, so that the cluster
 //! goes quiet in seconds instead of the hour 10,000 pods take on two cores; the host alone,
 //! without the baseline: `WASMCTRL_BENCH_PHASES=host`; extra environment for the host alone,
-//! e.g. a heap profiler's `LD_PRELOAD`: `WASMCTRL_BENCH_HOST_ENV`). The host runs in a child
+//! e.g. a heap profiler's `LD_PRELOAD`, or `WASMCTRL_MAX_CONCURRENT_CALLS`, which the host
+//! reads as `wasmctrl run` does: `WASMCTRL_BENCH_HOST_ENV`). The host runs in a child
 //! process (this binary, re-executed) so its RSS is its own.
 
 use std::collections::{BTreeMap, HashMap};
@@ -214,7 +215,7 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let host_ns = create_namespace(&client, &format!("bench-host-{n}")).await?;
     apply_policy(&client, &run, plugin).await?;
     let _ = std::fs::remove_dir_all(artifact_cache());
-    let (mut host, listen) = spawn_host(&host_ns, &run, plane)?;
+    let (host, listen) = spawn_host(&host_ns, &run, plane)?;
     let host_pid = host.id();
     wait_policy_ready(&client, "bench").await?;
     let audit_before = audit_lines(&plane.audit_log)?;
@@ -272,10 +273,10 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     // A restart of the converged host, once it is quiet after the swaps.
     let restart = if settled {
         wait_quiet(listen).await?;
-        stop_host(&mut host);
+        drop(host);
         Some(measure_restart(&host_ns, &run, plane, n).await?)
     } else {
-        stop_host(&mut host);
+        drop(host);
         None
     };
     Ok(HostRun {
@@ -291,13 +292,34 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     })
 }
 
+/// The host under test, in its own process; stopped (SIGTERM, then waited for) when dropped,
+/// so a phase that fails half-way leaves no host running.
+struct HostProcess(std::process::Child);
+
+impl HostProcess {
+    fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for HostProcess {
+    #[allow(unsafe_code)] // see the SAFETY comment inside
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe {
+            libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// Start the host under test in its own process (this binary, re-executed), serving
 /// `/readyz` and `/metrics` at the returned address.
 fn spawn_host(
     host_ns: &str,
     run: &str,
     plane: &ControlPlane,
-) -> anyhow::Result<(std::process::Child, std::net::SocketAddr)> {
+) -> anyhow::Result<(HostProcess, std::net::SocketAddr)> {
     let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let host = std::process::Command::new(std::env::current_exe()?)
         .env(HOST_LISTEN, listen.to_string())
@@ -312,16 +334,7 @@ fn spawn_host(
         .envs(host_env()?)
         .spawn()
         .context("starting the host")?;
-    Ok((host, listen))
-}
-
-#[allow(unsafe_code)] // see the SAFETY comment inside
-fn stop_host(host: &mut std::process::Child) {
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe {
-        libc::kill(host.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let _ = host.wait();
+    Ok((HostProcess(host), listen))
 }
 
 /// Start a new host on the converged cluster and time it: to its caches synced (`/readyz`
@@ -335,12 +348,11 @@ async fn measure_restart(
 ) -> anyhow::Result<Restart> {
     let audit_before = audit_lines(&plane.audit_log)?;
     let started = Instant::now();
-    let (mut host, listen) = spawn_host(host_ns, run, plane)?;
+    let (host, listen) = spawn_host(host_ns, run, plane)?;
     let deadline = started + Duration::from_secs(600);
     let mut synced = None;
     let checked = loop {
         if Instant::now() > deadline {
-            stop_host(&mut host);
             bail!("the restarted host did not check every parent in 10 minutes");
         }
         if synced.is_none()
@@ -362,7 +374,7 @@ async fn measure_restart(
     // Writes answered later than the last check would still be the restart's.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let peak_rss_mib = memory_mib(host.id(), "VmHWM").unwrap_or(f64::NAN);
-    stop_host(&mut host);
+    drop(host);
     let writes = count_writes(&plane.audit_log, audit_before, host_ns)?;
     Ok(Restart {
         synced: synced.unwrap_or_default(),
@@ -1102,9 +1114,17 @@ fn run_host(spec: &str) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         let client = admin_client(&PathBuf::from(kubeconfig)).await?;
+        // As `wasmctrl run` reads it, so a run can try another value through
+        // `WASMCTRL_BENCH_HOST_ENV`.
+        let engine_defaults = wasmctrl::plugin::EngineOptions::default();
+        let max_concurrent_calls = match std::env::var("WASMCTRL_MAX_CONCURRENT_CALLS") {
+            Ok(calls) => calls.parse().context("WASMCTRL_MAX_CONCURRENT_CALLS")?,
+            Err(_) => engine_defaults.max_concurrent_calls,
+        };
         let engine = wasmctrl::plugin::PluginEngine::new(wasmctrl::plugin::EngineOptions {
             cache_dir: Some(artifact_cache()),
-            ..Default::default()
+            max_concurrent_calls,
+            ..engine_defaults
         })?;
         let explain_mib: usize = std::env::var("WASMCTRL_BENCH_EXPLAIN_MIB")
             .unwrap_or_else(|_| "32".into())
