@@ -11,10 +11,10 @@
 //! Deployment, apply Service, apply status, the plugin's Events) with the same concurrency; the ratio (baseline
 //! time / host time) says what the host's watches, caches, queue and plugin calls cost.
 //!
-//! Once every MyApp is Ready (or the cluster is quiet), it swaps the plugin to v2 and back (the rollout: the last
-//! Deployment rebuilt, and its rate against the all-reconciled rate), then stops the host and
-//! starts a new one on the converged cluster: the time to its caches synced, to the last
-//! parent checked, and the writes it made (none should be needed).
+//! Once every MyApp is Ready (or the cluster is quiet), it swaps the plugin to v2 and back
+//! (the rollout: the last Deployment rebuilt, and its rate against the all-reconciled rate),
+//! then stops the host and starts a new one on the converged cluster: the time to its caches
+//! synced, to the last parent checked, and the writes it made (none should be needed).
 //!
 //! It also reads the memory the host's explain records hold (`wasmctrl_explain_records_bytes`,
 //! bounded by `--explain-memory-mib`, 32 MiB by default) once every MyApp is Ready.
