@@ -25,6 +25,8 @@ pub(crate) struct ChildCache {
     pub store: Store<CachedObject>,
     /// The children by their controller's uid.
     pub by_controller: Arc<StoreIndex<CachedObject>>,
+    /// Updates written that the cache has not shown yet.
+    pub pending: super::pending_writes::PendingWrites,
     /// Children whose create-time fields must be handed over before an apply.
     pub created: Arc<super::field_ownership::CreatedFields>,
 }

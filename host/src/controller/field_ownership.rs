@@ -72,13 +72,19 @@ impl CreatedFields {
     /// patch (422) instead of losing an entry. Such changes are common: the controller-manager
     /// writes a new Deployment's status right after its creation. So the hand-over reads the
     /// object again and retries, a few times, before it reports the failure.
-    pub async fn hand_over(&self, api: &Api<DynamicObject>, name: &str) -> Result<(), kube::Error> {
+    ///
+    /// Returns the resourceVersion the hand-over wrote, if it wrote one.
+    pub async fn hand_over(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+    ) -> Result<Option<String>, kube::Error> {
         const ATTEMPTS: usize = 3;
         let mut attempt = 1;
         loop {
             let live = api.get(name).await?;
             let Some(entries) = handed_over(live.managed_fields(), &self.manager) else {
-                return Ok(());
+                return Ok(None);
             };
             let patch: json_patch::Patch = serde_json::from_value(json!([
                 {"op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version},
@@ -89,7 +95,7 @@ impl CreatedFields {
                 .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
                 .await
             {
-                Ok(_) => return Ok(()),
+                Ok(patched) => return Ok(patched.metadata.resource_version),
                 Err(kube::Error::Api(status)) if status.code == 422 && attempt < ATTEMPTS => {
                     tracing::debug!(%name, attempt, "the child changed during the field hand-over; reading it again");
                     attempt += 1;

@@ -18,6 +18,7 @@ mod field_ownership;
 pub(crate) mod kinds;
 pub mod offline;
 mod parent_claims;
+mod pending_writes;
 mod permissions;
 mod policy_controller;
 mod policy_report;

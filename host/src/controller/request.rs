@@ -181,6 +181,7 @@ mod tests {
             store,
             by_controller,
             created: Arc::new(CreatedFields::new("wasmctrl/test".into())),
+            pending: Default::default(),
         }];
         let observed: Vec<_> = observed_children(&parent(), &caches)
             .into_iter()

@@ -267,6 +267,7 @@ impl Watches {
             store,
             by_controller,
             created,
+            pending: Default::default(),
         });
         self
     }

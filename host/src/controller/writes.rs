@@ -52,12 +52,20 @@ pub(super) async fn apply_child(
     if let Some(namespace) = &child.namespace {
         key = key.within(namespace);
     }
-    match cache.store.get(&key) {
-        Some(observed) => {
-            update_child(child, &observed.metadata, observed.to_value(), parent, ctx).await
-        }
-        None => create_child(child, parent, ctx).await,
+    let Some(observed) = cache.store.get(&key) else {
+        return create_child(child, parent, ctx).await;
+    };
+    // This reconcile may run before the cache shows an update an earlier one wrote.
+    let version = observed
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    let pending_key = (child.namespace.clone(), child.name.clone());
+    if cache.pending.written(&pending_key, &child.hash, version) {
+        return Ok(Applied::Unchanged);
     }
+    update_child(child, &observed.metadata, observed.to_value(), parent, ctx).await
 }
 
 /// Create a child the cache does not know. An `AlreadyExists` means either that the cache has
@@ -131,15 +139,19 @@ pub(super) async fn update_child(
     };
     let cache = &ctx.caches.children[child.kind_index];
     let api = dynamic_api(&ctx.client, &cache.resource, child.namespace.as_deref());
+    // The versions the cache may still show until it has this update: the one it was
+    // decided against, and the hand-over's.
+    let mut decided_at = vec![metadata.resource_version.clone().unwrap_or_default()];
     if cache
         .created
         .needs_hand_over(child.namespace.as_deref(), &child.name)
     {
-        cache
+        let handed_over = cache
             .created
             .hand_over(&api, &child.name)
             .await
             .map_err(apply_error)?;
+        decided_at.extend(handed_over);
     }
     api.patch(
         &child.name,
@@ -148,6 +160,11 @@ pub(super) async fn update_child(
     )
     .await
     .map_err(apply_error)?;
+    cache.pending.updated(
+        (child.namespace.clone(), child.name.clone()),
+        &child.hash,
+        decided_at,
+    );
     Ok(Applied::Changed(changed))
 }
 

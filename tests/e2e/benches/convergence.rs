@@ -204,6 +204,8 @@ struct Swap {
     active: Duration,
     first: Duration,
     last: Duration,
+    /// The host's writes from the policy update until it was quiet again.
+    writes: BTreeMap<String, usize>,
 }
 
 async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<HostRun> {
@@ -263,9 +265,14 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
             &host_ns,
             &ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", "Deployment")),
         );
-        let to_v2 = measure_swap(&client, &run, &v2, &deployments, n, true).await?;
+        let audit = audit_lines(&plane.audit_log)?;
+        let mut to_v2 = measure_swap(&client, &run, &v2, &deployments, n, true).await?;
         wait_quiet(listen).await?;
-        let back_to_v1 = measure_swap(&client, &run, plugin, &deployments, n, false).await?;
+        to_v2.writes = count_writes(&plane.audit_log, audit, &host_ns)?;
+        let audit = audit_lines(&plane.audit_log)?;
+        let mut back_to_v1 = measure_swap(&client, &run, plugin, &deployments, n, false).await?;
+        wait_quiet(listen).await?;
+        back_to_v1.writes = count_writes(&plane.audit_log, audit, &host_ns)?;
         Some([to_v2, back_to_v1])
     } else {
         None
@@ -911,6 +918,7 @@ async fn measure_swap(
         active: active.unwrap_or_default(),
         first: since(first),
         last: since(last),
+        writes: BTreeMap::new(),
     })
 }
 
@@ -1050,22 +1058,28 @@ fn print_table(rows: &[Row]) {
         println!("- {}: {}", row.n, series.join(", "));
     }
     println!(
-        "\n| MyApps | swap | policy reports the new digest | first parent on it | last parent on it | rollout rate (all-reconciled rate) |"
+        "\n| MyApps | swap | policy reports the new digest | first parent on it | last parent on it | rollout rate (all-reconciled rate) | host writes until quiet |"
     );
-    println!("|---:|---|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---|");
     for row in rows {
         for (what, swap) in ["v1 → v2 (compiled)", "v2 → v1 (artifact cache hit)"]
             .iter()
             .zip(row.host.swaps.iter().flatten())
         {
+            let writes: Vec<String> = swap
+                .writes
+                .iter()
+                .map(|(k, v)| format!("{v} {k}"))
+                .collect();
             println!(
-                "| {} | {what} | {:.2} s | {:.2} s | {:.1} s | {:.0}/s ({:.0}/s) |",
+                "| {} | {what} | {:.2} s | {:.2} s | {:.1} s | {:.0}/s ({:.0}/s) | {} |",
                 row.n,
                 swap.active.as_secs_f64(),
                 swap.first.as_secs_f64(),
                 swap.last.as_secs_f64(),
                 row.n as f64 / swap.last.as_secs_f64(),
                 row.n as f64 / row.host.reconciled.as_secs_f64(),
+                writes.join(", "),
             );
         }
     }

@@ -1,0 +1,124 @@
+//! Child updates the cache has not shown yet.
+//!
+//! A watch delivers the host's own write a moment after the API server answered it. A
+//! reconcile of the same parent in that moment — one of its other children changed, which
+//! during a swap or a first rollout is the rule — finds the cache still at the version the
+//! write was decided against, sees drift, and sends the same apply again: a write the API
+//! server must process for nothing. Each update is remembered with that version; while the
+//! cache still shows it and the desired state is the same, the write is known to be done.
+//! Any other version (the write arriving, or anyone else's change) ends the memory and the
+//! cache is trusted again, as it is after `FORGET_AFTER` whatever happens.
+//!
+//! Creates are not remembered: a child the cache does not show yet costs a refused create
+//! and a read (see `writes::create_child`), never a second write, and a child deleted right
+//! after its create must be created again at once.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long an update may stay unseen before the cache is trusted anyway. A watch shows a
+/// write within milliseconds; this only bounds what a lost event could hold back.
+const FORGET_AFTER: Duration = Duration::from_secs(30);
+
+/// A child of one kind, by namespace and name.
+type ChildKey = (Option<String>, String);
+
+/// The updates of one child kind that its cache has not shown yet.
+#[derive(Default)]
+pub(crate) struct PendingWrites {
+    updates: Mutex<HashMap<ChildKey, Pending>>,
+}
+
+struct Pending {
+    /// The desired-state hash the update applied.
+    hash: String,
+    /// The child's resourceVersion the update was decided against, and any the host wrote on
+    /// the way (the hand-over of a created child's fields).
+    decided_at: Vec<String>,
+    written: Instant,
+}
+
+impl PendingWrites {
+    /// Whether an update of the child to `hash` was already written while the cache still
+    /// shows `cached_version`, the version that update was decided against.
+    pub fn written(&self, key: &ChildKey, hash: &str, cached_version: &str) -> bool {
+        let mut updates = crate::lock(&self.updates);
+        let Some(pending) = updates.get(key) else {
+            return false;
+        };
+        if !pending.decided_at.iter().any(|v| v == cached_version)
+            || pending.written.elapsed() > FORGET_AFTER
+        {
+            updates.remove(key);
+            return false;
+        }
+        pending.hash == hash
+    }
+
+    /// The child was updated to `hash`, decided against the first of `versions` (the others
+    /// written by the host on the way).
+    pub fn updated(&self, key: ChildKey, hash: &str, versions: Vec<String>) {
+        crate::lock(&self.updates).insert(
+            key,
+            Pending {
+                hash: hash.to_owned(),
+                decided_at: versions,
+                written: Instant::now(),
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> ChildKey {
+        (Some("ns".into()), name.into())
+    }
+
+    #[test]
+    fn an_update_counts_as_written_until_the_cache_moves_past_its_version() {
+        let pending = PendingWrites::default();
+        assert!(
+            !pending.written(&key("web"), "h2", "10"),
+            "nothing written yet"
+        );
+        pending.updated(key("web"), "h2", vec!["10".into(), "10a".into()]);
+        assert!(
+            pending.written(&key("web"), "h2", "10"),
+            "cache still at 10"
+        );
+        assert!(
+            pending.written(&key("web"), "h2", "10a"),
+            "the cache shows the hand-over the host wrote before the update"
+        );
+        assert!(
+            !pending.written(&key("web"), "h3", "10"),
+            "another desired state needs its own write"
+        );
+        assert!(!pending.written(&key("other"), "h2", "10"), "another child");
+        assert!(
+            !pending.written(&key("web"), "h2", "11"),
+            "the cache moved on: trust it"
+        );
+        assert!(
+            !pending.written(&key("web"), "h2", "10"),
+            "forgotten once the cache moved, even if asked about the old version again"
+        );
+    }
+
+    #[test]
+    fn an_unseen_update_is_forgotten_after_a_while() {
+        let pending = PendingWrites::default();
+        pending.updated(key("web"), "h2", vec!["10".into()]);
+        let long_ago = Instant::now().checked_sub(FORGET_AFTER + Duration::from_secs(1));
+        if let (Some(entry), Some(long_ago)) =
+            (crate::lock(&pending.updates).get_mut(&key("web")), long_ago)
+        {
+            entry.written = long_ago;
+        }
+        assert!(!pending.written(&key("web"), "h2", "10"));
+    }
+}
