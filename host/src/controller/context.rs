@@ -93,6 +93,8 @@ pub(crate) struct Outcomes {
     pub backoff: Backoff<ObjectRef<CachedObject>>,
     /// Parents whose last reconcile succeeded, and the plugin that decided it.
     pub reconciled: Mutex<HashMap<ObjectRef<CachedObject>, Option<Digest>>>,
+    /// Status writes the parents' cache has not shown yet.
+    pub status_writes: super::pending_writes::PendingWrites,
 }
 
 impl Outcomes {
@@ -101,6 +103,7 @@ impl Outcomes {
         Self {
             backoff: Backoff::new(base, max),
             reconciled: Mutex::default(),
+            status_writes: Default::default(),
         }
     }
 }

@@ -117,6 +117,22 @@ fn stamp_transition(condition: &mut Value, observed_status: Option<&Value>, now:
     fields.insert("lastTransitionTime".into(), json!(previous.unwrap_or(now)));
 }
 
+/// A fingerprint of `desired` that leaves out the conditions' transition times: a status
+/// decided again from the same stale version differs from the one written only in those
+/// (stamped with the time of each decision), and is the same status.
+pub fn fingerprint(desired: &JsonObject) -> String {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut status = desired.clone();
+    if let Some(Value::Array(conditions)) = status.get_mut("conditions") {
+        for condition in conditions.iter_mut().filter_map(Value::as_object_mut) {
+            condition.remove("lastTransitionTime");
+        }
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    Value::Object(status).to_string().hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
+}
+
 /// Whether writing `desired` would change the observed status.
 pub fn is_unchanged(desired: &JsonObject, observed_status: Option<&Value>) -> bool {
     match observed_status {
@@ -197,6 +213,18 @@ mod tests {
         assert_eq!(conditions[1]["status"], "False");
         assert_eq!(conditions[1]["lastTransitionTime"], "T2");
         assert_eq!(conditions[1]["message"], "trap");
+    }
+
+    #[test]
+    fn the_fingerprint_is_the_status_but_for_transition_times() {
+        let at_t1 = after_success(Some(plugin_status()), Some(4), None, &ok(), "T1");
+        let at_t2 = after_success(Some(plugin_status()), Some(4), None, &ok(), "T2");
+        assert_ne!(at_t1, at_t2);
+        assert_eq!(fingerprint(&at_t1), fingerprint(&at_t2));
+        let mut fewer_ready = plugin_status();
+        fewer_ready.insert("readyReplicas".into(), json!(2));
+        let changed = after_success(Some(fewer_ready), Some(4), None, &ok(), "T1");
+        assert_ne!(fingerprint(&at_t1), fingerprint(&changed));
     }
 
     #[test]

@@ -262,6 +262,22 @@ pub(super) async fn write_status(
     if status::is_unchanged(&desired, observed) {
         return Ok((Value::Object(desired), false));
     }
+    // The same status, written by an earlier reconcile that the cache has not shown yet
+    // (this one started from the version that one was decided against).
+    let version = parent
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    let pending_key = (identity.namespace.clone(), identity.name.clone());
+    let fingerprint = status::fingerprint(&desired);
+    if ctx
+        .outcomes
+        .status_writes
+        .written(&pending_key, &fingerprint, version)
+    {
+        return Ok((Value::Object(desired), false));
+    }
     let mut body = json!({
         "apiVersion": identity.api_version,
         "kind": identity.kind,
@@ -278,6 +294,9 @@ pub(super) async fn write_status(
         )
         .await
         .map_err(ReconcileError::Status)?;
+    ctx.outcomes
+        .status_writes
+        .updated(pending_key, &fingerprint, vec![version.to_owned()]);
     Ok((body["status"].take(), true))
 }
 
