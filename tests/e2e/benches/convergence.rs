@@ -995,12 +995,8 @@ fn print_table(rows: &[Row]) {
                 )
             },
         );
-        let writes: Vec<String> = host
-            .writes
-            .iter()
-            .filter(|(k, _)| !k.starts_with("create myapps"))
-            .map(|(k, v)| format!("{v} {k}"))
-            .collect();
+        let mut writes = host.writes.clone();
+        writes.retain(|k, _| !k.starts_with("create myapps"));
         println!(
             "| {} | {} | {:.1} s | {} | {} | {:.0} MiB | {:.1} MiB ({} records) | {baseline} | {ratio} |",
             row.n,
@@ -1014,7 +1010,7 @@ fn print_table(rows: &[Row]) {
                 || "(not waited for)".to_owned(),
                 |r| format!("{:.1} s", r.as_secs_f64())
             ),
-            writes.join(", "),
+            write_list(&writes),
             host.peak_rss_mib,
             host.explain.0,
             host.explain.1,
@@ -1066,11 +1062,6 @@ fn print_table(rows: &[Row]) {
             .iter()
             .zip(row.host.swaps.iter().flatten())
         {
-            let writes: Vec<String> = swap
-                .writes
-                .iter()
-                .map(|(k, v)| format!("{v} {k}"))
-                .collect();
             println!(
                 "| {} | {what} | {:.2} s | {:.2} s | {:.1} s | {:.0}/s ({:.0}/s) | {} |",
                 row.n,
@@ -1079,7 +1070,7 @@ fn print_table(rows: &[Row]) {
                 swap.last.as_secs_f64(),
                 row.n as f64 / swap.last.as_secs_f64(),
                 row.n as f64 / row.host.reconciled.as_secs_f64(),
-                writes.join(", "),
+                write_list(&swap.writes),
             );
         }
     }
@@ -1094,25 +1085,25 @@ fn print_restarts(rows: &[Row]) {
         let Some(restart) = &row.host.restart else {
             continue;
         };
-        let writes: Vec<String> = restart
-            .writes
-            .iter()
-            .map(|(k, v)| format!("{v} {k}"))
-            .collect();
         println!(
             "| {} | {:.1} s | {:.1} s | {} | {} | {:.0} MiB |",
             row.n,
             restart.synced.as_secs_f64(),
             restart.checked.as_secs_f64(),
             restart.reconciles,
-            if writes.is_empty() {
-                "0".to_owned()
-            } else {
-                writes.join(", ")
-            },
+            write_list(&restart.writes),
             restart.peak_rss_mib,
         );
     }
+}
+
+/// Writes by verb and resource, for a table cell: "2000 patch deployments, …", or "0".
+fn write_list(writes: &BTreeMap<String, usize>) -> String {
+    if writes.is_empty() {
+        return "0".to_owned();
+    }
+    let list: Vec<String> = writes.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    list.join(", ")
 }
 
 /// Host mode: run a wasmctrl host until SIGTERM.
