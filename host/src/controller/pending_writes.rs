@@ -1,11 +1,13 @@
-//! Child updates the cache has not shown yet.
+//! Updates the cache has not shown yet: of children, and of parents' status.
 //!
 //! A watch delivers the host's own write a moment after the API server answered it. A
 //! reconcile of the same parent in that moment — one of its other children changed, which
 //! during a swap or a first rollout is the rule — finds the cache still at the version the
 //! write was decided against, sees drift, and sends the same apply again: a write the API
-//! server must process for nothing. Each update is remembered with that version; while the
-//! cache still shows it and the desired state is the same, the write is known to be done.
+//! server must process for nothing. Each update is remembered with that version and a
+//! fingerprint of what it wrote (a child's desired-state hash, a status's fingerprint); while
+//! the cache still shows that version and the fingerprint is the same, the write is known to
+//! be done.
 //! Any other version (the write arriving, or anyone else's change) ends the memory and the
 //! cache is trusted again, as it is after `FORGET_AFTER` whatever happens.
 //!
@@ -21,28 +23,29 @@ use std::time::{Duration, Instant};
 /// write within milliseconds; this only bounds what a lost event could hold back.
 const FORGET_AFTER: Duration = Duration::from_secs(30);
 
-/// A child of one kind, by namespace and name.
-type ChildKey = (Option<String>, String);
+/// An object of one kind, by namespace and name.
+type ObjectKey = (Option<String>, String);
 
-/// The updates of one child kind that its cache has not shown yet.
+/// The updates of one kind (children of one kind, or parents' status) that its cache has not
+/// shown yet.
 #[derive(Default)]
 pub(crate) struct PendingWrites {
-    updates: Mutex<HashMap<ChildKey, Pending>>,
+    updates: Mutex<HashMap<ObjectKey, Pending>>,
 }
 
 struct Pending {
-    /// The desired-state hash the update applied.
+    /// The fingerprint of what the update wrote.
     hash: String,
-    /// The child's resourceVersion the update was decided against, and any the host wrote on
+    /// The object's resourceVersion the update was decided against, and any the host wrote on
     /// the way (the hand-over of a created child's fields).
     decided_at: Vec<String>,
     written: Instant,
 }
 
 impl PendingWrites {
-    /// Whether an update of the child to `hash` was already written while the cache still
+    /// Whether an update of the object to `hash` was already written while the cache still
     /// shows `cached_version`, the version that update was decided against.
-    pub fn written(&self, key: &ChildKey, hash: &str, cached_version: &str) -> bool {
+    pub fn written(&self, key: &ObjectKey, hash: &str, cached_version: &str) -> bool {
         let mut updates = crate::lock(&self.updates);
         let Some(pending) = updates.get(key) else {
             return false;
@@ -56,9 +59,9 @@ impl PendingWrites {
         pending.hash == hash
     }
 
-    /// The child was updated to `hash`, decided against the first of `versions` (the others
+    /// The object was updated to `hash`, decided against the first of `versions` (the others
     /// written by the host on the way).
-    pub fn updated(&self, key: ChildKey, hash: &str, versions: Vec<String>) {
+    pub fn updated(&self, key: ObjectKey, hash: &str, versions: Vec<String>) {
         crate::lock(&self.updates).insert(
             key,
             Pending {
@@ -74,7 +77,7 @@ impl PendingWrites {
 mod tests {
     use super::*;
 
-    fn key(name: &str) -> ChildKey {
+    fn key(name: &str) -> ObjectKey {
         (Some("ns".into()), name.into())
     }
 
