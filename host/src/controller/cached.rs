@@ -10,6 +10,7 @@
 //! starts and dropped when it ends.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -20,15 +21,19 @@ use serde_json::Value;
 /// A cached object: `apiVersion`/`kind`, typed metadata, and the other top-level fields as
 /// the JSON text of one object (`{"spec":…,"status":…}`).
 ///
-/// The annotations are kept as text too, so `metadata.annotations` is always `None`: the
-/// host reads no annotation of a cached object through its metadata (plugins get them in
-/// [`Self::to_json`], reconciles in [`Self::to_dynamic`] and [`Self::to_value`]), and a typed
-/// map costs a ~540-byte B-tree node per object however few it holds: on every child, which
-/// carries the host's desired-state hash.
+/// The labels and annotations are kept as text too, so `metadata.labels` and
+/// `metadata.annotations` are always `None`: a typed map costs a ~540-byte B-tree node per
+/// object however few entries it holds, and every child carries the host's labels and its
+/// desired-state hash. Read them with [`Self::labels`] (which shadows kube's
+/// `ResourceExt::labels`, so a caller cannot read the empty field by mistake) and
+/// [`Self::annotations_text`]; plugins get them in [`Self::to_json`], reconciles in
+/// [`Self::to_dynamic`] and [`Self::to_value`].
 #[derive(Clone, Debug)]
 pub(crate) struct CachedObject {
     pub types: Option<TypeMeta>,
     pub metadata: ObjectMeta,
+    /// `metadata.labels` as JSON text, if the object has any.
+    labels: Option<Box<str>>,
     /// `metadata.annotations` as JSON text, if the object has any.
     annotations: Option<Box<str>>,
     body: Box<str>,
@@ -39,13 +44,15 @@ impl CachedObject {
     /// which the watches drop).
     pub fn to_json(&self) -> String {
         let mut metadata = serde_json::to_string(&self.metadata).unwrap_or_else(|_| "{}".into());
-        if let Some(annotations) = &self.annotations {
+        for (field, text) in self.maps() {
             metadata.pop(); // the closing brace
             if metadata.len() > 1 {
                 metadata.push(',');
             }
-            metadata.push_str("\"annotations\":");
-            metadata.push_str(annotations);
+            metadata.push('"');
+            metadata.push_str(field);
+            metadata.push_str("\":");
+            metadata.push_str(text);
             metadata.push('}');
         }
         let mut json = String::with_capacity(self.body.len() + metadata.len() + 64);
@@ -80,13 +87,29 @@ impl CachedObject {
         }
         let mut metadata = serde_json::to_value(&self.metadata)
             .unwrap_or_else(|_| Value::Object(Default::default()));
-        if let (Some(annotations), Some(metadata)) =
-            (self.annotations::<Value>(), metadata.as_object_mut())
-        {
-            metadata.insert("annotations".into(), annotations);
+        if let Some(metadata) = metadata.as_object_mut() {
+            for (field, text) in self.maps() {
+                if let Some(map) = parse_map::<Value>(text) {
+                    metadata.insert(field.into(), map);
+                }
+            }
         }
         object.insert("metadata".into(), metadata);
         Value::Object(object)
+    }
+
+    /// The labels, parsed from the text they are held as (empty when there are none).
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        self.labels
+            .as_deref()
+            .and_then(parse_map)
+            .unwrap_or_default()
+    }
+
+    /// The labels as JSON text (`{"key":"value",…}`), if the object has any: what tells
+    /// whether they changed.
+    pub fn labels_text(&self) -> Option<&str> {
+        self.labels.as_deref()
     }
 
     /// The annotations as JSON text (`{"key":"value",…}`), if the object has any: what tells
@@ -95,18 +118,19 @@ impl CachedObject {
         self.annotations.as_deref()
     }
 
-    /// The annotations parsed back, as a JSON value or a typed map.
-    fn annotations<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
-        self.annotations
-            .as_deref()
-            .and_then(|text| serde_json::from_str(text).ok())
+    /// The metadata maps held as text, by field name, for the ones the object has.
+    fn maps(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [("labels", &self.labels), ("annotations", &self.annotations)]
+            .into_iter()
+            .filter_map(|(field, text)| Some((field, text.as_deref()?)))
     }
 
     /// The object as a `DynamicObject`, for the reconcile of a cached parent: the metadata
     /// cloned, the body parsed (once per reconcile, not held between them).
     pub fn to_dynamic(&self) -> kube::core::DynamicObject {
         let mut metadata = self.metadata.clone();
-        metadata.annotations = self.annotations();
+        metadata.labels = self.labels.as_deref().and_then(parse_map);
+        metadata.annotations = self.annotations.as_deref().and_then(parse_map);
         kube::core::DynamicObject {
             types: self.types.clone(),
             metadata,
@@ -122,11 +146,15 @@ impl CachedObject {
             return Err(serde_json::Error::custom("an object must be a JSON object"));
         };
         let mut metadata = object.remove("metadata").unwrap_or(Value::Null);
-        let annotations = metadata
-            .as_object_mut()
-            .and_then(|metadata| metadata.remove("annotations"))
-            .filter(|annotations| annotations.as_object().is_some_and(|map| !map.is_empty()))
-            .map(|annotations| annotations.to_string().into_boxed_str());
+        let mut take_map = |field: &str| {
+            metadata
+                .as_object_mut()?
+                .remove(field)
+                .filter(|map| map.as_object().is_some_and(|map| !map.is_empty()))
+                .map(|map| map.to_string().into_boxed_str())
+        };
+        let labels = take_map("labels");
+        let annotations = take_map("annotations");
         let metadata: ObjectMeta = if metadata.is_null() {
             ObjectMeta::default()
         } else {
@@ -145,10 +173,16 @@ impl CachedObject {
         Ok(Self {
             types,
             metadata,
+            labels,
             annotations,
             body: value.to_string().into_boxed_str(),
         })
     }
+}
+
+/// A metadata map held as text, parsed back as a JSON value or a typed map.
+fn parse_map<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
+    serde_json::from_str(text).ok()
 }
 
 impl<'de> serde::Deserialize<'de> for CachedObject {
@@ -263,6 +297,30 @@ mod tests {
         let object: CachedObject = serde_json::from_value(bare).unwrap_or_else(|e| panic!("{e}"));
         assert!(object.annotations_text().is_none());
         assert!(object.to_value()["metadata"].get("annotations").is_none());
+    }
+
+    #[test]
+    fn labels_are_held_as_text_and_come_back_everywhere() {
+        let object: CachedObject =
+            serde_json::from_value(deployment()).unwrap_or_else(|e| panic!("{e}"));
+        // The typed field stays empty, and kube's `ResourceExt::labels` is shadowed by the
+        // accessor that reads the text, so no caller sees an object without its labels.
+        assert!(object.metadata.labels.is_none());
+        let expected = BTreeMap::from([("app".to_owned(), "web".to_owned())]);
+        assert_eq!(object.labels(), expected);
+        assert_eq!(object.labels_text(), Some(r#"{"app":"web"}"#));
+        assert_eq!(object.to_dynamic().metadata.labels, Some(expected));
+        let text: Value = serde_json::from_str(&object.to_json()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            text["metadata"]["labels"],
+            deployment()["metadata"]["labels"]
+        );
+        // No labels: none held, none given back.
+        let mut bare = deployment();
+        bare["metadata"]["labels"] = json!({});
+        let object: CachedObject = serde_json::from_value(bare).unwrap_or_else(|e| panic!("{e}"));
+        assert!(object.labels().is_empty() && object.labels_text().is_none());
+        assert!(object.to_value()["metadata"].get("labels").is_none());
     }
 
     #[test]

@@ -162,7 +162,7 @@ pub(super) fn candidate_counts(
             parents
                 .state()
                 .iter()
-                .filter(|p| selector.matches(p.labels()))
+                .filter(|p| selector.matches(&p.labels()))
                 .count() as u64
         }),
         evaluated: verdicts.len() as u64,

@@ -435,7 +435,7 @@ fn parent_changed(parent: &CachedObject) -> Option<u64> {
     let meta = &parent.metadata;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     meta.generation.hash(&mut hasher);
-    meta.labels.hash(&mut hasher);
+    parent.labels_text().hash(&mut hasher);
     parent.annotations_text().hash(&mut hasher);
     meta.finalizers.hash(&mut hasher);
     meta.deletion_timestamp
