@@ -76,7 +76,7 @@ pub struct RunCommand {
 #[derive(Debug, Args)]
 struct ExplainArgs {
     /// Memory for the records `wasmctrl explain` reads, in MiB; 0 keeps none.
-    #[arg(long, env = "WASMCTRL_EXPLAIN_MEMORY_MIB", default_value_t = 32)]
+    #[arg(long, env = "WASMCTRL_EXPLAIN_MEMORY_MIB", default_value_t = 16)]
     explain_memory_mib: usize,
     /// Reconciles remembered per parent (only the newest keeps its request and answer); past
     /// this, ones that changed nothing make room first.

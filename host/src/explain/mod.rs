@@ -33,7 +33,7 @@ impl Default for ExplainOptions {
     fn default() -> Self {
         Self {
             bounds: Bounds {
-                max_bytes: 32 << 20,
+                max_bytes: 16 << 20,
                 per_parent: 10,
             },
             record: None,
