@@ -22,11 +22,37 @@ mod watch_backoff;
 pub mod yaml;
 
 /// The memory allocator the `wasmctrl` binary runs on (each binary that runs the host, as the
-/// convergence benchmark does, declares it with `#[global_allocator]`). A host caching
+/// convergence benchmark does, declares it with [`host_allocator!`]). A host caching
 /// tens of thousands of objects while reconciles allocate on every worker thread fragments
 /// glibc's per-thread arenas: at 10,000 parents jemalloc held 21 MiB less and ran faster
 /// (BENCHMARKS.md). It also spares the static (musl) image musl's own allocator.
 pub type Allocator = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's settings for the host, compiled in (`MALLOC_CONF` syntax). jemalloc's defaults
+/// suit a server allocating on dozens of cores; a host reconciles on a few, and pays for
+/// each arena (four per CPU by default) and for freed pages kept for ten seconds in its peak
+/// memory. Two arenas, and freed pages returned after a second: at 10,000 parents the
+/// peak RSS fell from 179 to 164 MiB (207 to 190 MiB in a restart's burst) at the same
+/// reconcile rate (BENCHMARKS.md). `_RJEM_MALLOC_CONF` in the environment overrides them.
+pub const ALLOCATOR_SETTINGS: &std::ffi::CStr = c"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0";
+
+/// Declare [`Allocator`], with [`ALLOCATOR_SETTINGS`], as the global allocator of the binary
+/// it is invoked in (once, at the crate root).
+#[macro_export]
+macro_rules! host_allocator {
+    () => {
+        #[global_allocator]
+        static ALLOCATOR: $crate::Allocator = $crate::Allocator {};
+
+        // SAFETY: jemalloc reads this symbol once, at its first allocation, as a `const
+        // char *` (which `Option<&c_char>` is laid out as); it points at a NUL-terminated
+        // static string and nothing writes it.
+        #[allow(unsafe_code, non_upper_case_globals)]
+        #[unsafe(export_name = "_rjem_malloc_conf")]
+        static malloc_conf: Option<&'static std::ffi::c_char> =
+            Some(unsafe { &*$crate::ALLOCATOR_SETTINGS.as_ptr() });
+    };
+}
 
 /// Lock a mutex that only holds plain bookkeeping: a panic elsewhere cannot leave it
 /// inconsistent, so poisoning is ignored.

@@ -7,8 +7,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use wasmctrl::cli::{CasesDiffer, Cli};
 
-#[global_allocator]
-static ALLOCATOR: wasmctrl::Allocator = wasmctrl::Allocator {};
+wasmctrl::host_allocator!();
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -424,3 +424,36 @@ fn a_decoding_error_points_into_the_users_file() {
         "{stderr}"
     );
 }
+
+/// The binary runs on jemalloc with the host's settings compiled in (the peak-memory figures
+/// in BENCHMARKS.md depend on them), and the environment can still override them.
+#[test]
+fn the_binary_allocates_with_the_host_settings() {
+    let output = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+        .arg("version")
+        // jemalloc reports where each setting came from.
+        .env("_RJEM_MALLOC_CONF", "confirm_conf:true")
+        .output()
+        .expect("run wasmctrl");
+    assert!(output.status.success());
+    let report = String::from_utf8_lossy(&output.stderr);
+    let settings = wasmctrl::ALLOCATOR_SETTINGS
+        .to_str()
+        .expect("settings are text");
+    assert!(
+        report.contains(&format!(
+            "string pointed to by the global variable malloc_conf): \"{settings}\""
+        )),
+        "{report}"
+    );
+    for setting in settings.split(',') {
+        assert!(
+            report.contains(&format!("Set conf value: {setting}")),
+            "{setting} not applied: {report}"
+        );
+    }
+    assert!(
+        report.contains("Set conf value: confirm_conf:true"),
+        "{report}"
+    );
+}

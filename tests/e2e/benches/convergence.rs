@@ -17,7 +17,7 @@
 //! synced, to the last parent checked, and the writes it made (none should be needed).
 //!
 //! It also reads the memory the host's explain records hold (`wasmctrl_explain_records_bytes`,
-//! bounded by `--explain-memory-mib`, 32 MiB by default) once every MyApp is Ready.
+//! bounded by `--explain-memory-mib`, 16 MiB by default) once every MyApp is Ready.
 //!
 //! Run with `cargo xtask bench convergence` (sizes: `WASMCTRL_BENCH_SIZES=1000,5000`; repeats
 //! alternating which phase goes first: `WASMCTRL_BENCH_REPEAT=2`; the host's explain memory:
@@ -47,8 +47,7 @@ use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, admin_client, 
 
 // The host's allocator, as in the `wasmctrl` binary: the host under test runs in this
 // process's re-executed copy.
-#[global_allocator]
-static ALLOCATOR: wasmctrl::Allocator = wasmctrl::Allocator {};
+wasmctrl::host_allocator!();
 
 /// Concurrency of the host's policy and of the baseline client.
 const CONCURRENCY: u32 = 16;
@@ -206,6 +205,8 @@ struct Swap {
     last: Duration,
     /// The host's writes from the policy update until it was quiet again.
     writes: BTreeMap<String, usize>,
+    /// The host's peak RSS since it started, once quiet after the swap (MiB).
+    peak_rss_mib: f64,
 }
 
 async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<HostRun> {
@@ -269,10 +270,12 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         let mut to_v2 = measure_swap(&client, &run, &v2, &deployments, n, true).await?;
         wait_quiet(listen).await?;
         to_v2.writes = count_writes(&plane.audit_log, audit, &host_ns)?;
+        to_v2.peak_rss_mib = memory_mib(host.id(), "VmHWM").unwrap_or(f64::NAN);
         let audit = audit_lines(&plane.audit_log)?;
         let mut back_to_v1 = measure_swap(&client, &run, plugin, &deployments, n, false).await?;
         wait_quiet(listen).await?;
         back_to_v1.writes = count_writes(&plane.audit_log, audit, &host_ns)?;
+        back_to_v1.peak_rss_mib = memory_mib(host.id(), "VmHWM").unwrap_or(f64::NAN);
         Some([to_v2, back_to_v1])
     } else {
         None
@@ -919,6 +922,7 @@ async fn measure_swap(
         first: since(first),
         last: since(last),
         writes: BTreeMap::new(),
+        peak_rss_mib: f64::NAN,
     })
 }
 
@@ -1054,16 +1058,16 @@ fn print_table(rows: &[Row]) {
         println!("- {}: {}", row.n, series.join(", "));
     }
     println!(
-        "\n| MyApps | swap | policy reports the new digest | first parent on it | last parent on it | rollout rate (all-reconciled rate) | host writes until quiet |"
+        "\n| MyApps | swap | policy reports the new digest | first parent on it | last parent on it | rollout rate (all-reconciled rate) | host writes until quiet | host peak RSS so far |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---|");
+    println!("|---:|---|---:|---:|---:|---:|---|---:|");
     for row in rows {
         for (what, swap) in ["v1 → v2 (compiled)", "v2 → v1 (artifact cache hit)"]
             .iter()
             .zip(row.host.swaps.iter().flatten())
         {
             println!(
-                "| {} | {what} | {:.2} s | {:.2} s | {:.1} s | {:.0}/s ({:.0}/s) | {} |",
+                "| {} | {what} | {:.2} s | {:.2} s | {:.1} s | {:.0}/s ({:.0}/s) | {} | {:.0} MiB |",
                 row.n,
                 swap.active.as_secs_f64(),
                 swap.first.as_secs_f64(),
@@ -1071,6 +1075,7 @@ fn print_table(rows: &[Row]) {
                 row.n as f64 / swap.last.as_secs_f64(),
                 row.n as f64 / row.host.reconciled.as_secs_f64(),
                 write_list(&swap.writes),
+                swap.peak_rss_mib,
             );
         }
     }
@@ -1131,11 +1136,11 @@ fn run_host(spec: &str) -> anyhow::Result<()> {
             max_concurrent_calls,
             ..engine_defaults
         })?;
-        let explain_mib: usize = std::env::var("WASMCTRL_BENCH_EXPLAIN_MIB")
-            .unwrap_or_else(|_| "32".into())
-            .parse()
-            .context("WASMCTRL_BENCH_EXPLAIN_MIB")?;
         let defaults = wasmctrl::explain::ExplainOptions::default();
+        let explain_mib: usize = match std::env::var("WASMCTRL_BENCH_EXPLAIN_MIB") {
+            Ok(mib) => mib.parse().context("WASMCTRL_BENCH_EXPLAIN_MIB")?,
+            Err(_) => defaults.bounds.max_bytes >> 20,
+        };
         let options = wasmctrl::controller::HostOptions {
             namespace: Some(namespace.to_owned()),
             policy_selector: Some(selector.to_owned()),
