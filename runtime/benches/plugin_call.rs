@@ -10,6 +10,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use wasmctrl_plugin_sdk::{RawRequest, reconcile_raw};
+
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use wasmctrl_runtime::{EngineOptions, Limits, ObservedObject, PluginEngine, ReconcileRequest};
 
 const WARMUP: usize = 2_000;
@@ -123,7 +126,10 @@ fn main() {
     // The fixed cost of a call: a plugin that does almost nothing, on a tiny request.
     let echo = engine
         .load(
-            &support::guest_bytes("misbehave_plugin"),
+            &match std::env::var_os("WASMCTRL_BENCH_ECHO_PLUGIN") {
+                Some(path) => std::fs::read(path).expect("reading WASMCTRL_BENCH_ECHO_PLUGIN"),
+                None => support::guest_bytes("misbehave_plugin"),
+            },
             None,
             Limits::default(),
         )
