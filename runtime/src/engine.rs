@@ -185,7 +185,11 @@ impl PluginEngine {
     /// fraction of a millisecond against a compile's hundreds.
     fn compile(&self, bytes: &[u8]) -> Result<Component, PluginError> {
         let invalid = |e: wasmtime::Error| PluginError::InvalidComponent(format!("{e:#}"));
-        let compiler = Engine::new(&compile_config())
+        // One thread: a compile on each core would hold one set of working state per core
+        // for a compile that is rare and off the reconcile path.
+        let mut config = compile_config();
+        config.parallel_compilation(false);
+        let compiler = Engine::new(&config)
             .map_err(|e| PluginError::Sandbox(format!("starting the plugin compiler: {e:#}")))?;
         let artifact = compiler.precompile_component(bytes).map_err(invalid)?;
         drop(compiler);
