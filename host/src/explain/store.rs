@@ -673,10 +673,18 @@ mod tests {
         for n in 0..100_000 {
             store.push(&parent("busy"), format!("{n}"), None, false);
         }
-        let (history, newest) = {
+        let (history, newest, unpacked) = {
             let inner = lock(&store.inner);
-            (inner.history.len(), inner.newest.len())
+            (
+                inner.history.len(),
+                inner.newest.len(),
+                inner.unpacked.len(),
+            )
         };
+        assert!(
+            unpacked <= 2 * 2 + 1024 + 1,
+            "{unpacked} unpacked entries for 2 records"
+        );
         assert!(
             history <= 2 * 2 + 1024 + 1,
             "{history} history entries for 2 records"
