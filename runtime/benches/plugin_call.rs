@@ -10,10 +10,13 @@ mod support;
 use std::time::{Duration, Instant};
 
 use wasmctrl_plugin_sdk::{RawRequest, reconcile_raw};
+use wasmctrl_runtime::{EngineOptions, Limits, ObservedObject, PluginEngine, ReconcileRequest};
 
+/// The host's allocator, so both rows measure what the host does (with jemalloc's default
+/// settings: the host's arena and decay settings matter for its peak memory, not for one
+/// pinned call loop).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-use wasmctrl_runtime::{EngineOptions, Limits, ObservedObject, PluginEngine, ReconcileRequest};
 
 const WARMUP: usize = 2_000;
 const CALLS: usize = 20_000;
@@ -69,6 +72,14 @@ fn us(d: Duration) -> String {
     format!("{:.1} µs", d.as_secs_f64() * 1e6)
 }
 
+/// The component the file in `$variable` holds, or the built plugin `default`.
+fn plugin_bytes(variable: &str, default: &str) -> Vec<u8> {
+    match std::env::var_os(variable) {
+        Some(path) => std::fs::read(path).unwrap_or_else(|e| panic!("reading {variable}: {e}")),
+        None => support::guest_bytes(default),
+    }
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
@@ -77,10 +88,7 @@ fn ms(d: Duration) -> String {
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
     // WASMCTRL_BENCH_PLUGIN=path/to/other.wasm compares another build of the plugin.
-    let component = match std::env::var_os("WASMCTRL_BENCH_PLUGIN") {
-        Some(path) => std::fs::read(path).expect("reading WASMCTRL_BENCH_PLUGIN"),
-        None => support::guest_bytes("myapp_plugin"),
-    };
+    let component = plugin_bytes("WASMCTRL_BENCH_PLUGIN", "myapp_plugin");
     // The Deployment as the API server returns it, and as the contract says the host sends it:
     // without managedFields, which no reconcile decision needs.
     let full: serde_json::Value =
@@ -123,13 +131,11 @@ fn main() {
     let check = plugin.reconcile_blocking(request.clone()).expect("call");
     assert_eq!(check.children.len(), 2);
 
-    // The fixed cost of a call: a plugin that does almost nothing, on a tiny request.
+    // The fixed cost of a call: a plugin that does almost nothing, on a tiny request
+    // (WASMCTRL_BENCH_ECHO_PLUGIN=path/to/other.wasm puts another component in its place).
     let echo = engine
         .load(
-            &match std::env::var_os("WASMCTRL_BENCH_ECHO_PLUGIN") {
-                Some(path) => std::fs::read(path).expect("reading WASMCTRL_BENCH_ECHO_PLUGIN"),
-                None => support::guest_bytes("misbehave_plugin"),
-            },
+            &plugin_bytes("WASMCTRL_BENCH_ECHO_PLUGIN", "misbehave_plugin"),
             None,
             Limits::default(),
         )

@@ -266,17 +266,16 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
             &host_ns,
             &ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", "Deployment")),
         );
-        let audit = audit_lines(&plane.audit_log)?;
-        let mut to_v2 = measure_swap(&client, &run, &v2, &deployments, n, true).await?;
-        wait_quiet(listen).await?;
-        to_v2.writes = count_writes(&plane.audit_log, audit, &host_ns)?;
-        to_v2.peak_rss_mib = memory_mib(host.id(), "VmHWM").unwrap_or(f64::NAN);
-        let audit = audit_lines(&plane.audit_log)?;
-        let mut back_to_v1 = measure_swap(&client, &run, plugin, &deployments, n, false).await?;
-        wait_quiet(listen).await?;
-        back_to_v1.writes = count_writes(&plane.audit_log, audit, &host_ns)?;
-        back_to_v1.peak_rss_mib = memory_mib(host.id(), "VmHWM").unwrap_or(f64::NAN);
-        Some([to_v2, back_to_v1])
+        // A swap, with the writes it caused and the host's peak so far, once quiet again.
+        let swap = async |plugin: &Path, to_v2: bool| -> anyhow::Result<Swap> {
+            let audit = audit_lines(&plane.audit_log)?;
+            let mut swap = measure_swap(&client, &run, plugin, &deployments, n, to_v2).await?;
+            wait_quiet(listen).await?;
+            swap.writes = count_writes(&plane.audit_log, audit, &host_ns)?;
+            swap.peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
+            Ok(swap)
+        };
+        Some([swap(&v2, true).await?, swap(plugin, false).await?])
     } else {
         None
     };
