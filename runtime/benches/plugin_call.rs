@@ -246,7 +246,7 @@ fn main() {
         us(wasm.mean)
     );
     println!(
-        "| myapp via runtime from async code (`reconcile`, blocking-pool hop) | {} | {} | {} |",
+        "| myapp via runtime from async code (`reconcile`, call-thread hop) | {} | {} | {} |",
         us(wasm_async.p50),
         us(wasm_async.p99),
         us(wasm_async.mean)

@@ -11,6 +11,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 
 use super::artifact_cache::ArtifactCache;
 use super::call_slots::CallSlots;
+use super::call_threads::CallThreads;
 use super::contract::{self, PluginPre, Surface};
 use super::sandbox::{MAX_TABLE_ELEMENTS, Sandbox};
 use super::{Digest, Limits, Plugin, PluginError, PluginInfo};
@@ -60,6 +61,8 @@ pub(crate) struct EngineInner {
     linker: Linker<Sandbox>,
     cache: Option<ArtifactCache>,
     pub(crate) call_slots: Arc<CallSlots>,
+    /// Where calls run: at most one thread per slot in use.
+    pub(crate) call_threads: Arc<CallThreads>,
     max_memory_bytes: usize,
 }
 
@@ -91,6 +94,7 @@ impl PluginEngine {
                 linker,
                 cache,
                 call_slots: CallSlots::new(options.max_concurrent_calls as usize),
+                call_threads: CallThreads::new(),
                 max_memory_bytes: options.max_memory_bytes,
             }),
         })

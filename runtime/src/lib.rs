@@ -15,6 +15,7 @@
 mod artifact_cache;
 mod call;
 mod call_slots;
+mod call_threads;
 mod contract;
 mod diff;
 mod digest;
@@ -39,6 +40,7 @@ pub use engine::{EngineOptions, Inspection, PluginEngine};
 pub use error::{PluginError, ReportedKind};
 pub use limits::Limits;
 
+use call_slots::Slot;
 use contract::PluginPre;
 use engine::{EPOCH_TICK, EngineInner};
 use sandbox::{MemoryCapExceeded, Sandbox};
@@ -144,11 +146,11 @@ impl Plugin {
 
     /// Reconcile one parent without blocking the async runtime.
     ///
-    /// The call waits for one of the engine's call slots, then runs on the current worker
-    /// thread inside `block_in_place`, which hands this worker's other tasks to another
-    /// thread for the duration: no thread hop on the fast path, and nothing else stalls
-    /// behind a slow plugin. On a current-thread runtime, where that is impossible, the call
-    /// goes to the blocking pool instead.
+    /// The call waits for one of the engine's call slots, then runs on one of the engine's
+    /// call threads (at most one per slot in use; see `call_threads`), so nothing on the
+    /// async runtime stalls behind a slow plugin and a burst of fast calls does not multiply
+    /// threads. If the caller stops waiting, the call still runs to its end (at most its
+    /// deadline) and keeps its slot until then.
     pub async fn reconcile(
         &self,
         request: ReconcileRequest,
@@ -176,8 +178,7 @@ impl Plugin {
                 .await
                 .ok_or_else(|| PluginError::Sandbox("the plugin engine is shutting down".into()))?;
             let idle = slots.is_penalized(tenant);
-            let attempt = self.attempt_in_slot(request, idle).await;
-            drop(slot);
+            let attempt = self.attempt_in_slot(request, slot, idle).await;
             match &attempt {
                 Attempt::Done(Err(PluginError::DeadlineExceeded { .. })) => {
                     slots.penalize(tenant, PENALTY);
@@ -198,35 +199,26 @@ impl Plugin {
         }
     }
 
-    /// One attempt, off the async runtime's toes (see [`Plugin::reconcile`]); at idle
-    /// priority on a thread of its own when `idle` (the tenant is penalized).
-    async fn attempt_in_slot(&self, request: ReconcileRequest, idle: bool) -> Attempt {
-        if idle {
-            let plugin = self.clone();
-            return idle_lane::run_at_idle_priority(move || plugin.attempt(request))
-                .await
-                .unwrap_or_else(|| {
-                    Attempt::Done(Err(PluginError::Sandbox(
-                        "the idle-priority call thread failed".into(),
-                    )))
-                });
-        }
-        match tokio::runtime::Handle::current().runtime_flavor() {
-            tokio::runtime::RuntimeFlavor::CurrentThread => {
-                let plugin = self.clone();
-                let span = tracing::Span::current();
-                tokio::task::spawn_blocking(move || {
-                    let _span = span.enter();
-                    plugin.attempt(request)
-                })
-                .await
-                .unwrap_or_else(|e| {
-                    Attempt::Done(Err(PluginError::Sandbox(format!(
-                        "plugin call task failed: {e}"
-                    ))))
-                })
-            }
-            _ => tokio::task::block_in_place(|| self.attempt(request)),
+    /// One attempt on a call thread, holding `slot` until the call is over (also when the
+    /// caller stops waiting); at idle priority on a thread of its own when `idle` (the
+    /// tenant is penalized).
+    async fn attempt_in_slot(&self, request: ReconcileRequest, slot: Slot, idle: bool) -> Attempt {
+        let plugin = self.clone();
+        let work = move || {
+            let attempt = plugin.attempt(request);
+            (attempt, slot)
+        };
+        let ran = if idle {
+            idle_lane::run_at_idle_priority(work).await
+        } else {
+            self.inner.engine.call_threads.run(work).await
+        };
+        match ran {
+            // The slot goes back here, after the call thread is idle again.
+            Some((attempt, _slot)) => attempt,
+            None => Attempt::Done(Err(PluginError::Sandbox(
+                "the plugin call thread failed".into(),
+            ))),
         }
     }
 
