@@ -9,8 +9,17 @@ use wasmctrl::cli::{CasesDiffer, Cli};
 
 wasmctrl::host_allocator!();
 
+fn main() -> ExitCode {
+    // The host compiles plugins in a child process of this executable; that child does only
+    // that (no runtime, no logging setup).
+    if let Some(code) = wasmctrl::plugin::compile_child_if_asked() {
+        return code;
+    }
+    run()
+}
+
 #[tokio::main]
-async fn main() -> ExitCode {
+async fn run() -> ExitCode {
     let cli = Cli::parse();
     let telemetry = match wasmctrl::telemetry::init() {
         Ok(telemetry) => telemetry,

@@ -457,3 +457,43 @@ fn the_binary_allocates_with_the_host_settings() {
         "{report}"
     );
 }
+
+/// The binary is its own plugin compiler: started with the compiler's argument (as
+/// `wasmctrl run` starts it for every plugin the cache does not hold) it turns a component
+/// on stdin into a wasmtime artifact on stdout, and refuses what is not one with exit code 3.
+#[test]
+fn the_binary_compiles_plugins_when_started_as_the_compiler() {
+    use std::io::Write as _;
+    let compile = |input: Vec<u8>| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+            .args([wasmctrl::plugin::COMPILE_CHILD_ARG, "1073741824"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run wasmctrl");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let writer = std::thread::spawn(move || stdin.write_all(&input));
+        let output = child.wait_with_output().expect("wait");
+        writer.join().expect("writer").expect("write the component");
+        output
+    };
+
+    let compiled = compile(wasmctrl_testenv::plugins::guest_bytes("myapp_plugin"));
+    assert!(
+        compiled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    assert!(
+        compiled.stdout.starts_with(b"\x7fELF"),
+        "wasmtime's artifacts are ELF files"
+    );
+
+    let mut not_a_component = b"\0asm\x0d\0\x01\0".to_vec();
+    not_a_component.extend_from_slice(&[0xff; 64]);
+    let refused = compile(not_a_component);
+    assert_eq!(refused.status.code(), Some(3));
+    assert!(refused.stdout.is_empty());
+    assert!(!refused.stderr.is_empty(), "says why");
+}

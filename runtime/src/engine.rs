@@ -12,6 +12,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 use super::artifact_cache::ArtifactCache;
 use super::call_slots::CallSlots;
 use super::call_threads::CallThreads;
+use super::compiler::Compiler;
 use super::contract::{self, PluginPre, Surface};
 use super::sandbox::{MAX_TABLE_ELEMENTS, Sandbox};
 use super::{Digest, Limits, Plugin, PluginError, PluginInfo};
@@ -37,6 +38,9 @@ pub struct EngineOptions {
     pub max_memory_bytes: usize,
     /// Bound on the precompiled-artifact cache on disk (least recently used evicted first).
     pub cache_max_bytes: u64,
+    /// Where plugins the cache does not hold are compiled: a long-running host uses
+    /// [`Compiler::Child`], so a compile's memory is bounded and kept out of the host.
+    pub compiler: Compiler,
 }
 
 impl Default for EngineOptions {
@@ -46,6 +50,7 @@ impl Default for EngineOptions {
             max_concurrent_calls: 64,
             max_memory_bytes: 512 << 20,
             cache_max_bytes: 1 << 30,
+            compiler: Compiler::InProcess,
         }
     }
 }
@@ -60,6 +65,7 @@ pub(crate) struct EngineInner {
     pub(crate) engine: Engine,
     linker: Linker<Sandbox>,
     cache: Option<ArtifactCache>,
+    compiler: Compiler,
     pub(crate) call_slots: Arc<CallSlots>,
     /// Where calls run: at most one thread per slot in use.
     pub(crate) call_threads: Arc<CallThreads>,
@@ -93,6 +99,7 @@ impl PluginEngine {
                 engine,
                 linker,
                 cache,
+                compiler: options.compiler,
                 call_slots: CallSlots::new(options.max_concurrent_calls as usize),
                 call_threads: CallThreads::new(),
                 max_memory_bytes: options.max_memory_bytes,
@@ -178,28 +185,15 @@ impl PluginEngine {
             .map(Some)
     }
 
-    /// Compile `bytes` on a throwaway engine of the same configuration and bring the result
-    /// into this one.
-    ///
-    /// wasmtime's compiler keeps its per-thread working state (register allocator arenas,
-    /// code buffers: ~10 MiB for a 600 KB component) for as long as its engine lives, to
-    /// reuse it at the next compile. A host compiles rarely (a new plugin, a cold cache) and
-    /// runs for weeks, so that memory would sit idle in every host; on an engine of its own
-    /// it goes when the compile ends. Bringing the artifact in costs a deserialization, a
-    /// fraction of a millisecond against a compile's hundreds.
+    /// Compile `bytes` where the engine's [`Compiler`] says, and bring the artifact into this
+    /// engine. Bringing it in costs a deserialization, a fraction of a millisecond against a
+    /// compile's hundreds.
     fn compile(&self, bytes: &[u8]) -> Result<Component, PluginError> {
-        let invalid = |e: wasmtime::Error| PluginError::InvalidComponent(format!("{e:#}"));
-        // One thread: a compile on each core would hold one set of working state per core
-        // for a compile that is rare and off the reconcile path.
-        let mut config = compile_config();
-        config.parallel_compilation(false);
-        let compiler = Engine::new(&config)
-            .map_err(|e| PluginError::Sandbox(format!("starting the plugin compiler: {e:#}")))?;
-        let artifact = compiler.precompile_component(bytes).map_err(invalid)?;
-        drop(compiler);
-        // SAFETY: `artifact` was produced just now, in this process, by an engine of the same
-        // compilation settings (`compile_config`, shared with `engine_config`); it never left
-        // memory. wasmtime still checks its header against this engine's settings.
+        let artifact = self.inner.compiler.artifact(bytes)?;
+        // SAFETY: `artifact` was produced just now by an engine of this engine's compilation
+        // settings (`compile_config`), in this process or in a child running this same
+        // executable file, and handed over through a pipe only the two of them hold. wasmtime
+        // still checks its header against this engine's settings.
         #[allow(unsafe_code)]
         let component = unsafe { Component::deserialize(&self.inner.engine, &artifact) };
         component.map_err(|e| PluginError::Sandbox(format!("loading the compiled plugin: {e:#}")))
@@ -355,7 +349,7 @@ fn engine_config(options: &EngineOptions) -> Config {
 /// What compiled code depends on: the settings an artifact must have been compiled with for
 /// this host to run it. [`engine_config`] adds how instances are allocated, which compiled
 /// code does not depend on, so a plain engine of these settings can compile for the host's.
-fn compile_config() -> Config {
+pub(crate) fn compile_config() -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true).epoch_interruption(true);
     config

@@ -17,6 +17,10 @@ pub enum PluginError {
     /// Not a WebAssembly component, or one wasmtime cannot compile.
     #[error("not a valid plugin component: {0}")]
     InvalidComponent(String),
+    /// Compiling the component needed more memory or time than the host allows a compile
+    /// (`Compiler::Child`'s bounds), or the compiler process was killed for memory.
+    #[error("the plugin could not be compiled within the host's limits: {0}")]
+    CompileLimitExceeded(String),
     /// A component, but not one that implements the `wasmctrl:plugin` world.
     #[error("component does not implement the wasmctrl plugin world: {0}")]
     WrongWorld(String),
@@ -138,6 +142,7 @@ impl PluginError {
             | Self::InvalidOutput(_) => "invalid_output",
             Self::DigestMismatch { .. }
             | Self::InvalidComponent(_)
+            | Self::CompileLimitExceeded(_)
             | Self::WrongWorld(_)
             | Self::ContractVersion { .. }
             | Self::InvalidLimits(_)

@@ -16,6 +16,7 @@ mod artifact_cache;
 mod call;
 mod call_slots;
 mod call_threads;
+mod compiler;
 mod contract;
 mod diff;
 mod digest;
@@ -33,6 +34,7 @@ use wasmtime::{Store, Trap};
 pub use call::{
     EventType, JsonObject, ObservedObject, PluginEvent, ReconcileRequest, ReconcileResponse,
 };
+pub use compiler::{COMPILE_CHILD_ARG, ChildCompiler, Compiler, compile_child_if_asked};
 pub use contract::{CONTRACT_VERSION, CONTRACT_VERSIONS};
 pub use diff::{Verdict, compare};
 pub use digest::{Digest, InvalidDigest};

@@ -15,7 +15,7 @@ use crate::controller::{Host, HostOptions};
 use crate::explain::{Bounds, Explain, ExplainOptions, RecordOptions};
 use crate::leader::{LeaderElector, Leadership, LeaseConfig, WriteGate};
 use crate::metrics::Metrics;
-use crate::plugin::{EngineOptions, PluginEngine};
+use crate::plugin::{ChildCompiler, Compiler, EngineOptions, PluginEngine};
 
 /// Run the operator host against a cluster.
 #[derive(Debug, Args)]
@@ -63,6 +63,15 @@ pub struct RunCommand {
     /// The largest memory limit any policy may give its plugin, in MiB.
     #[arg(long, env = "WASMCTRL_MAX_PLUGIN_MEMORY_MIB", default_value_t = 512)]
     max_plugin_memory_mib: usize,
+    /// The most memory compiling one plugin may take, in MiB. Plugins are compiled in a
+    /// child process of the host bounded by this, first in line for the OOM killer, so a
+    /// plugin that is too big or too hard to compile fails its own load instead of taking
+    /// the host down.
+    #[arg(long, env = "WASMCTRL_MAX_COMPILE_MEMORY_MIB", default_value_t = 1024)]
+    max_compile_memory_mib: u64,
+    /// The longest compiling one plugin may take, in seconds.
+    #[arg(long, env = "WASMCTRL_MAX_COMPILE_SECONDS", default_value_t = 300)]
+    max_compile_seconds: u64,
     /// On SIGTERM, wait at most this long for in-flight reconciles before exiting.
     #[arg(long, env = "WASMCTRL_SHUTDOWN_TIMEOUT_SECONDS", default_value_t = 30)]
     shutdown_timeout_seconds: u64,
@@ -275,6 +284,10 @@ impl RunCommand {
             max_concurrent_calls: self.max_concurrent_calls,
             max_memory_bytes: self.max_plugin_memory_mib << 20,
             cache_max_bytes: self.cache_max_mib << 20,
+            compiler: Compiler::Child(ChildCompiler {
+                max_memory_bytes: self.max_compile_memory_mib << 20,
+                timeout: Duration::from_secs(self.max_compile_seconds.max(1)),
+            }),
         })
         .context("starting the plugin engine")
     }

@@ -59,6 +59,7 @@ impl LoadError {
             Self::Plugin(PluginError::DigestMismatch { .. }) => "DigestMismatch",
             Self::Plugin(PluginError::ContractVersion { .. }) => "ContractVersionMismatch",
             Self::Plugin(PluginError::InvalidLimits(_)) => "InvalidLimits",
+            Self::Plugin(PluginError::CompileLimitExceeded(_)) => "CompileLimitExceeded",
             Self::Plugin(_) => "InvalidPlugin",
         }
     }

@@ -57,7 +57,22 @@ const SELECTOR_LABEL: &str = "bench.wasmctrl.dev/run";
 /// Env var giving the host under test its listener address, for `/metrics`.
 const HOST_LISTEN: &str = "WASMCTRL_BENCH_LISTEN";
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    // The host under test compiles plugins in a child process of this executable, as
+    // `wasmctrl run` does.
+    if let Some(code) = wasmctrl::plugin::compile_child_if_asked() {
+        return code;
+    }
+    match bench() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("Error: {error:?}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn bench() -> anyhow::Result<()> {
     if let Ok(spec) = std::env::var(HOST_MODE) {
         return run_host(&spec);
     }
@@ -1133,6 +1148,11 @@ fn run_host(spec: &str) -> anyhow::Result<()> {
         let engine = wasmctrl::plugin::PluginEngine::new(wasmctrl::plugin::EngineOptions {
             cache_dir: Some(artifact_cache()),
             max_concurrent_calls,
+            // `wasmctrl run`'s defaults.
+            compiler: wasmctrl::plugin::Compiler::Child(wasmctrl::plugin::ChildCompiler {
+                max_memory_bytes: 1 << 30,
+                timeout: Duration::from_secs(300),
+            }),
             ..engine_defaults
         })?;
         let defaults = wasmctrl::explain::ExplainOptions::default();
