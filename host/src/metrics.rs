@@ -119,6 +119,10 @@ pub struct Metrics {
     events_dropped: Family<ControllerLabels, Counter>,
     explain_bytes: Gauge,
     explain_records: Gauge,
+    pool_warm_memories: Gauge,
+    pool_resident_bytes: Gauge,
+    /// The engine whose instance pool the two gauges above describe, read at each scrape.
+    engine: std::sync::OnceLock<crate::plugin::PluginEngine>,
     /// The digest behind each policy's `wasmctrl_plugin_active_info` series, to remove it
     /// when another takes over.
     active_digests: Mutex<HashMap<String, String>>,
@@ -166,6 +170,9 @@ impl Metrics {
             events_dropped: Family::default(),
             explain_bytes: Gauge::default(),
             explain_records: Gauge::default(),
+            pool_warm_memories: Gauge::default(),
+            pool_resident_bytes: Gauge::default(),
+            engine: std::sync::OnceLock::new(),
             active_digests: Mutex::default(),
             registry: Registry::default(),
         };
@@ -272,6 +279,17 @@ impl Metrics {
             "wasmctrl_explain_records",
             "Reconcile records held for `wasmctrl explain`",
             metrics.explain_records.clone(),
+        );
+        registry.register(
+            "wasmctrl_plugin_pool_warm_memories",
+            "Plugin memory slots not in use that keep a previous call's pages resident",
+            metrics.pool_warm_memories.clone(),
+        );
+        registry.register_with_unit(
+            "wasmctrl_plugin_pool_resident",
+            "Memory the plugin instance pool keeps resident in slots not in use",
+            Unit::Bytes,
+            metrics.pool_resident_bytes.clone(),
         );
     }
 
@@ -444,8 +462,19 @@ impl Metrics {
             .get()
     }
 
+    /// Report on `engine`'s instance pool from now on (the first engine given wins).
+    pub fn observe_plugin_pool(&self, engine: crate::plugin::PluginEngine) {
+        let _ = self.engine.set(engine);
+    }
+
     /// The metrics in the OpenMetrics text format.
     pub fn encode(&self) -> String {
+        if let Some(engine) = self.engine.get() {
+            let pool = engine.pool_usage();
+            self.pool_warm_memories.set(i64::from(pool.warm_memories));
+            self.pool_resident_bytes
+                .set(i64::try_from(pool.resident_bytes).unwrap_or(i64::MAX));
+        }
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
@@ -530,6 +559,46 @@ mod tests {
         assert!(
             !text.contains("operation=\"unchanged\""),
             "zero counts add no series"
+        );
+    }
+
+    #[test]
+    fn the_plugin_pool_is_read_at_each_scrape() {
+        use crate::plugin::{EngineOptions, Limits, PluginEngine, ReconcileRequest};
+        let metrics = Metrics::new();
+        let engine = PluginEngine::new(EngineOptions::default()).expect("engine");
+        metrics.observe_plugin_pool(engine.clone());
+        let value = |text: &str, series: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("{series} missing: {text}"))
+        };
+        let before = metrics.encode();
+        assert_eq!(value(&before, "wasmctrl_plugin_pool_warm_memories"), 0.0);
+        assert_eq!(value(&before, "wasmctrl_plugin_pool_resident_bytes"), 0.0);
+
+        let plugin = engine
+            .load(
+                &wasmctrl_testenv::plugins::guest_bytes("misbehave_plugin"),
+                None,
+                Limits::default(),
+            )
+            .expect("load");
+        plugin
+            .reconcile_blocking(ReconcileRequest {
+                parent: r#"{"metadata":{"name":"p"}}"#.to_owned(),
+                ..ReconcileRequest::default()
+            })
+            .expect("call");
+        // The call's memory slot is free again and keeps the pages the call touched.
+        let after = metrics.encode();
+        assert!(
+            value(&after, "wasmctrl_plugin_pool_warm_memories") >= 1.0,
+            "{after}"
+        );
+        assert!(
+            value(&after, "wasmctrl_plugin_pool_resident_bytes") > 0.0,
+            "{after}"
         );
     }
 }

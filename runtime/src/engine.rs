@@ -72,7 +72,31 @@ pub(crate) struct EngineInner {
     max_memory_bytes: usize,
 }
 
+/// What the instance pool keeps between calls: slots that held a plugin's memory keep the
+/// pages it touched resident (up to `linear_memory_keep_resident` each) so the next call
+/// there takes no page faults. That memory is part of the host's RSS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// Memory slots not in use that held a plugin's memory before.
+    pub warm_memories: u32,
+    /// Bytes kept resident in memory and table slots not in use.
+    pub resident_bytes: u64,
+}
+
 impl PluginEngine {
+    /// What the instance pool keeps between calls now.
+    pub fn pool_usage(&self) -> PoolUsage {
+        self.inner
+            .engine
+            .pooling_allocator_metrics()
+            .map(|pool| PoolUsage {
+                warm_memories: pool.unused_warm_memories(),
+                resident_bytes: (pool.unused_memory_bytes_resident()
+                    + pool.unused_table_bytes_resident()) as u64,
+            })
+            .unwrap_or_default()
+    }
+
     /// Build the engine and start its epoch clock.
     pub fn new(options: EngineOptions) -> anyhow::Result<Self> {
         let engine = Engine::new(&engine_config(&options))?;

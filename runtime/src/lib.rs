@@ -38,7 +38,7 @@ pub use compiler::{COMPILE_CHILD_ARG, ChildCompiler, Compiler, compile_child_if_
 pub use contract::{CONTRACT_VERSION, CONTRACT_VERSIONS};
 pub use diff::{Verdict, compare};
 pub use digest::{Digest, InvalidDigest};
-pub use engine::{EngineOptions, Inspection, PluginEngine};
+pub use engine::{EngineOptions, Inspection, PluginEngine, PoolUsage};
 pub use error::{PluginError, ReportedKind};
 pub use limits::Limits;
 

@@ -139,6 +139,7 @@ impl Host {
         leadership: Arc<crate::leader::Leadership>,
     ) -> Self {
         let metrics = Arc::new(crate::metrics::Metrics::new());
+        metrics.observe_plugin_pool(engine.clone());
         Self {
             shared: Arc::new(Shared {
                 registry: Arc::new(PluginRegistry::new(

@@ -178,6 +178,8 @@ struct HostRun {
     cpu: Cpu,
     /// Memory and count of the explain records once all were Ready.
     explain: (f64, u64),
+    /// What the plugin instance pool kept resident then (MiB).
+    pool_mib: f64,
     /// After all Ready, unless the run stopped at all reconciled.
     swaps: Option<[Swap; 2]>,
     /// After the swaps, unless the run stopped at all reconciled.
@@ -222,6 +224,8 @@ struct Swap {
     writes: BTreeMap<String, usize>,
     /// The host's peak RSS since it started, once quiet after the swap (MiB).
     peak_rss_mib: f64,
+    /// What the plugin instance pool kept resident then (MiB).
+    pool_mib: f64,
 }
 
 async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<HostRun> {
@@ -256,6 +260,7 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     tokio::time::sleep(Duration::from_secs(2)).await;
     let peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
     let explain = explain_store(listen).await?;
+    let pool_mib = pool_resident_mib(listen).await?;
     let writes = count_writes(&plane.audit_log, audit_before, &host_ns)?;
     let settled = match until {
         Until::Ready => true,
@@ -288,6 +293,7 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
             wait_quiet(listen).await?;
             swap.writes = count_writes(&plane.audit_log, audit, &host_ns)?;
             swap.peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
+            swap.pool_mib = pool_resident_mib(listen).await?;
             Ok(swap)
         };
         Some([swap(&v2, true).await?, swap(plugin, false).await?])
@@ -311,6 +317,7 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         rss,
         cpu: cpu_at_reconciled.since(cpu_before),
         explain,
+        pool_mib,
         swaps,
         restart,
     })
@@ -578,21 +585,30 @@ fn process_cpu_seconds(pid: u32) -> Option<f64> {
 /// The host's explain records: MiB held and how many, from its `/metrics`.
 async fn explain_store(address: std::net::SocketAddr) -> anyhow::Result<(f64, u64)> {
     let (_, text) = http_get(address, "/metrics").await?;
-    let value = |series: &str| -> anyhow::Result<f64> {
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(series)?
-                    .strip_prefix(' ')?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-            .with_context(|| format!("{series} missing from the host's metrics"))
-    };
     Ok((
-        value("wasmctrl_explain_records_bytes")? / f64::from(1 << 20),
-        value("wasmctrl_explain_records")? as u64,
+        metric_value(&text, "wasmctrl_explain_records_bytes")? / f64::from(1 << 20),
+        metric_value(&text, "wasmctrl_explain_records")? as u64,
     ))
+}
+
+/// What the host's plugin instance pool keeps resident between calls (MiB), from its
+/// `/metrics`.
+async fn pool_resident_mib(address: std::net::SocketAddr) -> anyhow::Result<f64> {
+    let (_, text) = http_get(address, "/metrics").await?;
+    Ok(metric_value(&text, "wasmctrl_plugin_pool_resident_bytes")? / f64::from(1 << 20))
+}
+
+/// The value of an unlabelled series.
+fn metric_value(text: &str, series: &str) -> anyhow::Result<f64> {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .with_context(|| format!("{series} missing from the host's metrics"))
 }
 
 /// The sum of every series of one metric (`name{` for labelled series).
@@ -937,6 +953,7 @@ async fn measure_swap(
         last: since(last),
         writes: BTreeMap::new(),
         peak_rss_mib: f64::NAN,
+        pool_mib: f64::NAN,
     })
 }
 
@@ -992,9 +1009,9 @@ fn count_writes(
 
 fn print_table(rows: &[Row]) {
     println!(
-        "\n| MyApps | order | host: all reconciled | host: all Ready | host writes | host peak RSS | explain records held | baseline (same first-pass writes, plain client) | ratio (baseline time / host time) |"
+        "\n| MyApps | order | host: all reconciled | host: all Ready | host writes | host peak RSS | explain records held | plugin pool resident | baseline (same first-pass writes, plain client) | ratio (baseline time / host time) |"
     );
-    println!("|---:|---|---:|---:|---|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---|---:|---:|---:|---:|---:|");
     for row in rows {
         let host = &row.host;
         let (baseline, ratio) = row.baseline.as_ref().map_or_else(
@@ -1016,7 +1033,7 @@ fn print_table(rows: &[Row]) {
         let mut writes = host.writes.clone();
         writes.retain(|k, _| !k.starts_with("create myapps"));
         println!(
-            "| {} | {} | {:.1} s | {} | {} | {:.0} MiB | {:.1} MiB ({} records) | {baseline} | {ratio} |",
+            "| {} | {} | {:.1} s | {} | {} | {:.0} MiB | {:.1} MiB ({} records) | {:.1} MiB | {baseline} | {ratio} |",
             row.n,
             match (row.baseline.is_some(), row.host_first) {
                 (false, _) => "host",
@@ -1032,6 +1049,7 @@ fn print_table(rows: &[Row]) {
             host.peak_rss_mib,
             host.explain.0,
             host.explain.1,
+            host.pool_mib,
         );
     }
     println!(
@@ -1072,16 +1090,16 @@ fn print_table(rows: &[Row]) {
         println!("- {}: {}", row.n, series.join(", "));
     }
     println!(
-        "\n| MyApps | swap | policy reports the new digest | first parent on it | last parent on it | rollout rate (all-reconciled rate) | host writes until quiet | host peak RSS so far |"
+        "\n| MyApps | swap | policy reports the new digest | first parent on it | last parent on it | rollout rate (all-reconciled rate) | host writes until quiet | host peak RSS so far | plugin pool resident |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---|---:|---:|");
     for row in rows {
         for (what, swap) in ["v1 → v2 (compiled)", "v2 → v1 (artifact cache hit)"]
             .iter()
             .zip(row.host.swaps.iter().flatten())
         {
             println!(
-                "| {} | {what} | {:.2} s | {:.2} s | {:.1} s | {:.0}/s ({:.0}/s) | {} | {:.0} MiB |",
+                "| {} | {what} | {:.2} s | {:.2} s | {:.1} s | {:.0}/s ({:.0}/s) | {} | {:.0} MiB | {:.1} MiB |",
                 row.n,
                 swap.active.as_secs_f64(),
                 swap.first.as_secs_f64(),
@@ -1090,6 +1108,7 @@ fn print_table(rows: &[Row]) {
                 row.n as f64 / row.host.reconciled.as_secs_f64(),
                 write_list(&swap.writes),
                 swap.peak_rss_mib,
+                swap.pool_mib,
             );
         }
     }
