@@ -11,6 +11,10 @@
 //! Any other version (the write arriving, or anyone else's change) ends the memory and the
 //! cache is trusted again, as it is after `FORGET_AFTER` whatever happens.
 //!
+//! Entries past `FORGET_AFTER` are dropped in a sweep at most once per `FORGET_AFTER`:
+//! otherwise one would stay until its object is checked again, which after a swap means every
+//! child the swap updated, until its parent's next reconcile.
+//!
 //! Creates are not remembered: a child the cache does not show yet costs a refused create
 //! and a read (see `writes::create_child`), never a second write, and a child deleted right
 //! after its create must be created again at once.
@@ -30,7 +34,38 @@ type ObjectKey = (Option<String>, String);
 /// shown yet.
 #[derive(Default)]
 pub(crate) struct PendingWrites {
-    updates: Mutex<HashMap<ObjectKey, Pending>>,
+    updates: Mutex<Updates>,
+}
+
+struct Updates {
+    by_object: HashMap<ObjectKey, Pending>,
+    /// When entries past `FORGET_AFTER` were last dropped.
+    swept: Instant,
+}
+
+impl Default for Updates {
+    fn default() -> Self {
+        Self {
+            by_object: HashMap::new(),
+            swept: Instant::now(),
+        }
+    }
+}
+
+impl Updates {
+    /// Drop every entry past `FORGET_AFTER` (each would be ignored anyway), if the last sweep
+    /// was that long ago, and give back the table's room once most of it is empty.
+    fn sweep_if_due(&mut self) {
+        if self.swept.elapsed() < FORGET_AFTER {
+            return;
+        }
+        self.swept = Instant::now();
+        self.by_object
+            .retain(|_, pending| pending.written.elapsed() <= FORGET_AFTER);
+        if self.by_object.capacity() > 4 * self.by_object.len().max(64) {
+            self.by_object.shrink_to_fit();
+        }
+    }
 }
 
 struct Pending {
@@ -47,13 +82,14 @@ impl PendingWrites {
     /// shows `cached_version`, the version that update was decided against.
     pub fn written(&self, key: &ObjectKey, hash: &str, cached_version: &str) -> bool {
         let mut updates = crate::lock(&self.updates);
-        let Some(pending) = updates.get(key) else {
+        updates.sweep_if_due();
+        let Some(pending) = updates.by_object.get(key) else {
             return false;
         };
         if !pending.decided_at.iter().any(|v| v == cached_version)
             || pending.written.elapsed() > FORGET_AFTER
         {
-            updates.remove(key);
+            updates.by_object.remove(key);
             return false;
         }
         pending.hash == hash
@@ -62,7 +98,9 @@ impl PendingWrites {
     /// The object was updated to `hash`, decided against the first of `versions` (the others
     /// written by the host on the way).
     pub fn updated(&self, key: ObjectKey, hash: &str, versions: Vec<String>) {
-        crate::lock(&self.updates).insert(
+        let mut updates = crate::lock(&self.updates);
+        updates.sweep_if_due();
+        updates.by_object.insert(
             key,
             Pending {
                 hash: hash.to_owned(),
@@ -117,11 +155,45 @@ mod tests {
         let pending = PendingWrites::default();
         pending.updated(key("web"), "h2", vec!["10".into()]);
         let long_ago = Instant::now().checked_sub(FORGET_AFTER + Duration::from_secs(1));
-        if let (Some(entry), Some(long_ago)) =
-            (crate::lock(&pending.updates).get_mut(&key("web")), long_ago)
-        {
+        if let (Some(entry), Some(long_ago)) = (
+            crate::lock(&pending.updates).by_object.get_mut(&key("web")),
+            long_ago,
+        ) {
             entry.written = long_ago;
         }
         assert!(!pending.written(&key("web"), "h2", "10"));
+    }
+
+    #[test]
+    fn entries_past_their_time_are_swept_without_being_asked_about() {
+        let pending = PendingWrites::default();
+        pending.updated(key("old"), "h", vec!["1".into()]);
+        pending.updated(key("recent"), "h", vec!["1".into()]);
+        let long_ago = Instant::now()
+            .checked_sub(FORGET_AFTER + Duration::from_secs(1))
+            .expect("the clock is past 31 s");
+        let entries = |pending: &PendingWrites| {
+            let mut keys: Vec<String> = crate::lock(&pending.updates)
+                .by_object
+                .keys()
+                .map(|(_, name)| name.clone())
+                .collect();
+            keys.sort();
+            keys
+        };
+        if let Some(entry) = crate::lock(&pending.updates).by_object.get_mut(&key("old")) {
+            entry.written = long_ago;
+        }
+        // A sweep was just done (at creation): the old entry waits for the next one.
+        pending.updated(key("new"), "h", vec!["1".into()]);
+        assert_eq!(entries(&pending), ["new", "old", "recent"]);
+
+        crate::lock(&pending.updates).swept = long_ago;
+        assert!(!pending.written(&key("other"), "h", "1"));
+        assert_eq!(
+            entries(&pending),
+            ["new", "recent"],
+            "the sweep drops what the cache is trusted over anyway"
+        );
     }
 }
