@@ -2,7 +2,7 @@
 //! child process with a memory bound and a deadline of its own.
 //!
 //! Compiling is the one thing a plugin makes the host do that its call limits do not bound.
-//! Cranelift's working memory grows with the component: ~35 MiB for the 0.7 MB Rust MyApp,
+//! Cranelift's working memory grows with the component: ~40 MiB for the 0.64 MB Rust MyApp,
 //! ~340 MiB for the 18.8 MB Python one, and more for a component made to be hard to
 //! compile. In the host's own process that memory would be added to a host already holding
 //! every cache, and a compile past the pod's memory limit would kill the host — every policy
@@ -137,11 +137,13 @@ impl ChildCompiler {
                 artifact
             });
             let said = scope.spawn(move || {
-                let mut said = String::new();
-                if let Some(err) = stderr {
-                    let _ = err.take(STDERR_KEPT).read_to_string(&mut said);
+                let mut said = Vec::new();
+                if let Some(mut err) = stderr {
+                    let _ = (&mut err).take(STDERR_KEPT).read_to_end(&mut said);
+                    // Drain the rest, or a chatty child would block on a full pipe.
+                    let _ = std::io::copy(&mut err, &mut std::io::sink());
                 }
-                said
+                String::from_utf8_lossy(&said).into_owned()
             });
             let outcome = wait_until(pid, started + self.timeout);
             (
