@@ -4,9 +4,9 @@
 mod support;
 
 use serde_json::json;
-use support::guest_bytes;
+use support::misbehave_plugin;
 
-use wasmctrl_runtime::{EngineOptions, Limits, PluginEngine, ReconcileRequest};
+use wasmctrl_runtime::{Limits, ReconcileRequest};
 
 fn thread_names() -> Vec<String> {
     std::fs::read_dir("/proc/self/task")
@@ -23,15 +23,8 @@ fn thread_names() -> Vec<String> {
 /// calls in `block_in_place` the same load started ~80 threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_callers_need_at_most_sixteen_call_threads() {
-    let engine = PluginEngine::new(EngineOptions {
-        max_concurrent_calls: 64,
-        ..EngineOptions::default()
-    })
-    .expect("engine");
-    let plugin = engine
-        .load_async(guest_bytes("misbehave_plugin"), None, Limits::default())
-        .await
-        .expect("load");
+    // More slots than callers: the bound comes from the calls in flight, not the slots.
+    let plugin = misbehave_plugin(64, Limits::default()).await;
     let before = thread_names().len();
 
     let callers: Vec<_> = (0..16)

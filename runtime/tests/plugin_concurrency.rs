@@ -4,7 +4,7 @@ mod support;
 
 use serde_json::json;
 use std::time::Duration;
-use support::guest_bytes;
+use support::{guest_bytes, misbehave_plugin};
 
 use wasmctrl_runtime::{
     EngineOptions, Limits, ObservedObject, PluginEngine, PluginError, ReconcileRequest,
@@ -12,15 +12,7 @@ use wasmctrl_runtime::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thousand_concurrent_calls_are_independent() {
-    let engine = PluginEngine::new(EngineOptions {
-        max_concurrent_calls: 16,
-        ..EngineOptions::default()
-    })
-    .expect("engine");
-    let plugin = engine
-        .load_async(guest_bytes("misbehave_plugin"), None, Limits::default())
-        .await
-        .expect("load");
+    let plugin = misbehave_plugin(16, Limits::default()).await;
 
     let calls = (0..1000).map(|i| {
         let plugin = plugin.clone();
@@ -72,22 +64,14 @@ fn named(name: &str, behavior: &str) -> ReconcileRequest {
 /// With one call slot, an async call waits for a running one instead of failing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_beyond_the_pool_wait_for_a_slot() {
-    let engine = PluginEngine::new(EngineOptions {
-        max_concurrent_calls: 1,
-        ..EngineOptions::default()
-    })
-    .expect("engine");
-    let plugin = engine
-        .load_async(
-            guest_bytes("misbehave_plugin"),
-            None,
-            Limits {
-                timeout: Duration::from_millis(300),
-                ..Limits::default()
-            },
-        )
-        .await
-        .expect("load");
+    let plugin = misbehave_plugin(
+        1,
+        Limits {
+            timeout: Duration::from_millis(300),
+            ..Limits::default()
+        },
+    )
+    .await;
     let slow = tokio::spawn({
         let plugin = plugin.clone();
         async move { plugin.reconcile(named("slow", "loop")).await }
@@ -142,22 +126,14 @@ fn blocking_calls_beyond_the_pool_fail_as_sandbox_errors() {
 /// while another tenant's calls go on at full speed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_that_hit_its_deadline_runs_one_call_at_a_time_and_others_are_not_slowed() {
-    let engine = PluginEngine::new(EngineOptions {
-        max_concurrent_calls: 8,
-        ..EngineOptions::default()
-    })
-    .expect("engine");
-    let plugin = engine
-        .load_async(
-            guest_bytes("misbehave_plugin"),
-            None,
-            Limits {
-                timeout: Duration::from_millis(200),
-                ..Limits::default()
-            },
-        )
-        .await
-        .expect("load");
+    let plugin = misbehave_plugin(
+        8,
+        Limits {
+            timeout: Duration::from_millis(200),
+            ..Limits::default()
+        },
+    )
+    .await;
     let first = plugin.reconcile_as("looping", named("l0", "loop")).await;
     assert!(matches!(first, Err(PluginError::DeadlineExceeded { .. })));
 
