@@ -69,6 +69,17 @@ pub struct ChildCompiler {
     pub timeout: Duration,
 }
 
+impl Default for ChildCompiler {
+    /// 1 GiB and 5 minutes: room for the largest plugin the host accepts (64 MiB; the 18.8 MB
+    /// Python MyApp needs ~340 MiB) on a slow node.
+    fn default() -> Self {
+        Self {
+            max_memory_bytes: 1 << 30,
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
 impl Compiler {
     /// Compile `bytes` (already known to be a component) into an artifact for an engine of
     /// [`compile_config`]'s settings.

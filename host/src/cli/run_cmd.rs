@@ -67,10 +67,10 @@ pub struct RunCommand {
     /// child process of the host bounded by this, first in line for the OOM killer, so a
     /// plugin that is too big or too hard to compile fails its own load instead of taking
     /// the host down.
-    #[arg(long, env = "WASMCTRL_MAX_COMPILE_MEMORY_MIB", default_value_t = 1024)]
+    #[arg(long, env = "WASMCTRL_MAX_COMPILE_MEMORY_MIB", default_value_t = ChildCompiler::default().max_memory_bytes >> 20)]
     max_compile_memory_mib: u64,
     /// The longest compiling one plugin may take, in seconds.
-    #[arg(long, env = "WASMCTRL_MAX_COMPILE_SECONDS", default_value_t = 300)]
+    #[arg(long, env = "WASMCTRL_MAX_COMPILE_SECONDS", default_value_t = ChildCompiler::default().timeout.as_secs())]
     max_compile_seconds: u64,
     /// On SIGTERM, wait at most this long for in-flight reconciles before exiting.
     #[arg(long, env = "WASMCTRL_SHUTDOWN_TIMEOUT_SECONDS", default_value_t = 30)]

@@ -259,8 +259,9 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     // Let the last echoes settle before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
-    let explain = explain_store(listen).await?;
-    let pool_mib = pool_resident_mib(listen).await?;
+    let (_, metrics) = http_get(listen, "/metrics").await?;
+    let explain = explain_store(&metrics)?;
+    let pool_mib = pool_resident_mib(&metrics)?;
     let writes = count_writes(&plane.audit_log, audit_before, &host_ns)?;
     let settled = match until {
         Until::Ready => true,
@@ -293,7 +294,7 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
             wait_quiet(listen).await?;
             swap.writes = count_writes(&plane.audit_log, audit, &host_ns)?;
             swap.peak_rss_mib = memory_mib(host_pid, "VmHWM").unwrap_or(f64::NAN);
-            swap.pool_mib = pool_resident_mib(listen).await?;
+            swap.pool_mib = pool_resident_mib(&http_get(listen, "/metrics").await?.1)?;
             Ok(swap)
         };
         Some([swap(&v2, true).await?, swap(plugin, false).await?])
@@ -582,20 +583,18 @@ fn process_cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / per_second)
 }
 
-/// The host's explain records: MiB held and how many, from its `/metrics`.
-async fn explain_store(address: std::net::SocketAddr) -> anyhow::Result<(f64, u64)> {
-    let (_, text) = http_get(address, "/metrics").await?;
+/// The host's explain records: MiB held and how many, from its `/metrics` text.
+fn explain_store(text: &str) -> anyhow::Result<(f64, u64)> {
     Ok((
-        metric_value(&text, "wasmctrl_explain_records_bytes")? / f64::from(1 << 20),
-        metric_value(&text, "wasmctrl_explain_records")? as u64,
+        metric_value(text, "wasmctrl_explain_records_bytes")? / f64::from(1 << 20),
+        metric_value(text, "wasmctrl_explain_records")? as u64,
     ))
 }
 
 /// What the host's plugin instance pool keeps resident between calls (MiB), from its
-/// `/metrics`.
-async fn pool_resident_mib(address: std::net::SocketAddr) -> anyhow::Result<f64> {
-    let (_, text) = http_get(address, "/metrics").await?;
-    Ok(metric_value(&text, "wasmctrl_plugin_pool_resident_bytes")? / f64::from(1 << 20))
+/// `/metrics` text.
+fn pool_resident_mib(text: &str) -> anyhow::Result<f64> {
+    Ok(metric_value(text, "wasmctrl_plugin_pool_resident_bytes")? / f64::from(1 << 20))
 }
 
 /// The value of an unlabelled series.
@@ -1167,11 +1166,8 @@ fn run_host(spec: &str) -> anyhow::Result<()> {
         let engine = wasmctrl::plugin::PluginEngine::new(wasmctrl::plugin::EngineOptions {
             cache_dir: Some(artifact_cache()),
             max_concurrent_calls,
-            // `wasmctrl run`'s defaults.
-            compiler: wasmctrl::plugin::Compiler::Child(wasmctrl::plugin::ChildCompiler {
-                max_memory_bytes: 1 << 30,
-                timeout: Duration::from_secs(300),
-            }),
+            // As `wasmctrl run` compiles, with its defaults.
+            compiler: wasmctrl::plugin::Compiler::Child(wasmctrl::plugin::ChildCompiler::default()),
             ..engine_defaults
         })?;
         let defaults = wasmctrl::explain::ExplainOptions::default();
