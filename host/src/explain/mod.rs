@@ -16,7 +16,7 @@ pub use record::{
     StatusRecord, StepTime,
 };
 pub use recorder::{RecordOptions, Recorder};
-pub use store::{Bounds, ExplainStore, Lookup, ParentKey};
+pub use store::{Bounds, ExplainStore, Lookup};
 
 /// What the host keeps of its reconciles.
 #[derive(Debug, Clone)]

@@ -1,48 +1,90 @@
 //! The host's memory of recent reconciles, bounded in total size and per parent.
 //!
-//! Records are kept as their JSON text: the size the bound counts is the size they take.
 //! Only a parent's newest record keeps its case (the request and answer, most of a record's
 //! size): that is the one `explain --save` writes, and older ones are history.
 //!
-//! When a new record does not fit, the records still held as text are packed first, oldest
-//! first (so a reconcile pays for compression only under memory pressure); then history goes,
-//! oldest first; a parent's newest record goes only when no history is left. So every parent
-//! keeps its last reconcile for as long as the bound allows, however often other parents are
-//! reconciled.
+//! Records are packed as they arrive: deflated against a dictionary, a record of their
+//! parent kind. Records of one kind share most of their text (field names, the policy, the
+//! plugin digest, the children's specs), so a MyApp reconcile's record and case pack to under
+//! 1 KB where deflating each alone left ~2.4 KB. A kind's first record is its first
+//! dictionary; a later record that packs to more than a fifth of its text shows the
+//! dictionary does not know the kind's records well (a parent's first reconcile has no
+//! children yet, its later ones carry them all) and becomes the next, up to
+//! [`MAX_DICTIONARIES`]. Packing costs a reconcile ~10 µs; holding records as text until
+//! memory ran short (as the store once did) only put that off, since a bound that keeps every
+//! parent's last reconcile is full at scale, and the text freed at packing fragmented the
+//! heap.
 //!
-//! Packing deflates a record against a dictionary: the first record of its parent kind to be
-//! packed. Records of one kind share most of their text (field names, the policy, the plugin
-//! digest, the children's specs), so a MyApp reconcile's record and case pack to a few hundred
-//! bytes where deflating each alone left ~1.5 KB: the same bound keeps several times the
-//! records. The dictionaries (one per parent kind, a record's size each) are not counted in
-//! the bound.
+//! The bound counts what the store takes from the allocator: each packed text as the
+//! allocator rounds it, and the bookkeeping around it (each parent's key and record slots,
+//! the map, the eviction queues, the dictionaries). Counting only the text held about half of
+//! what the records really cost (31 MiB of RSS for a 16 MiB bound at 10,000 parents,
+//! BENCHMARKS.md); an operator sizing a pod by the flag gets what it says.
+//!
+//! When a new record does not fit, history goes, oldest first; a parent's newest record goes
+//! only when no history is left. So every parent keeps its last reconcile for as long as the
+//! bound allows, however often other parents are reconciled.
 
 use std::collections::{HashMap, VecDeque};
+use std::mem::size_of;
 use std::sync::{Arc, Mutex};
 
 use super::record::ParentRef;
 use crate::lock;
 
-/// What a parent is known by in the store: its kind, namespace and name (not its uid, so a
-/// re-created parent continues its predecessor's history).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ParentKey {
-    /// `apiVersion`.
-    pub api_version: String,
-    /// `kind`.
-    pub kind: String,
-    /// The resource's plural.
-    pub plural: String,
-    /// `metadata.namespace`.
-    pub namespace: Option<String>,
-    /// `metadata.name`.
-    pub name: String,
+/// How much the store may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// What the records and their bookkeeping take from the allocator, in bytes; 0 keeps none.
+    pub max_bytes: usize,
+    /// Records kept per parent.
+    pub per_parent: usize,
 }
 
-impl ParentKey {
-    /// Whether `kind` names this parent's kind the way `kubectl` accepts it: the kind or its
-    /// plural, any case, optionally qualified by the API group (`myapps.example.com`).
-    pub fn is_kind(&self, kind: &str) -> bool {
+/// Deflate uses the last 32 KiB of a dictionary; the rest would be held for nothing.
+const MAX_DICTIONARY_BYTES: usize = 32 << 10;
+
+/// Dictionaries a kind may have. Each is kept while the kind is (its records may need it):
+/// at most 128 KiB a kind, for records no dictionary helps with.
+const MAX_DICTIONARIES: usize = 4;
+
+/// A record of at least this much text that packs to more than a fifth of it becomes its
+/// kind's next dictionary (smaller ones pack poorly against anything).
+const DICTIONARY_MIN_TEXT: usize = 1024;
+
+/// What the store's compressor takes: zlib-rs's deflate state, at the fast level with a
+/// 32 KiB window (measured: 381,168 bytes). One is kept for the store's life; making one per
+/// record took as much memory (the freed state stays with the allocator a while) and twice
+/// the time.
+const COMPRESSOR_BYTES: usize = 372 << 10;
+
+/// What the allocator hands out for a request of `bytes`: the host's allocator (jemalloc)
+/// rounds to its size classes, 16-byte steps up to 128 bytes and four classes per doubling
+/// above (a 800-byte text takes 896). Without an allocation (`0`), nothing.
+fn allocation(bytes: usize) -> usize {
+    match bytes {
+        0 => 0,
+        1..=8 => 8,
+        9..=128 => bytes.next_multiple_of(16),
+        _ => {
+            let group = usize::BITS - 1 - (bytes - 1).leading_zeros();
+            bytes.next_multiple_of(1 << (group - 2))
+        }
+    }
+}
+
+/// A kind of parent, shared by the keys of all its parents.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ParentKind {
+    api_version: Box<str>,
+    kind: Box<str>,
+    plural: Box<str>,
+}
+
+impl ParentKind {
+    /// Whether `kind` names this kind the way `kubectl` accepts it: the kind or its plural,
+    /// any case, optionally qualified by the API group (`myapps.example.com`).
+    fn is_named(&self, kind: &str) -> bool {
         let kind = kind.to_ascii_lowercase();
         let group = self.api_version.rsplit_once('/').map_or("", |(g, _)| g);
         [&self.kind, &self.plural].iter().any(|name| {
@@ -50,34 +92,102 @@ impl ParentKey {
             kind == name || (!group.is_empty() && kind == format!("{name}.{group}"))
         })
     }
-}
 
-impl From<&ParentRef> for ParentKey {
-    fn from(parent: &ParentRef) -> Self {
-        Self {
-            api_version: parent.api_version.clone(),
-            kind: parent.kind.clone(),
-            plural: parent.plural.clone(),
-            namespace: parent.namespace.clone(),
-            name: parent.name.clone(),
-        }
+    fn is(&self, parent: &ParentRef) -> bool {
+        *self.api_version == parent.api_version
+            && *self.kind == parent.kind
+            && *self.plural == parent.plural
     }
 }
 
-/// How much the store may hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bounds {
-    /// Total size of the records, in bytes; 0 keeps none.
-    pub max_bytes: usize,
-    /// Records kept per parent.
-    pub per_parent: usize,
+/// What a parent is known by in the store: its kind, namespace and name (not its uid, so a
+/// re-created parent continues its predecessor's history).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ParentKey {
+    kind: Arc<ParentKind>,
+    namespace: Option<Box<str>>,
+    name: Box<str>,
 }
 
-/// Bookkeeping per record beyond its text: the entries in two queues and the map.
-const OVERHEAD_BYTES: usize = 96;
+impl ParentKey {
+    /// The key's own allocations (its kind's are counted once, with the kind).
+    fn cost(&self) -> usize {
+        // An `Arc` allocates its two counts beside the value.
+        allocation(2 * size_of::<usize>() + size_of::<Self>())
+            + allocation(self.namespace.as_ref().map_or(0, |n| n.len()))
+            + allocation(self.name.len())
+    }
+}
 
-/// Deflate uses the last 32 KiB of a dictionary; the rest would be held for nothing.
-const MAX_DICTIONARY_BYTES: usize = 32 << 10;
+/// A kind's names and the dictionaries its records are packed against.
+struct KindEntry {
+    names: Arc<ParentKind>,
+    /// Records of the kind (with their case), at most 32 KiB each, oldest first: new records
+    /// are packed against the newest. None is dropped, as packed records can only be read
+    /// with theirs.
+    dictionaries: Vec<Box<[u8]>>,
+}
+
+impl KindEntry {
+    fn new(parent: &ParentRef) -> Self {
+        Self {
+            names: Arc::new(ParentKind {
+                api_version: parent.api_version.as_str().into(),
+                kind: parent.kind.as_str().into(),
+                plural: parent.plural.as_str().into(),
+            }),
+            dictionaries: Vec::new(),
+        }
+    }
+
+    fn cost(&self) -> usize {
+        let names = &self.names;
+        allocation(2 * size_of::<usize>() + size_of::<ParentKind>())
+            + allocation(names.api_version.len())
+            + allocation(names.kind.len())
+            + allocation(names.plural.len())
+            + allocation(self.dictionaries.capacity() * size_of::<Box<[u8]>>())
+            + self
+                .dictionaries
+                .iter()
+                .map(|d| allocation(d.len()))
+                .sum::<usize>()
+    }
+
+    /// A record of the kind packed, against the newest dictionary; the record becomes the
+    /// next dictionary when there is none yet or it packs poorly (see the module's doc).
+    fn pack(
+        &mut self,
+        json: &str,
+        case: Option<&str>,
+        compress: &mut flate2::Compress,
+    ) -> (u8, Packed, Option<Packed>) {
+        let text = json.len() + case.map_or(0, str::len);
+        let pack = |dictionary: &[u8], compress: &mut flate2::Compress| {
+            let json = Packed::new(json, dictionary, compress);
+            let case = case.map(|case| Packed::new(case, dictionary, compress));
+            (json, case)
+        };
+        if let Some(newest) = self.dictionaries.last() {
+            let (json, case) = pack(newest, compress);
+            let packed = json.0.len() + case.as_ref().map_or(0, |c| c.0.len());
+            let poorly = text >= DICTIONARY_MIN_TEXT && packed * 5 > text;
+            if !poorly || self.dictionaries.len() == MAX_DICTIONARIES {
+                return (self.generation(), json, case);
+            }
+        }
+        let whole = [json, case.unwrap_or_default()].concat();
+        let start = whole.len().saturating_sub(MAX_DICTIONARY_BYTES);
+        self.dictionaries.push(whole.as_bytes()[start..].into());
+        let (json, case) = pack(&whole.as_bytes()[start..], compress);
+        (self.generation(), json, case)
+    }
+
+    /// The newest dictionary's place (at most [`MAX_DICTIONARIES`] - 1).
+    fn generation(&self) -> u8 {
+        u8::try_from(self.dictionaries.len().saturating_sub(1)).unwrap_or(u8::MAX)
+    }
+}
 
 /// Recent reconcile records by parent.
 pub struct ExplainStore {
@@ -85,22 +195,26 @@ pub struct ExplainStore {
     inner: Mutex<Inner>,
 }
 
+/// A queue entry: a record, by parent and sequence number.
+type Queued = (Arc<ParentKey>, u64);
+
 #[derive(Default)]
 struct Inner {
     /// Each parent's records, oldest first.
     parents: HashMap<Arc<ParentKey>, VecDeque<Entry>>,
     /// Records that are no longer their parent's newest, in the order they became history:
     /// the first to evict. An entry whose record is gone already is skipped.
-    history: VecDeque<(Arc<ParentKey>, u64)>,
+    history: VecDeque<Queued>,
     /// Records in the order they came (each came as its parent's newest): evicted only when
     /// no history is left. An entry whose record is no longer the newest is skipped.
-    newest: VecDeque<(Arc<ParentKey>, u64)>,
-    /// Records held as text, oldest first: packed before anything is evicted. An entry whose
-    /// record is gone or packed is skipped.
-    unpacked: VecDeque<(Arc<ParentKey>, u64)>,
-    /// What records are packed against, by parent `apiVersion` and kind.
-    dictionaries: HashMap<(String, String), Arc<[u8]>>,
-    bytes: usize,
+    newest: VecDeque<Queued>,
+    /// The kinds of parent seen (a handful: one per policy).
+    kinds: Vec<KindEntry>,
+    /// Packs records, once the first comes.
+    compressor: Option<flate2::Compress>,
+    /// What the records, the parents' keys and record slots, and the kinds take; the map and
+    /// the queues are counted from their capacity when needed ([`Inner::bytes`]).
+    held: usize,
     /// Records held, over all parents.
     records: usize,
     next: u64,
@@ -108,28 +222,34 @@ struct Inner {
 
 struct Entry {
     seq: u64,
+    /// Which of its kind's dictionaries the record was packed against.
+    dictionary: u8,
     /// The record without its case.
-    json: Text,
+    json: Packed,
     /// The case, while this is the parent's newest record.
-    case: Option<Text>,
+    case: Option<Packed>,
     /// The reconcile changed something (or failed): kept over quiet ones.
     eventful: bool,
 }
 
 impl Entry {
+    /// The allocations of the record's texts (its slot is counted with its parent).
     fn cost(&self) -> usize {
-        self.json.len() + self.case.as_ref().map_or(0, Text::len) + OVERHEAD_BYTES
+        self.json.cost() + self.case.as_ref().map_or(0, Packed::cost)
     }
 
-    fn is_packed(&self) -> bool {
-        matches!(self.json, Text::Packed(_))
-    }
-
-    /// The whole record: the case goes back in as its last field.
-    fn record(&self) -> String {
-        let json = self.json.text().unwrap_or_else(|| "{}".to_owned());
+    /// The whole record: the case goes back in as its last field. `dictionaries` are its
+    /// kind's.
+    fn record(&self, dictionaries: &[Box<[u8]>]) -> String {
+        let dictionary = dictionaries
+            .get(usize::from(self.dictionary))
+            .map_or(&[][..], |d| &d[..]);
+        let json = self
+            .json
+            .unpack(dictionary)
+            .unwrap_or_else(|| "{}".to_owned());
         match (
-            self.case.as_ref().and_then(Text::text),
+            self.case.as_ref().and_then(|case| case.unpack(dictionary)),
             json.strip_suffix('}'),
         ) {
             (Some(case), Some(open)) => {
@@ -141,45 +261,21 @@ impl Entry {
     }
 }
 
-/// A record's JSON or its case: as text, or packed once memory ran short.
-enum Text {
-    Raw(Box<str>),
-    Packed(Packed),
-}
-
-impl Text {
-    fn len(&self) -> usize {
-        match self {
-            Self::Raw(text) => text.len(),
-            Self::Packed(packed) => packed.bytes.len(),
-        }
-    }
-
-    fn text(&self) -> Option<String> {
-        match self {
-            Self::Raw(text) => Some(text.to_string()),
-            Self::Packed(packed) => packed.unpack(),
-        }
-    }
-}
-
-/// Text deflated against a dictionary, which it shares with the other records of its kind.
-struct Packed {
-    bytes: Box<[u8]>,
-    dictionary: Arc<[u8]>,
-    /// The text's length, to unpack without guessing.
-    len: usize,
-}
+/// A record's JSON or its case, packed: its length (4 bytes, little-endian), then the text
+/// deflated against its kind's dictionary.
+struct Packed(Box<[u8]>);
 
 impl Packed {
-    /// `text` deflated (fast level) against `dictionary`.
-    fn new(text: &str, dictionary: Arc<[u8]>) -> Self {
-        use flate2::{Compress, Compression, FlushCompress, Status};
-        let mut compress = Compress::new(Compression::fast(), false);
+    /// `text` deflated by `compress` (a raw stream, reset here) against `dictionary`.
+    fn new(text: &str, dictionary: &[u8], compress: &mut flate2::Compress) -> Self {
+        use flate2::{FlushCompress, Status};
+        compress.reset();
         // Setting a dictionary on a fresh raw stream cannot fail; if it did, the text would
         // still deflate, only less well, and unpacking would report the record unreadable.
-        let _ = compress.set_dictionary(&dictionary);
+        let _ = compress.set_dictionary(dictionary);
+        let len = u32::try_from(text.len()).unwrap_or(u32::MAX);
         let mut bytes = Vec::with_capacity(text.len() / 4 + 64);
+        bytes.extend_from_slice(&len.to_le_bytes());
         loop {
             let read = usize::try_from(compress.total_in()).unwrap_or(text.len());
             match compress.compress_vec(&text.as_bytes()[read..], &mut bytes, FlushCompress::Finish)
@@ -188,19 +284,21 @@ impl Packed {
                 Ok(_) => bytes.reserve(bytes.capacity().max(64)),
             }
         }
-        Self {
-            bytes: bytes.into_boxed_slice(),
-            dictionary,
-            len: text.len(),
-        }
+        Self(bytes.into_boxed_slice())
     }
 
-    fn unpack(&self) -> Option<String> {
+    fn cost(&self) -> usize {
+        allocation(self.0.len())
+    }
+
+    /// The text, or `None` if it does not unpack with `dictionary`.
+    fn unpack(&self, dictionary: &[u8]) -> Option<String> {
         use flate2::{Decompress, FlushDecompress, Status};
+        let (len, deflated) = self.0.split_first_chunk::<4>()?;
         let mut decompress = Decompress::new(false);
-        decompress.set_dictionary(&self.dictionary).ok()?;
-        let mut text = Vec::with_capacity(self.len);
-        match decompress.decompress_vec(&self.bytes, &mut text, FlushDecompress::Finish) {
+        decompress.set_dictionary(dictionary).ok()?;
+        let mut text = Vec::with_capacity(usize::try_from(u32::from_le_bytes(*len)).ok()?);
+        match decompress.decompress_vec(deflated, &mut text, FlushDecompress::Finish) {
             Ok(Status::StreamEnd) => String::from_utf8(text).ok(),
             _ => None,
         }
@@ -249,53 +347,67 @@ impl ExplainStore {
     /// child and did not fail: a resync, an echo of the reconcile's own writes), so the
     /// reconciles that did something stay to be explained.
     pub fn push(&self, parent: &ParentRef, json: String, case: Option<String>, eventful: bool) {
-        let case = case.map(|text| Text::Raw(text.into()));
-        let entry_cost = json.len() + case.as_ref().map_or(0, Text::len) + OVERHEAD_BYTES;
-        if self.bounds.per_parent == 0 || entry_cost > self.bounds.max_bytes {
+        if self.bounds.per_parent == 0 || self.bounds.max_bytes == 0 {
             return;
         }
-        let key = ParentKey::from(parent);
         let mut inner = lock(&self.inner);
         let inner = &mut *inner;
+        let (key, kind) = inner.key(parent);
+        let compress = match &mut inner.compressor {
+            Some(compress) => compress,
+            none => {
+                inner.held += COMPRESSOR_BYTES;
+                none.insert(flate2::Compress::new(flate2::Compression::fast(), false))
+            }
+        };
+        let kind = &mut inner.kinds[kind];
+        let kind_before = kind.cost();
+        let (dictionary, json, case) = kind.pack(&json, case.as_deref(), compress);
+        inner.held = inner.held - kind_before + kind.cost();
+        let entry = Entry {
+            seq: 0,
+            dictionary,
+            json,
+            case,
+            eventful,
+        };
+        if entry.cost() > self.bounds.max_bytes {
+            return;
+        }
+        // Out of the map while it changes, so its costs can be counted as it does.
+        let held = inner.parents.remove(&key);
+        let before = held
+            .as_ref()
+            .map_or(0, |records| key.cost() + slots(records));
+        let mut records = held.unwrap_or_default();
         let seq = inner.next;
         inner.next += 1;
-        // One shared key per parent, however many records and queue entries name it.
-        let key = match inner.parents.get_key_value(&key) {
-            Some((shared, _)) => shared.clone(),
-            None => Arc::new(key),
-        };
-        let records = inner.parents.entry(key.clone()).or_default();
         if let Some(previous) = records.back_mut() {
             if let Some(case) = previous.case.take() {
-                inner.bytes -= case.len();
+                inner.held -= case.cost();
             }
             inner.history.push_back((key.clone(), previous.seq));
         }
-        inner.unpacked.push_back((key.clone(), seq));
-        records.push_back(Entry {
-            seq,
-            json: Text::Raw(json.into()),
-            case,
-            eventful,
-        });
-        inner.bytes += entry_cost;
-        inner.records += 1;
-        while records.len() > self.bounds.per_parent {
-            let quiet = records
-                .iter()
-                .take(records.len() - 1)
-                .position(|e| !e.eventful)
-                .unwrap_or(0);
+        if records.len() >= self.bounds.per_parent {
+            let quiet = records.iter().position(|e| !e.eventful).unwrap_or(0);
             if let Some(dropped) = records.remove(quiet) {
-                inner.bytes -= dropped.cost();
+                inner.held -= dropped.cost();
                 inner.records -= 1;
             }
         }
+        // A parent's slots grow one at a time: most parents keep one or two records, and
+        // `VecDeque` would otherwise double to four at once.
+        if records.len() == records.capacity() {
+            records.reserve_exact(1);
+        }
+        inner.held += entry.cost();
+        inner.records += 1;
+        records.push_back(Entry { seq, ..entry });
+        inner.held = inner.held - before + key.cost() + slots(&records);
+        inner.parents.insert(key.clone(), records);
         inner.newest.push_back((key, seq));
-        while inner.bytes > self.bounds.max_bytes {
-            if let Some((key, seq)) = inner.unpacked.pop_front() {
-                inner.pack(&key, seq);
-            } else if let Some((key, seq)) = inner.history.pop_front() {
+        while inner.bytes() > self.bounds.max_bytes {
+            if let Some((key, seq)) = inner.history.pop_front() {
                 inner.evict(&key, seq);
             } else if let Some((key, seq)) = inner.newest.pop_front() {
                 inner.evict(&key, seq);
@@ -320,31 +432,36 @@ impl ExplainStore {
             .parents
             .iter()
             .filter(|(key, _)| {
-                key.name == name && key.namespace.as_deref() == namespace && key.is_kind(kind)
+                &*key.name == name
+                    && key.namespace.as_deref() == namespace
+                    && key.kind.is_named(kind)
             })
             .collect();
         match matches.as_slice() {
             [] => Lookup::NotFound,
-            [(_, records)] => Lookup::Found(
-                records
-                    .iter()
-                    .rev()
-                    .take(history.max(1))
-                    .map(Entry::record)
-                    .collect(),
-            ),
+            [(key, records)] => {
+                let dictionaries = inner.dictionaries(&key.kind);
+                Lookup::Found(
+                    records
+                        .iter()
+                        .rev()
+                        .take(history.max(1))
+                        .map(|entry| entry.record(dictionaries))
+                        .collect(),
+                )
+            }
             several => Lookup::Ambiguous(
                 several
                     .iter()
-                    .map(|(key, _)| format!("{}.{}", key.plural, key.api_version))
+                    .map(|(key, _)| format!("{}.{}", key.kind.plural, key.kind.api_version))
                     .collect(),
             ),
         }
     }
 
-    /// The total size of the records held, in bytes (what the bound counts).
+    /// What the store takes from the allocator now, in bytes (what the bound counts).
     pub fn bytes(&self) -> usize {
-        lock(&self.inner).bytes
+        lock(&self.inner).bytes()
     }
 
     /// How many records are held.
@@ -358,58 +475,80 @@ impl ExplainStore {
     }
 }
 
+/// What a parent's record slots take (the records' texts are counted apart).
+fn slots(records: &VecDeque<Entry>) -> usize {
+    allocation(records.capacity() * size_of::<Entry>())
+}
+
 impl Inner {
+    /// The store's whole cost: what is held, plus the map's and the queues' tables.
+    fn bytes(&self) -> usize {
+        // hashbrown keeps one control byte per bucket beside it, and up to 8 buckets per 7
+        // entries of capacity.
+        let bucket = size_of::<(Arc<ParentKey>, VecDeque<Entry>)>() + 1;
+        let map = self.parents.capacity() * bucket * 8 / 7;
+        let queued = self.history.capacity() + self.newest.capacity();
+        self.held + allocation(map) + allocation(queued * size_of::<Queued>())
+    }
+
+    /// The key of `parent`, sharing its kind's names with the kind's other parents, and its
+    /// kind's place in `kinds`.
+    fn key(&mut self, parent: &ParentRef) -> (Arc<ParentKey>, usize) {
+        let kind = match self.kinds.iter().position(|k| k.names.is(parent)) {
+            Some(known) => known,
+            None => {
+                let entry = KindEntry::new(parent);
+                self.held += entry.cost();
+                self.kinds.push(entry);
+                self.kinds.len() - 1
+            }
+        };
+        let key = ParentKey {
+            kind: self.kinds[kind].names.clone(),
+            namespace: parent.namespace.as_deref().map(Into::into),
+            name: parent.name.as_str().into(),
+        };
+        // One shared key per parent, however many records and queue entries name it.
+        let key = match self.parents.get_key_value(&key) {
+            Some((shared, _)) => shared.clone(),
+            None => Arc::new(key),
+        };
+        (key, kind)
+    }
+
+    fn dictionaries(&self, kind: &Arc<ParentKind>) -> &[Box<[u8]>] {
+        self.kinds
+            .iter()
+            .find(|k| Arc::ptr_eq(&k.names, kind))
+            .map_or(&[], |k| &k.dictionaries)
+    }
+
     /// Drop record `seq` of `key` if the parent still holds it.
     fn evict(&mut self, key: &Arc<ParentKey>, seq: u64) {
         let Some(records) = self.parents.get_mut(key) else {
             return;
         };
+        let before = slots(records);
         if let Some(position) = records.iter().position(|e| e.seq == seq)
             && let Some(dropped) = records.remove(position)
         {
-            self.bytes -= dropped.cost();
+            self.held -= dropped.cost();
             self.records -= 1;
         }
         if records.is_empty() {
+            self.held -= before + key.cost();
             self.parents.remove(key);
-        }
-    }
-
-    /// Pack record `seq` of `key`, if it is still held as text.
-    fn pack(&mut self, key: &Arc<ParentKey>, seq: u64) {
-        let Some(records) = self.parents.get_mut(key) else {
-            return;
-        };
-        let Some(position) = records.iter().position(|e| e.seq == seq && !e.is_packed()) else {
-            return;
-        };
-        // The kind's first record to be packed becomes its dictionary, with its parent's
-        // newest case (a record that is history has none), as later records of the kind are
-        // packed: their JSON and their case.
-        let dictionary = self
-            .dictionaries
-            .entry((key.api_version.clone(), key.kind.clone()))
-            .or_insert_with(|| {
-                let mut text = records[position].json.text().unwrap_or_default();
-                let case = records.iter().rev().find_map(|e| e.case.as_ref()?.text());
-                text.push_str(&case.unwrap_or_default());
-                let start = text.len().saturating_sub(MAX_DICTIONARY_BYTES);
-                text.as_bytes()[start..].into()
-            })
-            .clone();
-        let entry = &mut records[position];
-        let before = entry.cost();
-        for text in std::iter::once(&mut entry.json).chain(entry.case.as_mut()) {
-            if let Text::Raw(raw) = text {
-                *text = Text::Packed(Packed::new(raw, dictionary.clone()));
+        } else {
+            if records.len() * 2 <= records.capacity() {
+                records.shrink_to_fit();
             }
+            self.held = self.held - before + slots(records);
         }
-        self.bytes = self.bytes - before + entry.cost();
     }
 
     /// Queue entries of records already gone (history a parent's own bound dropped) or no
     /// longer newest pile up for parents reconciled over and over; drop them once they
-    /// outnumber the records.
+    /// outnumber the records, and give back the room they took.
     fn compact(&mut self) {
         let parents = &self.parents;
         if self.history.len() > 2 * self.records + 1024 {
@@ -418,13 +557,7 @@ impl Inner {
                     .get(key)
                     .is_some_and(|records| records.iter().any(|e| e.seq == *seq))
             });
-        }
-        if self.unpacked.len() > 2 * self.records + 1024 {
-            self.unpacked.retain(|(key, seq)| {
-                parents
-                    .get(key)
-                    .is_some_and(|records| records.iter().any(|e| e.seq == *seq && !e.is_packed()))
-            });
+            self.history.shrink_to_fit();
         }
         if self.newest.len() > 2 * parents.len() + 1024 {
             self.newest.retain(|(key, seq)| {
@@ -433,6 +566,7 @@ impl Inner {
                     .and_then(VecDeque::back)
                     .is_some_and(|e| e.seq == *seq)
             });
+            self.newest.shrink_to_fit();
         }
     }
 }
@@ -510,7 +644,6 @@ mod tests {
         );
         assert_eq!(store.lookup("widget", Some("ns"), "a", 1), Lookup::NotFound);
         assert_eq!(store.len(), 3);
-        assert_eq!(store.bytes(), 10 + (10 + 7) + (2 + 2) + 3 * OVERHEAD_BYTES);
     }
 
     #[test]
@@ -539,7 +672,7 @@ mod tests {
     #[test]
     fn a_quiet_parent_keeps_its_last_record_while_a_busy_one_loses_history() {
         let store = ExplainStore::new(Bounds {
-            max_bytes: 4 * (904 + OVERHEAD_BYTES),
+            max_bytes: COMPRESSOR_BYTES + (5 << 10),
             per_parent: 5,
         });
         store.push(&parent("quiet"), noise(0, 904), None, false);
@@ -560,24 +693,39 @@ mod tests {
     }
 
     #[test]
-    fn records_are_packed_before_anything_is_evicted_and_served_whole() {
-        let case = format!(
-            r#"{{"parent":{{"metadata":{{"name":"{}"}}}}}}"#,
-            "n".repeat(4000)
-        );
+    fn records_are_packed_as_they_come_and_served_whole() {
+        let case = |n: &str| {
+            format!(
+                r#"{{"parent":{{"metadata":{{"name":"{n}","labels":"{}"}}}}}}"#,
+                "n".repeat(4000)
+            )
+        };
+        // Two cases' text (8 KiB) in 6,000 bytes: a's record is its kind's dictionary (counted
+        // too), and both are packed against it.
         let store = ExplainStore::new(Bounds {
-            max_bytes: 4200,
+            max_bytes: COMPRESSOR_BYTES + 6000,
             per_parent: 5,
         });
-        store.push(&parent("a"), r#"{"n":1}"#.into(), Some(case.clone()), false);
-        assert!(store.bytes() > 4000, "kept as text while memory lasts");
-        store.push(&parent("b"), r#"{"n":2}"#.into(), Some("{}".into()), false);
-        assert!(store.bytes() < 1000, "a packed: {}", store.bytes());
-        assert_eq!(store.len(), 2, "nothing evicted");
-        assert_eq!(
-            found(store.lookup("MyApp", Some("ns"), "a", 1)),
-            [format!(r#"{{"n":1,"case":{case}}}"#)]
+        store.push(&parent("a"), r#"{"n":1}"#.into(), Some(case("a")), false);
+        let first = store.bytes();
+        store.push(&parent("b"), r#"{"n":2}"#.into(), Some(case("b")), false);
+        assert!(
+            store.bytes() <= COMPRESSOR_BYTES + 6000,
+            "{} bytes",
+            store.bytes()
         );
+        assert!(
+            store.bytes() - first < 500,
+            "b's record took {} bytes",
+            store.bytes() - first
+        );
+        assert_eq!(store.len(), 2, "nothing evicted");
+        for (name, n) in [("a", 1), ("b", 2)] {
+            assert_eq!(
+                found(store.lookup("MyApp", Some("ns"), name, 1)),
+                [format!(r#"{{"n":{n},"case":{}}}"#, case(name))]
+            );
+        }
     }
 
     /// A reconcile's record and case as the host writes them for MyApp `name`: records of
@@ -612,9 +760,9 @@ mod tests {
             .iter()
             .map(|(json, case)| json.len() + case.len())
             .sum();
-        // A third of the records' text: every one is packed as the next comes.
+        // A third of the records' text beside the compressor: they fit packed.
         let store = ExplainStore::new(Bounds {
-            max_bytes: text / 3,
+            max_bytes: COMPRESSOR_BYTES + text / 3,
             per_parent: 5,
         });
         for (n, (json, case)) in records.iter().enumerate() {
@@ -637,10 +785,80 @@ mod tests {
         }
     }
 
+    fn dictionaries(store: &ExplainStore) -> usize {
+        lock(&store.inner)
+            .kinds
+            .iter()
+            .map(|k| k.dictionaries.len())
+            .sum()
+    }
+
+    #[test]
+    fn a_record_the_dictionary_does_not_know_becomes_the_next_one() {
+        let store = ExplainStore::new(Bounds {
+            max_bytes: 1 << 20,
+            per_parent: 5,
+        });
+        // A first reconcile: no children yet, nothing like the records to come.
+        store.push(
+            &parent("first"),
+            r#"{"result":"Created"}"#.into(),
+            Some(r#"{"request":{}}"#.into()),
+            true,
+        );
+        let records: Vec<_> = (0..100)
+            .map(|n| myapp_record(&format!("app-{n:05}"), n))
+            .collect();
+        for (n, (json, case)) in records.iter().enumerate() {
+            store.push(
+                &parent(&format!("app-{n:05}")),
+                json.clone(),
+                Some(case.clone()),
+                true,
+            );
+        }
+        assert_eq!(
+            dictionaries(&store),
+            2,
+            "the first MyApp record is the second"
+        );
+        let text: usize = records.iter().map(|(j, c)| j.len() + c.len()).sum();
+        let packed: usize = lock(&store.inner)
+            .parents
+            .values()
+            .flatten()
+            .map(Entry::cost)
+            .sum();
+        assert!(
+            packed * 8 < text,
+            "{packed} bytes packed for {text} bytes of records"
+        );
+        assert_eq!(
+            found(store.lookup("MyApp", Some("ns"), "first", 1)),
+            [r#"{"result":"Created","case":{"request":{}}}"#],
+            "packed against the first dictionary, still read with it"
+        );
+        let (json, case) = &records[42];
+        assert_eq!(
+            found(store.lookup("MyApp", Some("ns"), "app-00042", 1)),
+            [format!("{},\"case\":{case}}}", &json[..json.len() - 1])]
+        );
+
+        // Records nothing helps with stop making dictionaries at the limit.
+        for n in 0..10 {
+            store.push(&parent(&format!("noise-{n}")), noise(n, 2000), None, true);
+        }
+        assert_eq!(dictionaries(&store), MAX_DICTIONARIES);
+        assert_eq!(
+            found(store.lookup("MyApp", Some("ns"), "noise-7", 1)),
+            [noise(7, 2000)]
+        );
+    }
+
     #[test]
     fn the_total_never_exceeds_the_bound_and_the_oldest_records_go_first() {
         let bounds = Bounds {
-            max_bytes: 50 * (1000 + OVERHEAD_BYTES),
+            max_bytes: COMPRESSOR_BYTES + 60_000,
             per_parent: 3,
         };
         let store = ExplainStore::new(bounds);
@@ -655,7 +873,9 @@ mod tests {
                 assert!(store.bytes() <= bounds.max_bytes);
             }
         }
-        assert!((45..=55).contains(&store.len()), "{} records", store.len());
+        // ~1.2 KB a record (its text as allocated, its slot, its parent's key), less the
+        // eviction queues' room.
+        assert!((40..=50).contains(&store.len()), "{} records", store.len());
         // The last parents of the last round are what is left.
         assert_eq!(
             found(store.lookup("MyApp", Some("ns"), "p499", 3)),
@@ -673,18 +893,10 @@ mod tests {
         for n in 0..100_000 {
             store.push(&parent("busy"), format!("{n}"), None, false);
         }
-        let (history, newest, unpacked) = {
+        let (history, newest) = {
             let inner = lock(&store.inner);
-            (
-                inner.history.len(),
-                inner.newest.len(),
-                inner.unpacked.len(),
-            )
+            (inner.history.len(), inner.newest.len())
         };
-        assert!(
-            unpacked <= 2 * 2 + 1024 + 1,
-            "{unpacked} unpacked entries for 2 records"
-        );
         assert!(
             history <= 2 * 2 + 1024 + 1,
             "{history} history entries for 2 records"
