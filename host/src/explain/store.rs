@@ -751,6 +751,23 @@ mod tests {
         (json, case)
     }
 
+    /// Push `records` as the newest of parents `app-00000`, `app-00001`, ….
+    fn push_myapps(store: &ExplainStore, records: &[(String, String)]) {
+        for (n, (json, case)) in records.iter().enumerate() {
+            store.push(
+                &parent(&format!("app-{n:05}")),
+                json.clone(),
+                Some(case.clone()),
+                true,
+            );
+        }
+    }
+
+    /// A record as a look-up serves it: `json` with `case` as its last field.
+    fn whole(json: &str, case: &str) -> String {
+        format!("{},\"case\":{case}}}", &json[..json.len() - 1])
+    }
+
     #[test]
     fn records_of_one_kind_pack_against_a_shared_dictionary_and_read_back_exactly() {
         let records: Vec<_> = (0..200)
@@ -765,22 +782,14 @@ mod tests {
             max_bytes: COMPRESSOR_BYTES + text / 3,
             per_parent: 5,
         });
-        for (n, (json, case)) in records.iter().enumerate() {
-            store.push(
-                &parent(&format!("app-{n:05}")),
-                json.clone(),
-                Some(case.clone()),
-                true,
-            );
-        }
+        push_myapps(&store, &records);
         // Deflating each record alone would not fit them: ~1.5 KB of every ~4.5 KB case was
         // left (BENCHMARKS.md, "Explain records").
         assert_eq!(store.len(), 200, "every parent keeps its record");
         for (n, (json, case)) in records.iter().enumerate() {
-            let whole = format!("{},\"case\":{case}}}", &json[..json.len() - 1]);
             assert_eq!(
                 found(store.lookup("MyApp", Some("ns"), &format!("app-{n:05}"), 1)),
-                [whole]
+                [whole(json, case)]
             );
         }
     }
@@ -809,14 +818,7 @@ mod tests {
         let records: Vec<_> = (0..100)
             .map(|n| myapp_record(&format!("app-{n:05}"), n))
             .collect();
-        for (n, (json, case)) in records.iter().enumerate() {
-            store.push(
-                &parent(&format!("app-{n:05}")),
-                json.clone(),
-                Some(case.clone()),
-                true,
-            );
-        }
+        push_myapps(&store, &records);
         assert_eq!(
             dictionaries(&store),
             2,
@@ -841,7 +843,7 @@ mod tests {
         let (json, case) = &records[42];
         assert_eq!(
             found(store.lookup("MyApp", Some("ns"), "app-00042", 1)),
-            [format!("{},\"case\":{case}}}", &json[..json.len() - 1])]
+            [whole(json, case)]
         );
 
         // Records nothing helps with stop making dictionaries at the limit.
