@@ -17,9 +17,9 @@
 //!
 //! The bound counts what the store takes from the allocator: each packed text as the
 //! allocator rounds it, and the bookkeeping around it (each parent's key and record slots,
-//! the map, the eviction queues, the dictionaries). Counting only the text held about half of
-//! what the records really cost (31 MiB of RSS for a 16 MiB bound at 10,000 parents,
-//! BENCHMARKS.md); an operator sizing a pod by the flag gets what it says.
+//! the map, the eviction queues, the dictionaries, the compressor). When it counted only the
+//! text, the records cost the process about twice the bound (31 MiB of RSS for 16 MiB at
+//! 10,000 parents, BENCHMARKS.md); an operator sizing a pod by the flag gets what it says.
 //!
 //! When a new record does not fit, history goes, oldest first; a parent's newest record goes
 //! only when no history is left. So every parent keeps its last reconcile for as long as the
@@ -60,7 +60,7 @@ const COMPRESSOR_BYTES: usize = 372 << 10;
 
 /// What the allocator hands out for a request of `bytes`: the host's allocator (jemalloc)
 /// rounds to its size classes, 16-byte steps up to 128 bytes and four classes per doubling
-/// above (a 800-byte text takes 896). Without an allocation (`0`), nothing.
+/// above (an 800-byte text takes 896). Without an allocation (`0`), nothing.
 fn allocation(bytes: usize) -> usize {
     match bytes {
         0 => 0,
