@@ -374,12 +374,15 @@ impl ExplainStore {
         if entry.cost() > self.bounds.max_bytes {
             return;
         }
-        // Out of the map while it changes, so its costs can be counted as it does.
-        let held = inner.parents.remove(&key);
-        let before = held
-            .as_ref()
-            .map_or(0, |records| key.cost() + slots(records));
-        let mut records = held.unwrap_or_default();
+        // Out of the map while it changes, so its costs can be counted as it does; a known
+        // parent keeps its key, shared by its queue entries.
+        let (key, mut records, before) = match inner.parents.remove_entry(&key) {
+            Some((shared, records)) => {
+                let before = shared.cost() + slots(&records);
+                (shared, records, before)
+            }
+            None => (Arc::new(key), VecDeque::new(), 0),
+        };
         let seq = inner.next;
         inner.next += 1;
         if let Some(previous) = records.back_mut() {
@@ -493,7 +496,7 @@ impl Inner {
 
     /// The key of `parent`, sharing its kind's names with the kind's other parents, and its
     /// kind's place in `kinds`.
-    fn key(&mut self, parent: &ParentRef) -> (Arc<ParentKey>, usize) {
+    fn key(&mut self, parent: &ParentRef) -> (ParentKey, usize) {
         let kind = match self.kinds.iter().position(|k| k.names.is(parent)) {
             Some(known) => known,
             None => {
@@ -507,11 +510,6 @@ impl Inner {
             kind: self.kinds[kind].names.clone(),
             namespace: parent.namespace.as_deref().map(Into::into),
             name: parent.name.as_str().into(),
-        };
-        // One shared key per parent, however many records and queue entries name it.
-        let key = match self.parents.get_key_value(&key) {
-            Some((shared, _)) => shared.clone(),
-            None => Arc::new(key),
         };
         (key, kind)
     }
