@@ -396,7 +396,7 @@ impl Metrics {
     /// `None` when the policy stopped.
     pub fn set_active_plugin(&self, policy: &str, digest: Option<&str>) {
         let previous = {
-            let mut active = lock(&self.active_digests);
+            let mut active = crate::lock(&self.active_digests);
             match digest {
                 Some(digest) => active.insert(policy.to_owned(), digest.to_owned()),
                 None => active.remove(policy),
@@ -480,12 +480,6 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -9,35 +9,15 @@
 //!   `writes` makes the cluster match its answer.
 //! - `children`, `status` and `backoff` are the pure decisions the reconciler acts on.
 
-mod backoff;
-mod cached;
-mod children;
-mod context;
-mod events;
-mod field_ownership;
+mod cache;
 pub(crate) mod kinds;
+mod labels;
 pub mod offline;
-mod parent_claims;
-mod pending_writes;
-mod permissions;
-mod policy_controller;
-mod policy_report;
-mod policy_status;
-mod prepare;
-mod queue;
+mod options;
+mod policy_run;
 mod reconcile;
-mod related;
-mod release;
-mod request;
-mod status;
-mod store_index;
-mod swap;
 #[cfg(test)]
 mod testing;
-mod trace;
-mod watch_health;
-mod watches;
-mod writes;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -53,55 +33,14 @@ use tokio_util::sync::CancellationToken;
 use crate::plugin::PluginEngine;
 use crate::policy::{ReconcilePolicy, ReconcilePolicySpec};
 use crate::registry::PluginRegistry;
-use policy_controller::Shared;
+use policy_run::Shared;
 
-pub use children::{
-    DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, policy_label_value,
+pub use labels::{
+    DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POLICY_FINALIZER, POLICY_LABEL,
+    policy_label_value,
 };
-pub use release::POLICY_FINALIZER;
-pub use status::RECONCILED;
-
-/// Host-wide defaults that a policy may override.
-#[derive(Debug, Clone)]
-pub struct HostOptions {
-    /// How often every parent is reconciled when nothing changed.
-    pub resync: Duration,
-    /// First retry delay after a failed reconcile; doubles per consecutive failure.
-    pub backoff_base: Duration,
-    /// Longest retry delay.
-    pub backoff_max: Duration,
-    /// At most one Event per parent and reason in this interval.
-    pub event_interval: Duration,
-    /// Watch parents, children and related objects in this namespace only (a host installed
-    /// with namespaced RBAC); `None` watches the whole cluster.
-    pub namespace: Option<String>,
-    /// Run only the ReconcilePolicies matching this label selector, so several hosts can
-    /// split the policies of one cluster between them.
-    pub policy_selector: Option<String>,
-    /// The only namespace whose Secrets a policy's `secretRef` may name; `None` refuses
-    /// every `secretRef`. Editing policies is a privileged act, but it must not grant
-    /// reading every Secret in the cluster.
-    pub credentials_namespace: Option<String>,
-    /// Where the records of reconciles go, for `wasmctrl explain` and replay.
-    pub explain: Arc<crate::explain::Explain>,
-}
-
-impl Default for HostOptions {
-    fn default() -> Self {
-        Self {
-            resync: Duration::from_secs(300),
-            backoff_base: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(300),
-            event_interval: Duration::from_secs(60),
-            namespace: None,
-            policy_selector: None,
-            credentials_namespace: None,
-            explain: Arc::new(crate::explain::Explain::in_memory(
-                crate::explain::ExplainOptions::default().bounds,
-            )),
-        }
-    }
-}
+pub use options::HostOptions;
+pub use reconcile::status::RECONCILED;
 
 /// The operator host.
 pub struct Host {
@@ -255,14 +194,18 @@ impl Host {
             &retired,
             true,
             move |_, stop| async move {
-                let retry = backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+                let retry = reconcile::backoff::Backoff::new(
+                    Duration::from_secs(1),
+                    Duration::from_secs(30),
+                );
                 loop {
                     tokio::select! {
                         () = shared.leadership.until_leader() => {}
                         () = stop.cancelled() => return,
                     }
                     let namespace = shared.options.namespace.as_deref();
-                    let Err(error) = release::retire(&shared.client, &policy, namespace).await
+                    let Err(error) =
+                        policy_run::release::retire(&shared.client, &policy, namespace).await
                     else {
                         return;
                     };
@@ -310,7 +253,7 @@ impl Host {
         // not report ready while a listed policy's plugin is still loading.
         let syncing = self.shared.readiness.syncing();
         let entry = Running::after(running.remove(&name), &policy, false, |updates, stop| {
-            policy_controller::run(updates, shared, stop, syncing)
+            policy_run::run(updates, shared, stop, syncing)
         });
         running.insert(name, entry);
     }

@@ -13,10 +13,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::SelectorExt as _;
 use serde_json::Value;
 
-use super::children::{self, AllowedKind, InvalidChild, ParentIdentity};
-use super::related::RelatedBy;
-use super::request::is_controlled_by;
-use super::status::{self, Outcome};
+use crate::controller::cache::related::RelatedBy;
+use crate::controller::labels;
+use crate::controller::reconcile::children::{self, AllowedKind, InvalidChild};
+use crate::controller::reconcile::parent::ParentIdentity;
+use crate::controller::reconcile::request::is_controlled_by;
+use crate::controller::reconcile::status::{self, Outcome};
 use crate::plugin::{JsonObject, ObservedObject, ReconcileRequest, ReconcileResponse};
 use crate::policy::ReconcilePolicySpec;
 
@@ -90,7 +92,7 @@ impl OfflinePolicy {
             .map(|rel| RelatedBy::of(rel).map_err(OfflineError::Policy))
             .collect::<Result<_, _>>()?;
         Ok(Self {
-            policy_label: children::policy_label_value(name),
+            policy_label: labels::policy_label_value(name),
             spec,
             allowed,
             related,
@@ -253,7 +255,7 @@ impl OfflinePolicy {
             parent["metadata"]["generation"].as_i64(),
             parent.get("status"),
             &Outcome::success(desired.len()),
-            &super::reconcile::now(),
+            &crate::controller::reconcile::status::now(),
         );
         Ok(OfflineAnswer {
             children: desired

@@ -10,9 +10,9 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use super::cached::CachedObject;
-use super::context::ActivePlugin;
-use super::store_index::StoreIndex;
+use crate::controller::cache::cached::CachedObject;
+use crate::controller::cache::store_index::StoreIndex;
+use crate::controller::reconcile::serving::ActivePlugin;
 use crate::plugin::{EngineOptions, Limits, Plugin, PluginEngine};
 
 /// The ConfigMap kind.
@@ -108,4 +108,49 @@ pub fn serving(config: &str) -> Arc<ActivePlugin> {
         plugin: plugin(),
         config: Some(config.to_owned()),
     })
+}
+
+/// The child kinds of the validation tests: a namespaced Deployment, a cluster-scoped Namespace.
+pub fn allowed_kinds() -> Vec<crate::controller::reconcile::children::AllowedKind> {
+    use crate::controller::reconcile::children::AllowedKind;
+    vec![
+        AllowedKind {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            namespaced: true,
+        },
+        AllowedKind {
+            api_version: "v1".into(),
+            kind: "Namespace".into(),
+            namespaced: false,
+        },
+    ]
+}
+
+/// A MyApp parent `web` in namespace `team-a`.
+pub fn team_a_parent() -> crate::controller::reconcile::parent::ParentIdentity {
+    crate::controller::reconcile::parent::ParentIdentity {
+        api_version: "example.com/v1".into(),
+        kind: "MyApp".into(),
+        name: "web".into(),
+        namespace: Some("team-a".into()),
+        uid: "uid-1".into(),
+    }
+}
+
+/// `value`, which must be a JSON object, as one.
+pub fn object(value: serde_json::Value) -> crate::plugin::JsonObject {
+    match value {
+        serde_json::Value::Object(map) => map,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+/// A desired Deployment `name` with three replicas.
+pub fn deployment(name: &str) -> crate::plugin::JsonObject {
+    object(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"replicas": 3},
+    }))
 }

@@ -10,16 +10,11 @@ use kube::core::DynamicObject;
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::json;
 
-use super::kinds::{self, ResolvedKind};
+use crate::controller::kinds::{self, ResolvedKind};
+use crate::controller::labels::{
+    POLICY_FINALIZER, POLICY_LABEL, parent_finalizer, policy_label_value,
+};
 use crate::policy::ReconcilePolicy;
-
-/// The finalizer on a ReconcilePolicy whose parents hold finalizers of its own.
-pub const POLICY_FINALIZER: &str = "wasmctrl.dev/release-parents";
-
-/// The finalizer a policy named `policy_label` holds on its parents.
-pub(crate) fn parent_finalizer(policy_label: &str) -> String {
-    format!("wasmctrl.dev/{policy_label}")
-}
 
 /// Remove `finalizer` from every parent of `parent` kind (in `namespace`, if the host is
 /// restricted to one). Each removal tests the parent's uid and the finalizer's position, so
@@ -135,7 +130,7 @@ pub(crate) async fn retire(
         return Ok(());
     }
     let name = policy.name_any();
-    let label = super::children::policy_label_value(&name);
+    let label = policy_label_value(&name);
     match kinds::resolve(client, &policy.spec.parent.kind_ref()).await {
         Ok(parent) => {
             let released =
@@ -158,7 +153,7 @@ pub(crate) async fn unmanaged_children(
     namespace: Option<&str>,
     policy_label: &str,
 ) -> anyhow::Result<Vec<(crate::policy::KindRef, usize)>> {
-    let selector = format!("{}={policy_label}", super::children::POLICY_LABEL);
+    let selector = format!("{}={policy_label}", POLICY_LABEL);
     let mut found = Vec::new();
     for kind in kinds {
         let resolved = match kinds::resolve(client, kind).await {
@@ -205,7 +200,7 @@ pub(crate) async fn sync_finalizers(
     if !policy.finalizers().iter().any(|f| f == POLICY_FINALIZER) {
         return Ok(());
     }
-    let label = super::children::policy_label_value(&name);
+    let label = policy_label_value(&name);
     let released = release_parents(client, parent, namespace, &parent_finalizer(&label)).await?;
     tracing::info!(policy = %name, released, "policy no longer finalizes; parents released");
     set_policy_finalizer(client, &name, uid, false).await

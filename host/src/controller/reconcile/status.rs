@@ -133,11 +133,18 @@ pub fn fingerprint(desired: &JsonObject) -> String {
     format!("{:016x}", hasher.finish())
 }
 
+/// The current time as Kubernetes writes it (RFC 3339, seconds).
+pub(crate) fn now() -> String {
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .map_or_else(|_| jiff::Timestamp::now().to_string(), |t| t.to_string())
+}
+
 /// Whether writing `desired` would change the observed status.
 pub fn is_unchanged(desired: &JsonObject, observed_status: Option<&Value>) -> bool {
     match observed_status {
         Some(Value::Object(observed)) => {
-            super::children::is_subset(
+            crate::controller::reconcile::children::is_subset(
                 &Value::Object(desired.clone()),
                 &Value::Object(observed.clone()),
             ) && observed.keys().all(|k| desired.contains_key(k))

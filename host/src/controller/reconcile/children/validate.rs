@@ -1,25 +1,18 @@
-//! What the host does to a plugin's desired children before any of them reaches the cluster:
-//! refuse what the policy does not allow, stamp ownership, and fingerprint each one so a
-//! converged resync can skip the apply.
-//!
-//! Everything here is pure: it decides, the reconciler acts.
+//! Whole-answer validation: every desired child is checked against what the policy allows
+//! (kind, name, namespace, scope, no ownerReferences of its own, size), the valid ones are
+//! stamped and fingerprinted, and any refusal refuses the whole answer with every violation
+//! listed, so nothing is applied or pruned on the strength of a partly invalid answer.
 
 use std::collections::HashSet;
 
 use serde_json::{Map, Value, json};
 use sha2::{Digest as _, Sha256};
 
+use super::stamp::{object_field, stamp};
+use crate::controller::labels::DESIRED_HASH_ANNOTATION;
+use crate::controller::reconcile::parent::ParentIdentity;
 use crate::plugin::JsonObject;
 
-/// Label every child carries: who manages it.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Value of [`MANAGED_BY_LABEL`].
-pub const MANAGED_BY: &str = "wasmctrl";
-/// Label every child carries: the policy whose plugin desired it. The host's child watches
-/// select on it, so they cache only wasmctrl's children.
-pub const POLICY_LABEL: &str = "wasmctrl.dev/policy";
-/// Annotation holding the fingerprint of the desired object last applied.
-pub const DESIRED_HASH_ANNOTATION: &str = "wasmctrl.dev/desired-hash";
 /// Largest child the host applies. etcd refuses objects above about 1.5 MiB; a plugin that
 /// produces one this big is almost certainly wrong.
 pub const MAX_CHILD_BYTES: usize = 1 << 20;
@@ -33,21 +26,6 @@ pub struct AllowedKind {
     pub kind: String,
     /// Whether objects of this kind live in a namespace.
     pub namespaced: bool,
-}
-
-/// The parent a set of children belongs to.
-#[derive(Debug, Clone)]
-pub struct ParentIdentity {
-    /// The parent's `apiVersion`.
-    pub api_version: String,
-    /// The parent's `kind`.
-    pub kind: String,
-    /// `metadata.name`.
-    pub name: String,
-    /// `metadata.namespace`; `None` for a cluster-scoped parent.
-    pub namespace: Option<String>,
-    /// `metadata.uid`.
-    pub uid: String,
 }
 
 /// A validated child, stamped and ready to apply.
@@ -313,28 +291,6 @@ fn place(
     Ok((kind, name))
 }
 
-/// Make the parent the child's controller and label the child as the policy's.
-fn stamp(metadata: &mut JsonObject, parent: &ParentIdentity, policy_label: &str) {
-    metadata.insert(
-        "ownerReferences".into(),
-        json!([{
-            "apiVersion": parent.api_version,
-            "kind": parent.kind,
-            "name": parent.name,
-            "uid": parent.uid,
-            "controller": true,
-            "blockOwnerDeletion": true,
-        }]),
-    );
-    let labels = object_field(metadata, "labels");
-    labels.insert(MANAGED_BY_LABEL.into(), json!(MANAGED_BY));
-    labels.insert(POLICY_LABEL.into(), json!(policy_label));
-    // A plugin-supplied hash annotation would let it fake convergence.
-    if let Some(Value::Object(annotations)) = metadata.get_mut("annotations") {
-        annotations.remove(DESIRED_HASH_ANNOTATION);
-    }
-}
-
 /// Check the stamped child's size and record its fingerprint on it, returning the
 /// fingerprint.
 fn fingerprint(object: &mut JsonObject, kind: &str, name: &str) -> Result<String, InvalidChild> {
@@ -352,36 +308,6 @@ fn fingerprint(object: &mut JsonObject, kind: &str, name: &str) -> Result<String
         object_field(metadata, "annotations").insert(DESIRED_HASH_ANNOTATION.into(), json!(hash));
     }
     Ok(hash)
-}
-
-/// `None` when the controller of an object with these ownerReferences is the parent with
-/// `parent_uid`; otherwise who controls it instead, in words for a `ChildConflict` message.
-pub fn foreign_controller(
-    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
-    parent_uid: &str,
-) -> Option<String> {
-    match owners.iter().find(|owner| owner.controller == Some(true)) {
-        Some(owner) if owner.uid == parent_uid => None,
-        Some(owner) => Some(format!(
-            "its controller is {} {} (uid {})",
-            owner.kind, owner.name, owner.uid
-        )),
-        None => Some("it has no controller".to_owned()),
-    }
-}
-
-/// `object[field]` as a JSON object, created (or replaced, if it is not an object) as needed.
-fn object_field<'a>(object: &'a mut JsonObject, field: &str) -> &'a mut JsonObject {
-    let slot = object
-        .entry(field)
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !slot.is_object() {
-        *slot = Value::Object(Map::new());
-    }
-    match slot {
-        Value::Object(map) => map,
-        _ => unreachable!("just made an object"),
-    }
 }
 
 /// A DNS-1123 subdomain, which every kind accepts as a name (some kinds are stricter; the API
@@ -409,188 +335,15 @@ pub fn check_name(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Whether the observed child already is what the plugin desires: it carries the fingerprint
-/// of this exact desired object (so no field was dropped from the desire since the last
-/// apply), and every desired field has the desired value (so nobody edited it by hand).
-pub fn is_converged(desired: &DesiredChild, observed: &Value) -> bool {
-    observed["metadata"]["annotations"][DESIRED_HASH_ANNOTATION].as_str()
-        == Some(desired.hash.as_str())
-        && is_subset(&desired.object, observed)
-}
-
-/// The paths of the desired fields whose observed value differs, at most `limit`, in key
-/// order (`.spec.replicas`, `.metadata.labels.app (missing)`).
-pub fn differences(desired: &Value, observed: &Value, limit: usize) -> Vec<String> {
-    fn walk(
-        desired: &Value,
-        observed: &Value,
-        path: &mut String,
-        limit: usize,
-        found: &mut Vec<String>,
-    ) {
-        match (desired, observed) {
-            (Value::Object(want), Value::Object(have)) => {
-                for (key, value) in want {
-                    if found.len() >= limit {
-                        return;
-                    }
-                    let len = path.len();
-                    path.push('.');
-                    path.push_str(key);
-                    match have.get(key) {
-                        Some(found_value) => walk(value, found_value, path, limit, found),
-                        None if value.is_null() => {}
-                        None => found.push(format!("{path} (missing)")),
-                    }
-                    path.truncate(len);
-                }
-            }
-            (Value::Array(want), Value::Array(have)) if want.len() == have.len() => {
-                for (i, (w, h)) in want.iter().zip(have).enumerate() {
-                    if found.len() >= limit {
-                        return;
-                    }
-                    let len = path.len();
-                    path.push_str(&format!("[{i}]"));
-                    walk(w, h, path, limit, found);
-                    path.truncate(len);
-                }
-            }
-            _ if is_subset(desired, observed) => {}
-            _ => found.push(path.clone()),
-        }
-    }
-    let mut found = Vec::new();
-    walk(desired, observed, &mut String::new(), limit, &mut found);
-    found
-}
-
-/// Whether every field of `desired` is in `observed` with an equal value. Fields the server
-/// adds (defaults, status, other managers' fields) are ignored; a desired `null` matches an
-/// absent field; numbers compare by value, so `1` equals `1.0`.
-pub fn is_subset(desired: &Value, observed: &Value) -> bool {
-    match (desired, observed) {
-        (Value::Object(want), Value::Object(have)) => {
-            want.iter().all(|(key, value)| match have.get(key) {
-                Some(found) => is_subset(value, found),
-                None => value.is_null(),
-            })
-        }
-        (Value::Array(want), Value::Array(have)) => {
-            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| is_subset(w, h))
-        }
-        (Value::Number(want), Value::Number(have)) => {
-            want == have || want.as_f64().is_some_and(|w| Some(w) == have.as_f64())
-        }
-        (Value::Null, Value::Null) => true,
-        (want, have) => want == have,
-    }
-}
-
-/// The value of [`POLICY_LABEL`] for a policy: its name when that fits a label value,
-/// otherwise a prefix plus a hash, so long names still get a unique, valid label.
-pub fn policy_label_value(policy: &str) -> String {
-    if policy.len() <= 63 {
-        return policy.to_owned();
-    }
-    let hash = hex::encode(&Sha256::digest(policy.as_bytes())[..5]);
-    let prefix = policy[..52].trim_end_matches(['-', '.']);
-    format!("{prefix}-{hash}")
-}
-
-/// The observed children no longer desired: same kind and name is the same child, whatever
-/// its content. Each observed child is `(kind index, name)`; the result holds their positions
-/// in `observed`, in order.
-pub fn to_prune<'a>(
-    observed: impl IntoIterator<Item = (usize, &'a str)>,
-    desired: &[DesiredChild],
-) -> Vec<usize> {
-    let wanted: HashSet<(usize, &str)> = desired
-        .iter()
-        .map(|d| (d.kind_index, d.name.as_str()))
-        .collect();
-    observed
-        .into_iter()
-        .enumerate()
-        .filter(|(_, child)| !wanted.contains(child))
-        .map(|(position, _)| position)
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
-
-    fn owner(
-        uid: &str,
-        controller: Option<bool>,
-    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-            api_version: "e2e.wasmctrl.dev/v1".into(),
-            kind: "Widget".into(),
-            name: format!("w-{uid}"),
-            uid: uid.into(),
-            controller,
-            block_owner_deletion: None,
-        }
-    }
-
-    #[test]
-    fn only_a_child_this_parent_controls_is_ours() {
-        assert_eq!(foreign_controller(&[owner("me", Some(true))], "me"), None);
-        assert_eq!(
-            foreign_controller(&[], "me").as_deref(),
-            Some("it has no controller")
-        );
-        assert_eq!(
-            foreign_controller(&[owner("me", None)], "me").as_deref(),
-            Some("it has no controller"),
-            "a plain ownerReference is not control"
-        );
-        let other = foreign_controller(&[owner("me", None), owner("other", Some(true))], "me")
-            .expect("controlled by another");
-        assert!(other.contains("Widget w-other (uid other)"), "{other}");
-    }
-
-    fn allowed() -> Vec<AllowedKind> {
-        vec![
-            AllowedKind {
-                api_version: "apps/v1".into(),
-                kind: "Deployment".into(),
-                namespaced: true,
-            },
-            AllowedKind {
-                api_version: "v1".into(),
-                kind: "Namespace".into(),
-                namespaced: false,
-            },
-        ]
-    }
-
-    fn parent() -> ParentIdentity {
-        ParentIdentity {
-            api_version: "example.com/v1".into(),
-            kind: "MyApp".into(),
-            name: "web".into(),
-            namespace: Some("team-a".into()),
-            uid: "uid-1".into(),
-        }
-    }
-
-    fn object(value: Value) -> JsonObject {
-        match value {
-            Value::Object(map) => map,
-            _ => panic!("not an object"),
-        }
-    }
-
-    fn deployment(name: &str) -> JsonObject {
-        object(json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "labels": {"app": name}},
-            "spec": {"replicas": 3},
-        }))
-    }
+    use crate::controller::labels::{MANAGED_BY_LABEL, POLICY_LABEL};
+    use crate::controller::testing::{
+        allowed_kinds as allowed, deployment, object, team_a_parent as parent,
+    };
 
     #[test]
     fn stamps_namespace_ownership_labels_and_hash() {
@@ -693,108 +446,10 @@ mod tests {
     }
 
     #[test]
-    fn converged_means_same_hash_and_no_hand_edits() {
-        let child = prepare(vec![deployment("web")], &allowed(), &parent(), "p")
-            .expect("ok")
-            .remove(0);
-        let mut observed = child.object.clone();
-        observed["metadata"]["resourceVersion"] = json!("42");
-        observed["spec"]["strategy"] = json!({"type": "RollingUpdate"});
-        observed["status"] = json!({"readyReplicas": 3});
-        assert!(is_converged(&child, &observed));
-
-        let mut edited = observed.clone();
-        edited["spec"]["replicas"] = json!(1);
-        assert!(
-            !is_converged(&child, &edited),
-            "a hand edit must be corrected"
-        );
-
-        let mut stale = observed;
-        stale["metadata"]["annotations"][DESIRED_HASH_ANNOTATION] = json!("old");
-        assert!(
-            !is_converged(&child, &stale),
-            "a dropped field must be applied away"
-        );
-    }
-
-    #[test]
-    fn the_first_difference_is_named_by_path() {
-        let first_difference = |d: &Value, o: &Value| differences(d, o, 1).into_iter().next();
-        let desired = json!({"spec": {"replicas": 3, "ports": [{"port": 80}]}});
-        let observed = json!({"spec": {"replicas": 3, "ports": [{"port": 81}]}});
-        assert_eq!(
-            first_difference(&desired, &observed).as_deref(),
-            Some(".spec.ports[0].port")
-        );
-        assert_eq!(first_difference(&desired, &desired), None);
-        assert_eq!(
-            first_difference(&json!({"a": 1}), &json!({})).as_deref(),
-            Some(".a (missing)")
-        );
-    }
-
-    #[test]
-    fn every_difference_is_named_up_to_the_limit() {
-        let desired =
-            json!({"spec": {"replicas": 3, "image": "b", "ports": [{"port": 80}]}, "x": null});
-        let observed =
-            json!({"spec": {"replicas": 2, "image": "a", "ports": [{"port": 81}], "extra": 1}});
-        assert_eq!(
-            differences(&desired, &observed, 10),
-            [".spec.image", ".spec.ports[0].port", ".spec.replicas"],
-            "fields the server added and desired nulls are not differences"
-        );
-        assert_eq!(differences(&desired, &observed, 2).len(), 2);
-        assert!(differences(&desired, &desired, 10).is_empty());
-    }
-
-    #[test]
-    fn subset_rules() {
-        assert!(is_subset(&json!({"a": 1}), &json!({"a": 1.0, "b": 2})));
-        assert!(is_subset(&json!({"a": null}), &json!({})));
-        assert!(!is_subset(&json!({"a": [1, 2]}), &json!({"a": [1]})));
-        assert!(is_subset(
-            &json!([{"port": 80}]),
-            &json!([{"port": 80, "protocol": "TCP"}])
-        ));
-        assert!(!is_subset(&json!({"a": "1"}), &json!({"a": 1})));
-    }
-
-    #[test]
     fn names() {
         assert!(check_name("web-1.example").is_ok());
         for bad in ["", "-a", "a-", "A", "a_b", "a..b", &"a".repeat(254)] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn long_policy_names_get_unique_valid_labels() {
-        let long = "a".repeat(80);
-        let label = policy_label_value(&long);
-        assert!(label.len() <= 63, "{label}");
-        assert_ne!(label, policy_label_value(&"a".repeat(81)));
-        assert_eq!(policy_label_value("myapp"), "myapp");
-    }
-
-    #[test]
-    fn children_no_longer_desired_are_pruned_by_kind_and_name() {
-        let desired = |kind_index: usize, name: &str| DesiredChild {
-            kind_index,
-            name: name.to_owned(),
-            namespace: Some("a".into()),
-            object: json!({}),
-            hash: String::new(),
-        };
-        let observed = [(0, "web"), (1, "web"), (0, "old"), (1, "gone")];
-        assert_eq!(
-            to_prune(observed, &[desired(0, "web"), desired(1, "web")]),
-            [2, 3]
-        );
-        // A Service named like a desired Deployment is not that Deployment.
-        assert_eq!(to_prune(observed, &[desired(0, "gone")]), [0, 1, 2, 3]);
-        assert_eq!(to_prune(observed, &[]), [0, 1, 2, 3]);
-        assert!(to_prune([], &[desired(0, "web")]).is_empty());
     }
 }

@@ -4,18 +4,18 @@
 
 use kube::{Client, ResourceExt as _};
 
-use super::kinds::{self, KindError, ResolvedKind};
-use super::parent_claims;
-use super::permissions;
-use super::policy_controller::Shared;
-use super::policy_status::{PolicyStatusWriter, State};
-use super::related::RelatedBy;
+use crate::controller::cache::related::RelatedBy;
+use crate::controller::kinds::{self, KindError, ResolvedKind};
+use crate::controller::policy_run::parent_claims;
+use crate::controller::policy_run::permissions;
+use crate::controller::policy_run::shared::Shared;
+use crate::controller::policy_run::status::{PolicyStatusWriter, State};
 use crate::plugin::Plugin;
 use crate::policy::{KindRef, ReconcilePolicy, ReconcilePolicySpec};
 use crate::registry::PluginRequest;
 
 /// The resolved pieces a controller needs.
-pub(super) struct Parts {
+pub(crate) struct Parts {
     pub plugin: Plugin,
     pub parent: ResolvedKind,
     pub children: Vec<(KindRef, ResolvedKind)>,
@@ -25,7 +25,7 @@ pub(super) struct Parts {
 
 /// Load the plugin (once: `plugin` keeps it between attempts) and pass every check. On
 /// failure the reason is in `status` and `None` is returned, for the caller to try again.
-pub(super) async fn prepare(
+pub(crate) async fn prepare(
     policy: &ReconcilePolicy,
     shared: &Shared,
     status: &mut PolicyStatusWriter,

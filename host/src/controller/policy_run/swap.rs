@@ -17,8 +17,9 @@ use kube::ResourceExt as _;
 use kube::core::Selector;
 use tokio::sync::{Mutex, mpsc, watch};
 
-use super::context::{ActivePlugin, Candidate, Serving, lock};
-use super::policy_status::{PolicyStatusWriter, State};
+use crate::controller::policy_run::status::{PolicyStatusWriter, State};
+use crate::controller::reconcile::serving::{ActivePlugin, Candidate, Serving};
+use crate::lock;
 use crate::metrics::Metrics;
 use crate::plugin::Digest;
 use crate::policy::{CandidateSpec, PluginSpec, ReconcilePolicy};

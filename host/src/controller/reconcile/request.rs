@@ -7,10 +7,11 @@ use std::sync::Arc;
 use kube::ResourceExt as _;
 use kube::core::DynamicObject;
 
-use super::cached::CachedObject;
-use super::children::ParentIdentity;
-use super::context::{ActivePlugin, ChildCache, Related, RelatedCache};
-use super::related::ReadError;
+use crate::controller::cache::cached::CachedObject;
+use crate::controller::cache::related::ReadError;
+use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
+use crate::controller::reconcile::parent::ParentIdentity;
+use crate::controller::reconcile::serving::ActivePlugin;
 use crate::plugin::{ObservedObject, ReconcileRequest};
 
 /// A child the parent has: the index of its kind in the policy's allowed kinds, and the
@@ -133,8 +134,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::controller::field_ownership::CreatedFields;
-    use crate::controller::store_index;
+    use crate::controller::cache::field_ownership::CreatedFields;
+    use crate::controller::cache::store_index;
     use crate::controller::testing::{self, config_maps};
 
     fn object(namespace: &str, name: &str, controller_uid: Option<(&str, bool)>) -> CachedObject {

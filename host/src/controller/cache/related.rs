@@ -218,7 +218,7 @@ impl NamedObjects {
     /// Drop what was read of an object that is gone.
     pub fn forget(&self, object: &PartialObjectMeta<DynamicObject>) {
         let key = (object.namespace(), object.name_any());
-        super::context::lock(&self.read).remove(&key);
+        crate::lock(&self.read).remove(&key);
     }
 
     /// The objects `parent` names that exist, in name order: from what was read when the
@@ -253,17 +253,17 @@ impl NamedObjects {
         }
         let key = (namespace, name);
         let Some(exists) = self.metadata.get(&reference) else {
-            super::context::lock(&self.read).remove(&key);
+            crate::lock(&self.read).remove(&key);
             return Ok(None);
         };
         let version = exists.resource_version();
-        if let Some(read) = super::context::lock(&self.read).get(&key)
+        if let Some(read) = crate::lock(&self.read).get(&key)
             && read.resource_version() == version
         {
             return Ok(Some(read.clone()));
         }
         let object = self.get(&key).await?;
-        let mut read = super::context::lock(&self.read);
+        let mut read = crate::lock(&self.read);
         match &object {
             Some(object) => read.insert(key, object.clone()),
             None => read.remove(&key),

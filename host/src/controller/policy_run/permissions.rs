@@ -9,8 +9,8 @@ use k8s_openapi::api::authorization::v1::{
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-use super::kinds::ResolvedKind;
-use super::policy_status::State;
+use crate::controller::kinds::ResolvedKind;
+use crate::controller::policy_run::status::State;
 use crate::policy::ReconcilePolicySpec;
 use crate::policy::permissions::{self, KindScope, Permission};
 

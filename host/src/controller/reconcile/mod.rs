@@ -1,6 +1,19 @@
 //! One reconcile of one parent, step by step as docs/host.md lays it out: finalizer, observed
 //! children, the plugin call, validation, apply, prune, status, events, requeue.
 
+pub(crate) mod backoff;
+pub(crate) mod children;
+pub(crate) mod context;
+pub(crate) mod error;
+pub(crate) mod events;
+pub(crate) mod parent;
+pub(crate) mod queue;
+pub(crate) mod request;
+pub(crate) mod serving;
+pub(crate) mod status;
+pub(crate) mod trace;
+pub(crate) mod writes;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,21 +27,22 @@ use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 use tracing::{Instrument as _, info_span};
 
-use super::backoff::Retry;
-use super::cached::CachedObject;
-use super::children::{self, InvalidChild, ParentIdentity};
-use super::context::{PolicyContext, lock};
-use super::events::Published;
-use super::request;
-use super::status::{self, Outcome};
-use super::trace::Trace;
-use super::writes::{self, Applied};
+use crate::controller::cache::cached::CachedObject;
+use crate::controller::reconcile::context::PolicyContext;
 use crate::explain::{ChildAction, RecordResult};
+use crate::lock;
 use crate::metrics::{ChildOperation, ReconcileResult};
 use crate::plugin::{
     EventType as PluginEventType, Plugin, PluginError, ReconcileRequest, ReconcileResponse,
-    ReportedKind, Verdict, compare,
+    Verdict, compare,
 };
+use backoff::Retry;
+pub(crate) use error::{Failure, ReconcileError};
+use events::Published;
+use parent::ParentIdentity;
+use status::Outcome;
+use trace::Trace;
+use writes::Applied;
 
 /// The shortest delay a plugin's `requeue-after` can ask for: a plugin answering 0 must not
 /// turn one parent into a tight loop that holds a call slot for ever.
@@ -40,114 +54,6 @@ pub(crate) const MAX_EVENTS_PER_RECONCILE: usize = 10;
 
 /// Longest a reconcile waits for the caches to sync before it fails (and is retried).
 const CACHE_SYNC_WAIT: Duration = Duration::from_secs(5);
-
-/// A failed reconcile and when to retry it.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub(crate) struct Failure {
-    #[source]
-    pub error: ReconcileError,
-    pub retry: Retry,
-    /// Retrying cannot help until something the reconcile reads changes: wait for a watch
-    /// event instead of a timer.
-    pub await_change: bool,
-}
-
-/// What can fail in one reconcile. Each variant is one condition reason.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ReconcileError {
-    #[error("the parent has no {0}")]
-    MalformedParent(&'static str),
-    #[error("{0}")]
-    Plugin(#[from] PluginError),
-    #[error("the plugin's answer was refused, nothing was changed: {}", describe(.0))]
-    InvalidChildren(Vec<InvalidChild>),
-    #[error(
-        "{kind} {name} already exists and is not controlled by this parent ({owner}); wasmctrl never changes an object it does not own: delete or rename it, or let the plugin choose another name"
-    )]
-    ChildConflict {
-        kind: String,
-        name: String,
-        /// Who does control it, in words.
-        owner: String,
-    },
-    #[error("applying {kind} {name}: {source}")]
-    Apply {
-        kind: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("pruning {kind} {name}: {source}")]
-    Prune {
-        kind: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("writing the parent's status: {0}")]
-    Status(#[source] kube::Error),
-    #[error("updating the parent's finalizers: {0}")]
-    Finalizer(#[source] kube::Error),
-    #[error(
-        "the caches of the policy's kinds have not synced; the policy's Ready condition says which kind cannot be watched and why"
-    )]
-    CachesNotReady,
-    #[error("{0}")]
-    Related(Box<super::related::ReadError>),
-}
-
-impl From<super::related::ReadError> for ReconcileError {
-    fn from(error: super::related::ReadError) -> Self {
-        Self::Related(Box::new(error))
-    }
-}
-
-impl ReconcileError {
-    /// The condition and Event reason.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::MalformedParent(_) => "MalformedParent",
-            Self::Plugin(PluginError::Reported { .. }) => "PluginReportedError",
-            Self::Plugin(_) => "PluginFailed",
-            Self::InvalidChildren(_) => "InvalidChildren",
-            Self::ChildConflict { .. } => "ChildConflict",
-            Self::Apply { .. } => "ApplyFailed",
-            Self::Prune { .. } => "PruneFailed",
-            Self::Status(_) => "StatusWriteFailed",
-            Self::Finalizer(_) => "FinalizerFailed",
-            Self::CachesNotReady => "CachesNotReady",
-            Self::Related(_) => "RelatedReadFailed",
-        }
-    }
-
-    /// Whether the contract says to wait for a change rather than retry: the plugin reported
-    /// a permanent error or an invalid parent, so the same request would fail the same way.
-    pub fn awaits_change(&self) -> bool {
-        matches!(
-            self,
-            Self::Plugin(PluginError::Reported {
-                kind: ReportedKind::Permanent | ReportedKind::InvalidParent,
-                ..
-            })
-        )
-    }
-}
-
-/// The first few refusals, joined; enough to act on without flooding a condition.
-fn describe(problems: &[InvalidChild]) -> String {
-    const SHOWN: usize = 3;
-    let mut text = problems
-        .iter()
-        .take(SHOWN)
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ");
-    if problems.len() > SHOWN {
-        text.push_str(&format!("; and {} more", problems.len() - SHOWN));
-    }
-    text
-}
 
 /// The kube-runtime reconcile function: run one reconcile, keep the backoff history, and
 /// report a failure on the parent.
@@ -444,7 +350,7 @@ fn shadow_verdict(
     {
         return Verdict::WouldFail(format!(
             "the host would refuse its answer: {}",
-            describe(&problems)
+            error::describe(&problems)
         ));
     }
     compare(answer, shadow_answer)
@@ -571,7 +477,7 @@ async fn report_failure(
     } else {
         format!("next retry in {}s", retry.delay.as_secs_f64())
     };
-    let message = super::events::truncate(
+    let message = crate::controller::reconcile::events::truncate(
         format!("{error:#} (attempt {}, {next})", retry.attempt),
         2048,
     );
@@ -585,7 +491,7 @@ async fn report_failure(
             parent.metadata.generation,
             parent.data.get("status"),
             &outcome,
-            &now(),
+            &status::now(),
         );
         let patch = json!({
             "metadata": {"uid": identity.uid},
@@ -696,13 +602,6 @@ fn reference(parent: &DynamicObject, ctx: &PolicyContext) -> ObjectReference {
     parent.object_ref(&ctx.parent)
 }
 
-/// The current time as Kubernetes writes it (RFC 3339, seconds).
-pub(crate) fn now() -> String {
-    jiff::Timestamp::now()
-        .round(jiff::Unit::Second)
-        .map_or_else(|_| jiff::Timestamp::now().to_string(), |t| t.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -768,24 +667,5 @@ mod tests {
             Duration::from_secs(7)
         );
         assert_eq!(requeue_delay(None, resync), resync);
-    }
-
-    #[test]
-    fn only_permanent_and_invalid_parent_reports_wait_for_a_change() {
-        let reported = |kind| {
-            ReconcileError::Plugin(PluginError::Reported {
-                kind,
-                message: "m".into(),
-            })
-        };
-        assert!(reported(ReportedKind::Permanent).awaits_change());
-        assert!(reported(ReportedKind::InvalidParent).awaits_change());
-        assert!(!reported(ReportedKind::Transient).awaits_change());
-        assert!(
-            !ReconcileError::Plugin(PluginError::DeadlineExceeded {
-                timeout: Duration::from_secs(1)
-            })
-            .awaits_change()
-        );
     }
 }

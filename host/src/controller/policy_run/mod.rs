@@ -3,52 +3,48 @@
 //! kube-runtime `Controller` over the parent kind, its children and its related kinds until
 //! told to stop. Stopping is graceful: reconciles in flight finish first.
 
+pub(crate) mod parent_claims;
+pub(crate) mod permissions;
+pub(crate) mod prepare;
+pub(crate) mod release;
+pub(crate) mod report;
+pub(crate) mod shared;
+pub(crate) mod status;
+pub(crate) mod swap;
+pub(crate) mod watch_health;
+pub(crate) mod watches;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::controller;
 use kube::runtime::reflector::Store;
-use kube::{Client, ResourceExt as _};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::HostOptions;
-use super::backoff::Backoff;
-use super::cached::CachedObject;
-use super::children;
-use super::context::{ActivePlugin, Caches, Outcomes, PolicyContext, Serving};
-use super::events::EventSink;
-use super::kinds::ResolvedKind;
-use super::policy_report;
-use super::policy_status::{PolicyStatusWriter, State};
-use super::prepare::{self, Parts};
-use super::queue::QueueGauge;
-use super::reconcile;
-use super::related::RelatedBy;
-use super::release;
-use super::swap;
-use super::watch_health::WatchHealth;
-use super::watches::{self, WatchSetup, Watches};
+use crate::controller::cache::cached::CachedObject;
+use crate::controller::cache::related::RelatedBy;
+use crate::controller::kinds::ResolvedKind;
+use crate::controller::labels;
+use crate::controller::reconcile;
+use crate::controller::reconcile::backoff::Backoff;
+use crate::controller::reconcile::context::{Caches, Outcomes, PolicyContext};
+use crate::controller::reconcile::events::EventSink;
+use crate::controller::reconcile::queue::QueueGauge;
+use crate::controller::reconcile::serving::{ActivePlugin, Serving};
 use crate::plugin::Plugin;
 use crate::policy::ReconcilePolicy;
-use crate::registry::PluginRegistry;
+use prepare::Parts;
+pub(crate) use shared::Shared;
+use status::{PolicyStatusWriter, State};
+use watch_health::WatchHealth;
+use watches::{WatchSetup, Watches};
 
 /// How often a running policy's counts are written to its status (when they changed).
 const STATUS_INTERVAL: Duration = Duration::from_secs(5);
-
-/// What every policy controller shares.
-pub(crate) struct Shared {
-    pub client: Client,
-    /// Where every policy gets its plugins.
-    pub registry: Arc<PluginRegistry>,
-    pub options: HostOptions,
-    pub metrics: Arc<crate::metrics::Metrics>,
-    pub readiness: Arc<crate::health::Readiness>,
-    /// Whether this replica may write; a standby watches and loads but writes nothing.
-    pub leadership: Arc<crate::leader::Leadership>,
-}
 
 /// Run a policy until `stop` is cancelled. `updates` carries the policy, and later versions
 /// of it that differ only in their plugin (those are hot-swapped, not restarted).
@@ -192,7 +188,7 @@ fn policy_context(
     caches: Caches,
 ) -> PolicyContext {
     let name = policy.name_any();
-    let policy_label = children::policy_label_value(&name);
+    let policy_label = labels::policy_label_value(&name);
     let spec = &policy.spec;
     let options = &shared.options;
     PolicyContext {
@@ -200,7 +196,7 @@ fn policy_context(
         policy: name,
         finalizer: spec
             .finalize
-            .then(|| release::parent_finalizer(&policy_label)),
+            .then(|| labels::parent_finalizer(&policy_label)),
         policy_label,
         field_manager: setup.field_manager.clone(),
         parent: parts.parent.resource.clone(),
@@ -242,7 +238,7 @@ fn watch_setup(policy: &ReconcilePolicy, shared: &Shared) -> WatchSetup {
         health: Arc::new(WatchHealth::default()),
         queue: Arc::new(QueueGauge::new(name.clone(), shared.metrics.clone())),
         field_manager: field_manager_for(&name),
-        owned_selector: watches::owned_selector(&children::policy_label_value(&name)),
+        owned_selector: watches::owned_selector(&labels::policy_label_value(&name)),
     }
 }
 
@@ -257,11 +253,8 @@ async fn announce_running(
 ) -> State {
     let running = running_state(policy);
     status.set_ready(running.clone());
-    status.set_optional(
-        "RelatedNarrowed",
-        policy_report::related_cost(&parts.related),
-    );
-    policy_report::report_unmanaged_children(&shared.client, policy, status, namespace).await;
+    status.set_optional("RelatedNarrowed", report::related_cost(&parts.related));
+    report::report_unmanaged_children(&shared.client, policy, status, namespace).await;
     status.flush().await;
     tracing::info!(policy = %policy.name_any(), parent = %policy.spec.parent.kind, "policy controller running");
     running
@@ -387,10 +380,10 @@ async fn report_periodically(
 ) {
     loop {
         tokio::time::sleep(STATUS_INTERVAL).await;
-        policy_report::forget_deleted_children(&ctx.caches.children);
+        report::forget_deleted_children(&ctx.caches.children);
         let active = *ctx.serving.active.load().plugin.digest();
-        let counts = policy_report::counts(&ctx.outcomes, parents, &active);
-        let candidate = policy_report::candidate_counts(&ctx.serving, parents);
+        let counts = report::counts(&ctx.outcomes, parents, &active);
+        let candidate = report::candidate_counts(&ctx.serving, parents);
         let mut status = status.lock().await;
         status.set_ready(health.problem().unwrap_or_else(|| running.clone()));
         status.set_counts(counts);

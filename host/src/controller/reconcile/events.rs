@@ -70,12 +70,8 @@ impl EventSink {
         message: String,
     ) -> Published {
         let uid = object.uid.clone().unwrap_or_default();
-        let verdict = super::context::lock(&self.recent).admit(
-            uid,
-            reason,
-            Instant::now(),
-            self.min_interval,
-        );
+        let verdict =
+            crate::lock(&self.recent).admit(uid, reason, Instant::now(), self.min_interval);
         if verdict != Published::Sent {
             return verdict;
         }

@@ -31,7 +31,7 @@ impl QueueGauge {
 
     /// These parents were asked to reconcile.
     pub fn added(&self, parents: impl IntoIterator<Item = ParentKey>) {
-        let mut waiting = super::context::lock(&self.waiting);
+        let mut waiting = crate::lock(&self.waiting);
         let mut added = 0;
         for parent in parents {
             added += 1;
@@ -42,7 +42,7 @@ impl QueueGauge {
 
     /// A reconcile of this parent started.
     pub fn started(&self, parent: &ParentKey) {
-        let mut waiting = super::context::lock(&self.waiting);
+        let mut waiting = crate::lock(&self.waiting);
         if waiting.remove(parent) {
             self.metrics.set_queue_depth(&self.policy, waiting.len());
         }

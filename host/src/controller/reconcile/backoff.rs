@@ -69,7 +69,7 @@ impl<K: Eq + Hash + Clone> Backoff<K> {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, u32>> {
         // The map holds plain counters; a panic elsewhere cannot leave it inconsistent.
-        super::context::lock(&self.failures)
+        crate::lock(&self.failures)
     }
 }
 

@@ -9,9 +9,9 @@ use kube::core::DynamicObject;
 use kube::runtime::events::EventType;
 use serde_json::Value;
 
-use super::context::PolicyContext;
-use super::reconcile::ReconcileError;
 use crate::case::{Case, Recorded, RecordedError, RunOutput, redact_secret};
+use crate::controller::reconcile::context::PolicyContext;
+use crate::controller::reconcile::error::ReconcileError;
 use crate::explain::{
     ChildAction, ChildRecord, ErrorRecord, EventRecord, ParentRef, Record, RecordResult,
     StatusRecord, StepTime,

@@ -1,112 +1,14 @@
-//! What one policy's reconciles share: the caches they read, the plugin serving state a hot
-//! swap replaces, and the bookkeeping behind the policy's status and metrics.
+//! What serves one policy's reconciles, and all a hot swap touches: the active plugin, the
+//! candidate with its canary selector, and the candidate's shadow verdicts.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use kube::Client;
-use kube::core::ApiResource;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 
-use super::backoff::Backoff;
-use super::cached::CachedObject;
-use super::children::AllowedKind;
-use super::events::EventSink;
-use super::store_index::StoreIndex;
-use crate::metrics::Metrics;
-use crate::plugin::{Digest, Plugin, Verdict};
-
-/// A child kind as one policy's reconciles see it: the cache of the children it already has.
-/// Its index is its index in [`Caches::allowed`].
-pub(crate) struct ChildCache {
-    pub resource: Arc<ApiResource>,
-    pub store: Store<CachedObject>,
-    /// The children by their controller's uid.
-    pub by_controller: Arc<StoreIndex<CachedObject>>,
-    /// Updates written that the cache has not shown yet.
-    pub pending: super::pending_writes::PendingWrites,
-    /// Children whose create-time fields must be handed over before an apply.
-    pub created: Arc<super::field_ownership::CreatedFields>,
-}
-
-/// A related kind, as the policy chooses its objects.
-pub(crate) enum Related {
-    /// All of a namespace, or those a selector matches: the watch holds exactly those.
-    Selected(RelatedCache),
-    /// Those a field of the parent names, read when first needed.
-    Named(Arc<super::related::NamedObjects>),
-}
-
-/// A related kind chosen by selector (or not at all): a cache of the objects the plugin may
-/// read.
-pub(crate) struct RelatedCache {
-    pub store: Store<CachedObject>,
-    /// The objects by namespace.
-    pub by_namespace: Arc<StoreIndex<CachedObject>>,
-}
-
-/// Everything one policy's reconciles share: who they act as, the caches they read, the
-/// plugins that decide, and what earlier reconciles ended with.
-pub(crate) struct PolicyContext {
-    pub client: Client,
-    pub policy: String,
-    /// Value of the policy label stamped on children.
-    pub policy_label: String,
-    /// Server-side apply field manager for children and status.
-    pub field_manager: String,
-    /// The finalizer this policy holds on parents, when it asks for one.
-    pub finalizer: Option<String>,
-    pub parent: Arc<ApiResource>,
-    pub resync: Duration,
-    pub events: EventSink,
-    pub metrics: Arc<Metrics>,
-    /// Parents waiting for a reconcile, for `workqueue_depth`.
-    pub queue: Arc<super::queue::QueueGauge>,
-    /// A standby reconciles nothing; its caches stay warm for a takeover.
-    pub leadership: Arc<crate::leader::Leadership>,
-    /// What the reconciles read.
-    pub caches: Caches,
-    /// What serves the policy's reconciles: all a hot swap touches.
-    pub serving: Arc<Serving>,
-    /// What earlier reconciles ended with.
-    pub outcomes: Outcomes,
-    /// Where each reconcile leaves its record.
-    pub explain: Arc<crate::explain::Explain>,
-}
-
-/// The caches of a policy's children and related objects.
-pub(crate) struct Caches {
-    /// The child kinds the policy allows, in the order of `children`.
-    pub allowed: Vec<AllowedKind>,
-    pub children: Vec<ChildCache>,
-    /// In the order of the policy's `related`.
-    pub related: Vec<Related>,
-    /// Becomes true once every child and related cache has listed its objects.
-    pub ready: tokio::sync::watch::Receiver<bool>,
-}
-
-/// What a policy's reconciles ended with, for retries and the policy's counts.
-pub(crate) struct Outcomes {
-    /// Retry delays of the failing parents.
-    pub backoff: Backoff<ObjectRef<CachedObject>>,
-    /// Parents whose last reconcile succeeded, and the plugin that decided it.
-    pub reconciled: Mutex<HashMap<ObjectRef<CachedObject>, Option<Digest>>>,
-    /// Status writes the parents' cache has not shown yet.
-    pub status_writes: super::pending_writes::PendingWrites,
-}
-
-impl Outcomes {
-    /// No parent reconciled yet; failures back off from `base` to `max`.
-    pub fn new(base: Duration, max: Duration) -> Self {
-        Self {
-            backoff: Backoff::new(base, max),
-            reconciled: Mutex::default(),
-            status_writes: Default::default(),
-        }
-    }
-}
+use crate::controller::cache::cached::CachedObject;
+use crate::plugin::{Plugin, Verdict};
 
 /// The swappable state of one policy: the active plugin, the candidate, and the candidate's
 /// shadow verdicts. The swap task holds this, and nothing else of the policy's context.
@@ -178,8 +80,6 @@ pub(crate) struct Candidate {
     pub serving: Arc<ActivePlugin>,
     pub canary: Option<kube::core::Selector>,
 }
-
-pub(crate) use crate::lock;
 
 #[cfg(test)]
 mod tests {

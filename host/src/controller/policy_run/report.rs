@@ -6,20 +6,23 @@
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt as _};
 
-use super::cached::CachedObject;
-use super::children;
-use super::context::{ChildCache, Outcomes, Serving, lock};
-use super::events;
-use super::kinds::ResolvedKind;
-use super::policy_status::{PolicyStatusWriter, State};
-use super::related::RelatedBy;
-use super::release;
+use crate::controller::cache::cached::CachedObject;
+use crate::controller::cache::related::RelatedBy;
+use crate::controller::cache::stores::ChildCache;
+use crate::controller::kinds::ResolvedKind;
+use crate::controller::labels;
+use crate::controller::policy_run::release;
+use crate::controller::policy_run::status::{Counts, PolicyStatusWriter, State};
+use crate::controller::reconcile::context::Outcomes;
+use crate::controller::reconcile::events;
+use crate::controller::reconcile::serving::Serving;
+use crate::lock;
 use crate::plugin::{Digest, Verdict};
 use crate::policy::{CandidateStatus, KindRef, ReconcilePolicy, ShadowExample};
 
 /// Kinds that left `spec.children` (now, or in an earlier run) and still have children: kept,
 /// not pruned, and named in the `ChildrenManaged` condition until none are left.
-pub(super) async fn report_unmanaged_children(
+pub(crate) async fn report_unmanaged_children(
     client: &Client,
     policy: &ReconcilePolicy,
     status: &mut PolicyStatusWriter,
@@ -33,7 +36,7 @@ pub(super) async fn report_unmanaged_children(
             candidates.push(kind.clone());
         }
     }
-    let label = children::policy_label_value(&policy.name_any());
+    let label = labels::policy_label_value(&policy.name_any());
     let left = if candidates.is_empty() {
         Vec::new()
     } else {
@@ -59,7 +62,7 @@ pub(super) async fn report_unmanaged_children(
             "ChildKindRemoved",
             format!(
                 "{kinds} labelled {}={label} remain from kinds no longer in spec.children; the host kept them and no longer manages them (they go with their parents, or delete them yourself)",
-                children::POLICY_LABEL
+                labels::POLICY_LABEL
             ),
         )
     });
@@ -73,7 +76,7 @@ pub(super) async fn report_unmanaged_children(
 /// Whether every related kind is narrowed, by a selector or by name. One that is not makes
 /// the host cache every object of that kind in the watched namespaces and hand all of them to
 /// every call.
-pub(super) fn related_cost(related: &[(ResolvedKind, RelatedBy)]) -> Option<State> {
+pub(crate) fn related_cost(related: &[(ResolvedKind, RelatedBy)]) -> Option<State> {
     if related.is_empty() {
         return None;
     }
@@ -98,21 +101,9 @@ pub(super) fn related_cost(related: &[(ResolvedKind, RelatedBy)]) -> Option<Stat
     })
 }
 
-/// How a policy's parents stand, among those that still exist.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Counts {
-    /// Whose last reconcile succeeded.
-    pub reconciled: u64,
-    /// Whose last reconcile failed.
-    pub failing: u64,
-    /// Whose last successful reconcile was decided by the active plugin: a rollout is done
-    /// when this reaches the number of parents.
-    pub on_active: u64,
-}
-
 /// Count the parents (the bookkeeping of deleted parents is dropped on the way); `active` is
 /// the digest of the active plugin.
-pub(super) fn counts(
+pub(crate) fn counts(
     outcomes: &Outcomes,
     parents: &Store<CachedObject>,
     active: &Digest,
@@ -132,7 +123,7 @@ pub(super) fn counts(
 }
 
 /// Drop the create-time bookkeeping of children that no longer exist.
-pub(super) fn forget_deleted_children(children: &[ChildCache]) {
+pub(crate) fn forget_deleted_children(children: &[ChildCache]) {
     for cache in children {
         cache.created.retain(|namespace, name| {
             let key = ObjectRef::new_with(name, cache.resource.clone());
@@ -147,7 +138,7 @@ pub(super) fn forget_deleted_children(children: &[ChildCache]) {
 
 /// How many parents the candidate serves, and its shadow verdicts for the others, with a
 /// few examples (sorted, so an unchanged picture writes nothing).
-pub(super) fn candidate_counts(
+pub(crate) fn candidate_counts(
     serving: &Serving,
     parents: &Store<CachedObject>,
 ) -> Option<CandidateStatus> {
@@ -200,7 +191,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::controller::context::{ActivePlugin, Candidate};
+    use crate::controller::reconcile::serving::{ActivePlugin, Candidate};
     use crate::controller::testing::{label_selector, myapps, parent, plugin, serving, store};
 
     fn key(namespace: &str, name: &str) -> ObjectRef<CachedObject> {

@@ -15,20 +15,22 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 
-use super::cached::{CachedObject, HasTypes};
-use super::children::{self, AllowedKind};
-use super::context::{Caches, ChildCache, Related, RelatedCache};
-use super::field_ownership::CreatedFields;
-use super::kinds::ResolvedKind;
-use super::queue::QueueGauge;
-use super::related::{self, FieldPath, NamedObjects};
-use super::store_index::{self, StoreIndex};
-use super::watch_health::WatchHealth;
+use crate::controller::cache::cached::{CachedObject, HasTypes};
+use crate::controller::cache::field_ownership::CreatedFields;
+use crate::controller::cache::related::{self, FieldPath, NamedObjects};
+use crate::controller::cache::store_index::{self, StoreIndex};
+use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
+use crate::controller::kinds::ResolvedKind;
+use crate::controller::labels::POLICY_LABEL;
+use crate::controller::policy_run::watch_health::WatchHealth;
+use crate::controller::reconcile::children::AllowedKind;
+use crate::controller::reconcile::context::Caches;
+use crate::controller::reconcile::queue::QueueGauge;
 use crate::policy::KindRef;
 use crate::watch_backoff::WatchBackoff;
 
 /// What every watch of one policy shares.
-pub(super) struct WatchSetup {
+pub(crate) struct WatchSetup {
     pub client: Client,
     /// Watch namespaced kinds in this namespace only; cluster-scoped kinds are watched
     /// cluster-wide (and need cluster RBAC).
@@ -156,7 +158,7 @@ impl WatchSetup {
 }
 
 /// A policy's controller and the caches its reconciles read.
-pub(super) struct Watches {
+pub(crate) struct Watches {
     controller: Controller<CachedObject>,
     parents: Store<CachedObject>,
     /// The parents by namespace, for the related objects that concern all of a namespace.
@@ -446,6 +448,6 @@ fn parent_changed(parent: &CachedObject) -> Option<u64> {
 }
 
 /// The children label selector of a policy's owned children.
-pub(super) fn owned_selector(policy_label: &str) -> String {
-    format!("{}={policy_label}", children::POLICY_LABEL)
+pub(crate) fn owned_selector(policy_label: &str) -> String {
+    format!("{}={policy_label}", POLICY_LABEL)
 }

@@ -42,6 +42,18 @@ impl State {
     }
 }
 
+/// How a policy's parents stand, among those that still exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Whose last reconcile succeeded.
+    pub reconciled: u64,
+    /// Whose last reconcile failed.
+    pub failing: u64,
+    /// Whose last successful reconcile was decided by the active plugin: a rollout is done
+    /// when this reaches the number of parents.
+    pub on_active: u64,
+}
+
 /// Writes one policy's status.
 pub(crate) struct PolicyStatusWriter {
     api: Api<ReconcilePolicy>,
@@ -149,7 +161,7 @@ impl PolicyStatusWriter {
     }
 
     /// How the policy's parents stand.
-    pub fn set_counts(&mut self, counts: super::policy_report::Counts) {
+    pub fn set_counts(&mut self, counts: Counts) {
         self.current.parents_reconciled = counts.reconciled;
         self.current.parents_failing = counts.failing;
         self.current.parents_on_active_digest = counts.on_active;
@@ -170,7 +182,7 @@ impl PolicyStatusWriter {
             type_: type_.to_owned(),
             status: status.to_owned(),
             reason: state.reason.to_owned(),
-            message: super::events::truncate(state.message, 4096),
+            message: crate::controller::reconcile::events::truncate(state.message, 4096),
             observed_generation: self.generation,
             last_transition_time,
         };

@@ -10,10 +10,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::{Value, json};
 
-use super::children::{self, DesiredChild, ParentIdentity};
-use super::context::PolicyContext;
-use super::reconcile::{ReconcileError, now};
-use super::status::{self, Outcome};
+use crate::controller::labels::DESIRED_HASH_ANNOTATION;
+use crate::controller::reconcile::children::{self, DesiredChild};
+use crate::controller::reconcile::context::PolicyContext;
+use crate::controller::reconcile::error::ReconcileError;
+use crate::controller::reconcile::parent::ParentIdentity;
+use crate::controller::reconcile::status::{self, Outcome};
 use crate::metrics::ChildOperation;
 
 /// Most changed fields a child's record lists.
@@ -21,7 +23,7 @@ const CHANGED_FIELDS_SHOWN: usize = 20;
 
 /// What bringing one child to its desired state took.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Applied {
+pub(crate) enum Applied {
     /// It did not exist: created.
     Created,
     /// It drifted: applied. The desired fields whose live value differed.
@@ -42,7 +44,7 @@ impl Applied {
 /// child missing from the cache (which holds only objects labelled for this policy) is
 /// created, never applied, so an existing object of the same name — a hand-made Service, or
 /// one another parent controls — turns into a `ChildConflict` instead of being taken over.
-pub(super) async fn apply_child(
+pub(crate) async fn apply_child(
     child: &DesiredChild,
     parent: &ParentIdentity,
     ctx: &PolicyContext,
@@ -71,7 +73,7 @@ pub(super) async fn apply_child(
 /// Create a child the cache does not know. An `AlreadyExists` means either that the cache has
 /// not seen an earlier create of ours yet, or that someone else's object holds the name: a
 /// live read tells them apart.
-pub(super) async fn create_child(
+pub(crate) async fn create_child(
     child: &DesiredChild,
     parent: &ParentIdentity,
     ctx: &PolicyContext,
@@ -107,7 +109,7 @@ pub(super) async fn create_child(
 /// if this parent controls it and it drifted. The apply carries the observed uid, so an
 /// object deleted and re-created by someone else since the read is refused by the API
 /// server rather than taken over.
-pub(super) async fn update_child(
+pub(crate) async fn update_child(
     child: &DesiredChild,
     metadata: &ObjectMeta,
     observed_json: Value,
@@ -172,10 +174,7 @@ pub(super) async fn update_child(
 /// hash (it differs whenever anything does). When only the hash differs, the desired state
 /// dropped a field the live object still has.
 fn changed_fields(child: &DesiredChild, observed: &Value) -> Vec<String> {
-    let hash_path = format!(
-        ".metadata.annotations.{}",
-        children::DESIRED_HASH_ANNOTATION
-    );
+    let hash_path = format!(".metadata.annotations.{}", DESIRED_HASH_ANNOTATION);
     let mut changed: Vec<String> =
         children::differences(&child.object, observed, CHANGED_FIELDS_SHOWN + 1)
             .into_iter()
@@ -192,8 +191,8 @@ fn changed_fields(child: &DesiredChild, observed: &Value) -> Vec<String> {
 /// succeeded, and only for objects this parent controls (the delete is preconditioned on the
 /// observed uid, so a same-named replacement is never hit). Returns the kind and name of each
 /// child deleted.
-pub(super) async fn prune(
-    observed: &[super::request::Observed],
+pub(crate) async fn prune(
+    observed: &[crate::controller::reconcile::request::Observed],
     desired: &[DesiredChild],
     ctx: &PolicyContext,
 ) -> Result<Vec<(String, String)>, ReconcileError> {
@@ -244,7 +243,7 @@ pub(super) async fn prune(
 /// Write the status through the status subresource, unless it would not change. Server-side
 /// apply with the policy's field manager: fields other writers own are left alone. Returns
 /// the status as desired and whether it was written.
-pub(super) async fn write_status(
+pub(crate) async fn write_status(
     parent: &DynamicObject,
     identity: &ParentIdentity,
     plugin_status: Option<crate::plugin::JsonObject>,
@@ -257,7 +256,7 @@ pub(super) async fn write_status(
         parent.metadata.generation,
         observed,
         outcome,
-        &now(),
+        &status::now(),
     );
     if status::is_unchanged(&desired, observed) {
         return Ok((Value::Object(desired), false));
@@ -300,7 +299,7 @@ pub(super) async fn write_status(
     Ok((body["status"].take(), true))
 }
 
-pub(super) async fn add_finalizer(
+pub(crate) async fn add_finalizer(
     parent: &DynamicObject,
     identity: &ParentIdentity,
     finalizer: &str,
@@ -322,7 +321,7 @@ pub(super) async fn add_finalizer(
     json_patch(identity, ops, ctx).await
 }
 
-pub(super) async fn remove_finalizer(
+pub(crate) async fn remove_finalizer(
     parent: &DynamicObject,
     identity: &ParentIdentity,
     finalizer: &str,
@@ -342,7 +341,7 @@ pub(super) async fn remove_finalizer(
     }
 }
 
-pub(super) async fn json_patch(
+pub(crate) async fn json_patch(
     identity: &ParentIdentity,
     ops: Value,
     ctx: &PolicyContext,
@@ -369,7 +368,7 @@ pub(super) async fn json_patch(
     Ok(())
 }
 
-pub(super) fn dynamic_api(
+pub(crate) fn dynamic_api(
     client: &Client,
     resource: &ApiResource,
     namespace: Option<&str>,

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use kube::runtime::watcher;
 
-use super::policy_status::State;
+use crate::controller::policy_run::status::State;
 
 /// The last error of every watch that is failing now, by kind.
 #[derive(Default)]
@@ -20,7 +20,7 @@ impl WatchHealth {
     /// Note what the watch of `kind` just yielded: an error marks it failing, anything
     /// else healthy.
     pub fn observe<K>(&self, kind: &str, event: &Result<watcher::Event<K>, watcher::Error>) {
-        let mut failing = super::context::lock(&self.failing);
+        let mut failing = crate::lock(&self.failing);
         match event {
             Err(error) => {
                 failing.insert(kind.to_owned(), classify(error));
@@ -34,7 +34,7 @@ impl WatchHealth {
     /// The policy's `Ready` state while some watch fails: the first failing kind's reason,
     /// and every failing kind in the message.
     pub fn problem(&self) -> Option<State> {
-        let failing = super::context::lock(&self.failing);
+        let failing = crate::lock(&self.failing);
         let (_, (reason, _)) = failing.iter().next()?;
         let message = failing
             .iter()

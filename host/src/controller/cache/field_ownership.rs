@@ -113,7 +113,7 @@ impl CreatedFields {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<(Option<String>, String)>> {
         // A set of names; a panic elsewhere cannot leave it inconsistent.
-        super::context::lock(&self.marked)
+        crate::lock(&self.marked)
     }
 }
 

@@ -1,0 +1,8 @@
+//! What reconciles read, and what the host's own writes have not shown yet.
+
+pub(crate) mod cached;
+pub(crate) mod field_ownership;
+pub(crate) mod pending_writes;
+pub(crate) mod related;
+pub(crate) mod store_index;
+pub(crate) mod stores;

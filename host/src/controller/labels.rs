@@ -1,0 +1,47 @@
+//! The names the host writes on the objects it manages: the labels and annotation on every
+//! child, and the finalizers on parents and policies. Every room reads them; they import
+//! nothing.
+
+use sha2::{Digest as _, Sha256};
+
+/// Label every child carries: who manages it.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY: &str = "wasmctrl";
+/// Label every child carries: the policy whose plugin desired it. The host's child watches
+/// select on it, so they cache only wasmctrl's children.
+pub const POLICY_LABEL: &str = "wasmctrl.dev/policy";
+/// Annotation holding the fingerprint of the desired object last applied.
+pub const DESIRED_HASH_ANNOTATION: &str = "wasmctrl.dev/desired-hash";
+
+/// The finalizer on a ReconcilePolicy whose parents hold finalizers of its own.
+pub const POLICY_FINALIZER: &str = "wasmctrl.dev/release-parents";
+
+/// The finalizer a policy named `policy_label` holds on its parents.
+pub(crate) fn parent_finalizer(policy_label: &str) -> String {
+    format!("wasmctrl.dev/{policy_label}")
+}
+
+/// The value of [`POLICY_LABEL`] for a policy: its name when that fits a label value,
+/// otherwise a prefix plus a hash, so long names still get a unique, valid label.
+pub fn policy_label_value(policy: &str) -> String {
+    if policy.len() <= 63 {
+        return policy.to_owned();
+    }
+    let hash = hex::encode(&Sha256::digest(policy.as_bytes())[..5]);
+    let prefix = policy[..52].trim_end_matches(['-', '.']);
+    format!("{prefix}-{hash}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn long_policy_names_get_unique_valid_labels() {
+        let long = "a".repeat(80);
+        let label = policy_label_value(&long);
+        assert!(label.len() <= 63, "{label}");
+        assert_ne!(label, policy_label_value(&"a".repeat(81)));
+        assert_eq!(policy_label_value("myapp"), "myapp");
+    }
+}

@@ -1,0 +1,47 @@
+//! What the host's operator sets once for every policy: timings, scope, credentials, where
+//! records go.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Host-wide defaults that a policy may override.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    /// How often every parent is reconciled when nothing changed.
+    pub resync: Duration,
+    /// First retry delay after a failed reconcile; doubles per consecutive failure.
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// At most one Event per parent and reason in this interval.
+    pub event_interval: Duration,
+    /// Watch parents, children and related objects in this namespace only (a host installed
+    /// with namespaced RBAC); `None` watches the whole cluster.
+    pub namespace: Option<String>,
+    /// Run only the ReconcilePolicies matching this label selector, so several hosts can
+    /// split the policies of one cluster between them.
+    pub policy_selector: Option<String>,
+    /// The only namespace whose Secrets a policy's `secretRef` may name; `None` refuses
+    /// every `secretRef`. Editing policies is a privileged act, but it must not grant
+    /// reading every Secret in the cluster.
+    pub credentials_namespace: Option<String>,
+    /// Where the records of reconciles go, for `wasmctrl explain` and replay.
+    pub explain: Arc<crate::explain::Explain>,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        Self {
+            resync: Duration::from_secs(300),
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            event_interval: Duration::from_secs(60),
+            namespace: None,
+            policy_selector: None,
+            credentials_namespace: None,
+            explain: Arc::new(crate::explain::Explain::in_memory(
+                crate::explain::ExplainOptions::default().bounds,
+            )),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! What one policy's reconciles share: who they act as, the caches they read, what serves
+//! them, and the bookkeeping behind the policy's status and metrics.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::Client;
+use kube::core::ApiResource;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::controller::cache::cached::CachedObject;
+use crate::controller::cache::stores::{ChildCache, Related};
+use crate::controller::reconcile::backoff::Backoff;
+use crate::controller::reconcile::children::AllowedKind;
+use crate::controller::reconcile::events::EventSink;
+use crate::controller::reconcile::serving::Serving;
+use crate::metrics::Metrics;
+use crate::plugin::Digest;
+
+/// Everything one policy's reconciles share: who they act as, the caches they read, the
+/// plugins that decide, and what earlier reconciles ended with.
+pub(crate) struct PolicyContext {
+    pub client: Client,
+    pub policy: String,
+    /// Value of the policy label stamped on children.
+    pub policy_label: String,
+    /// Server-side apply field manager for children and status.
+    pub field_manager: String,
+    /// The finalizer this policy holds on parents, when it asks for one.
+    pub finalizer: Option<String>,
+    pub parent: Arc<ApiResource>,
+    pub resync: Duration,
+    pub events: EventSink,
+    pub metrics: Arc<Metrics>,
+    /// Parents waiting for a reconcile, for `workqueue_depth`.
+    pub queue: Arc<crate::controller::reconcile::queue::QueueGauge>,
+    /// A standby reconciles nothing; its caches stay warm for a takeover.
+    pub leadership: Arc<crate::leader::Leadership>,
+    /// What the reconciles read.
+    pub caches: Caches,
+    /// What serves the policy's reconciles: all a hot swap touches.
+    pub serving: Arc<Serving>,
+    /// What earlier reconciles ended with.
+    pub outcomes: Outcomes,
+    /// Where each reconcile leaves its record.
+    pub explain: Arc<crate::explain::Explain>,
+}
+
+/// The caches of a policy's children and related objects.
+pub(crate) struct Caches {
+    /// The child kinds the policy allows, in the order of `children`.
+    pub allowed: Vec<AllowedKind>,
+    pub children: Vec<ChildCache>,
+    /// In the order of the policy's `related`.
+    pub related: Vec<Related>,
+    /// Becomes true once every child and related cache has listed its objects.
+    pub ready: tokio::sync::watch::Receiver<bool>,
+}
+
+/// What a policy's reconciles ended with, for retries and the policy's counts.
+pub(crate) struct Outcomes {
+    /// Retry delays of the failing parents.
+    pub backoff: Backoff<ObjectRef<CachedObject>>,
+    /// Parents whose last reconcile succeeded, and the plugin that decided it.
+    pub reconciled: Mutex<HashMap<ObjectRef<CachedObject>, Option<Digest>>>,
+    /// Status writes the parents' cache has not shown yet.
+    pub status_writes: crate::controller::cache::pending_writes::PendingWrites,
+}
+
+impl Outcomes {
+    /// No parent reconciled yet; failures back off from `base` to `max`.
+    pub fn new(base: Duration, max: Duration) -> Self {
+        Self {
+            backoff: Backoff::new(base, max),
+            reconciled: Mutex::default(),
+            status_writes: Default::default(),
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! What can fail in one reconcile, as one value per cause: each variant is one condition
+//! reason, and its message says what to do next.
+
+use crate::controller::cache::related::ReadError;
+use crate::controller::reconcile::backoff::Retry;
+use crate::controller::reconcile::children::InvalidChild;
+use crate::plugin::{PluginError, ReportedKind};
+
+/// A failed reconcile and when to retry it.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub(crate) struct Failure {
+    #[source]
+    pub error: ReconcileError,
+    pub retry: Retry,
+    /// Retrying cannot help until something the reconcile reads changes: wait for a watch
+    /// event instead of a timer.
+    pub await_change: bool,
+}
+
+/// What can fail in one reconcile. Each variant is one condition reason.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReconcileError {
+    #[error("the parent has no {0}")]
+    MalformedParent(&'static str),
+    #[error("{0}")]
+    Plugin(#[from] PluginError),
+    #[error("the plugin's answer was refused, nothing was changed: {}", describe(.0))]
+    InvalidChildren(Vec<InvalidChild>),
+    #[error(
+        "{kind} {name} already exists and is not controlled by this parent ({owner}); wasmctrl never changes an object it does not own: delete or rename it, or let the plugin choose another name"
+    )]
+    ChildConflict {
+        kind: String,
+        name: String,
+        /// Who does control it, in words.
+        owner: String,
+    },
+    #[error("applying {kind} {name}: {source}")]
+    Apply {
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("pruning {kind} {name}: {source}")]
+    Prune {
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing the parent's status: {0}")]
+    Status(#[source] kube::Error),
+    #[error("updating the parent's finalizers: {0}")]
+    Finalizer(#[source] kube::Error),
+    #[error(
+        "the caches of the policy's kinds have not synced; the policy's Ready condition says which kind cannot be watched and why"
+    )]
+    CachesNotReady,
+    #[error("{0}")]
+    Related(Box<ReadError>),
+}
+
+impl From<ReadError> for ReconcileError {
+    fn from(error: ReadError) -> Self {
+        Self::Related(Box::new(error))
+    }
+}
+
+impl ReconcileError {
+    /// The condition and Event reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::MalformedParent(_) => "MalformedParent",
+            Self::Plugin(PluginError::Reported { .. }) => "PluginReportedError",
+            Self::Plugin(_) => "PluginFailed",
+            Self::InvalidChildren(_) => "InvalidChildren",
+            Self::ChildConflict { .. } => "ChildConflict",
+            Self::Apply { .. } => "ApplyFailed",
+            Self::Prune { .. } => "PruneFailed",
+            Self::Status(_) => "StatusWriteFailed",
+            Self::Finalizer(_) => "FinalizerFailed",
+            Self::CachesNotReady => "CachesNotReady",
+            Self::Related(_) => "RelatedReadFailed",
+        }
+    }
+
+    /// Whether the contract says to wait for a change rather than retry: the plugin reported
+    /// a permanent error or an invalid parent, so the same request would fail the same way.
+    pub fn awaits_change(&self) -> bool {
+        matches!(
+            self,
+            Self::Plugin(PluginError::Reported {
+                kind: ReportedKind::Permanent | ReportedKind::InvalidParent,
+                ..
+            })
+        )
+    }
+}
+
+/// The first few refusals, joined; enough to act on without flooding a condition.
+pub(crate) fn describe(problems: &[InvalidChild]) -> String {
+    const SHOWN: usize = 3;
+    let mut text = problems
+        .iter()
+        .take(SHOWN)
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if problems.len() > SHOWN {
+        text.push_str(&format!("; and {} more", problems.len() - SHOWN));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn only_permanent_and_invalid_parent_reports_wait_for_a_change() {
+        let reported = |kind| {
+            ReconcileError::Plugin(PluginError::Reported {
+                kind,
+                message: "m".into(),
+            })
+        };
+        assert!(reported(ReportedKind::Permanent).awaits_change());
+        assert!(reported(ReportedKind::InvalidParent).awaits_change());
+        assert!(!reported(ReportedKind::Transient).awaits_change());
+        assert!(
+            !ReconcileError::Plugin(PluginError::DeadlineExceeded {
+                timeout: Duration::from_secs(1)
+            })
+            .awaits_change()
+        );
+    }
+}
