@@ -7,14 +7,12 @@
 //! `WASMCTRL_BLESS=1` (or `cargo xtask manifests`) rewrites `deploy/manifests/wasmctrl.yaml`
 //! and the chart's copy of the CRD.
 
-mod support;
-
 use std::path::Path;
 
 use anyhow::Context as _;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
-use support::*;
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::repo_root;
 
 const MANIFESTS: &str = "deploy/manifests/wasmctrl.yaml";

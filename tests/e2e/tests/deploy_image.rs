@@ -5,8 +5,6 @@
 //! hands over once the lease expires, SIGTERM within about a second, and the terminated
 //! replica exits 0. A replica whose cache directory is not writable still runs.
 
-mod support;
-
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Api;
 use serde_json::{Value, json};
-use support::*;
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::TestEnv;
 use wasmctrl_testenv::cluster::eventually;
 use wasmctrl_testenv::container::{Container, ContainerSpec, service_account_files};

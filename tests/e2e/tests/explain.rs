@@ -4,8 +4,6 @@
 //! recorded directory replaying to the same answer on the same plugin and to a would-change
 //! on `myapp-v2`, and the deployed path through the API server's pod proxy.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,11 +14,11 @@ use clap::Parser as _;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::*;
 use wasmctrl::cli::{CasesDiffer, Cli, Command};
 use wasmctrl::explain::{
     Bounds, ChildAction, Explain, ExplainOptions, Record, RecordOptions, RecordResult,
 };
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::TestEnv;
 
 const GROUP: &str = "e2e.wasmctrl.dev";

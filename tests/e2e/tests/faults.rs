@@ -9,8 +9,6 @@
 //! resync afterwards writes nothing (the API server's audit log). Each prints how long
 //! convergence took after its fault; RELIABILITY.md records those figures.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -21,9 +19,9 @@ use futures::StreamExt as _;
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
-use support::*;
 use wasmctrl::controller::{Host, HostOptions};
 use wasmctrl::plugin::{EngineOptions, PluginEngine};
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, eventually};
 use wasmctrl_testenv::repo_root;
 

@@ -2,10 +2,8 @@
 //! control plane (with a controller-manager, a scheduler and a kwok node, so Deployments
 //! really become ready).
 
-mod support;
-
 use serde_json::{Value, json};
-use support::*;
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::TestEnv;
 
 fn myapp_policy(config: Value) -> Value {

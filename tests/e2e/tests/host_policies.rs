@@ -4,12 +4,10 @@
 //!
 //! These use the `misbehave` test plugin, which desires exactly the children its config lists.
 
-mod support;
-
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::*;
+use wasmctrl_e2e::*;
 
 const GROUP: &str = "e2e.wasmctrl.dev";
 

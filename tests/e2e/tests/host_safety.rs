@@ -5,14 +5,12 @@
 //!
 //! These use the `misbehave` test plugin, which desires exactly the children its config lists.
 
-mod support;
-
 use std::time::Duration;
 
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
-use support::*;
 use wasmctrl::metrics::ReconcileResult;
+use wasmctrl_e2e::*;
 
 const GROUP: &str = "e2e.wasmctrl.dev";
 

@@ -2,14 +2,12 @@
 //! only once the policies are listed and their caches synced, `/metrics` with
 //! controller-runtime's series after real reconciles.
 
-mod support;
-
 use std::sync::Arc;
 
 use serde_json::json;
-use support::*;
 use wasmctrl::health::Readiness;
 use wasmctrl::metrics::Metrics;
+use wasmctrl_e2e::*;
 
 const GROUP: &str = "e2e.wasmctrl.dev";
 

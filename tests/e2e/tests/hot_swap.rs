@@ -3,8 +3,6 @@
 //! is visible and deletes nothing; new bytes behind a file or ConfigMap source swap by
 //! themselves; rolling back restores the old children.
 
-mod support;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,8 +11,8 @@ use futures::TryStreamExt as _;
 use kube::ResourceExt as _;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::{Value, json};
-use support::*;
 use wasmctrl::plugin::Digest;
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::plugins::guest;
 
 const VERSION_LABEL: &str = "example.com/plugin-version";

@@ -3,8 +3,6 @@
 //! a standby is ready and keeps quiet, SIGKILL on the leader hands over once the lease
 //! expires, and SIGTERM hands over within about the retry period, exiting 0.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -13,7 +11,7 @@ use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::{Value, json};
-use support::*;
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::TestEnv;
 use wasmctrl_testenv::cluster::eventually;
 

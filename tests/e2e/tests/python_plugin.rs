@@ -3,10 +3,8 @@
 //! plane, reads related ConfigMaps, and in shadow against the Rust MyApp it would change
 //! nothing — the two decide the same — so it can be promoted with no write.
 
-mod support;
-
 use serde_json::{Value, json};
-use support::*;
+use wasmctrl_e2e::*;
 
 fn myapp(name: &str, replicas: i64) -> Value {
     json!({

@@ -4,14 +4,12 @@
 //! change to a named object re-reconciles the parent; renaming follows; a named object that
 //! goes away is reported by the plugin and nothing is deleted.
 
-mod support;
-
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use serde_json::{Value, json};
-use support::*;
 use wasmctrl::explain::{Bounds, Explain, Lookup};
+use wasmctrl_e2e::*;
 
 /// MyApp `web` naming the ConfigMap `config_map`.
 fn web(config_map: &str) -> Value {
