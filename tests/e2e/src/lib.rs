@@ -19,7 +19,7 @@ mod policies;
 pub use chart::{
     CHART, apply_object, apply_policy_rbac, documents, helm, install_chart_rbac, rbac_for, render,
 };
-pub use host::{HostUnderTest, impersonating_client};
+pub use host::{HostBuilder, HostUnderTest, impersonating_client};
 pub use http::http_get;
 pub use kinds::{myapp_policy_in, myapp_policy_spec, test_crd};
 pub use objects::{

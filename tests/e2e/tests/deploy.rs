@@ -199,12 +199,10 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
     .await?;
 
     apply_policy(&client, TEST, TEST, spec.clone()).await?;
-    let host = HostUnderTest::start_as(
-        TEST,
-        &ns,
-        &format!("system:serviceaccount:{ns}:{service_account}"),
-    )
-    .await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .as_user(&format!("system:serviceaccount:{ns}:{service_account}"))
+        .start()
+        .await?;
     let apps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     apply(

@@ -150,7 +150,10 @@ async fn explain_shows_each_step_and_a_saved_or_recorded_case_replays() -> anyho
         }),
         secret_data: false,
     })?);
-    let host = HostUnderTest::start_explained(TEST, &ns, explain_store).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .explained(explain_store)
+        .start()
+        .await?;
     let (address, _stop) = serve(&host).await?;
     let url = format!("http://127.0.0.1:{}", address.port());
 
@@ -362,7 +365,7 @@ async fn stand_in_replica(
 async fn a_failing_reconcile_is_explained_through_the_api_server() -> anyhow::Result<()> {
     const TEST: &str = "explain-failure";
     let (client, ns) = widget_test(TEST, json!({"behavior": "permanent"})).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let (address, _stop) = serve(&host).await?;
     create_widget(&client, &ns, "broken").await?;
 

@@ -19,8 +19,6 @@ use futures::StreamExt as _;
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
-use wasmctrl::controller::{Host, HostOptions};
-use wasmctrl::plugin::{EngineOptions, PluginEngine};
 use wasmctrl_e2e::*;
 use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, eventually};
 use wasmctrl_testenv::repo_root;
@@ -149,67 +147,29 @@ async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
 // ---------------------------------------------------------------------------------------
 // Hosts: in this process, or as a process of its own that can be SIGKILLed.
 
-struct InProcessHost {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+/// The fault suite's host for `test`, talking through `client`: over the whole cluster (the
+/// hostile policies' parents have namespaces of their own), with 16 plugin calls at once.
+fn fault_host(test: &str, client: Client) -> HostBuilder {
+    HostUnderTest::cluster_wide(test)
+        .client(client)
+        .max_concurrent_calls(16)
 }
 
-impl InProcessHost {
-    async fn start(selector: &str) -> anyhow::Result<Self> {
-        let host = host(Plane::get().client().await?, selector)?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(host.run(async {
-            let _ = stopped.await;
-        }));
-        Ok(Self {
-            stop: Some(stop),
-            task,
-        })
-    }
-
-    async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        (&mut self.task).await.context("host task panicked")?
-    }
-}
-
-impl Drop for InProcessHost {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn host(client: Client, selector: &str) -> anyhow::Result<Host> {
-    let engine = PluginEngine::new(EngineOptions {
-        cache_dir: Some(std::env::temp_dir().join("wasmctrl-e2e-artifacts")),
-        max_concurrent_calls: 16,
-        max_memory_bytes: 128 << 20,
-        ..EngineOptions::default()
-    })?;
-    Ok(Host::new(
-        client,
-        engine,
-        HostOptions {
-            policy_selector: Some(selector.to_owned()),
-            backoff_base: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(8),
-            ..HostOptions::default()
-        },
-    ))
+/// A fault test's host in this process.
+async fn in_process_host(test: &str) -> anyhow::Result<HostUnderTest> {
+    fault_host(test, Plane::get().client().await?).start().await
 }
 
 /// A host in a process of its own: this test binary, re-executed to run `host_process`.
 struct HostProcess(std::process::Child);
 
 impl HostProcess {
-    fn start(selector: &str) -> anyhow::Result<Self> {
+    fn start(test: &str) -> anyhow::Result<Self> {
         let child = std::process::Command::new(std::env::current_exe()?)
             .args(["--exact", "host_process", "--ignored", "--nocapture"])
             .env(
                 HOST_ENV,
-                json!({"kubeconfig": Plane::get().kubeconfig, "selector": selector}).to_string(),
+                json!({"kubeconfig": Plane::get().kubeconfig, "test": test}).to_string(),
             )
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -241,8 +201,12 @@ async fn host_process() -> anyhow::Result<()> {
     let spec: Value = serde_json::from_str(&spec)?;
     let kubeconfig = PathBuf::from(spec["kubeconfig"].as_str().context("kubeconfig")?);
     let client = wasmctrl_testenv::cluster::admin_client(&kubeconfig).await?;
-    let selector = spec["selector"].as_str().context("selector")?;
-    host(client, selector)?.run(std::future::pending()).await
+    let test = spec["test"].as_str().context("test")?;
+    fault_host(test, client)
+        .build()
+        .await?
+        .run(std::future::pending())
+        .await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -495,7 +459,7 @@ async fn the_api_server_killed_mid_convergence_loses_nothing() -> anyhow::Result
     const TEST: &str = "fault-apiserver";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    let host = in_process_host(TEST).await?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS / 4).await?;
 
@@ -518,7 +482,7 @@ async fn watches_forced_to_relist_by_compaction_lose_no_change() -> anyhow::Resu
     const TEST: &str = "fault-compaction";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    let host = in_process_host(TEST).await?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS).await?;
     let kept = children_by_parent(&client, &ns).await?;
@@ -548,15 +512,14 @@ async fn a_host_sigkilled_mid_convergence_is_replaced_without_loss() -> anyhow::
     const TEST: &str = "fault-host-kill";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let selector = format!("{TEST_LABEL}={TEST}");
-    let first = HostProcess::start(&selector)?;
+    let first = HostProcess::start(TEST)?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS / 4).await?;
     first.kill()?;
     let kept_before = children_by_parent(&client, &ns).await?;
 
     let started = Instant::now();
-    let second = HostProcess::start(&selector)?;
+    let second = HostProcess::start(TEST)?;
     let took = wait_reconciled(&client, &ns, PARENTS).await?;
     report(
         "host SIGKILLed at 25 % converged",
@@ -580,9 +543,8 @@ async fn two_hosts_at_once_converge_without_fighting() -> anyhow::Result<()> {
     const TEST: &str = "fault-two-hosts";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let selector = format!("{TEST_LABEL}={TEST}");
-    let one = InProcessHost::start(&selector).await?;
-    let two = InProcessHost::start(&selector).await?;
+    let one = in_process_host(TEST).await?;
+    let two = in_process_host(TEST).await?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     let took = wait_reconciled(&client, &ns, PARENTS).await?;
     report(
@@ -607,7 +569,7 @@ async fn a_plugin_that_traps_while_finalizing_holds_parents_until_fixed() -> any
         spec
     };
     apply_policy(&client, TEST, TEST, finalizing("panic-finalizing")).await?;
-    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    let host = in_process_host(TEST).await?;
     const N: usize = 50;
     apply_widgets(&client, &ns, N, 1).await?;
     wait_reconciled(&client, &ns, N).await?;
@@ -690,8 +652,7 @@ async fn hostile_plugins_under_load_do_not_stop_a_good_policy() -> anyhow::Resul
     const TEST: &str = "fault-hostile";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let selector = format!("{TEST_LABEL}={TEST}");
-    let host = InProcessHost::start(&selector).await?;
+    let host = in_process_host(TEST).await?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS).await?;
     // The baseline: 200 changes, alone.
@@ -763,7 +724,7 @@ async fn a_looping_policy_at_high_concurrency_barely_slows_another() -> anyhow::
     const TEST: &str = "fault-looping";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    let host = in_process_host(TEST).await?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS).await?;
     let round = |size: u64| {

@@ -46,7 +46,7 @@ async fn myapp_converges_follows_changes_repairs_drift_and_prunes() -> anyhow::R
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
 
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
@@ -142,7 +142,7 @@ async fn a_related_config_map_reaches_the_plugin_and_its_changes_re_reconcile() 
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
 
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
@@ -199,7 +199,7 @@ async fn a_converged_host_writes_nothing_on_restart_or_on_a_swap_to_the_same_dec
     install_repo_crds(&client).await?;
     apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     for name in ["a", "b", "c"] {
         apply(&myapps, myapp(name, 2, "nginx:1.25")).await?;
     }
@@ -224,7 +224,7 @@ async fn a_converged_host_writes_nothing_on_restart_or_on_a_swap_to_the_same_dec
     host.stop().await?;
 
     let before = writes_in(audit_log, &ns)?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     // The restarted host lists everything and reconciles every parent at once; give it
     // ample time to write, if it were going to.
     tokio::time::sleep(std::time::Duration::from_secs(6)).await;

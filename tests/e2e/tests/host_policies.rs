@@ -62,7 +62,7 @@ async fn a_failing_plugin_changes_nothing_backs_off_and_recovers() -> anyhow::Re
         ),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
 
@@ -169,7 +169,7 @@ async fn children_the_policy_does_not_allow_are_refused_and_nothing_is_created()
     let children = json!([{"apiVersion": "v1", "kind": "ConfigMap"}, {"apiVersion": "v1", "kind": "Namespace"}]);
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     apply(&widgets, parent("Widget", "w")).await?;
 
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "stolen"}});
@@ -242,7 +242,7 @@ async fn a_finalizer_is_released_only_when_the_plugin_says_finalized() -> anyhow
         spec
     };
     apply_policy(&client, TEST, TEST, spec("hold-finalizer")).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     let finalizer = format!("wasmctrl.dev/{TEST}");
@@ -305,7 +305,7 @@ async fn policies_run_side_by_side_and_stop_alone() -> anyhow::Result<()> {
         policy_for("Gadget", json!([]), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     let gadgets = api(&client, &resource(GROUP, "v1", "Gadget"), &ns);
     let echoed = |o: &Value| o["status"]["parent"] == o["metadata"]["name"];
@@ -361,7 +361,7 @@ async fn a_policy_waits_for_its_crd_and_reports_plugin_problems() -> anyhow::Res
         "plugin": {"source": file_source("misbehave_plugin"), "digest": format!("sha256:{}", "0".repeat(64))},
     }))
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let policy_api = policies(&client);
 
     let waiting = wait_for_object(&policy_api, TEST, "Ready=False, KindNotFound", |p| {

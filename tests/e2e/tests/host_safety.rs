@@ -85,7 +85,7 @@ async fn an_existing_object_with_the_childs_name_is_never_taken_over() -> anyhow
         ),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     apply(&widgets, widget("w")).await?;
 
@@ -140,7 +140,7 @@ async fn two_parents_desiring_one_child_do_not_fight_the_first_keeps_it() -> any
         ),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     apply(&widgets, widget("first")).await?;
@@ -186,7 +186,7 @@ async fn a_parent_deleted_during_its_reconcile_is_not_re_created() -> anyhow::Re
     );
     spec["limits"] = json!({"timeoutMs": 30000});
     apply_policy(&client, TEST, TEST, spec).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     apply(&widgets, widget("w")).await?;
     wait_for_object(&widgets, "w", "w reconciled", |w| {
@@ -232,7 +232,7 @@ async fn a_plugin_cannot_hot_loop_a_parent_or_flood_it_with_events() -> anyhow::
         ),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     apply(&widgets, widget("w")).await?;
     wait_for_object(&widgets, "w", "w reconciled", |w| {
@@ -276,7 +276,7 @@ async fn a_permanent_error_waits_for_a_change_instead_of_retrying() -> anyhow::R
         policy(config_maps_allowed(), json!({"behavior": "permanent"})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     apply(&widgets, widget("w")).await?;
     let message = failure_message(&widgets, "w", "PluginReportedError").await?;
@@ -339,7 +339,7 @@ async fn plugin_credentials_come_only_from_the_hosts_namespace_and_only_over_tls
         }})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let policy_api = policies(&client);
     // (The policy may be left from an earlier run: only a verdict on this spec counts.)
     let current = |p: &Value, c: &Value| c["observedGeneration"] == p["metadata"]["generation"];
@@ -449,8 +449,10 @@ async fn a_kind_the_host_cannot_list_is_named_on_the_policy_and_stalls_nothing()
         ),
     )
     .await?;
-    let host =
-        HostUnderTest::start_as(TEST, &ns, &format!("system:serviceaccount:{ns}:host")).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .as_user(&format!("system:serviceaccount:{ns}:host"))
+        .start()
+        .await?;
     let policy_api = policies(&client);
     let forbidden = wait_for_object(&policy_api, TEST, "Ready=False, Forbidden", |p| {
         condition(p, "Ready").is_some_and(|c| c["reason"] == "Forbidden")
@@ -496,8 +498,10 @@ async fn a_kind_the_host_cannot_list_is_named_on_the_policy_and_stalls_nothing()
         json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]}]),
     )
     .await?;
-    let host =
-        HostUnderTest::start_as(TEST, &ns, &format!("system:serviceaccount:{ns}:host")).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .as_user(&format!("system:serviceaccount:{ns}:host"))
+        .start()
+        .await?;
     wait_for_object(&widgets, "w", "w reconciled", |w| {
         reconciled(w).is_some_and(|c| c["status"] == "True")
     })
@@ -533,7 +537,7 @@ async fn no_finalizer_is_left_behind_when_a_policy_stops_finalizing_or_goes_away
         spec
     };
     apply_policy(&client, TEST, TEST, finalizing(true)).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     let policy_api = policies(&client);
     let parent_finalizer = format!("wasmctrl.dev/{TEST}");
@@ -610,7 +614,7 @@ async fn a_second_policy_for_the_same_parents_is_refused_until_the_first_goes() 
     // Creation times have one-second resolution.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     apply_policy(&client, TEST, &newer, labelled("newer")).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let policy_api = policies(&client);
     let refused = wait_for_object(&policy_api, &newer, "ParentKindTaken", |p| {
         condition(p, "Ready").is_some_and(|c| c["reason"] == "ParentKindTaken")
@@ -690,7 +694,7 @@ async fn a_candidate_whose_answer_the_host_would_refuse_counts_as_would_fail_and
     });
     spec["related"] = json!([{"apiVersion": "v1", "kind": "ConfigMap"}]);
     apply_policy(&client, TEST, TEST, spec).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     apply(&widgets, widget("w")).await?;
     let policy_api = policies(&client);
@@ -737,7 +741,7 @@ async fn children_of_a_kind_removed_from_the_policy_are_kept_and_reported() -> a
         policy(both, json!({"children": [config_map("c", "x"), secret]})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
     apply(&widgets, widget("w")).await?;
@@ -797,7 +801,7 @@ async fn a_field_the_plugin_stops_setting_is_removed_from_a_child_it_created() -
         with_data(json!({"k": "v", "extra": "x"})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     apply(&widgets, widget("w")).await?;
@@ -851,7 +855,7 @@ async fn a_plugin_fetch_that_hangs_holds_up_neither_a_new_plugin_nor_shutdown() 
         "digest": digest,
     });
     apply_policy(&client, TEST, TEST, hanging.clone()).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // The server never answers (the download would wait 60 s per attempt); a new plugin
@@ -903,7 +907,7 @@ async fn a_child_kind_whose_crd_is_removed_is_named_on_the_policy() -> anyhow::R
         ),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let policy_api = policies(&client);
     wait_for_object(&policy_api, TEST, "Ready", |p| {
         condition(p, "Ready").is_some_and(|c| c["status"] == "True")

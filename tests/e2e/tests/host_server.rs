@@ -61,7 +61,10 @@ async fn a_running_host_is_ready_and_its_metrics_count_reconciles() -> anyhow::R
     .await?;
     // No precompiled artifact: the plugin takes a while to compile, and the host must not
     // say ready before it is loaded and the policy's caches are synced.
-    let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .without_disk_cache()
+        .start()
+        .await?;
     let (address, stop) = serve(host.readiness.clone(), host.metrics.clone()).await?;
     let deadline = tokio::time::Instant::now() + ACT;
     while http_get(address, "/readyz").await? != (200, "ok".into()) {

@@ -152,7 +152,7 @@ async fn a_new_plugin_reaches_every_parent_without_errors_and_rolls_back() -> an
         policy(file_source("myapp_plugin"), Some(&v1), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
 
@@ -294,7 +294,7 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
         policy(file_source("myapp_plugin"), None, json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let services = api(&client, &resource("", "v1", "Service"), &ns);
@@ -440,7 +440,7 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
         policy(json!({"file": {"path": file}}), None, json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     apply(&myapps, myapp("web")).await?;
     wait_served(&myapps, &deployments, "web", Built::V1).await?;
     active(&file_policy, &v1).await?;
@@ -511,7 +511,7 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
         policy(file_source("myapp_plugin"), Some(&v1), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let policy_api = policies(&client);
@@ -709,7 +709,10 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
         policy(http("myapp_plugin", true), Some(&v1), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .without_disk_cache()
+        .start()
+        .await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     apply(&myapps, myapp("web")).await?;
@@ -831,7 +834,10 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
         policy(oci(&v1_ref), Some(&v1), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .without_disk_cache()
+        .start()
+        .await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     apply(&myapps, myapp("web")).await?;

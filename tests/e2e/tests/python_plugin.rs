@@ -33,7 +33,7 @@ async fn a_python_plugin_converges_myapps_and_decides_as_the_rust_one() -> anyho
         myapp_policy_spec(file_source("myapp_py"), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let services = api(&client, &resource("", "v1", "Service"), &ns);

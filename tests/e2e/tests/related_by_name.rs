@@ -78,7 +78,10 @@ async fn a_plugin_receives_exactly_the_objects_its_parent_names() -> anyhow::Res
         max_bytes: 8 << 20,
         per_parent: 50,
     }));
-    let host = HostUnderTest::start_explained(TEST, &ns, explain.clone()).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .explained(explain.clone())
+        .start()
+        .await?;
 
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
