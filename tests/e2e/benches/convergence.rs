@@ -43,6 +43,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
+use wasmctrl_e2e::SelfProcess;
 use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, admin_client, memory_mib};
 
 // The host's allocator, as in the `wasmctrl` binary: the host under test runs in this
@@ -324,49 +325,31 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     })
 }
 
-/// The host under test, in its own process; stopped (SIGTERM, then waited for) when dropped,
-/// so a phase that fails half-way leaves no host running.
-struct HostProcess(std::process::Child);
-
-impl HostProcess {
-    fn id(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for HostProcess {
-    #[allow(unsafe_code)] // see the SAFETY comment inside
-    fn drop(&mut self) {
-        // SAFETY: kill has no memory-safety preconditions.
-        unsafe {
-            libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let _ = self.0.wait();
-    }
-}
-
 /// Start the host under test in its own process (this binary, re-executed), serving
-/// `/readyz` and `/metrics` at the returned address.
+/// `/readyz` and `/metrics` at the returned address; stopped (SIGTERM, then waited for) when
+/// dropped, so a phase that fails half-way leaves no host running.
 fn spawn_host(
     host_ns: &str,
     run: &str,
     plane: &ControlPlane,
-) -> anyhow::Result<(HostProcess, std::net::SocketAddr)> {
+) -> anyhow::Result<(SelfProcess, std::net::SocketAddr)> {
     let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let host = std::process::Command::new(std::env::current_exe()?)
-        .env(HOST_LISTEN, listen.to_string())
-        .env(
-            HOST_MODE,
-            format!(
-                "{host_ns}|{SELECTOR_LABEL}={run}|{}",
-                plane.kubeconfig.display()
-            ),
-        )
-        .env("WASMCTRL_LOG", "warn")
-        .envs(host_env()?)
-        .spawn()
-        .context("starting the host")?;
-    Ok((HostProcess(host), listen))
+    let host = SelfProcess::spawn(
+        std::process::Command::new(std::env::current_exe()?)
+            .env(HOST_LISTEN, listen.to_string())
+            .env(
+                HOST_MODE,
+                format!(
+                    "{host_ns}|{SELECTOR_LABEL}={run}|{}",
+                    plane.kubeconfig.display()
+                ),
+            )
+            .env("WASMCTRL_LOG", "warn")
+            .envs(host_env()?),
+    )
+    .context("starting the host")?
+    .stop_on_drop_with(libc::SIGTERM);
+    Ok((host, listen))
 }
 
 /// Start a new host on the converged cluster and time it: to its caches synced (`/readyz`

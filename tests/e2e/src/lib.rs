@@ -15,6 +15,7 @@ mod http;
 mod kinds;
 mod objects;
 mod policies;
+mod process;
 
 pub use chart::{
     CHART, apply_object, apply_policy_rbac, documents, helm, install_chart_rbac, rbac_for, render,
@@ -27,6 +28,7 @@ pub use objects::{
     wait_gone,
 };
 pub use policies::{apply_policy, delete_namespace, file_source, policies, test_namespace};
+pub use process::{SelfProcess, spawn_self};
 pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};
 
 /// Label that ties a test's policies to the host the test runs.

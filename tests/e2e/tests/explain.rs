@@ -519,14 +519,16 @@ async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<
         "--listen",
         "off",
     ];
-    let mut host = std::process::Command::new(std::env::current_exe()?)
-        .args(["--exact", "host_process", "--ignored", "--nocapture"])
-        .env(HOST_ARGS, serde_json::to_string(&args)?)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"))
-        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
-        .env("WASMCTRL_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .spawn()?;
+    let (command_line, endpoint) = (serde_json::to_string(&args)?, format!("http://{collector}"));
+    let mut host = spawn_self(
+        "host_process",
+        &[
+            (HOST_ARGS, command_line.as_str()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+            ("WASMCTRL_LOG", "warn"),
+        ],
+    )?;
     create_widget(&client, &ns, "traced").await?;
 
     let started = Instant::now();
@@ -537,7 +539,6 @@ async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<
             break all;
         }
         if started.elapsed() > ACT * 2 || host.try_wait()?.is_some() {
-            let _ = host.kill();
             anyhow::bail!(
                 "no reconcile trace reached the collector ({} bytes)",
                 all.len()
@@ -545,8 +546,7 @@ async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let _ = host.kill();
-    let _ = host.wait();
+    drop(host);
     for step in [
         "caches",
         "finalizer",

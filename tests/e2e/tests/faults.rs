@@ -160,38 +160,15 @@ async fn in_process_host(test: &str) -> anyhow::Result<HostUnderTest> {
     fault_host(test, Plane::get().client().await?).start().await
 }
 
-/// A host in a process of its own: this test binary, re-executed to run `host_process`.
-struct HostProcess(std::process::Child);
-
-impl HostProcess {
-    fn start(test: &str) -> anyhow::Result<Self> {
-        let child = std::process::Command::new(std::env::current_exe()?)
-            .args(["--exact", "host_process", "--ignored", "--nocapture"])
-            .env(
-                HOST_ENV,
-                json!({"kubeconfig": Plane::get().kubeconfig, "test": test}).to_string(),
-            )
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .context("starting the host process")?;
-        Ok(Self(child))
-    }
-
-    fn kill(mut self) -> anyhow::Result<()> {
-        self.0.kill()?;
-        self.0.wait()?;
-        Ok(())
-    }
+/// A fault test's host in a process of its own, which can be SIGKILLed: this test binary,
+/// re-executed to run `host_process`.
+fn host_process_for(test: &str) -> anyhow::Result<SelfProcess> {
+    let spec = json!({"kubeconfig": Plane::get().kubeconfig, "test": test}).to_string();
+    spawn_self("host_process", &[(HOST_ENV, spec.as_str())])
 }
 
-impl Drop for HostProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Not a test: the body of a host process for `HostProcess` (does nothing when run alone).
+/// Not a test: the body of a host process for `host_process_for` (does nothing when run
+/// alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "runs only as the host process of a fault test"]
 async fn host_process() -> anyhow::Result<()> {
@@ -512,14 +489,14 @@ async fn a_host_sigkilled_mid_convergence_is_replaced_without_loss() -> anyhow::
     const TEST: &str = "fault-host-kill";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let first = HostProcess::start(TEST)?;
+    let first = host_process_for(TEST)?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS / 4).await?;
     first.kill()?;
     let kept_before = children_by_parent(&client, &ns).await?;
 
     let started = Instant::now();
-    let second = HostProcess::start(TEST)?;
+    let second = host_process_for(TEST)?;
     let took = wait_reconciled(&client, &ns, PARENTS).await?;
     report(
         "host SIGKILLed at 25 % converged",

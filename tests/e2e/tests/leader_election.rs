@@ -23,10 +23,11 @@ const REPLICA_ENV: &str = "WASMCTRL_E2E_REPLICA";
 /// controller-runtime's default lease duration, which the host defaults to.
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 
-/// One replica: this test binary, re-executed to run `wasmctrl run` as `name`.
+/// One replica: this test binary, re-executed to run `wasmctrl run` as `name` (killed when
+/// dropped).
 struct Replica {
     name: String,
-    child: std::process::Child,
+    process: SelfProcess,
     address: SocketAddr,
 }
 
@@ -58,47 +59,28 @@ impl Replica {
             "500",
         ]
         .map(str::to_owned);
-        let child = std::process::Command::new(std::env::current_exe()?)
-            .args(["--exact", "replica_process", "--ignored", "--nocapture"])
-            .env(REPLICA_ENV, serde_json::to_string(&args)?)
-            .stdout(std::process::Stdio::null())
-            .spawn()
+        let command_line = serde_json::to_string(&args)?;
+        let process = spawn_self("replica_process", &[(REPLICA_ENV, command_line.as_str())])
             .context("starting a replica")?;
         Ok(Self {
             name: name.to_owned(),
-            child,
+            process,
             address,
         })
     }
 
-    #[allow(unsafe_code)] // see the SAFETY comment inside
-    fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
-        let pid = i32::try_from(self.child.id())?;
-        // SAFETY: kill(2) on our own child's pid has no memory effects.
-        if unsafe { libc::kill(pid, signal) } != 0 {
-            anyhow::bail!(
-                "signalling {}: {}",
-                self.name,
-                std::io::Error::last_os_error()
-            );
-        }
-        Ok(())
+    fn signal(&mut self, signal: libc::c_int) -> anyhow::Result<()> {
+        self.process
+            .signal(signal)
+            .with_context(|| format!("signalling {}", self.name))
     }
 
     /// Wait for the process to end; its exit status.
     async fn wait(mut self, within: Duration) -> anyhow::Result<std::process::ExitStatus> {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            anyhow::ensure!(
-                started.elapsed() < within,
-                "{} did not exit within {within:?}",
-                self.name
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.process
+            .exit_within(within)
+            .await
+            .with_context(|| format!("waiting for {} to exit", self.name))
     }
 
     async fn metric(&self, series: &str) -> anyhow::Result<Option<f64>> {
@@ -107,13 +89,6 @@ impl Replica {
             line.strip_prefix(series)
                 .and_then(|value| value.trim().parse().ok())
         }))
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -311,7 +286,7 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
     // SIGKILL: no release, so the standby takes over once the lease has expired; a change
     // made meanwhile is reconciled by the new leader.
     let killed_at = Instant::now();
-    let killed = replicas.remove(leader_at);
+    let mut killed = replicas.remove(leader_at);
     killed.signal(libc::SIGKILL)?;
     drop(killed);
     apply(&widgets, widget("w2")).await?;
@@ -329,7 +304,7 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
     })
     .await?;
     let termed_at = Instant::now();
-    let termed = replicas.remove(0);
+    let mut termed = replicas.remove(0);
     termed.signal(libc::SIGTERM)?;
     wait_for_holder(&leases, &["replica-c"], LEASE_DURATION).await?;
     let term_failover = termed_at.elapsed();
