@@ -22,7 +22,10 @@ pub use chart::{
 };
 pub use host::{HostBuilder, HostUnderTest, impersonating_client};
 pub use http::http_get;
-pub use kinds::{myapp_policy_in, myapp_policy_spec, test_crd};
+pub use kinds::{
+    TEST_GROUP, myapp, myapp_policy_in, myapp_policy_spec, myapps, test_crd, widget, widget_test,
+    widgets,
+};
 pub use objects::{
     COLLECT, api, apply, condition, event_reasons, get, resource, wait_collected, wait_for_object,
     wait_gone,

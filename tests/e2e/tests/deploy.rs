@@ -203,7 +203,7 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
         .as_user(&format!("system:serviceaccount:{ns}:{service_account}"))
         .start()
         .await?;
-    let apps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let apps = myapps(&client, &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     apply(
         &config_maps,
@@ -211,12 +211,7 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
                "data": {"A": "1"}}),
     )
     .await?;
-    apply(
-        &apps,
-        json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": "web"},
-               "spec": {"replicas": 1, "image": "nginx:1.27", "configMap": "web-env"}}),
-    )
-    .await?;
+    apply(&apps, myapp("web", 1, "nginx:1.27", Some("web-env"))).await?;
     wait_for_object(
         &apps,
         "web",

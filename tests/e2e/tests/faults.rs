@@ -23,7 +23,6 @@ use wasmctrl_e2e::*;
 use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, eventually};
 use wasmctrl_testenv::repo_root;
 
-const GROUP: &str = "e2e.wasmctrl.dev";
 /// Parents per fault.
 const PARENTS: usize = 200;
 /// How long convergence may take after a fault.
@@ -189,10 +188,6 @@ async fn host_process() -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------------------
 // Parents, and the invariant every fault test ends with.
 
-fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
-    api(client, &resource(GROUP, "v1", "Widget"), ns)
-}
-
 fn config_maps(client: &Client, ns: &str) -> Api<DynamicObject> {
     api(client, &resource("", "v1", "ConfigMap"), ns)
 }
@@ -201,7 +196,7 @@ fn config_maps(client: &Client, ns: &str) -> Api<DynamicObject> {
 /// a 2 s resync so that "a resync writes nothing" is tested within seconds.
 fn widget_policy(ns: &str, config: Value) -> Value {
     json!({
-        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "namespace": ns},
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget", "namespace": ns},
         "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
         "plugin": {"source": file_source("misbehave_plugin"), "config": config},
         "resyncPeriodSeconds": 2,
@@ -212,7 +207,7 @@ fn widget_policy(ns: &str, config: Value) -> Value {
 async fn setup(test: &str, config: Value) -> anyhow::Result<(Client, String)> {
     let client = Plane::get().client().await?;
     install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
     let ns = create_namespace(&client, test).await?;
     apply_policy(&client, test, test, widget_policy(&ns, config)).await?;
     // A user's own object in the namespace, which nothing may touch.
@@ -241,16 +236,12 @@ async fn create_namespace(client: &Client, test: &str) -> anyhow::Result<String>
     Ok(name)
 }
 
-fn widget(name: &str, size: u64) -> Value {
-    json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "metadata": {"name": name}, "spec": {"size": size}})
-}
-
 /// Apply `count` Widgets `w-0…` with `size`, 16 at a time.
 async fn apply_widgets(client: &Client, ns: &str, count: usize, size: u64) -> anyhow::Result<()> {
     let api = widgets(client, ns);
     let results: Vec<anyhow::Result<DynamicObject>> = futures::stream::iter((0..count).map(|i| {
         let api = api.clone();
-        async move { apply(&api, widget(&format!("w-{i}"), size)).await }
+        async move { apply(&api, widget(&format!("w-{i}"), Some(size))).await }
     }))
     .buffer_unordered(16)
     .collect()

@@ -34,14 +34,6 @@ fn policy(source: Value, digest: Option<&str>, config: Value) -> Value {
     })
 }
 
-fn myapp(name: &str) -> Value {
-    json!({
-        "apiVersion": "example.com/v1", "kind": "MyApp",
-        "metadata": {"name": name},
-        "spec": {"replicas": 1, "image": "nginx:1.27"},
-    })
-}
-
 /// The parent is reconciled at its current generation.
 fn reconciled_now(app: &Value) -> bool {
     condition(app, "Reconciled").is_some_and(|c| c["status"] == "True")
@@ -153,11 +145,15 @@ async fn a_new_plugin_reaches_every_parent_without_errors_and_rolls_back() -> an
     )
     .await?;
     let host = HostUnderTest::builder(TEST, &ns).start().await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
 
     for i in 0..PARENTS {
-        apply(&myapps, myapp(&format!("app-{i:03}"))).await?;
+        apply(
+            &myapps,
+            myapp(&format!("app-{i:03}"), 1, "nginx:1.27", None),
+        )
+        .await?;
     }
     let all = |built: Built| {
         let (myapps, deployments) = (myapps.clone(), deployments.clone());
@@ -295,11 +291,11 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
     )
     .await?;
     let host = HostUnderTest::builder(TEST, &ns).start().await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let services = api(&client, &resource("", "v1", "Service"), &ns);
     let policy_api = policies(&client);
-    apply(&myapps, myapp("web")).await?;
+    apply(&myapps, myapp("web", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     let plugin_loaded = |reason: &'static str| {
@@ -348,7 +344,7 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
     )
     .await?;
     // v1 still reconciles: a new parent is served by it.
-    apply(&myapps, myapp("api")).await?;
+    apply(&myapps, myapp("api", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "api", Built::V1).await?;
 
     // A plugin that loads but traps on every call: visible, and nothing is deleted.
@@ -414,7 +410,7 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     let active = |policy: &str, digest: &str| {
@@ -441,7 +437,7 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
     )
     .await?;
     let host = HostUnderTest::builder(TEST, &ns).start().await?;
-    apply(&myapps, myapp("web")).await?;
+    apply(&myapps, myapp("web", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "web", Built::V1).await?;
     active(&file_policy, &v1).await?;
     let staged = dir.path().join("plugin.wasm.new");
@@ -478,7 +474,7 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
     .await?;
     // A new parent: web's children still carry the label the file policy's v2 set, which a
     // policy with another field manager does not own and so cannot drop.
-    apply(&myapps, myapp("api")).await?;
+    apply(&myapps, myapp("api", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "api", Built::V1).await?;
     active(&cm_policy, &v1).await?;
     apply(&config_maps, binary("myapp_v2_plugin")?).await?;
@@ -512,7 +508,7 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
     )
     .await?;
     let host = HostUnderTest::builder(TEST, &ns).start().await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let policy_api = policies(&client);
     for (name, track) in [
@@ -521,7 +517,7 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
         ("c", "canary"),
         ("d", "canary"),
     ] {
-        let mut app = myapp(name);
+        let mut app = myapp(name, 1, "nginx:1.27", None);
         app["metadata"]["labels"] = json!({"track": track});
         apply(&myapps, app).await?;
     }
@@ -713,9 +709,9 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
         .without_disk_cache()
         .start()
         .await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
-    apply(&myapps, myapp("web")).await?;
+    apply(&myapps, myapp("web", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     // Without credentials the server says 401, and the policy says why v1 stays. (A digest
@@ -838,9 +834,9 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
         .without_disk_cache()
         .start()
         .await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
-    apply(&myapps, myapp("web")).await?;
+    apply(&myapps, myapp("web", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     // A tag that does not exist is reported; v1 keeps serving.

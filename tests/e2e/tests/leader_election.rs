@@ -16,7 +16,6 @@ use wasmctrl_testenv::TestEnv;
 use wasmctrl_testenv::cluster::eventually;
 
 const TEST: &str = "leader-election";
-const GROUP: &str = "e2e.wasmctrl.dev";
 const LEASE: &str = "wasmctrl-leader";
 /// The command line of a re-executed test binary that runs one replica (see `replica_process`).
 const REPLICA_ENV: &str = "WASMCTRL_E2E_REPLICA";
@@ -188,29 +187,12 @@ async fn wait_reconciled(
     Ok(())
 }
 
-fn widget(name: &str) -> Value {
-    json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "metadata": {"name": name}, "spec": {"size": 1}})
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> anyhow::Result<()> {
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
-    apply_policy(
-        &client,
-        TEST,
-        TEST,
-        json!({
-            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
-            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
-            "plugin": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
-        }),
-    )
-    .await?;
+    let (client, ns) = widget_test(TEST, json!({"ownChild": true})).await?;
     let dir = tempfile::tempdir()?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let widgets = widgets(&client, &ns);
 
     let mut replicas = vec![
         Replica::start("replica-a", &ns, dir.path())?,
@@ -229,7 +211,7 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
         .await?;
     }
 
-    apply(&widgets, widget("w1")).await?;
+    apply(&widgets, widget("w1", Some(1))).await?;
     wait_reconciled(&widgets, "w1").await?;
     let status = format!(r#"leader_election_master_status{{name="{LEASE}"}} "#);
     assert_eq!(replicas[leader_at].metric(&status).await?, Some(1.0));
@@ -289,7 +271,7 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
     let mut killed = replicas.remove(leader_at);
     killed.signal(libc::SIGKILL)?;
     drop(killed);
-    apply(&widgets, widget("w2")).await?;
+    apply(&widgets, widget("w2", Some(1))).await?;
     wait_for_holder(&leases, &[&standby], LEASE_DURATION * 2).await?;
     let kill_failover = killed_at.elapsed();
     wait_reconciled(&widgets, "w2").await?;
@@ -310,7 +292,7 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
     let term_failover = termed_at.elapsed();
     let exit = termed.wait(ACT).await?;
     assert!(exit.success(), "a terminated leader exits 0, not {exit}");
-    apply(&widgets, widget("w3")).await?;
+    apply(&widgets, widget("w3", Some(1))).await?;
     wait_reconciled(&widgets, "w3").await?;
 
     eprintln!(
