@@ -46,7 +46,7 @@ pub fn documents(yaml: &str) -> anyhow::Result<Vec<Value>> {
 
 /// Server-side apply `object` (a JSON manifest of any kind, namespaced or not) as the test's
 /// own field manager.
-pub async fn apply_object(client: &kube::Client, object: &Value) -> anyhow::Result<()> {
+async fn apply_object(client: &kube::Client, object: &Value) -> anyhow::Result<()> {
     let (group, version) = match object["apiVersion"]
         .as_str()
         .context("apiVersion")?
@@ -101,7 +101,7 @@ pub async fn install_chart_rbac(
 }
 
 /// What `wasmctrl rbac FILES… --service-account SA --name NAME` prints.
-pub async fn rbac_for(
+async fn rbac_for(
     files: &[std::path::PathBuf],
     service_account: &str,
     name: &str,

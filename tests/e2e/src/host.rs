@@ -193,7 +193,7 @@ fn disk_cache() -> PathBuf {
 }
 
 /// A client that acts as `user` through impersonation by the admin credentials.
-pub async fn impersonating_client(user: &str) -> anyhow::Result<Client> {
+async fn impersonating_client(user: &str) -> anyhow::Result<Client> {
     let kubeconfig = kube::config::Kubeconfig::read_from(TestEnv::get().kubeconfig())?;
     let mut config = kube::Config::from_custom_kubeconfig(
         kubeconfig,

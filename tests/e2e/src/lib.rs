@@ -17,10 +17,8 @@ mod objects;
 mod policies;
 mod process;
 
-pub use chart::{
-    CHART, apply_object, apply_policy_rbac, documents, helm, install_chart_rbac, rbac_for, render,
-};
-pub use host::{HostBuilder, HostUnderTest, impersonating_client};
+pub use chart::{CHART, apply_policy_rbac, documents, helm, install_chart_rbac, render};
+pub use host::{HostBuilder, HostUnderTest};
 pub use http::http_get;
 pub use kinds::{
     TEST_GROUP, myapp, myapp_policy_in, myapp_policy_spec, myapps, test_crd, widget, widget_test,
