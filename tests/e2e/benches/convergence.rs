@@ -43,6 +43,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
+use wasmctrl_e2e::{SelfProcess, myapp, myapps};
 use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, admin_client, memory_mib};
 
 // The host's allocator, as in the `wasmctrl` binary: the host under test runs in this
@@ -242,7 +243,7 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     wait_policy_ready(&client, "bench").await?;
     let audit_before = audit_lines(&plane.audit_log)?;
 
-    let myapps = Api::<DynamicObject>::namespaced_with(client.clone(), &host_ns, &myapp_resource());
+    let myapps = myapps(&client, &host_ns);
     let probe = CpuProbe::new(plane, host_pid);
     let until = Until::from_env()?;
     let watch = tokio::spawn(watch_progress(myapps.clone(), n, probe, until));
@@ -324,49 +325,31 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     })
 }
 
-/// The host under test, in its own process; stopped (SIGTERM, then waited for) when dropped,
-/// so a phase that fails half-way leaves no host running.
-struct HostProcess(std::process::Child);
-
-impl HostProcess {
-    fn id(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for HostProcess {
-    #[allow(unsafe_code)] // see the SAFETY comment inside
-    fn drop(&mut self) {
-        // SAFETY: kill has no memory-safety preconditions.
-        unsafe {
-            libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let _ = self.0.wait();
-    }
-}
-
 /// Start the host under test in its own process (this binary, re-executed), serving
-/// `/readyz` and `/metrics` at the returned address.
+/// `/readyz` and `/metrics` at the returned address; stopped (SIGTERM, then waited for) when
+/// dropped, so a phase that fails half-way leaves no host running.
 fn spawn_host(
     host_ns: &str,
     run: &str,
     plane: &ControlPlane,
-) -> anyhow::Result<(HostProcess, std::net::SocketAddr)> {
+) -> anyhow::Result<(SelfProcess, std::net::SocketAddr)> {
     let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let host = std::process::Command::new(std::env::current_exe()?)
-        .env(HOST_LISTEN, listen.to_string())
-        .env(
-            HOST_MODE,
-            format!(
-                "{host_ns}|{SELECTOR_LABEL}={run}|{}",
-                plane.kubeconfig.display()
-            ),
-        )
-        .env("WASMCTRL_LOG", "warn")
-        .envs(host_env()?)
-        .spawn()
-        .context("starting the host")?;
-    Ok((HostProcess(host), listen))
+    let host = SelfProcess::spawn(
+        std::process::Command::new(std::env::current_exe()?)
+            .env(HOST_LISTEN, listen.to_string())
+            .env(
+                HOST_MODE,
+                format!(
+                    "{host_ns}|{SELECTOR_LABEL}={run}|{}",
+                    plane.kubeconfig.display()
+                ),
+            )
+            .env("WASMCTRL_LOG", "warn")
+            .envs(host_env()?),
+    )
+    .context("starting the host")?
+    .stop_on_drop_with(libc::SIGTERM);
+    Ok((host, listen))
 }
 
 /// Start a new host on the converged cluster and time it: to its caches synced (`/readyz`
@@ -465,8 +448,7 @@ async fn baseline_phase(n: usize, plane: &ControlPlane) -> anyhow::Result<Baseli
     let client = admin_client(&plane.kubeconfig).await?;
     wasmctrl_testenv::crds::install_repo_crds(&client).await?;
     let base_ns = create_namespace(&client, &format!("bench-base-{n}")).await?;
-    let base_myapps =
-        Api::<DynamicObject>::namespaced_with(client.clone(), &base_ns, &myapp_resource());
+    let base_myapps = myapps(&client, &base_ns);
     let audit_before = audit_lines(&plane.audit_log)?;
     let probe = CpuProbe::new(plane, std::process::id());
     let cpu_before = probe.read();
@@ -636,10 +618,6 @@ async fn http_get(address: std::net::SocketAddr, path: &str) -> anyhow::Result<(
     Ok((code, body.to_owned()))
 }
 
-fn myapp_resource() -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "MyApp"))
-}
-
 async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<String> {
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let ns = serde_json::from_value(
@@ -713,11 +691,8 @@ async fn create_myapps(
         .map(|i| {
             let api = api.clone();
             async move {
-                let app: DynamicObject = serde_json::from_value(json!({
-                    "apiVersion": "example.com/v1", "kind": "MyApp",
-                    "metadata": {"name": format!("app-{i:05}")},
-                    "spec": {"replicas": 1, "image": "nginx:1.27"},
-                }))?;
+                let app: DynamicObject =
+                    serde_json::from_value(myapp(&format!("app-{i:05}"), 1, "nginx:1.27", None))?;
                 let created = api.create(&PostParams::default(), &app).await?;
                 Ok::<_, anyhow::Error>((
                     created.name_any(),
@@ -822,7 +797,7 @@ async fn baseline_writes(
         ns,
         &ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Service")),
     );
-    let myapps = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &myapp_resource());
+    let myapps = myapps(client, ns);
     let params = Arc::new(PatchParams::apply("baseline").force());
     // The plugin's Events are writes the host makes for it; the baseline makes them too, the
     // same way (events.k8s.io, through a kube recorder per Event, as the host does).
@@ -834,11 +809,9 @@ async fn baseline_writes(
         .map(|(name, uid)| {
             let (deployments, services, myapps, params, reporter) = (deployments.clone(), services.clone(), myapps.clone(), params.clone(), reporter.clone());
             async move {
-                let parent = json!({
-                    "apiVersion": "example.com/v1", "kind": "MyApp",
-                    "metadata": {"name": name, "namespace": ns, "uid": uid, "generation": 1},
-                    "spec": {"replicas": 1, "image": "nginx:1.27"},
-                });
+                // The MyApp as created, as the API server serves it.
+                let mut parent = myapp(&name, 1, "nginx:1.27", None);
+                parent["metadata"] = json!({"name": name, "namespace": ns, "uid": uid, "generation": 1});
                 let response = wasmctrl_plugin_sdk::testing::TestRequest::new(&parent)
                     .reconcile::<myapp_plugin::MyAppReconciler>()
                     .map_err(|e| anyhow::anyhow!("{e}"))?;

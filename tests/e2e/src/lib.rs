@@ -1,1 +1,39 @@
-//! End-to-end tests live in `tests/`; this crate has no library code.
+//! What wasmctrl's end-to-end tests share, compiled once for all of them: CRDs installed once, a
+//! wasmctrl host running in-process for one test (scoped to its namespace and its own policies,
+//! so tests running side by side never act on each other's objects), the objects and policies
+//! the tests reconcile, and the Helm chart's helpers.
+//!
+//! The tests live in `tests/` and `benches/`; each takes what it needs with
+//! `use wasmctrl_e2e::*;`.
+#![warn(missing_docs)]
+
+use std::time::Duration;
+
+mod chart;
+mod host;
+mod http;
+mod kinds;
+mod objects;
+mod policies;
+mod process;
+
+pub use chart::{CHART, apply_policy_rbac, documents, helm, install_chart_rbac, render};
+pub use host::{HostBuilder, HostUnderTest};
+pub use http::http_get;
+pub use kinds::{
+    TEST_GROUP, myapp, myapp_policy_in, myapp_policy_spec, myapps, test_crd, widget, widget_test,
+    widgets,
+};
+pub use objects::{
+    COLLECT, api, apply, condition, event_reasons, get, resource, wait_collected, wait_for_object,
+    wait_gone,
+};
+pub use policies::{apply_policy, delete_namespace, file_source, policies, test_namespace};
+pub use process::{SelfProcess, spawn_self};
+pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};
+
+/// Label that ties a test's policies to the host the test runs.
+pub const TEST_LABEL: &str = "e2e.wasmctrl.dev/test";
+
+/// How long anything that needs the host to act may take.
+pub const ACT: Duration = Duration::from_secs(30);

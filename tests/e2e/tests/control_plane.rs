@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
+use wasmctrl_e2e::{myapp, myapps};
 use wasmctrl_testenv::TestEnv;
 use wasmctrl_testenv::cluster::eventually;
 
@@ -83,13 +83,8 @@ async fn crd_serves_status_subresource_and_rejects_invalid_objects() -> anyhow::
     .await?;
 
     let (client, ns) = env.namespace("crd-status").await?;
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "MyApp"));
-    let myapps: Api<DynamicObject> = Api::namespaced_with(client, &ns, &resource);
-    let app: DynamicObject = from_json(json!({
-        "apiVersion": "example.com/v1", "kind": "MyApp",
-        "metadata": {"name": "web"},
-        "spec": {"replicas": 3, "image": "nginx:1.25"}
-    }));
+    let myapps = myapps(&client, &ns);
+    let app: DynamicObject = from_json(myapp("web", 3, "nginx:1.25", None));
     // The discovery cache of a fresh CRD can lag a moment behind Established.
     eventually("MyApp created", Duration::from_secs(30), || async {
         Ok(myapps.create(&PostParams::default(), &app).await.is_ok())
@@ -111,11 +106,7 @@ async fn crd_serves_status_subresource_and_rejects_invalid_objects() -> anyhow::
         "status write left spec alone"
     );
 
-    let invalid: DynamicObject = from_json(json!({
-        "apiVersion": "example.com/v1", "kind": "MyApp",
-        "metadata": {"name": "invalid"},
-        "spec": {"replicas": 0, "image": "nginx"}
-    }));
+    let invalid: DynamicObject = from_json(myapp("invalid", 0, "nginx", None));
     let err = myapps
         .create(
             &PostParams {

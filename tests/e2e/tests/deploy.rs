@@ -7,14 +7,12 @@
 //! `WASMCTRL_BLESS=1` (or `cargo xtask manifests`) rewrites `deploy/manifests/wasmctrl.yaml`
 //! and the chart's copy of the CRD.
 
-mod support;
-
 use std::path::Path;
 
 use anyhow::Context as _;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
-use support::*;
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::repo_root;
 
 const MANIFESTS: &str = "deploy/manifests/wasmctrl.yaml";
@@ -201,13 +199,11 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
     .await?;
 
     apply_policy(&client, TEST, TEST, spec.clone()).await?;
-    let host = HostUnderTest::start_as(
-        TEST,
-        &ns,
-        &format!("system:serviceaccount:{ns}:{service_account}"),
-    )
-    .await?;
-    let apps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns)
+        .as_user(&format!("system:serviceaccount:{ns}:{service_account}"))
+        .start()
+        .await?;
+    let apps = myapps(&client, &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     apply(
         &config_maps,
@@ -215,12 +211,7 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
                "data": {"A": "1"}}),
     )
     .await?;
-    apply(
-        &apps,
-        json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": "web"},
-               "spec": {"replicas": 1, "image": "nginx:1.27", "configMap": "web-env"}}),
-    )
-    .await?;
+    apply(&apps, myapp("web", 1, "nginx:1.27", Some("web-env"))).await?;
     wait_for_object(
         &apps,
         "web",

@@ -5,8 +5,6 @@
 //! hands over once the lease expires, SIGTERM within about a second, and the terminated
 //! replica exits 0. A replica whose cache directory is not writable still runs.
 
-mod support;
-
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Api;
 use serde_json::{Value, json};
-use support::*;
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::TestEnv;
 use wasmctrl_testenv::cluster::eventually;
 use wasmctrl_testenv::container::{Container, ContainerSpec, service_account_files};
@@ -139,11 +137,6 @@ async fn wait_for_holder(
     }
 }
 
-fn myapp(replicas: i64) -> Value {
-    json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": "web"},
-           "spec": {"replicas": replicas, "image": "nginx:1.27"}})
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow::Result<()> {
     // Build (cached by cargo), push, pull and unpack: what a node does with an image.
@@ -221,7 +214,7 @@ async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let names: Vec<String> = replicas.iter().map(|r| r.name.clone()).collect();
     let leader = wait_for_holder(&leases, &[&names[0], &names[1]], ACT).await?;
-    let apps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let apps = myapps(&client, &ns);
     let converged = |replicas: i64| {
         let apps = apps.clone();
         async move {
@@ -237,7 +230,7 @@ async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow
             .await
         }
     };
-    apply(&apps, myapp(1)).await?;
+    apply(&apps, myapp("web", 1, "nginx:1.27", None)).await?;
     converged(1).await?;
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     assert!(get(&deployments, "web").await?.is_some());
@@ -268,7 +261,7 @@ async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow
     let killed = replicas.remove(leader_at);
     killed.container.signal("KILL")?;
     drop(killed);
-    apply(&apps, myapp(2)).await?;
+    apply(&apps, myapp("web", 2, "nginx:1.27", None)).await?;
     wait_for_holder(&leases, &[&standby], Duration::from_secs(30)).await?;
     let kill_failover = killed_at.elapsed();
     converged(2).await?;
@@ -288,7 +281,7 @@ async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow
     let mut termed = replicas.remove(0);
     let exit = tokio::task::spawn_blocking(move || termed.container.wait(ACT)).await??;
     assert!(exit.success(), "a terminated replica exits 0, not {exit}");
-    apply(&apps, myapp(3)).await?;
+    apply(&apps, myapp("web", 3, "nginx:1.27", None)).await?;
     converged(3).await?;
 
     // A replica whose cache directory is not writable (no emptyDir on a read-only root)

@@ -4,8 +4,6 @@
 //! recorded directory replaying to the same answer on the same plugin and to a would-change
 //! on `myapp-v2`, and the deployed path through the API server's pod proxy.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,14 +14,12 @@ use clap::Parser as _;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::*;
 use wasmctrl::cli::{CasesDiffer, Cli, Command};
 use wasmctrl::explain::{
     Bounds, ChildAction, Explain, ExplainOptions, Record, RecordOptions, RecordResult,
 };
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::TestEnv;
-
-const GROUP: &str = "e2e.wasmctrl.dev";
 
 /// Serve the host's endpoints on all interfaces (the API server's pod proxy will not dial
 /// loopback) until the returned sender fires.
@@ -111,12 +107,6 @@ async fn replay(args: &[&str]) -> anyhow::Result<bool> {
     }
 }
 
-/// MyApp `web` with `replicas`, naming a ConfigMap that does not exist.
-fn web(replicas: i64) -> Value {
-    json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": "web"},
-           "spec": {"replicas": replicas, "image": "nginx:1.25", "configMap": "web-config"}})
-}
-
 fn plugin(name: &str) -> String {
     wasmctrl_testenv::plugins::guest(name)
         .to_string_lossy()
@@ -152,7 +142,10 @@ async fn explain_shows_each_step_and_a_saved_or_recorded_case_replays() -> anyho
         }),
         secret_data: false,
     })?);
-    let host = HostUnderTest::start_explained(TEST, &ns, explain_store).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .explained(explain_store)
+        .start()
+        .await?;
     let (address, _stop) = serve(&host).await?;
     let url = format!("http://127.0.0.1:{}", address.port());
 
@@ -166,9 +159,10 @@ async fn explain_shows_each_step_and_a_saved_or_recorded_case_replays() -> anyho
     )
     .await?;
 
-    // Created: both children, with the plugin's Warning about the missing ConfigMap.
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
-    apply(&myapps, web(2)).await?;
+    // Created: both children, with the plugin's Warning about the missing ConfigMap (no
+    // web-config exists).
+    let myapps = myapps(&client, &ns);
+    apply(&myapps, myapp("web", 2, "nginx:1.25", Some("web-config"))).await?;
     let created = wait_for_record(&url, &ns, "myapp/web", "a record of the creation", |r| {
         action(r, "Deployment").is_some_and(|(a, _)| a == ChildAction::Created)
     })
@@ -216,7 +210,7 @@ async fn explain_shows_each_step_and_a_saved_or_recorded_case_replays() -> anyho
     assert!(quiet.error.is_none());
 
     // Changed: the Deployment, naming the field that differed.
-    apply(&myapps, web(3)).await?;
+    apply(&myapps, myapp("web", 3, "nginx:1.25", Some("web-config"))).await?;
     let changed = wait_for_record(&url, &ns, "MyApp/web", "a record of the scale-up", |r| {
         action(r, "Deployment").is_some_and(|(a, _)| a == ChildAction::Changed)
     })
@@ -287,29 +281,6 @@ async fn explain_shows_each_step_and_a_saved_or_recorded_case_replays() -> anyho
     host.stop().await
 }
 
-/// A namespace for `test` with a policy running the misbehave plugin with `config` on its
-/// Widgets (ConfigMaps as children).
-async fn widget_test(test: &str, config: Value) -> anyhow::Result<(kube::Client, String)> {
-    let (client, ns) = test_namespace(test).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
-    let spec = json!({
-        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
-        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
-        "plugin": {"source": file_source("misbehave_plugin"), "config": config},
-    });
-    apply_policy(&client, test, test, spec).await?;
-    Ok((client, ns))
-}
-
-async fn create_widget(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<()> {
-    let widgets = api(client, &resource(GROUP, "v1", "Widget"), ns);
-    let widget = json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget",
-                        "metadata": {"name": name}, "spec": {}});
-    apply(&widgets, widget).await?;
-    Ok(())
-}
-
 /// This machine's address on its first non-loopback interface, which the API server can
 /// dial (it refuses to proxy to loopback).
 fn routable_address() -> anyhow::Result<std::net::IpAddr> {
@@ -364,9 +335,9 @@ async fn stand_in_replica(
 async fn a_failing_reconcile_is_explained_through_the_api_server() -> anyhow::Result<()> {
     const TEST: &str = "explain-failure";
     let (client, ns) = widget_test(TEST, json!({"behavior": "permanent"})).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let (address, _stop) = serve(&host).await?;
-    create_widget(&client, &ns, "broken").await?;
+    apply(&widgets(&client, &ns), widget("broken", None)).await?;
 
     let replica = SocketAddr::new(routable_address()?, address.port());
     stand_in_replica(&client, &ns, replica).await?;
@@ -518,15 +489,17 @@ async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<
         "--listen",
         "off",
     ];
-    let mut host = std::process::Command::new(std::env::current_exe()?)
-        .args(["--exact", "host_process", "--ignored", "--nocapture"])
-        .env(HOST_ARGS, serde_json::to_string(&args)?)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"))
-        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
-        .env("WASMCTRL_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .spawn()?;
-    create_widget(&client, &ns, "traced").await?;
+    let (command_line, endpoint) = (serde_json::to_string(&args)?, format!("http://{collector}"));
+    let mut host = spawn_self(
+        "host_process",
+        &[
+            (HOST_ARGS, command_line.as_str()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+            ("WASMCTRL_LOG", "warn"),
+        ],
+    )?;
+    apply(&widgets(&client, &ns), widget("traced", None)).await?;
 
     let started = Instant::now();
     let exported = loop {
@@ -536,7 +509,6 @@ async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<
             break all;
         }
         if started.elapsed() > ACT * 2 || host.try_wait()?.is_some() {
-            let _ = host.kill();
             anyhow::bail!(
                 "no reconcile trace reached the collector ({} bytes)",
                 all.len()
@@ -544,8 +516,7 @@ async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let _ = host.kill();
-    let _ = host.wait();
+    drop(host);
     for step in [
         "caches",
         "finalizer",

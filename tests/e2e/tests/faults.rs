@@ -9,8 +9,6 @@
 //! resync afterwards writes nothing (the API server's audit log). Each prints how long
 //! convergence took after its fault; RELIABILITY.md records those figures.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -21,13 +19,10 @@ use futures::StreamExt as _;
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
-use support::*;
-use wasmctrl::controller::{Host, HostOptions};
-use wasmctrl::plugin::{EngineOptions, PluginEngine};
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, eventually};
 use wasmctrl_testenv::repo_root;
 
-const GROUP: &str = "e2e.wasmctrl.dev";
 /// Parents per fault.
 const PARENTS: usize = 200;
 /// How long convergence may take after a fault.
@@ -151,89 +146,28 @@ async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
 // ---------------------------------------------------------------------------------------
 // Hosts: in this process, or as a process of its own that can be SIGKILLed.
 
-struct InProcessHost {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+/// The fault suite's host for `test`, talking through `client`: over the whole cluster (the
+/// hostile policies' parents have namespaces of their own), with 16 plugin calls at once.
+fn fault_host(test: &str, client: Client) -> HostBuilder {
+    HostUnderTest::cluster_wide(test)
+        .client(client)
+        .max_concurrent_calls(16)
 }
 
-impl InProcessHost {
-    async fn start(selector: &str) -> anyhow::Result<Self> {
-        let host = host(Plane::get().client().await?, selector)?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(host.run(async {
-            let _ = stopped.await;
-        }));
-        Ok(Self {
-            stop: Some(stop),
-            task,
-        })
-    }
-
-    async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        (&mut self.task).await.context("host task panicked")?
-    }
+/// A fault test's host in this process.
+async fn in_process_host(test: &str) -> anyhow::Result<HostUnderTest> {
+    fault_host(test, Plane::get().client().await?).start().await
 }
 
-impl Drop for InProcessHost {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+/// A fault test's host in a process of its own, which can be SIGKILLed: this test binary,
+/// re-executed to run `host_process`.
+fn host_process_for(test: &str) -> anyhow::Result<SelfProcess> {
+    let spec = json!({"kubeconfig": Plane::get().kubeconfig, "test": test}).to_string();
+    spawn_self("host_process", &[(HOST_ENV, spec.as_str())])
 }
 
-fn host(client: Client, selector: &str) -> anyhow::Result<Host> {
-    let engine = PluginEngine::new(EngineOptions {
-        cache_dir: Some(std::env::temp_dir().join("wasmctrl-e2e-artifacts")),
-        max_concurrent_calls: 16,
-        max_memory_bytes: 128 << 20,
-        ..EngineOptions::default()
-    })?;
-    Ok(Host::new(
-        client,
-        engine,
-        HostOptions {
-            policy_selector: Some(selector.to_owned()),
-            backoff_base: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(8),
-            ..HostOptions::default()
-        },
-    ))
-}
-
-/// A host in a process of its own: this test binary, re-executed to run `host_process`.
-struct HostProcess(std::process::Child);
-
-impl HostProcess {
-    fn start(selector: &str) -> anyhow::Result<Self> {
-        let child = std::process::Command::new(std::env::current_exe()?)
-            .args(["--exact", "host_process", "--ignored", "--nocapture"])
-            .env(
-                HOST_ENV,
-                json!({"kubeconfig": Plane::get().kubeconfig, "selector": selector}).to_string(),
-            )
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .context("starting the host process")?;
-        Ok(Self(child))
-    }
-
-    fn kill(mut self) -> anyhow::Result<()> {
-        self.0.kill()?;
-        self.0.wait()?;
-        Ok(())
-    }
-}
-
-impl Drop for HostProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Not a test: the body of a host process for `HostProcess` (does nothing when run alone).
+/// Not a test: the body of a host process for `host_process_for` (does nothing when run
+/// alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "runs only as the host process of a fault test"]
 async fn host_process() -> anyhow::Result<()> {
@@ -243,16 +177,16 @@ async fn host_process() -> anyhow::Result<()> {
     let spec: Value = serde_json::from_str(&spec)?;
     let kubeconfig = PathBuf::from(spec["kubeconfig"].as_str().context("kubeconfig")?);
     let client = wasmctrl_testenv::cluster::admin_client(&kubeconfig).await?;
-    let selector = spec["selector"].as_str().context("selector")?;
-    host(client, selector)?.run(std::future::pending()).await
+    let test = spec["test"].as_str().context("test")?;
+    fault_host(test, client)
+        .build()
+        .await?
+        .run(std::future::pending())
+        .await
 }
 
 // ---------------------------------------------------------------------------------------
 // Parents, and the invariant every fault test ends with.
-
-fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
-    api(client, &resource(GROUP, "v1", "Widget"), ns)
-}
 
 fn config_maps(client: &Client, ns: &str) -> Api<DynamicObject> {
     api(client, &resource("", "v1", "ConfigMap"), ns)
@@ -262,7 +196,7 @@ fn config_maps(client: &Client, ns: &str) -> Api<DynamicObject> {
 /// a 2 s resync so that "a resync writes nothing" is tested within seconds.
 fn widget_policy(ns: &str, config: Value) -> Value {
     json!({
-        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "namespace": ns},
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget", "namespace": ns},
         "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
         "plugin": {"source": file_source("misbehave_plugin"), "config": config},
         "resyncPeriodSeconds": 2,
@@ -273,7 +207,7 @@ fn widget_policy(ns: &str, config: Value) -> Value {
 async fn setup(test: &str, config: Value) -> anyhow::Result<(Client, String)> {
     let client = Plane::get().client().await?;
     install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
     let ns = create_namespace(&client, test).await?;
     apply_policy(&client, test, test, widget_policy(&ns, config)).await?;
     // A user's own object in the namespace, which nothing may touch.
@@ -302,16 +236,12 @@ async fn create_namespace(client: &Client, test: &str) -> anyhow::Result<String>
     Ok(name)
 }
 
-fn widget(name: &str, size: u64) -> Value {
-    json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "metadata": {"name": name}, "spec": {"size": size}})
-}
-
 /// Apply `count` Widgets `w-0…` with `size`, 16 at a time.
 async fn apply_widgets(client: &Client, ns: &str, count: usize, size: u64) -> anyhow::Result<()> {
     let api = widgets(client, ns);
     let results: Vec<anyhow::Result<DynamicObject>> = futures::stream::iter((0..count).map(|i| {
         let api = api.clone();
-        async move { apply(&api, widget(&format!("w-{i}"), size)).await }
+        async move { apply(&api, widget(&format!("w-{i}"), Some(size))).await }
     }))
     .buffer_unordered(16)
     .collect()
@@ -497,7 +427,7 @@ async fn the_api_server_killed_mid_convergence_loses_nothing() -> anyhow::Result
     const TEST: &str = "fault-apiserver";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    let host = in_process_host(TEST).await?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS / 4).await?;
 
@@ -520,7 +450,7 @@ async fn watches_forced_to_relist_by_compaction_lose_no_change() -> anyhow::Resu
     const TEST: &str = "fault-compaction";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    let host = in_process_host(TEST).await?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS).await?;
     let kept = children_by_parent(&client, &ns).await?;
@@ -550,15 +480,14 @@ async fn a_host_sigkilled_mid_convergence_is_replaced_without_loss() -> anyhow::
     const TEST: &str = "fault-host-kill";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let selector = format!("{TEST_LABEL}={TEST}");
-    let first = HostProcess::start(&selector)?;
+    let first = host_process_for(TEST)?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS / 4).await?;
     first.kill()?;
     let kept_before = children_by_parent(&client, &ns).await?;
 
     let started = Instant::now();
-    let second = HostProcess::start(&selector)?;
+    let second = host_process_for(TEST)?;
     let took = wait_reconciled(&client, &ns, PARENTS).await?;
     report(
         "host SIGKILLed at 25 % converged",
@@ -582,9 +511,8 @@ async fn two_hosts_at_once_converge_without_fighting() -> anyhow::Result<()> {
     const TEST: &str = "fault-two-hosts";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let selector = format!("{TEST_LABEL}={TEST}");
-    let one = InProcessHost::start(&selector).await?;
-    let two = InProcessHost::start(&selector).await?;
+    let one = in_process_host(TEST).await?;
+    let two = in_process_host(TEST).await?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     let took = wait_reconciled(&client, &ns, PARENTS).await?;
     report(
@@ -609,7 +537,7 @@ async fn a_plugin_that_traps_while_finalizing_holds_parents_until_fixed() -> any
         spec
     };
     apply_policy(&client, TEST, TEST, finalizing("panic-finalizing")).await?;
-    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    let host = in_process_host(TEST).await?;
     const N: usize = 50;
     apply_widgets(&client, &ns, N, 1).await?;
     wait_reconciled(&client, &ns, N).await?;
@@ -692,8 +620,7 @@ async fn hostile_plugins_under_load_do_not_stop_a_good_policy() -> anyhow::Resul
     const TEST: &str = "fault-hostile";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let selector = format!("{TEST_LABEL}={TEST}");
-    let host = InProcessHost::start(&selector).await?;
+    let host = in_process_host(TEST).await?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS).await?;
     // The baseline: 200 changes, alone.
@@ -765,7 +692,7 @@ async fn a_looping_policy_at_high_concurrency_barely_slows_another() -> anyhow::
     const TEST: &str = "fault-looping";
     let _one = exclusive().await;
     let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
-    let host = InProcessHost::start(&format!("{TEST_LABEL}={TEST}")).await?;
+    let host = in_process_host(TEST).await?;
     apply_widgets(&client, &ns, PARENTS, 1).await?;
     wait_reconciled(&client, &ns, PARENTS).await?;
     let round = |size: u64| {

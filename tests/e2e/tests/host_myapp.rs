@@ -2,24 +2,14 @@
 //! control plane (with a controller-manager, a scheduler and a kwok node, so Deployments
 //! really become ready).
 
-mod support;
-
 use serde_json::{Value, json};
-use support::*;
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::TestEnv;
 
 fn myapp_policy(config: Value) -> Value {
     let mut spec = myapp_policy_spec(file_source("myapp_plugin"), config);
     spec["maxConcurrentReconciles"] = json!(4);
     spec
-}
-
-fn myapp(name: &str, replicas: i64, image: &str) -> Value {
-    json!({
-        "apiVersion": "example.com/v1", "kind": "MyApp",
-        "metadata": {"name": name},
-        "spec": {"replicas": replicas, "image": image},
-    })
 }
 
 fn owner_is(child: &Value, parent: &Value) -> bool {
@@ -48,14 +38,14 @@ async fn myapp_converges_follows_changes_repairs_drift_and_prunes() -> anyhow::R
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
 
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let services = api(&client, &resource("", "v1", "Service"), &ns);
 
     // Create: a Deployment and a Service owned by the MyApp; status converges to Ready.
-    apply(&myapps, myapp("web", 3, "nginx:1.25")).await?;
+    apply(&myapps, myapp("web", 3, "nginx:1.25", None)).await?;
     let app = wait_for_object(&myapps, "web", "MyApp web to be ready", ready).await?;
     let deployment =
         wait_for_object(&deployments, "web", "Deployment web", |d| owner_is(d, &app)).await?;
@@ -68,7 +58,7 @@ async fn myapp_converges_follows_changes_repairs_drift_and_prunes() -> anyhow::R
     assert_eq!(service["metadata"]["labels"]["wasmctrl.dev/policy"], TEST);
 
     // Scale: the Deployment follows and the status catches up.
-    let mut scaled = myapp("web", 5, "nginx:1.25");
+    let mut scaled = myapp("web", 5, "nginx:1.25", None);
     apply(&myapps, scaled.clone()).await?;
     wait_for_object(&deployments, "web", "Deployment scaled to 5", |d| {
         d["spec"]["replicas"] == 5
@@ -144,10 +134,10 @@ async fn a_related_config_map_reaches_the_plugin_and_its_changes_re_reconcile() 
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
 
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let config = |greeting: &str| {
         json!({
@@ -157,9 +147,11 @@ async fn a_related_config_map_reaches_the_plugin_and_its_changes_re_reconcile() 
         })
     };
     apply(&config_maps, config("hello")).await?;
-    let mut app = myapp("api", 1, "ghcr.io/example/api:1.4.0");
-    app["spec"]["configMap"] = json!("api-config");
-    apply(&myapps, app).await?;
+    apply(
+        &myapps,
+        myapp("api", 1, "ghcr.io/example/api:1.4.0", Some("api-config")),
+    )
+    .await?;
 
     let env_greeting =
         |d: &Value| d["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"].clone();
@@ -200,10 +192,10 @@ async fn a_converged_host_writes_nothing_on_restart_or_on_a_swap_to_the_same_dec
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     apply_policy(&client, TEST, TEST, myapp_policy(json!({}))).await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let myapps = myapps(&client, &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     for name in ["a", "b", "c"] {
-        apply(&myapps, myapp(name, 2, "nginx:1.25")).await?;
+        apply(&myapps, myapp(name, 2, "nginx:1.25", None)).await?;
     }
     for name in ["a", "b", "c"] {
         wait_for_object(&myapps, name, "MyApp ready", ready).await?;
@@ -226,7 +218,7 @@ async fn a_converged_host_writes_nothing_on_restart_or_on_a_swap_to_the_same_dec
     host.stop().await?;
 
     let before = writes_in(audit_log, &ns)?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     // The restarted host lists everything and reconciles every parent at once; give it
     // ample time to write, if it were going to.
     tokio::time::sleep(std::time::Duration::from_secs(6)).await;
@@ -270,7 +262,7 @@ async fn a_converged_host_writes_nothing_on_restart_or_on_a_swap_to_the_same_dec
     );
 
     // And the restarted host is alive: a change is acted on.
-    apply(&myapps, myapp("a", 3, "nginx:1.25")).await?;
+    apply(&myapps, myapp("a", 3, "nginx:1.25", None)).await?;
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     wait_for_object(&deployments, "a", "restarted host scales a", |d| {
         d["spec"]["replicas"] == 3

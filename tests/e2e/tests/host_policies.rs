@@ -4,18 +4,14 @@
 //!
 //! These use the `misbehave` test plugin, which desires exactly the children its config lists.
 
-mod support;
-
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::*;
-
-const GROUP: &str = "e2e.wasmctrl.dev";
+use wasmctrl_e2e::*;
 
 fn policy_for(kind: &str, children: Value, config: Value) -> Value {
     json!({
-        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": kind},
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": kind},
         "children": children,
         "plugin": {"source": file_source("misbehave_plugin"), "config": config},
     })
@@ -25,8 +21,9 @@ fn config_map(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": "v"}})
 }
 
-fn parent(kind: &str, name: &str) -> Value {
-    json!({"apiVersion": format!("{GROUP}/v1"), "kind": kind, "metadata": {"name": name}, "spec": {}})
+/// Gadget `name`: a second test-only kind, for a second policy beside the Widgets'.
+fn gadget(name: &str) -> Value {
+    json!({"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Gadget", "metadata": {"name": name}, "spec": {}})
 }
 
 fn reconciled(object: &Value) -> Option<&str> {
@@ -35,8 +32,8 @@ fn reconciled(object: &Value) -> Option<&str> {
 
 async fn install_test_kinds(client: &kube::Client) -> anyhow::Result<()> {
     install_repo_crds(client).await?;
-    install_crd(client, &test_crd(GROUP, "Widget")).await?;
-    install_crd(client, &test_crd(GROUP, "Gadget")).await
+    install_crd(client, &test_crd(TEST_GROUP, "Widget")).await?;
+    install_crd(client, &test_crd(TEST_GROUP, "Gadget")).await
 }
 
 /// The attempt number and retry delay in a `Reconciled=False` message.
@@ -64,11 +61,11 @@ async fn a_failing_plugin_changes_nothing_backs_off_and_recovers() -> anyhow::Re
         ),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
 
-    apply(&widgets, parent("Widget", "w")).await?;
+    apply(&widgets, widget("w", None)).await?;
     wait_for_object(&widgets, "w", "w reconciled", |w| {
         reconciled(w) == Some("True")
     })
@@ -169,10 +166,10 @@ async fn children_the_policy_does_not_allow_are_refused_and_nothing_is_created()
     install_test_kinds(&client).await?;
     // Namespaces are allowed by kind, but a namespaced parent may not own one.
     let children = json!([{"apiVersion": "v1", "kind": "ConfigMap"}, {"apiVersion": "v1", "kind": "Namespace"}]);
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let widgets = widgets(&client, &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    apply(&widgets, parent("Widget", "w")).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    apply(&widgets, widget("w", None)).await?;
 
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "stolen"}});
     let mut elsewhere = config_map("elsewhere");
@@ -244,12 +241,12 @@ async fn a_finalizer_is_released_only_when_the_plugin_says_finalized() -> anyhow
         spec
     };
     apply_policy(&client, TEST, TEST, spec("hold-finalizer")).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     let finalizer = format!("wasmctrl.dev/{TEST}");
 
-    apply(&widgets, parent("Widget", "w")).await?;
+    apply(&widgets, widget("w", None)).await?;
     wait_for_object(&widgets, "w", "the finalizer to be added", |w| {
         w["metadata"]["finalizers"]
             .as_array()
@@ -307,13 +304,13 @@ async fn policies_run_side_by_side_and_stop_alone() -> anyhow::Result<()> {
         policy_for("Gadget", json!([]), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
-    let gadgets = api(&client, &resource(GROUP, "v1", "Gadget"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    let gadgets = api(&client, &resource(TEST_GROUP, "v1", "Gadget"), &ns);
     let echoed = |o: &Value| o["status"]["parent"] == o["metadata"]["name"];
 
-    apply(&widgets, parent("Widget", "w1")).await?;
-    apply(&gadgets, parent("Gadget", "g1")).await?;
+    apply(&widgets, widget("w1", None)).await?;
+    apply(&gadgets, gadget("g1")).await?;
     wait_for_object(&widgets, "w1", "w1 reconciled", echoed).await?;
     wait_for_object(&gadgets, "g1", "g1 reconciled", echoed).await?;
 
@@ -321,7 +318,7 @@ async fn policies_run_side_by_side_and_stop_alone() -> anyhow::Result<()> {
         .delete(&widget_policy, &Default::default())
         .await?;
     // Gadgets keep being reconciled; new Widgets no longer are.
-    apply(&gadgets, parent("Gadget", "g2")).await?;
+    apply(&gadgets, gadget("g2")).await?;
     wait_for_object(
         &gadgets,
         "g2",
@@ -329,7 +326,7 @@ async fn policies_run_side_by_side_and_stop_alone() -> anyhow::Result<()> {
         echoed,
     )
     .await?;
-    apply(&widgets, parent("Widget", "w2")).await?;
+    apply(&widgets, widget("w2", None)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let w2 = get(&widgets, "w2").await?.expect("exists");
     assert!(
@@ -359,11 +356,11 @@ async fn a_policy_waits_for_its_crd_and_reports_plugin_problems() -> anyhow::Res
     apply_policy(&client, TEST, TEST, spec).await?;
     let bad_digest = format!("{TEST}-bad-digest");
     apply_policy(&client, TEST, &bad_digest, json!({
-        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
         "plugin": {"source": file_source("misbehave_plugin"), "digest": format!("sha256:{}", "0".repeat(64))},
     }))
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let policy_api = policies(&client);
 
     let waiting = wait_for_object(&policy_api, TEST, "Ready=False, KindNotFound", |p| {

@@ -5,20 +5,16 @@
 //!
 //! These use the `misbehave` test plugin, which desires exactly the children its config lists.
 
-mod support;
-
 use std::time::Duration;
 
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
-use support::*;
 use wasmctrl::metrics::ReconcileResult;
-
-const GROUP: &str = "e2e.wasmctrl.dev";
+use wasmctrl_e2e::*;
 
 fn policy(children: Value, config: Value) -> Value {
     json!({
-        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
         "children": children,
         "plugin": {"source": file_source("misbehave_plugin"), "config": config},
     })
@@ -32,17 +28,13 @@ fn config_map(name: &str, value: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": value}})
 }
 
-fn widget(name: &str) -> Value {
-    json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "metadata": {"name": name}, "spec": {}})
-}
-
 fn reconciled(object: &Value) -> Option<&Value> {
     condition(object, "Reconciled")
 }
 
 async fn install_kinds(client: &kube::Client) -> anyhow::Result<()> {
     install_repo_crds(client).await?;
-    install_crd(client, &test_crd(GROUP, "Widget")).await
+    install_crd(client, &test_crd(TEST_GROUP, "Widget")).await
 }
 
 /// Wait until `name`'s `Reconciled` condition has `reason`, and return its message.
@@ -87,9 +79,9 @@ async fn an_existing_object_with_the_childs_name_is_never_taken_over() -> anyhow
         ),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
-    apply(&widgets, widget("w")).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w", None)).await?;
 
     let message = failure_message(&widgets, "w", "ChildConflict").await?;
     assert!(
@@ -142,16 +134,16 @@ async fn two_parents_desiring_one_child_do_not_fight_the_first_keeps_it() -> any
         ),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
-    apply(&widgets, widget("first")).await?;
+    apply(&widgets, widget("first", None)).await?;
     let first = wait_for_object(&widgets, "first", "first reconciled", |w| {
         reconciled(w).is_some_and(|c| c["status"] == "True")
     })
     .await?;
     let shared = get(&config_maps, "shared").await?.expect("created");
-    apply(&widgets, widget("second")).await?;
+    apply(&widgets, widget("second", None)).await?;
     let message = failure_message(&widgets, "second", "ChildConflict").await?;
     let first_uid = first["metadata"]["uid"].as_str().unwrap_or_default();
     assert!(
@@ -188,9 +180,9 @@ async fn a_parent_deleted_during_its_reconcile_is_not_re_created() -> anyhow::Re
     );
     spec["limits"] = json!({"timeoutMs": 30000});
     apply_policy(&client, TEST, TEST, spec).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
-    apply(&widgets, widget("w")).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w", None)).await?;
     wait_for_object(&widgets, "w", "w reconciled", |w| {
         reconciled(w).is_some_and(|c| c["status"] == "True")
     })
@@ -234,9 +226,9 @@ async fn a_plugin_cannot_hot_loop_a_parent_or_flood_it_with_events() -> anyhow::
         ),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
-    apply(&widgets, widget("w")).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w", None)).await?;
     wait_for_object(&widgets, "w", "w reconciled", |w| {
         reconciled(w).is_some_and(|c| c["status"] == "True")
     })
@@ -278,9 +270,9 @@ async fn a_permanent_error_waits_for_a_change_instead_of_retrying() -> anyhow::R
         policy(config_maps_allowed(), json!({"behavior": "permanent"})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
-    apply(&widgets, widget("w")).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w", None)).await?;
     let message = failure_message(&widgets, "w", "PluginReportedError").await?;
     assert!(
         message.contains("w can never work")
@@ -295,9 +287,7 @@ async fn a_permanent_error_waits_for_a_change_instead_of_retrying() -> anyhow::R
     );
 
     // A change to the parent is a new question: it is asked once more.
-    let mut changed = widget("w");
-    changed["spec"] = json!({"size": 2});
-    apply(&widgets, changed).await?;
+    apply(&widgets, widget("w", Some(2))).await?;
     wait_for_object(&widgets, "w", "attempt 2 after the change", |w| {
         reconciled(w)
             .and_then(|c| c["message"].as_str())
@@ -325,7 +315,7 @@ async fn plugin_credentials_come_only_from_the_hosts_namespace_and_only_over_tls
     .to_string();
     let with_source = |source: Value| {
         json!({
-            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+            "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
             "children": [],
             "plugin": {"source": source, "digest": digest},
         })
@@ -341,7 +331,7 @@ async fn plugin_credentials_come_only_from_the_hosts_namespace_and_only_over_tls
         }})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let policy_api = policies(&client);
     // (The policy may be left from an earlier run: only a verdict on this spec counts.)
     let current = |p: &Value, c: &Value| c["observedGeneration"] == p["metadata"]["generation"];
@@ -435,8 +425,8 @@ async fn a_kind_the_host_cannot_list_is_named_on_the_policy_and_stalls_nothing()
         &role,
         json!([
             {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies", "reconcilepolicies/status"], "verbs": ["get", "list", "watch", "patch"]},
-            {"apiGroups": [GROUP], "resources": ["widgets", "widgets/status"], "verbs": ["get", "list", "watch", "patch"]},
-            {"apiGroups": [GROUP], "resources": ["widgets/finalizers"], "verbs": ["update"]},
+            {"apiGroups": [TEST_GROUP], "resources": ["widgets", "widgets/status"], "verbs": ["get", "list", "watch", "patch"]},
+            {"apiGroups": [TEST_GROUP], "resources": ["widgets/finalizers"], "verbs": ["update"]},
             {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         ]),
     )
@@ -451,8 +441,10 @@ async fn a_kind_the_host_cannot_list_is_named_on_the_policy_and_stalls_nothing()
         ),
     )
     .await?;
-    let host =
-        HostUnderTest::start_as(TEST, &ns, &format!("system:serviceaccount:{ns}:host")).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .as_user(&format!("system:serviceaccount:{ns}:host"))
+        .start()
+        .await?;
     let policy_api = policies(&client);
     let forbidden = wait_for_object(&policy_api, TEST, "Ready=False, Forbidden", |p| {
         condition(p, "Ready").is_some_and(|c| c["reason"] == "Forbidden")
@@ -476,8 +468,8 @@ async fn a_kind_the_host_cannot_list_is_named_on_the_policy_and_stalls_nothing()
     );
 
     // Nothing of the policy runs: a parent is left as it is.
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
-    apply(&widgets, widget("w")).await?;
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w", None)).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let untouched = get(&widgets, "w").await?.unwrap_or_default();
     assert!(reconciled(&untouched).is_none(), "{untouched}");
@@ -498,8 +490,10 @@ async fn a_kind_the_host_cannot_list_is_named_on_the_policy_and_stalls_nothing()
         json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]}]),
     )
     .await?;
-    let host =
-        HostUnderTest::start_as(TEST, &ns, &format!("system:serviceaccount:{ns}:host")).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .as_user(&format!("system:serviceaccount:{ns}:host"))
+        .start()
+        .await?;
     wait_for_object(&widgets, "w", "w reconciled", |w| {
         reconciled(w).is_some_and(|c| c["status"] == "True")
     })
@@ -535,12 +529,12 @@ async fn no_finalizer_is_left_behind_when_a_policy_stops_finalizing_or_goes_away
         spec
     };
     apply_policy(&client, TEST, TEST, finalizing(true)).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
     let policy_api = policies(&client);
     let parent_finalizer = format!("wasmctrl.dev/{TEST}");
-    apply(&widgets, widget("kept")).await?;
-    apply(&widgets, widget("doomed")).await?;
+    apply(&widgets, widget("kept", None)).await?;
+    apply(&widgets, widget("doomed", None)).await?;
     for name in ["kept", "doomed"] {
         wait_for_object(&widgets, name, "the parent finalizer", |w| {
             finalizers(w).contains(&parent_finalizer)
@@ -612,7 +606,7 @@ async fn a_second_policy_for_the_same_parents_is_refused_until_the_first_goes() 
     // Creation times have one-second resolution.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     apply_policy(&client, TEST, &newer, labelled("newer")).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let policy_api = policies(&client);
     let refused = wait_for_object(&policy_api, &newer, "ParentKindTaken", |p| {
         condition(p, "Ready").is_some_and(|c| c["reason"] == "ParentKindTaken")
@@ -624,13 +618,13 @@ async fn a_second_policy_for_the_same_parents_is_refused_until_the_first_goes() 
         .to_owned();
     assert!(
         message.contains(&format!(
-            "policy {older} already reconciles {GROUP}/v1 Widget"
+            "policy {older} already reconciles {TEST_GROUP}/v1 Widget"
         )),
         "{message}"
     );
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let widgets = widgets(&client, &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
-    apply(&widgets, widget("w")).await?;
+    apply(&widgets, widget("w", None)).await?;
     wait_for_object(&config_maps, "c", "the older policy's child", |c| {
         c["metadata"]["labels"]["by"] == "older"
     })
@@ -692,9 +686,9 @@ async fn a_candidate_whose_answer_the_host_would_refuse_counts_as_would_fail_and
     });
     spec["related"] = json!([{"apiVersion": "v1", "kind": "ConfigMap"}]);
     apply_policy(&client, TEST, TEST, spec).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
-    apply(&widgets, widget("w")).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w", None)).await?;
     let policy_api = policies(&client);
     let counted = wait_for_object(&policy_api, TEST, "the shadow verdict", |p| {
         p["status"]["candidate"]["evaluated"] == 1
@@ -739,10 +733,10 @@ async fn children_of_a_kind_removed_from_the_policy_are_kept_and_reported() -> a
         policy(both, json!({"children": [config_map("c", "x"), secret]})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
     let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
-    apply(&widgets, widget("w")).await?;
+    apply(&widgets, widget("w", None)).await?;
     wait_for_object(&secrets, "s", "the Secret child", |_| true).await?;
 
     // Secret leaves spec.children: the existing Secret is kept, and the policy says so.
@@ -799,10 +793,10 @@ async fn a_field_the_plugin_stops_setting_is_removed_from_a_child_it_created() -
         with_data(json!({"k": "v", "extra": "x"})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
-    apply(&widgets, widget("w")).await?;
+    apply(&widgets, widget("w", None)).await?;
     wait_for_object(&config_maps, "c", "the child created", |c| {
         c["data"]["extra"] == "x"
     })
@@ -853,7 +847,7 @@ async fn a_plugin_fetch_that_hangs_holds_up_neither_a_new_plugin_nor_shutdown() 
         "digest": digest,
     });
     apply_policy(&client, TEST, TEST, hanging.clone()).await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // The server never answers (the download would wait 60 s per attempt); a new plugin
@@ -905,7 +899,7 @@ async fn a_child_kind_whose_crd_is_removed_is_named_on_the_policy() -> anyhow::R
         ),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let policy_api = policies(&client);
     wait_for_object(&policy_api, TEST, "Ready", |p| {
         condition(p, "Ready").is_some_and(|c| c["status"] == "True")

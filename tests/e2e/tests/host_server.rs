@@ -2,16 +2,12 @@
 //! only once the policies are listed and their caches synced, `/metrics` with
 //! controller-runtime's series after real reconciles.
 
-mod support;
-
 use std::sync::Arc;
 
 use serde_json::json;
-use support::*;
 use wasmctrl::health::Readiness;
 use wasmctrl::metrics::Metrics;
-
-const GROUP: &str = "e2e.wasmctrl.dev";
+use wasmctrl_e2e::*;
 
 /// Serve the host's endpoints on an ephemeral loopback port until the returned sender fires.
 async fn serve(
@@ -47,23 +43,13 @@ async fn a_host_that_has_not_listed_its_policies_is_alive_but_not_ready() -> any
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_host_is_ready_and_its_metrics_count_reconciles() -> anyhow::Result<()> {
     const TEST: &str = "server-metrics";
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
-    apply_policy(
-        &client,
-        TEST,
-        TEST,
-        json!({
-            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
-            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
-            "plugin": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
-        }),
-    )
-    .await?;
+    let (client, ns) = widget_test(TEST, json!({"ownChild": true})).await?;
     // No precompiled artifact: the plugin takes a while to compile, and the host must not
     // say ready before it is loaded and the policy's caches are synced.
-    let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .without_disk_cache()
+        .start()
+        .await?;
     let (address, stop) = serve(host.readiness.clone(), host.metrics.clone()).await?;
     let deadline = tokio::time::Instant::now() + ACT;
     while http_get(address, "/readyz").await? != (200, "ok".into()) {
@@ -81,12 +67,8 @@ async fn a_running_host_is_ready_and_its_metrics_count_reconciles() -> anyhow::R
         "ready before the policy's controller started:\n{text}"
     );
 
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
-    apply(
-        &widgets,
-        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 1}}),
-    )
-    .await?;
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w", Some(1))).await?;
     wait_for_object(&widgets, "w", "w reconciled", |w| {
         condition(w, "Reconciled").is_some_and(|c| c["status"] == "True")
     })

@@ -3,8 +3,6 @@
 //! is visible and deletes nothing; new bytes behind a file or ConfigMap source swap by
 //! themselves; rolling back restores the old children.
 
-mod support;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,8 +11,8 @@ use futures::TryStreamExt as _;
 use kube::ResourceExt as _;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::{Value, json};
-use support::*;
 use wasmctrl::plugin::Digest;
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::plugins::guest;
 
 const VERSION_LABEL: &str = "example.com/plugin-version";
@@ -33,14 +31,6 @@ fn policy(source: Value, digest: Option<&str>, config: Value) -> Value {
         "children": [{"apiVersion": "apps/v1", "kind": "Deployment"}, {"apiVersion": "v1", "kind": "Service"}],
         "plugin": plugin,
         "maxConcurrentReconciles": 8,
-    })
-}
-
-fn myapp(name: &str) -> Value {
-    json!({
-        "apiVersion": "example.com/v1", "kind": "MyApp",
-        "metadata": {"name": name},
-        "spec": {"replicas": 1, "image": "nginx:1.27"},
     })
 }
 
@@ -154,12 +144,16 @@ async fn a_new_plugin_reaches_every_parent_without_errors_and_rolls_back() -> an
         policy(file_source("myapp_plugin"), Some(&v1), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
 
     for i in 0..PARENTS {
-        apply(&myapps, myapp(&format!("app-{i:03}"))).await?;
+        apply(
+            &myapps,
+            myapp(&format!("app-{i:03}"), 1, "nginx:1.27", None),
+        )
+        .await?;
     }
     let all = |built: Built| {
         let (myapps, deployments) = (myapps.clone(), deployments.clone());
@@ -296,12 +290,12 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
         policy(file_source("myapp_plugin"), None, json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let services = api(&client, &resource("", "v1", "Service"), &ns);
     let policy_api = policies(&client);
-    apply(&myapps, myapp("web")).await?;
+    apply(&myapps, myapp("web", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     let plugin_loaded = |reason: &'static str| {
@@ -350,7 +344,7 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
     )
     .await?;
     // v1 still reconciles: a new parent is served by it.
-    apply(&myapps, myapp("api")).await?;
+    apply(&myapps, myapp("api", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "api", Built::V1).await?;
 
     // A plugin that loads but traps on every call: visible, and nothing is deleted.
@@ -416,7 +410,7 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     let active = |policy: &str, digest: &str| {
@@ -442,8 +436,8 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
         policy(json!({"file": {"path": file}}), None, json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    apply(&myapps, myapp("web")).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    apply(&myapps, myapp("web", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "web", Built::V1).await?;
     active(&file_policy, &v1).await?;
     let staged = dir.path().join("plugin.wasm.new");
@@ -480,7 +474,7 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
     .await?;
     // A new parent: web's children still carry the label the file policy's v2 set, which a
     // policy with another field manager does not own and so cannot drop.
-    apply(&myapps, myapp("api")).await?;
+    apply(&myapps, myapp("api", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "api", Built::V1).await?;
     active(&cm_policy, &v1).await?;
     apply(&config_maps, binary("myapp_v2_plugin")?).await?;
@@ -513,8 +507,8 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
         policy(file_source("myapp_plugin"), Some(&v1), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let policy_api = policies(&client);
     for (name, track) in [
@@ -523,7 +517,7 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
         ("c", "canary"),
         ("d", "canary"),
     ] {
-        let mut app = myapp(name);
+        let mut app = myapp(name, 1, "nginx:1.27", None);
         app["metadata"]["labels"] = json!({"track": track});
         apply(&myapps, app).await?;
     }
@@ -711,10 +705,13 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
         policy(http("myapp_plugin", true), Some(&v1), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns)
+        .without_disk_cache()
+        .start()
+        .await?;
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
-    apply(&myapps, myapp("web")).await?;
+    apply(&myapps, myapp("web", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     // Without credentials the server says 401, and the policy says why v1 stays. (A digest
@@ -833,10 +830,13 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
         policy(oci(&v1_ref), Some(&v1), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start_without_disk_cache(TEST, &ns).await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns)
+        .without_disk_cache()
+        .start()
+        .await?;
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
-    apply(&myapps, myapp("web")).await?;
+    apply(&myapps, myapp("web", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     // A tag that does not exist is reported; v1 keeps serving.

@@ -3,8 +3,6 @@
 //! a standby is ready and keeps quiet, SIGKILL on the leader hands over once the lease
 //! expires, and SIGTERM hands over within about the retry period, exiting 0.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -13,22 +11,22 @@ use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::{Value, json};
-use support::*;
+use wasmctrl_e2e::*;
 use wasmctrl_testenv::TestEnv;
 use wasmctrl_testenv::cluster::eventually;
 
 const TEST: &str = "leader-election";
-const GROUP: &str = "e2e.wasmctrl.dev";
 const LEASE: &str = "wasmctrl-leader";
 /// The command line of a re-executed test binary that runs one replica (see `replica_process`).
 const REPLICA_ENV: &str = "WASMCTRL_E2E_REPLICA";
 /// controller-runtime's default lease duration, which the host defaults to.
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 
-/// One replica: this test binary, re-executed to run `wasmctrl run` as `name`.
+/// One replica: this test binary, re-executed to run `wasmctrl run` as `name` (killed when
+/// dropped).
 struct Replica {
     name: String,
-    child: std::process::Child,
+    process: SelfProcess,
     address: SocketAddr,
 }
 
@@ -60,47 +58,28 @@ impl Replica {
             "500",
         ]
         .map(str::to_owned);
-        let child = std::process::Command::new(std::env::current_exe()?)
-            .args(["--exact", "replica_process", "--ignored", "--nocapture"])
-            .env(REPLICA_ENV, serde_json::to_string(&args)?)
-            .stdout(std::process::Stdio::null())
-            .spawn()
+        let command_line = serde_json::to_string(&args)?;
+        let process = spawn_self("replica_process", &[(REPLICA_ENV, command_line.as_str())])
             .context("starting a replica")?;
         Ok(Self {
             name: name.to_owned(),
-            child,
+            process,
             address,
         })
     }
 
-    #[allow(unsafe_code)] // see the SAFETY comment inside
-    fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
-        let pid = i32::try_from(self.child.id())?;
-        // SAFETY: kill(2) on our own child's pid has no memory effects.
-        if unsafe { libc::kill(pid, signal) } != 0 {
-            anyhow::bail!(
-                "signalling {}: {}",
-                self.name,
-                std::io::Error::last_os_error()
-            );
-        }
-        Ok(())
+    fn signal(&mut self, signal: libc::c_int) -> anyhow::Result<()> {
+        self.process
+            .signal(signal)
+            .with_context(|| format!("signalling {}", self.name))
     }
 
     /// Wait for the process to end; its exit status.
     async fn wait(mut self, within: Duration) -> anyhow::Result<std::process::ExitStatus> {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            anyhow::ensure!(
-                started.elapsed() < within,
-                "{} did not exit within {within:?}",
-                self.name
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.process
+            .exit_within(within)
+            .await
+            .with_context(|| format!("waiting for {} to exit", self.name))
     }
 
     async fn metric(&self, series: &str) -> anyhow::Result<Option<f64>> {
@@ -109,13 +88,6 @@ impl Replica {
             line.strip_prefix(series)
                 .and_then(|value| value.trim().parse().ok())
         }))
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -215,29 +187,12 @@ async fn wait_reconciled(
     Ok(())
 }
 
-fn widget(name: &str) -> Value {
-    json!({"apiVersion": format!("{GROUP}/v1"), "kind": "Widget", "metadata": {"name": name}, "spec": {"size": 1}})
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> anyhow::Result<()> {
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(GROUP, "Widget")).await?;
-    apply_policy(
-        &client,
-        TEST,
-        TEST,
-        json!({
-            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
-            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
-            "plugin": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
-        }),
-    )
-    .await?;
+    let (client, ns) = widget_test(TEST, json!({"ownChild": true})).await?;
     let dir = tempfile::tempdir()?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let widgets = api(&client, &resource(GROUP, "v1", "Widget"), &ns);
+    let widgets = widgets(&client, &ns);
 
     let mut replicas = vec![
         Replica::start("replica-a", &ns, dir.path())?,
@@ -256,7 +211,7 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
         .await?;
     }
 
-    apply(&widgets, widget("w1")).await?;
+    apply(&widgets, widget("w1", Some(1))).await?;
     wait_reconciled(&widgets, "w1").await?;
     let status = format!(r#"leader_election_master_status{{name="{LEASE}"}} "#);
     assert_eq!(replicas[leader_at].metric(&status).await?, Some(1.0));
@@ -313,10 +268,10 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
     // SIGKILL: no release, so the standby takes over once the lease has expired; a change
     // made meanwhile is reconciled by the new leader.
     let killed_at = Instant::now();
-    let killed = replicas.remove(leader_at);
+    let mut killed = replicas.remove(leader_at);
     killed.signal(libc::SIGKILL)?;
     drop(killed);
-    apply(&widgets, widget("w2")).await?;
+    apply(&widgets, widget("w2", Some(1))).await?;
     wait_for_holder(&leases, &[&standby], LEASE_DURATION * 2).await?;
     let kill_failover = killed_at.elapsed();
     wait_reconciled(&widgets, "w2").await?;
@@ -331,13 +286,13 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
     })
     .await?;
     let termed_at = Instant::now();
-    let termed = replicas.remove(0);
+    let mut termed = replicas.remove(0);
     termed.signal(libc::SIGTERM)?;
     wait_for_holder(&leases, &["replica-c"], LEASE_DURATION).await?;
     let term_failover = termed_at.elapsed();
     let exit = termed.wait(ACT).await?;
     assert!(exit.success(), "a terminated leader exits 0, not {exit}");
-    apply(&widgets, widget("w3")).await?;
+    apply(&widgets, widget("w3", Some(1))).await?;
     wait_reconciled(&widgets, "w3").await?;
 
     eprintln!(

@@ -3,18 +3,8 @@
 //! plane, reads related ConfigMaps, and in shadow against the Rust MyApp it would change
 //! nothing — the two decide the same — so it can be promoted with no write.
 
-mod support;
-
 use serde_json::{Value, json};
-use support::*;
-
-fn myapp(name: &str, replicas: i64) -> Value {
-    json!({
-        "apiVersion": "example.com/v1", "kind": "MyApp",
-        "metadata": {"name": name},
-        "spec": {"replicas": replicas, "image": "nginx:1.27", "configMap": "env"},
-    })
-}
+use wasmctrl_e2e::*;
 
 fn ready(app: &Value) -> bool {
     app["status"]["readyReplicas"] == app["spec"]["replicas"]
@@ -35,8 +25,8 @@ async fn a_python_plugin_converges_myapps_and_decides_as_the_rust_one() -> anyho
         myapp_policy_spec(file_source("myapp_py"), json!({})),
     )
     .await?;
-    let host = HostUnderTest::start(TEST, &ns).await?;
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let services = api(&client, &resource("", "v1", "Service"), &ns);
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
@@ -52,7 +42,7 @@ async fn a_python_plugin_converges_myapps_and_decides_as_the_rust_one() -> anyho
 
     // Python decides: Deployments with the ConfigMap's environment, Services, Ready status.
     for (name, replicas) in [("a", 1), ("b", 2)] {
-        apply(&myapps, myapp(name, replicas)).await?;
+        apply(&myapps, myapp(name, replicas, "nginx:1.27", Some("env"))).await?;
     }
     for name in ["a", "b"] {
         wait_for_object(&myapps, name, "MyApp ready under the Python plugin", ready).await?;
@@ -63,7 +53,7 @@ async fn a_python_plugin_converges_myapps_and_decides_as_the_rust_one() -> anyho
         );
         assert!(get(&services, name).await?.is_some(), "the Service");
     }
-    apply(&myapps, myapp("b", 3)).await?;
+    apply(&myapps, myapp("b", 3, "nginx:1.27", Some("env"))).await?;
     wait_for_object(&myapps, "b", "MyApp b scaled under Python", |a| {
         ready(a) && a["status"]["readyReplicas"] == 3
     })

@@ -4,20 +4,12 @@
 //! change to a named object re-reconciles the parent; renaming follows; a named object that
 //! goes away is reported by the plugin and nothing is deleted.
 
-mod support;
-
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use serde_json::{Value, json};
-use support::*;
 use wasmctrl::explain::{Bounds, Explain, Lookup};
-
-/// MyApp `web` naming the ConfigMap `config_map`.
-fn web(config_map: &str) -> Value {
-    json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": "web"},
-           "spec": {"replicas": 1, "image": "nginx:1.25", "configMap": config_map}})
-}
+use wasmctrl_e2e::*;
 
 fn config_map(name: &str, currency: &str, labelled: bool) -> Value {
     let labels = if labelled {
@@ -80,18 +72,21 @@ async fn a_plugin_receives_exactly_the_objects_its_parent_names() -> anyhow::Res
         max_bytes: 8 << 20,
         per_parent: 50,
     }));
-    let host = HostUnderTest::start_explained(TEST, &ns, explain.clone()).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .explained(explain.clone())
+        .start()
+        .await?;
 
     let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
     let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
-    let myapps = api(&client, &resource("example.com", "v1", "MyApp"), &ns);
+    let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     // Named but unlabelled; labelled (a selector would pick it) but not named.
     apply(&config_maps, config_map("web-env", "EUR", false)).await?;
     apply(&config_maps, config_map("other", "GBP", true)).await?;
     apply(&secrets, secret("web")).await?;
     apply(&secrets, secret("unrelated")).await?;
-    apply(&myapps, web("web-env")).await?;
+    apply(&myapps, myapp("web", 1, "nginx:1.25", Some("web-env"))).await?;
 
     wait_for_object(&deployments, "web", "env from the named ConfigMap", |d| {
         env_currency(d) == "EUR"
@@ -120,7 +115,7 @@ async fn a_plugin_receives_exactly_the_objects_its_parent_names() -> anyhow::Res
     .await?;
 
     // Naming another object: the plugin now gets that one, and only it.
-    apply(&myapps, web("other")).await?;
+    apply(&myapps, myapp("web", 1, "nginx:1.25", Some("other"))).await?;
     wait_for_object(
         &deployments,
         "web",

@@ -1,0 +1,150 @@
+//! The Helm chart and the RBAC a deployment needs: rendering with the pinned helm, applying
+//! rendered objects, and what `wasmctrl rbac` prints for a policy.
+
+use anyhow::Context as _;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::objects::resource;
+
+/// The Helm chart, relative to the repository root.
+pub const CHART: &str = "deploy/chart/wasmctrl";
+
+/// Run the pinned helm with `args` in the repository root; what it printed and how it ended.
+pub fn helm(args: &[&str]) -> anyhow::Result<std::process::Output> {
+    let helm = wasmctrl_testenv::tools::helm()?;
+    std::process::Command::new(&helm)
+        .args(args)
+        .current_dir(wasmctrl_testenv::repo_root())
+        .output()
+        .with_context(|| format!("running {}", helm.display()))
+}
+
+/// `helm template` with `args`; its output, or its error text as the error.
+pub fn render(args: &[&str]) -> anyhow::Result<String> {
+    let mut all = vec!["template"];
+    all.extend_from_slice(args);
+    let output = helm(&all)?;
+    if !output.status.success() {
+        anyhow::bail!("{}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+/// The documents of a multi-document YAML stream, as JSON, empty ones left out.
+pub fn documents(yaml: &str) -> anyhow::Result<Vec<Value>> {
+    let mut documents = Vec::new();
+    for document in serde_yaml_ng::Deserializer::from_str(yaml) {
+        let value = <Value as serde::Deserialize>::deserialize(document)?;
+        if !value.is_null() {
+            documents.push(value);
+        }
+    }
+    Ok(documents)
+}
+
+/// Server-side apply `object` (a JSON manifest of any kind, namespaced or not) as the test's
+/// own field manager.
+async fn apply_object(client: &kube::Client, object: &Value) -> anyhow::Result<()> {
+    let (group, version) = match object["apiVersion"]
+        .as_str()
+        .context("apiVersion")?
+        .split_once('/')
+    {
+        Some((group, version)) => (group.to_owned(), version.to_owned()),
+        None => (
+            String::new(),
+            object["apiVersion"].as_str().unwrap_or_default().to_owned(),
+        ),
+    };
+    let kind = object["kind"].as_str().context("kind")?;
+    let resource = resource(&group, &version, kind);
+    let name = object["metadata"]["name"].as_str().context("name")?;
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    api.patch(
+        name,
+        &PatchParams::apply("wasmctrl-e2e").force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .with_context(|| format!("applying {kind} {name}"))?;
+    Ok(())
+}
+
+/// What of the chart is RBAC.
+const RBAC_KINDS: [&str; 5] = [
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+];
+
+/// Install the chart's ServiceAccount and RBAC (release `release`, namespace `ns`), as
+/// `helm install` would; the ServiceAccount's name.
+pub async fn install_chart_rbac(
+    client: &Client,
+    release: &str,
+    ns: &str,
+) -> anyhow::Result<String> {
+    let rendered = render(&[release, CHART, "--namespace", ns])?;
+    for object in documents(&rendered)? {
+        if RBAC_KINDS.contains(&object["kind"].as_str().unwrap_or_default()) {
+            apply_object(client, &object).await?;
+        }
+    }
+    Ok(format!("{release}-wasmctrl"))
+}
+
+/// What `wasmctrl rbac FILES… --service-account SA --name NAME` prints.
+async fn rbac_for(
+    files: &[std::path::PathBuf],
+    service_account: &str,
+    name: &str,
+) -> anyhow::Result<String> {
+    use clap::Parser as _;
+    let mut args = vec![
+        "wasmctrl".to_owned(),
+        "rbac".into(),
+        "--service-account".into(),
+        service_account.into(),
+        "--name".into(),
+        name.into(),
+    ];
+    args.extend(files.iter().map(|f| f.to_string_lossy().into_owned()));
+    match wasmctrl::cli::Cli::try_parse_from(args)?.command {
+        wasmctrl::cli::Command::Rbac(command) => command.render().await,
+        _ => anyhow::bail!("not the rbac command"),
+    }
+}
+
+/// Apply what `wasmctrl rbac` prints for the policy `name` with `spec` (and the MyApp CRD),
+/// granted to `service_account` (`NAMESPACE/NAME`) under the name `rbac_name`; the objects
+/// applied.
+pub async fn apply_policy_rbac(
+    client: &Client,
+    name: &str,
+    spec: &Value,
+    service_account: &str,
+    rbac_name: &str,
+) -> anyhow::Result<Vec<Value>> {
+    let dir = tempfile::tempdir()?;
+    let policy_file = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy_file,
+        serde_yaml_ng::to_string(&json!({
+            "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
+            "metadata": {"name": name}, "spec": spec,
+        }))?,
+    )?;
+    let crd = wasmctrl_testenv::repo_root().join("crds/myapp.yaml");
+    let generated = documents(&rbac_for(&[crd, policy_file], service_account, rbac_name).await?)?;
+    for object in &generated {
+        apply_object(client, object).await?;
+    }
+    Ok(generated)
+}

@@ -1,0 +1,205 @@
+//! The wasmctrl host under test, running in the test process, and the one builder every test
+//! makes it with.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::Client;
+use tokio::task::JoinHandle;
+use wasmctrl::controller::{Host, HostOptions};
+use wasmctrl::explain::Explain;
+use wasmctrl::plugin::{EngineOptions, PluginEngine};
+use wasmctrl_testenv::TestEnv;
+
+use crate::TEST_LABEL;
+
+/// A wasmctrl host running in this test process, running only the policies labelled for
+/// its test; made with [`HostUnderTest::builder`] (or [`HostUnderTest::cluster_wide`]).
+/// Dropped without [`stop`](Self::stop), it is aborted.
+pub struct HostUnderTest {
+    /// The host's metrics, read by tests that count reconciles.
+    pub metrics: Arc<wasmctrl::metrics::Metrics>,
+    /// The host's readiness, for tests of `/readyz`.
+    pub readiness: Arc<wasmctrl::health::Readiness>,
+    /// The records of its reconciles, for tests of `explain`.
+    pub explain: Arc<Explain>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl HostUnderTest {
+    /// A host for `test`, confined to `namespace`: it runs only the policies labelled
+    /// `TEST_LABEL=test`, watches only `namespace`, takes plugin credentials only from it, and
+    /// records an Event at most every 30 s per parent and reason. Unless the builder is told
+    /// otherwise, it acts as the test cluster's admin, keeps precompiled plugins in the
+    /// suite's disk cache, lets 8 plugin calls run at once, and keeps its reconciles' records
+    /// as a host does by default.
+    pub fn builder(test: &str, namespace: &str) -> HostBuilder {
+        HostBuilder {
+            namespace: Some(namespace.to_owned()),
+            event_interval: Some(Duration::from_secs(30)),
+            ..HostBuilder::new(test)
+        }
+    }
+
+    /// A host for `test` over the whole cluster, as `wasmctrl run` without `--namespace`: it
+    /// watches every namespace, refuses every `secretRef`, and keeps the host's default Event
+    /// interval; otherwise as [`builder`](Self::builder) makes it. For the fault suite, whose
+    /// parents are spread over namespaces of their own on a cluster that runs one test at a
+    /// time.
+    pub fn cluster_wide(test: &str) -> HostBuilder {
+        HostBuilder::new(test)
+    }
+
+    /// Stop gracefully and wait for every controller to finish.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.context("host task panicked")?
+    }
+}
+
+impl Drop for HostUnderTest {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// How the host under test talks to the cluster.
+enum Credentials {
+    /// As the test cluster's admin.
+    Admin,
+    /// As this user, impersonated by the admin.
+    Impersonating(String),
+    /// Through this client.
+    Client(Client),
+}
+
+/// What a test chooses about its host, from [`HostUnderTest::builder`] or
+/// [`HostUnderTest::cluster_wide`]; [`start`](Self::start) runs it.
+#[must_use = "a host runs only once started"]
+pub struct HostBuilder {
+    test: String,
+    /// The only namespace watched and the only one credentials come from; `None`: every
+    /// namespace, and no credentials.
+    namespace: Option<String>,
+    /// `None`: the host's default.
+    event_interval: Option<Duration>,
+    credentials: Credentials,
+    disk_cache: bool,
+    max_concurrent_calls: u32,
+    explain: Option<Arc<Explain>>,
+}
+
+impl HostBuilder {
+    fn new(test: &str) -> Self {
+        Self {
+            test: test.to_owned(),
+            namespace: None,
+            event_interval: None,
+            credentials: Credentials::Admin,
+            disk_cache: true,
+            max_concurrent_calls: 8,
+            explain: None,
+        }
+    }
+
+    /// Keep the records of its reconciles in `explain`.
+    pub fn explained(mut self, explain: Arc<Explain>) -> Self {
+        self.explain = Some(explain);
+        self
+    }
+
+    /// No precompiled artifacts on disk, so a pinned digest the host has not loaded itself is
+    /// always fetched from its source (for tests of the sources), and every plugin is
+    /// compiled afresh.
+    pub fn without_disk_cache(mut self) -> Self {
+        self.disk_cache = false;
+        self
+    }
+
+    /// Make every request as `user` (e.g. `system:serviceaccount:NS:NAME`), impersonated by
+    /// the admin, so the host has exactly the permissions RBAC grants that user.
+    pub fn as_user(mut self, user: &str) -> Self {
+        self.credentials = Credentials::Impersonating(user.to_owned());
+        self
+    }
+
+    /// Talk to the cluster through `client` (for a control plane other than the suite's).
+    pub fn client(mut self, client: Client) -> Self {
+        self.credentials = Credentials::Client(client);
+        self
+    }
+
+    /// Let up to `calls` plugin calls run at once.
+    pub fn max_concurrent_calls(mut self, calls: u32) -> Self {
+        self.max_concurrent_calls = calls;
+        self
+    }
+
+    /// The host, not yet running (for a process of its own that runs it until killed).
+    pub async fn build(self) -> anyhow::Result<Host> {
+        let client = match self.credentials {
+            Credentials::Admin => TestEnv::get().client().await?,
+            Credentials::Impersonating(user) => impersonating_client(&user).await?,
+            Credentials::Client(client) => client,
+        };
+        let engine = PluginEngine::new(EngineOptions {
+            cache_dir: self.disk_cache.then(disk_cache),
+            max_concurrent_calls: self.max_concurrent_calls,
+            max_memory_bytes: 128 << 20,
+            ..EngineOptions::default()
+        })?;
+        let defaults = HostOptions::default();
+        let options = HostOptions {
+            namespace: self.namespace.clone(),
+            policy_selector: Some(format!("{TEST_LABEL}={}", self.test)),
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(8),
+            event_interval: self.event_interval.unwrap_or(defaults.event_interval),
+            credentials_namespace: self.namespace,
+            explain: self.explain.unwrap_or(defaults.explain),
+            ..defaults
+        };
+        Ok(Host::new(client, engine, options))
+    }
+
+    /// Start the host on a task of this test's runtime.
+    pub async fn start(self) -> anyhow::Result<HostUnderTest> {
+        let host = self.build().await?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let metrics = host.metrics();
+        let readiness = host.readiness();
+        let explain = host.explain();
+        let task = tokio::spawn(host.run(async {
+            let _ = stopped.await;
+        }));
+        Ok(HostUnderTest {
+            metrics,
+            readiness,
+            explain,
+            stop: Some(stop),
+            task,
+        })
+    }
+}
+
+/// Where every host of the suite keeps its precompiled plugins, unless told not to.
+fn disk_cache() -> PathBuf {
+    std::env::temp_dir().join("wasmctrl-e2e-artifacts")
+}
+
+/// A client that acts as `user` through impersonation by the admin credentials.
+async fn impersonating_client(user: &str) -> anyhow::Result<Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(TestEnv::get().kubeconfig())?;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    config.auth_info.impersonate = Some(user.to_owned());
+    Ok(Client::try_from(config)?)
+}

@@ -1,0 +1,86 @@
+//! A test's own namespace, and the ReconcilePolicies it applies, labelled for its host and
+//! confined to that namespace.
+
+use anyhow::Context as _;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+use wasmctrl_testenv::TestEnv;
+
+use crate::TEST_LABEL;
+use crate::objects::resource;
+
+/// The ReconcilePolicy API.
+pub fn policies(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &resource("wasmctrl.dev", "v1alpha1", "ReconcilePolicy"),
+    )
+}
+
+/// The namespace each test made with [`test_namespace`], by test name.
+static TEST_NAMESPACES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// A fresh namespace for `test` and an admin client. Policies the test applies reconcile
+/// parents in this namespace only (`spec.parent.namespace`), so tests that share a parent
+/// kind run side by side without claiming it from each other.
+pub async fn test_namespace(test: &str) -> anyhow::Result<(Client, String)> {
+    let (client, namespace) = TestEnv::get().namespace(test).await?;
+    TEST_NAMESPACES
+        .lock()
+        .expect("not poisoned")
+        .push((test.to_owned(), namespace.clone()));
+    Ok((client, namespace))
+}
+
+/// Delete a test's namespace once it passed (a failed test leaves it for inspection).
+pub async fn delete_namespace(client: &Client, namespace: &str) -> anyhow::Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .delete(namespace, &Default::default())
+        .await
+        .with_context(|| format!("deleting namespace {namespace}"))?;
+    Ok(())
+}
+
+/// Create or update policy `name` for `test` with `spec`. Unless the spec names a parent
+/// namespace, the policy is confined to the test's namespace.
+pub async fn apply_policy(
+    client: &Client,
+    test: &str,
+    name: &str,
+    mut spec: Value,
+) -> anyhow::Result<()> {
+    let namespace = TEST_NAMESPACES
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .rev()
+        .find(|(t, _)| t == test)
+        .map(|(_, ns)| ns.clone());
+    if let (Some(namespace), Some(parent)) = (namespace, spec["parent"].as_object_mut()) {
+        parent
+            .entry("namespace")
+            .or_insert_with(|| json!(namespace));
+    }
+    let policy = json!({
+        "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
+        "metadata": {"name": name, "labels": {TEST_LABEL: test}},
+        "spec": spec,
+    });
+    policies(client)
+        .patch(
+            name,
+            &PatchParams::apply("wasmctrl-e2e").force(),
+            &Patch::Apply(&policy),
+        )
+        .await
+        .with_context(|| format!("applying policy {name}"))?;
+    Ok(())
+}
+
+/// The path of a built plugin, as a file source.
+pub fn file_source(plugin: &str) -> Value {
+    let path = wasmctrl_testenv::plugins::guest(plugin);
+    json!({"file": {"path": path.to_string_lossy()}})
+}
