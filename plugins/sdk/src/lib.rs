@@ -73,7 +73,6 @@ pub mod testing;
 
 pub use conditions::{Condition, ConditionStatus, set_condition};
 pub use error::Error;
-pub use glue::{RawRequest, reconcile_raw};
 pub use request::{Observed, ObservedObject, Request};
 pub use response::{Event, EventType, Response};
 
@@ -124,9 +123,9 @@ macro_rules! export_reconciler {
     ($reconciler:ty) => {
         #[cfg(not(target_arch = "wasm32"))]
         const _: fn(
-            $crate::RawRequest,
+            $crate::testing::RawRequest,
         ) -> ::core::result::Result<$crate::Response, $crate::Error> =
-            $crate::reconcile_raw::<$reconciler>;
+            $crate::testing::reconcile_raw::<$reconciler>;
 
         #[cfg(target_arch = "wasm32")]
         const _: () = {

@@ -24,7 +24,9 @@
 
 use serde::Serialize;
 
-use crate::{Error, ObservedObject, RawRequest, Reconciler, Response, reconcile_raw};
+use crate::{Error, ObservedObject, Reconciler, Response};
+
+pub use crate::glue::{RawRequest, reconcile_raw};
 
 /// A reconcile request built from typed objects.
 #[derive(Debug, Clone, Default)]
@@ -77,7 +79,8 @@ impl TestRequest {
         self
     }
 
-    /// The request as it would cross the Wasm boundary.
+    /// The request as it would cross the Wasm boundary, to run many times with
+    /// [`reconcile_raw`] without serializing the test objects again (benchmarks do this).
     pub fn into_raw(self) -> RawRequest {
         self.raw
     }
