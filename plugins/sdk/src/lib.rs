@@ -54,7 +54,7 @@
 //!     "spec": {"message": "hi"},
 //! });
 //! let response = wasmctrl_plugin_sdk::testing::TestRequest::new(&parent).reconcile::<Greeter>()?;
-//! let child: ConfigMap = response.child("hello-greeting").expect("the child");
+//! let child: ConfigMap = response.child("hello-greeting")?;
 //! assert_eq!(child.data.unwrap_or_default()["message"], "hi");
 //! # Ok::<(), Error>(())
 //! ```

@@ -14,7 +14,8 @@ pub struct Request<P, C> {
     pub related: Observed,
     /// The policy's plugin configuration, or `C::default()` when it sets none.
     pub config: C,
-    /// True when the parent is being deleted and the host waits for `finalized`.
+    /// True when the parent is being deleted and the host waits for
+    /// [`Response::set_finalized`](crate::Response::set_finalized).
     pub finalizing: bool,
 }
 
@@ -42,26 +43,34 @@ pub struct ObservedObject {
 
 /// Just enough of an object to identify it. serde skips everything else without building it.
 #[derive(Deserialize)]
-struct Header {
+pub(crate) struct ObjectHeader {
     #[serde(rename = "apiVersion", default)]
-    api_version: String,
+    pub(crate) api_version: String,
     #[serde(default)]
-    kind: String,
+    pub(crate) kind: String,
     #[serde(default)]
-    metadata: HeaderMeta,
+    pub(crate) metadata: HeaderMeta,
 }
 
+/// The identifying part of `metadata`.
 #[derive(Deserialize, Default)]
-struct HeaderMeta {
+pub(crate) struct HeaderMeta {
     #[serde(default)]
-    name: String,
+    pub(crate) name: String,
+}
+
+impl ObjectHeader {
+    /// The identity of the object `json` holds.
+    pub(crate) fn from_json(json: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(json)
+    }
 }
 
 impl ObservedObject {
     /// An observed object from its JSON, reading its identity from it. The host sends the
     /// identity alongside the object, so this is only needed for objects built in tests.
     pub fn from_json(json: String) -> Result<Self, Error> {
-        let header: Header = serde_json::from_str(&json)
+        let header = ObjectHeader::from_json(&json)
             .map_err(|e| Error::permanent(format!("observed object is not valid JSON: {e}")))?;
         Ok(Self {
             api_version: header.api_version,

@@ -18,7 +18,7 @@
 //!
 //! let response = TestRequest::new(&serde_json::json!({"spec": {"size": 3}}))
 //!     .reconcile::<Echo>()?;
-//! assert_eq!(response.status::<serde_json::Value>(), Some(serde_json::json!({"size": 3})));
+//! assert_eq!(response.status::<serde_json::Value>()?, serde_json::json!({"size": 3}));
 //! # Ok::<(), Error>(())
 //! ```
 

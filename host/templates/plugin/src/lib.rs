@@ -82,7 +82,7 @@ impl Reconciler for {{kind}}Reconciler {
         let mut response = Response::new();
         if request.finalizing {
             // Nothing outside the cluster to clean up: owned children are garbage-collected.
-            response.finalized();
+            response.set_finalized();
             return Ok(response);
         }
         let name = parent
