@@ -57,11 +57,7 @@ impl Reconciler for MyAppReconciler {
             response.set_finalized();
             return Ok(response);
         }
-        let name = app
-            .metadata
-            .name
-            .as_deref()
-            .ok_or_else(|| Error::invalid_parent("metadata.name is missing"))?;
+        let name = request.name();
         if app.spec.replicas < 1 {
             return Err(Error::invalid_parent(format!(
                 "spec.replicas must be at least 1, got {}",

@@ -30,6 +30,8 @@ pub fn reconcile_raw<R: Reconciler>(raw: RawRequest) -> Result<Response, Error> 
     let parent = serde_json::from_str(&raw.parent).map_err(|e| {
         Error::invalid_parent(format!("parent does not match the plugin's type: {e}"))
     })?;
+    // Read once here, so `Request::name` is a field access and no plugin re-checks it.
+    let (name, namespace) = crate::request::parent_identity(&raw.parent)?;
     let config = match raw.config.as_deref() {
         None => R::Config::default(),
         Some(json) => serde_json::from_str(json)
@@ -41,6 +43,8 @@ pub fn reconcile_raw<R: Reconciler>(raw: RawRequest) -> Result<Response, Error> 
         related: Observed::new(raw.related),
         config,
         finalizing: raw.finalizing,
+        name,
+        namespace,
     };
     R::reconcile(&request)
 }

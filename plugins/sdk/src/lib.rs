@@ -29,7 +29,7 @@
 //!     type Config = serde_json::Value; // the policy's `plugin.config`
 //!
 //!     fn reconcile(request: &Request<Greeting, serde_json::Value>) -> Result<Response, Error> {
-//!         let name = request.parent.metadata.name.clone().unwrap_or_default();
+//!         let name = request.name(); // the host guarantees the parent has one
 //!         let child = ConfigMap {
 //!             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
 //!                 name: Some(format!("{name}-greeting")),

@@ -1,5 +1,8 @@
 //! Run a plugin natively, in `cargo test`, through the same decoding the Wasm export uses.
 //!
+//! The parent must have a `metadata.name`, as every parent the host sends has: a request
+//! without one fails to decode, as an invalid parent.
+//!
 //! ```
 //! use wasmctrl_plugin_sdk::testing::TestRequest;
 //! use wasmctrl_plugin_sdk::{Error, Reconciler, Request, Response, serde_json};
@@ -16,8 +19,8 @@
 //!     }
 //! }
 //!
-//! let response = TestRequest::new(&serde_json::json!({"spec": {"size": 3}}))
-//!     .reconcile::<Echo>()?;
+//! let parent = serde_json::json!({"metadata": {"name": "echo"}, "spec": {"size": 3}});
+//! let response = TestRequest::new(&parent).reconcile::<Echo>()?;
 //! assert_eq!(response.status::<serde_json::Value>()?, serde_json::json!({"size": 3}));
 //! # Ok::<(), Error>(())
 //! ```

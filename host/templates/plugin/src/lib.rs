@@ -85,11 +85,9 @@ impl Reconciler for {{kind}}Reconciler {
             response.set_finalized();
             return Ok(response);
         }
-        let name = parent
-            .metadata
-            .name
-            .as_deref()
-            .ok_or_else(|| Error::invalid_parent("metadata.name is missing"))?;
+        // The host sends only parents that have a name (and, this kind being namespaced, a
+        // namespace: `request.namespace()`), so neither needs checking.
+        let name = request.name();
         let selector = labels::selector(APP, name);
         response.add_child(&deployment(name, &parent.spec, &selector))?;
 

@@ -44,10 +44,7 @@ impl Reconciler for Misbehave {
 
     fn reconcile(request: &Request<Value, Config>) -> Result<Response, Error> {
         let calls = CALLS.fetch_add(1, Ordering::SeqCst) + 1;
-        let name = request.parent["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let name = request.name();
         let mut response = Response::new();
         if request.finalizing {
             if request.config.behavior == "panic-finalizing" {
