@@ -72,7 +72,7 @@ mod response;
 pub mod testing;
 
 pub use conditions::{Condition, ConditionStatus, set_condition};
-pub use error::Error;
+pub use error::{Error, ResultExt};
 pub use request::{Observed, ObservedObject, Request};
 pub use response::{Event, EventType, Response};
 
