@@ -9,7 +9,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use wasmctrl_plugin_sdk::{RawRequest, reconcile_raw};
+use wasmctrl_plugin_sdk::testing::{RawRequest, reconcile_raw};
 use wasmctrl_runtime::{EngineOptions, Limits, ObservedObject, PluginEngine, ReconcileRequest};
 
 /// The host's allocator, so both rows measure what the host does (with jemalloc's default

@@ -54,14 +54,10 @@ impl Reconciler for MyAppReconciler {
         let mut response = Response::new();
         if request.finalizing {
             // Nothing outside the cluster to clean up; owned children are garbage-collected.
-            response.finalized();
+            response.set_finalized();
             return Ok(response);
         }
-        let name = app
-            .metadata
-            .name
-            .as_deref()
-            .ok_or_else(|| Error::invalid_parent("metadata.name is missing"))?;
+        let name = request.name();
         if app.spec.replicas < 1 {
             return Err(Error::invalid_parent(format!(
                 "spec.replicas must be at least 1, got {}",
@@ -75,7 +71,7 @@ impl Reconciler for MyAppReconciler {
                 let found = request.related.get::<ConfigMap>(config_map)?;
                 let condition = config_map_condition(config_map, found.is_some());
                 if found.is_none() {
-                    response.event(
+                    response.add_event(
                         EventType::Warning,
                         "ConfigMapMissing",
                         condition.message.clone(),
@@ -97,7 +93,7 @@ impl Reconciler for MyAppReconciler {
             .children
             .get_part::<Deployment, ObservedReadiness>(name)?;
         if observed.is_none() {
-            response.event(
+            response.add_event(
                 EventType::Normal,
                 "Creating",
                 format!("creating Deployment and Service {name}"),
@@ -380,7 +376,7 @@ mod tests {
             .reconcile::<MyAppReconciler>()
             .expect("reconcile");
         assert!(response.is_finalized());
-        assert!(response.children().is_empty());
+        assert!(response.children_json().is_empty());
     }
 
     #[test]
@@ -389,8 +385,14 @@ mod tests {
             .config(&MyAppConfig { service: false })
             .reconcile::<MyAppReconciler>()
             .expect("reconcile");
-        assert_eq!(response.children().len(), 1);
-        assert!(response.child::<Service>("web").is_none());
+        assert_eq!(response.children_json().len(), 1);
+        let no_service = response.child::<Service>("web").expect_err("no Service");
+        assert!(
+            no_service
+                .to_string()
+                .contains("no desired v1 Service named \"web\""),
+            "{no_service}"
+        );
     }
 
     fn config_map(data: &[(&str, &str)]) -> ConfigMap {

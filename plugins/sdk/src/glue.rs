@@ -2,10 +2,14 @@
 //!
 //! Both the Wasm export and the native test harness go through [`reconcile_raw`], so a test
 //! that passes natively exercises the same decoding the host will see; only the ABI differs.
+//! Plugins reach these through [`crate::testing`]; the crate root keeps to what a reconciler
+//! is written with.
 
 use crate::{Error, Observed, ObservedObject, Reconciler, Request, Response};
 
-/// A reconcile request as it crosses the boundary: JSON text, like the WIT record.
+/// A reconcile request as it crosses the boundary: JSON text, like the WIT record. Build one
+/// with [`TestRequest`](crate::testing::TestRequest) (or by hand, from JSON a tool already
+/// holds) and run it with [`reconcile_raw`].
 #[derive(Debug, Clone, Default)]
 pub struct RawRequest {
     /// The parent object as JSON.
@@ -20,11 +24,14 @@ pub struct RawRequest {
     pub finalizing: bool,
 }
 
-/// Decode `raw` and run `R::reconcile` on it.
+/// Decode `raw` exactly as the Wasm export does and run `R::reconcile` on it: the native
+/// path for tests, benchmarks and tools that compare a plugin's logic without a Wasm engine.
 pub fn reconcile_raw<R: Reconciler>(raw: RawRequest) -> Result<Response, Error> {
     let parent = serde_json::from_str(&raw.parent).map_err(|e| {
         Error::invalid_parent(format!("parent does not match the plugin's type: {e}"))
     })?;
+    // Read once here, so `Request::name` is a field access and no plugin re-checks it.
+    let (name, namespace) = crate::request::parent_identity(&raw.parent)?;
     let config = match raw.config.as_deref() {
         None => R::Config::default(),
         Some(json) => serde_json::from_str(json)
@@ -36,6 +43,8 @@ pub fn reconcile_raw<R: Reconciler>(raw: RawRequest) -> Result<Response, Error> 
         related: Observed::new(raw.related),
         config,
         finalizing: raw.finalizing,
+        name,
+        namespace,
     };
     R::reconcile(&request)
 }

@@ -29,7 +29,7 @@
 //!     type Config = serde_json::Value; // the policy's `plugin.config`
 //!
 //!     fn reconcile(request: &Request<Greeting, serde_json::Value>) -> Result<Response, Error> {
-//!         let name = request.parent.metadata.name.clone().unwrap_or_default();
+//!         let name = request.name(); // the host guarantees the parent has one
 //!         let child = ConfigMap {
 //!             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
 //!                 name: Some(format!("{name}-greeting")),
@@ -54,7 +54,7 @@
 //!     "spec": {"message": "hi"},
 //! });
 //! let response = wasmctrl_plugin_sdk::testing::TestRequest::new(&parent).reconcile::<Greeter>()?;
-//! let child: ConfigMap = response.child("hello-greeting").expect("the child");
+//! let child: ConfigMap = response.child("hello-greeting")?;
 //! assert_eq!(child.data.unwrap_or_default()["message"], "hi");
 //! # Ok::<(), Error>(())
 //! ```
@@ -72,8 +72,7 @@ mod response;
 pub mod testing;
 
 pub use conditions::{Condition, ConditionStatus, set_condition};
-pub use error::Error;
-pub use glue::{RawRequest, reconcile_raw};
+pub use error::{Error, ResultExt};
 pub use request::{Observed, ObservedObject, Request};
 pub use response::{Event, EventType, Response};
 
@@ -124,9 +123,9 @@ macro_rules! export_reconciler {
     ($reconciler:ty) => {
         #[cfg(not(target_arch = "wasm32"))]
         const _: fn(
-            $crate::RawRequest,
+            $crate::testing::RawRequest,
         ) -> ::core::result::Result<$crate::Response, $crate::Error> =
-            $crate::reconcile_raw::<$reconciler>;
+            $crate::testing::reconcile_raw::<$reconciler>;
 
         #[cfg(target_arch = "wasm32")]
         const _: () = {

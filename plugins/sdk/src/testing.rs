@@ -1,5 +1,8 @@
 //! Run a plugin natively, in `cargo test`, through the same decoding the Wasm export uses.
 //!
+//! The parent must have a `metadata.name`, as every parent the host sends has: a request
+//! without one fails to decode, as an invalid parent.
+//!
 //! ```
 //! use wasmctrl_plugin_sdk::testing::TestRequest;
 //! use wasmctrl_plugin_sdk::{Error, Reconciler, Request, Response, serde_json};
@@ -16,15 +19,17 @@
 //!     }
 //! }
 //!
-//! let response = TestRequest::new(&serde_json::json!({"spec": {"size": 3}}))
-//!     .reconcile::<Echo>()?;
-//! assert_eq!(response.status::<serde_json::Value>(), Some(serde_json::json!({"size": 3})));
+//! let parent = serde_json::json!({"metadata": {"name": "echo"}, "spec": {"size": 3}});
+//! let response = TestRequest::new(&parent).reconcile::<Echo>()?;
+//! assert_eq!(response.status::<serde_json::Value>()?, serde_json::json!({"size": 3}));
 //! # Ok::<(), Error>(())
 //! ```
 
 use serde::Serialize;
 
-use crate::{Error, ObservedObject, RawRequest, Reconciler, Response, reconcile_raw};
+use crate::{Error, ObservedObject, Reconciler, Response};
+
+pub use crate::glue::{RawRequest, reconcile_raw};
 
 /// A reconcile request built from typed objects.
 #[derive(Debug, Clone, Default)]
@@ -77,7 +82,8 @@ impl TestRequest {
         self
     }
 
-    /// The request as it would cross the Wasm boundary.
+    /// The request as it would cross the Wasm boundary, to run many times with
+    /// [`reconcile_raw`] without serializing the test objects again (benchmarks do this).
     pub fn into_raw(self) -> RawRequest {
         self.raw
     }

@@ -816,7 +816,7 @@ async fn baseline_writes(
                     .reconcile::<myapp_plugin::MyAppReconciler>()
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let owner = json!([{"apiVersion": "example.com/v1", "kind": "MyApp", "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true}]);
-                for mut child in response.children().iter().map(|c| serde_json::from_str::<Value>(c)).collect::<Result<Vec<_>, _>>()? {
+                for mut child in response.children_json().iter().map(|c| serde_json::from_str::<Value>(c)).collect::<Result<Vec<_>, _>>()? {
                     child["metadata"]["ownerReferences"] = owner.clone();
                     let api = if child["kind"] == "Deployment" { &deployments } else { &services };
                     api.patch(&name, &params, &Patch::Apply(&child)).await?;

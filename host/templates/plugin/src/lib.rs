@@ -82,14 +82,12 @@ impl Reconciler for {{kind}}Reconciler {
         let mut response = Response::new();
         if request.finalizing {
             // Nothing outside the cluster to clean up: owned children are garbage-collected.
-            response.finalized();
+            response.set_finalized();
             return Ok(response);
         }
-        let name = parent
-            .metadata
-            .name
-            .as_deref()
-            .ok_or_else(|| Error::invalid_parent("metadata.name is missing"))?;
+        // The host sends only parents that have a name (and, this kind being namespaced, a
+        // namespace: `request.namespace()`), so neither needs checking.
+        let name = request.name();
         let selector = labels::selector(APP, name);
         response.add_child(&deployment(name, &parent.spec, &selector))?;
 

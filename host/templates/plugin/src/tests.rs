@@ -74,7 +74,7 @@ fn a_parent_being_deleted_is_finalized_at_once() {
         .reconcile::<{{kind}}Reconciler>()
         .expect("reconciles");
     assert!(response.is_finalized());
-    assert!(response.children().is_empty());
+    assert!(response.children_json().is_empty());
 }
 
 /// `deploy/crd.yaml` is generated from the types above; `UPDATE_CRD=1 cargo test` rewrites it

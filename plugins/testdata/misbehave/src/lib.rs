@@ -44,22 +44,19 @@ impl Reconciler for Misbehave {
 
     fn reconcile(request: &Request<Value, Config>) -> Result<Response, Error> {
         let calls = CALLS.fetch_add(1, Ordering::SeqCst) + 1;
-        let name = request.parent["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let name = request.name();
         let mut response = Response::new();
         if request.finalizing {
             if request.config.behavior == "panic-finalizing" {
                 panic!("deliberate panic while finalizing {name}");
             }
-            response.event(
+            response.add_event(
                 wasmctrl_plugin_sdk::EventType::Normal,
                 "Finalizing",
                 format!("cleaning up after {name}"),
             );
             if request.config.behavior != "hold-finalizer" {
-                response.finalized();
+                response.set_finalized();
             }
             return Ok(response);
         }
@@ -82,10 +79,10 @@ impl Reconciler for Misbehave {
             }))?;
         }
         if let Some(ms) = request.config.requeue_after_ms {
-            response.requeue_after(std::time::Duration::from_millis(ms));
+            response.set_requeue_after(std::time::Duration::from_millis(ms));
         }
         for i in 0..request.config.events {
-            response.event(
+            response.add_event(
                 wasmctrl_plugin_sdk::EventType::Normal,
                 format!("Flood{i}"),
                 format!("event {i} for {name}"),

@@ -26,7 +26,7 @@ impl Reconciler for MyAppV2 {
     fn reconcile(request: &Request<MyApp, MyAppConfig>) -> Result<Response, Error> {
         let v1 = MyAppReconciler::reconcile(request)?;
         let mut v2 = Response::new();
-        for child in v1.children() {
+        for child in v1.children_json() {
             let mut child: Value = serde_json::from_str(child)
                 .map_err(|e| Error::permanent(format!("MyApp produced invalid JSON: {e}")))?;
             if let Some(metadata) = child.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -45,13 +45,13 @@ impl Reconciler for MyAppV2 {
             v2.set_status(&status)?;
         }
         for event in v1.events() {
-            v2.event(event.kind, event.reason.clone(), event.message.clone());
+            v2.add_event(event.kind, event.reason.clone(), event.message.clone());
         }
-        if let Some(delay) = v1.requeue() {
-            v2.requeue_after(delay);
+        if let Some(delay) = v1.requeue_after() {
+            v2.set_requeue_after(delay);
         }
         if v1.is_finalized() {
-            v2.finalized();
+            v2.set_finalized();
         }
         Ok(v2)
     }
