@@ -5,7 +5,7 @@
 //! the policy (`controller`). Encoding is the OpenMetrics text format that Prometheus scrapes.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -91,6 +91,16 @@ pub enum ChildOperation {
     Unchanged,
     /// No longer desired: deleted.
     Pruned,
+}
+
+impl ChildOperation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Unchanged => "unchanged",
+            Self::Pruned => "pruned",
+        }
+    }
 }
 
 /// Buckets for reconcile and plugin call durations, in seconds: from 100 µs (a warm plugin
@@ -305,51 +315,6 @@ impl Metrics {
         }
     }
 
-    /// Count one finished reconcile of `policy` and how long it took.
-    pub fn reconciled(&self, policy: &str, result: ReconcileResult, took: Duration) {
-        self.reconciles
-            .get_or_create(&ResultLabels {
-                controller: policy.to_owned(),
-                result: result.as_str(),
-            })
-            .inc();
-        self.reconcile_time
-            .get_or_create(&Self::controller(policy))
-            .observe(took.as_secs_f64());
-        if result == ReconcileResult::Error {
-            self.reconcile_errors
-                .get_or_create(&Self::controller(policy))
-                .inc();
-        }
-    }
-
-    /// A reconcile of `policy` started (`+1`) or ended (`-1`).
-    pub fn worker(&self, policy: &str, delta: i64) {
-        self.active_workers
-            .get_or_create(&Self::controller(policy))
-            .inc_by(delta);
-    }
-
-    /// `added` parents of `policy` were asked to reconcile; `depth` wait now.
-    pub fn queued(&self, policy: &str, added: u64, depth: usize) {
-        self.queue_adds
-            .get_or_create(&Self::queue(policy))
-            .inc_by(added);
-        self.set_queue_depth(policy, depth);
-    }
-
-    /// `depth` parents of `policy` wait for a reconcile.
-    pub fn set_queue_depth(&self, policy: &str, depth: usize) {
-        self.queue_depth
-            .get_or_create(&Self::queue(policy))
-            .set(i64::try_from(depth).unwrap_or(i64::MAX));
-    }
-
-    /// A failed reconcile of `policy` will be retried.
-    pub fn retried(&self, policy: &str) {
-        self.queue_retries.get_or_create(&Self::queue(policy)).inc();
-    }
-
     /// Whether this replica holds the Lease `name`.
     pub fn set_leader(&self, name: &str, leading: bool) {
         self.leader
@@ -359,17 +324,14 @@ impl Metrics {
             .set(i64::from(leading));
     }
 
-    /// One plugin call of `policy` ended with `outcome` after `took`.
-    pub fn plugin_called(&self, policy: &str, outcome: &'static str, took: Duration) {
+    /// The series counting `policy`'s plugin calls that ended with `outcome`.
+    fn plugin_calls_series(&self, policy: &str, outcome: &'static str) -> Counter {
         self.plugin_calls
             .get_or_create(&OutcomeLabels {
                 controller: policy.to_owned(),
                 outcome,
             })
-            .inc();
-        self.plugin_call_time
-            .get_or_create(&Self::controller(policy))
-            .observe(took.as_secs_f64());
+            .clone()
     }
 
     /// A plugin load for `policy` ended with `result` (`ok` or the failure's reason).
@@ -418,32 +380,6 @@ impl Metrics {
         }
     }
 
-    /// Count what the host did with `count` children of `kind` for `policy`.
-    pub fn children(&self, policy: &str, kind: &str, operation: ChildOperation, count: u64) {
-        if count == 0 {
-            return;
-        }
-        let operation = match operation {
-            ChildOperation::Applied => "applied",
-            ChildOperation::Unchanged => "unchanged",
-            ChildOperation::Pruned => "pruned",
-        };
-        self.child_operations
-            .get_or_create(&ChildLabels {
-                controller: policy.to_owned(),
-                kind: kind.to_owned(),
-                operation,
-            })
-            .inc_by(count);
-    }
-
-    /// Count plugin Events that were not recorded.
-    pub fn events_dropped(&self, policy: &str, count: u64) {
-        self.events_dropped
-            .get_or_create(&Self::controller(policy))
-            .inc_by(count);
-    }
-
     /// What the explain store holds now (set when metrics are scraped).
     pub fn set_explain_store(&self, bytes: usize, records: usize) {
         self.explain_bytes
@@ -482,17 +418,186 @@ impl Metrics {
     }
 }
 
+/// One policy's series, resolved once when its controller starts: a reconcile counts and
+/// times itself without building a label set or looking a series up. Clones share the
+/// series.
+#[derive(Clone)]
+pub struct PolicyMetrics {
+    policy: Arc<str>,
+    metrics: Arc<Metrics>,
+    success: Counter,
+    requeue_after: Counter,
+    error: Counter,
+    errors: Counter,
+    reconcile_time: Histogram,
+    workers: Gauge,
+    queue_depth: Gauge,
+    queue_adds: Counter,
+    retries: Counter,
+    plugin_call_time: Histogram,
+    events_dropped: Counter,
+    /// Per call outcome, created at its first use (so an outcome that never happened has no
+    /// series), in the order of [`PLUGIN_OUTCOMES`].
+    plugin_calls: Arc<[OnceLock<Counter>; PLUGIN_OUTCOMES.len()]>,
+    /// Per child kind, per operation (in [`ChildOperation`]'s order), created at first use.
+    children: Arc<Mutex<HashMap<String, [Option<Counter>; 3]>>>,
+}
+
+/// Every outcome a plugin call can have, as `wasmctrl_plugin_calls_total` labels it.
+const PLUGIN_OUTCOMES: [&str; 7] = [
+    "ok",
+    "reported_error",
+    "trap",
+    "timeout",
+    "out_of_memory",
+    "invalid_output",
+    "sandbox_error",
+];
+
+impl Metrics {
+    /// The series of `policy`, resolved now for every later use.
+    pub fn policy(self: &Arc<Self>, policy: &str) -> PolicyMetrics {
+        let result = |result: ReconcileResult| {
+            self.reconciles
+                .get_or_create(&ResultLabels {
+                    controller: policy.to_owned(),
+                    result: result.as_str(),
+                })
+                .clone()
+        };
+        let controller = Self::controller(policy);
+        let queue = Self::queue(policy);
+        PolicyMetrics {
+            policy: policy.into(),
+            metrics: self.clone(),
+            success: result(ReconcileResult::Success),
+            requeue_after: result(ReconcileResult::RequeueAfter),
+            error: result(ReconcileResult::Error),
+            errors: self.reconcile_errors.get_or_create(&controller).clone(),
+            reconcile_time: self.reconcile_time.get_or_create(&controller).clone(),
+            workers: self.active_workers.get_or_create(&controller).clone(),
+            queue_depth: self.queue_depth.get_or_create(&queue).clone(),
+            queue_adds: self.queue_adds.get_or_create(&queue).clone(),
+            retries: self.queue_retries.get_or_create(&queue).clone(),
+            plugin_call_time: self.plugin_call_time.get_or_create(&controller).clone(),
+            events_dropped: self.events_dropped.get_or_create(&controller).clone(),
+            plugin_calls: Arc::new(std::array::from_fn(|_| OnceLock::new())),
+            children: Arc::default(),
+        }
+    }
+}
+
+impl PolicyMetrics {
+    /// The policy these series are of.
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+
+    /// The host-wide metrics, for what is not the policy's alone.
+    pub fn host(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Count one finished reconcile and how long it took.
+    pub fn reconciled(&self, result: ReconcileResult, took: Duration) {
+        match result {
+            ReconcileResult::Success => self.success.inc(),
+            ReconcileResult::RequeueAfter => self.requeue_after.inc(),
+            ReconcileResult::Error => {
+                self.errors.inc();
+                self.error.inc()
+            }
+        };
+        self.reconcile_time.observe(took.as_secs_f64());
+    }
+
+    /// A reconcile started (`+1`) or ended (`-1`).
+    pub fn worker(&self, delta: i64) {
+        self.workers.inc_by(delta);
+    }
+
+    /// `added` parents were asked to reconcile; `depth` wait now.
+    pub fn queued(&self, added: u64, depth: usize) {
+        self.queue_adds.inc_by(added);
+        self.set_queue_depth(depth);
+    }
+
+    /// `depth` parents wait for a reconcile.
+    pub fn set_queue_depth(&self, depth: usize) {
+        self.queue_depth
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+    }
+
+    /// A failed reconcile will be retried.
+    pub fn retried(&self) {
+        self.retries.inc();
+    }
+
+    /// One plugin call ended with `outcome` after `took`.
+    pub fn plugin_called(&self, outcome: &'static str, took: Duration) {
+        let counter = match PLUGIN_OUTCOMES.iter().position(|o| *o == outcome) {
+            Some(index) => self.plugin_calls[index]
+                .get_or_init(|| self.metrics.plugin_calls_series(&self.policy, outcome)),
+            // An outcome this list does not know yet still counts.
+            None => &self.metrics.plugin_calls_series(&self.policy, outcome),
+        };
+        counter.inc();
+        self.plugin_call_time.observe(took.as_secs_f64());
+    }
+
+    /// Count what the host did with `count` children of `kind`.
+    pub fn children(&self, kind: &str, operation: ChildOperation, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let mut children = crate::lock(&self.children);
+        if !children.contains_key(kind) {
+            children.insert(kind.to_owned(), Default::default());
+        }
+        let Some(slots) = children.get_mut(kind) else {
+            return;
+        };
+        let counter = slots[operation as usize].get_or_insert_with(|| {
+            self.metrics
+                .child_operations
+                .get_or_create(&ChildLabels {
+                    controller: self.policy.to_string(),
+                    kind: kind.to_owned(),
+                    operation: operation.as_str(),
+                })
+                .clone()
+        });
+        counter.inc_by(count);
+    }
+
+    /// Count plugin Events that were not recorded.
+    pub fn events_dropped(&self, count: u64) {
+        self.events_dropped.inc_by(count);
+    }
+
+    /// A hot swap ended with `result`.
+    pub fn swapped(&self, result: &str) {
+        self.metrics.plugin_swapped(&self.policy, result);
+    }
+
+    /// `digest` serves the policy now; `None` when it stopped.
+    pub fn set_active_plugin(&self, digest: Option<&str>) {
+        self.metrics.set_active_plugin(&self.policy, digest);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn reconciles_are_counted_per_policy_and_result_with_errors_apart() {
-        let metrics = Metrics::new();
+        let metrics = Arc::new(Metrics::new());
         let took = Duration::from_millis(3);
-        metrics.reconciled("a", ReconcileResult::Success, took);
-        metrics.reconciled("a", ReconcileResult::Error, took);
-        metrics.reconciled("b", ReconcileResult::RequeueAfter, took);
+        let (a, b) = (metrics.policy("a"), metrics.policy("b"));
+        a.reconciled(ReconcileResult::Success, took);
+        a.reconciled(ReconcileResult::Error, took);
+        b.reconciled(ReconcileResult::RequeueAfter, took);
         assert_eq!(metrics.reconcile_count("a", ReconcileResult::Success), 1);
         assert_eq!(metrics.reconcile_count("a", ReconcileResult::Error), 1);
         assert_eq!(metrics.reconcile_count("b", ReconcileResult::Error), 0);
@@ -530,14 +635,16 @@ mod tests {
 
     #[test]
     fn queue_workers_and_children_have_their_series() {
-        let metrics = Metrics::new();
-        metrics.queued("p", 3, 3);
-        metrics.set_queue_depth("p", 2);
-        metrics.retried("p");
-        metrics.worker("p", 1);
-        metrics.children("p", "ConfigMap", ChildOperation::Applied, 2);
-        metrics.children("p", "ConfigMap", ChildOperation::Unchanged, 0);
-        metrics.plugin_called("p", "ok", Duration::from_micros(40));
+        let metrics = Arc::new(Metrics::new());
+        let p = metrics.policy("p");
+        p.queued(3, 3);
+        p.set_queue_depth(2);
+        p.retried();
+        p.worker(1);
+        p.children("ConfigMap", ChildOperation::Applied, 1);
+        p.clone().children("ConfigMap", ChildOperation::Applied, 1);
+        p.children("ConfigMap", ChildOperation::Unchanged, 0);
+        p.plugin_called("ok", Duration::from_micros(40));
         let text = metrics.encode();
         for series in [
             r#"workqueue_adds_total{name="p"} 3"#,

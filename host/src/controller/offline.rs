@@ -9,17 +9,20 @@
 //! and the status with `observedGeneration` and the `Reconciled` condition added. What the
 //! plugin is not shown is reported, so an author sees why.
 
+use std::sync::Arc;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::SelectorExt as _;
 use serde_json::Value;
 
+use crate::controller::cache::cached::CachedObject;
 use crate::controller::cache::related::RelatedBy;
 use crate::controller::labels;
 use crate::controller::reconcile::children::{self, AllowedKind, InvalidChild};
 use crate::controller::reconcile::parent::ParentIdentity;
-use crate::controller::reconcile::request::is_controlled_by;
+use crate::controller::reconcile::request;
 use crate::controller::reconcile::status::{self, Outcome};
-use crate::plugin::{JsonObject, ObservedObject, ReconcileRequest, ReconcileResponse};
+use crate::controller::reconcile::visibility::{self, RelatedHidden};
+use crate::plugin::{JsonObject, ReconcileRequest, ReconcileResponse};
 use crate::policy::ReconcilePolicySpec;
 
 /// Why an offline run cannot proceed.
@@ -145,22 +148,20 @@ impl OfflinePolicy {
         let mut kept_children = Vec::new();
         for child in children {
             let (api_version, kind, name, meta) = identify(&child);
-            if !self
+            let position = self
                 .allowed
                 .iter()
-                .any(|a| a.api_version == api_version && a.kind == kind)
-            {
-                left_out.push(format!(
+                .position(|a| a.api_version == api_version && a.kind == kind);
+            match position {
+                None => left_out.push(format!(
                     "child {kind} {name}: not one of the policy's child kinds"
-                ));
-            } else if !is_controlled_by(&identity, &meta) {
-                left_out.push(format!(
+                )),
+                Some(_) if !visibility::child_visible(&identity, &meta) => left_out.push(format!(
                     "child {kind} {name}: not controlled by this parent (a controller ownerReference to uid {:?} in namespace {:?})",
                     identity.uid,
                     identity.namespace.as_deref().unwrap_or("")
-                ));
-            } else {
-                kept_children.push(without_managed_fields(child));
+                )),
+                Some(position) => kept_children.push((position, name, cached(child)?)),
             }
         }
         let mut kept_related = Vec::new();
@@ -170,68 +171,58 @@ impl OfflinePolicy {
                 .spec
                 .related
                 .iter()
-                .zip(&self.related)
-                .find(|(rel, _)| rel.api_version == api_version && rel.kind == kind);
-            let labels = meta.labels.clone().unwrap_or_default();
-            match matching {
-                None => left_out.push(format!(
+                .position(|rel| rel.api_version == api_version && rel.kind == kind);
+            let Some(position) = matching else {
+                left_out.push(format!(
                     "related {kind} {name}: not one of the policy's related kinds"
-                )),
-                Some(_) if meta.namespace != identity.namespace => left_out.push(format!(
+                ));
+                continue;
+            };
+            let by = &self.related[position];
+            let named = || match by {
+                RelatedBy::Name(path) => path.names(parent),
+                RelatedBy::All | RelatedBy::Selector(_) => Vec::new(),
+            };
+            match visibility::related_visible(&identity, by, &meta, named) {
+                Ok(()) => kept_related.push((position, name, cached(object)?)),
+                Err(RelatedHidden::OtherNamespace) => left_out.push(format!(
                     "related {kind} {name}: in namespace {:?}, not the parent's",
                     meta.namespace.as_deref().unwrap_or("")
                 )),
-                Some((_, RelatedBy::Selector(selector))) if !selector.matches(&labels) => left_out
-                    .push(format!(
-                    "related {kind} {name}: its labels do not match the policy's selector ({selector})"
-                )),
-                Some((_, RelatedBy::Name(path))) if !path.names(parent).contains(&name) => {
-                    left_out.push(format!(
-                        "related {kind} {name}: the parent's {path} does not name it{}",
-                        match path.names(parent).as_slice() {
-                            [] => " (it names nothing)".to_owned(),
-                            names => format!(" (it names {})", names.join(", ")),
-                        }
-                    ));
+                Err(RelatedHidden::SelectorMismatch) => {
+                    if let RelatedBy::Selector(selector) = by {
+                        left_out.push(format!(
+                            "related {kind} {name}: its labels do not match the policy's selector ({selector})"
+                        ));
+                    }
                 }
-                Some(_) => kept_related.push(without_managed_fields(object)),
+                Err(RelatedHidden::NotNamed(names)) => {
+                    if let RelatedBy::Name(path) = by {
+                        left_out.push(format!(
+                            "related {kind} {name}: the parent's {path} does not name it{}",
+                            match names.as_slice() {
+                                [] => " (it names nothing)".to_owned(),
+                                names => format!(" (it names {})", names.join(", ")),
+                            }
+                        ));
+                    }
+                }
             }
         }
-        kept_children.sort_by_key(|o| self.order(o, true));
-        kept_related.sort_by_key(|o| self.order(o, false));
         let config = config.or_else(|| self.spec.plugin.config.as_ref().map(Value::to_string));
+        // The parent as a reconcile sends it: read back from the host's cached form.
+        let parent = serde_json::to_string(&cached(parent.clone())?.to_dynamic())
+            .map_err(|e| OfflineError::Parent(format!("the parent does not serialize: {e}")))?;
         Ok(OfflineRequest {
             request: ReconcileRequest {
-                parent: parent.to_string(),
-                children: kept_children
-                    .iter()
-                    .map(ObservedObject::from_value)
-                    .collect(),
-                related: kept_related
-                    .iter()
-                    .map(ObservedObject::from_value)
-                    .collect(),
+                parent,
+                children: shown(kept_children),
+                related: shown(kept_related),
                 config,
                 finalizing,
             },
             left_out,
         })
-    }
-
-    /// The host's order: by the kind's place in the policy, then by name.
-    fn order(&self, object: &Value, child: bool) -> (usize, String) {
-        let (api_version, kind, name, _) = identify(object);
-        let position = if child {
-            self.allowed
-                .iter()
-                .position(|a| a.api_version == api_version && a.kind == kind)
-        } else {
-            self.spec
-                .related
-                .iter()
-                .position(|r| r.api_version == api_version && r.kind == kind)
-        };
-        (position.unwrap_or(usize::MAX), name)
     }
 
     /// What the host would apply and write for `response`, now: every child
@@ -283,10 +274,168 @@ fn identify(object: &Value) -> (String, String, String, ObjectMeta) {
     )
 }
 
-/// The host's watches drop `managedFields` before anything is cached.
-fn without_managed_fields(mut object: Value) -> Value {
+/// `object` as the host caches what its watches deliver (`managedFields` dropped, the body
+/// kept as text), so the plugin is sent the very bytes a reconcile would send.
+fn cached(mut object: Value) -> Result<Arc<CachedObject>, OfflineError> {
     if let Some(Value::Object(meta)) = object.get_mut("metadata") {
         meta.remove("managedFields");
     }
-    object
+    CachedObject::from_value(object).map(Arc::new).map_err(|e| {
+        OfflineError::Parent(format!("an object given is not a Kubernetes object: {e}"))
+    })
+}
+
+/// Objects in the order the host shows them (by their kind's place in the policy, then by
+/// name), as the plugin is sent them.
+fn shown(
+    mut objects: Vec<(usize, String, Arc<CachedObject>)>,
+) -> Vec<crate::plugin::ObservedObject> {
+    objects.sort_by(|a, b| visibility::order(a.0, &a.1).cmp(&visibility::order(b.0, &b.1)));
+    objects
+        .iter()
+        .map(|(_, _, object)| request::observed_object(object))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The offline run and a reconcile, given the same objects, must ask the plugin the same
+    //! thing, to the byte.
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::cache::field_ownership::CreatedFields;
+    use crate::controller::cache::store_index;
+    use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
+    use crate::controller::testing::{self, config_maps};
+
+    fn object(value: Value) -> CachedObject {
+        CachedObject::from_value(value).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn owned(name: &str, namespace: &str, uid: &str, data: &str) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {
+                "name": name, "namespace": namespace, "uid": format!("uid-{name}"),
+                "resourceVersion": "7", "labels": {"wasmctrl.dev/policy": "p", "x": "y"},
+                "annotations": {"note": "kept"},
+                "ownerReferences": [{"apiVersion": "example.com/v1", "kind": "MyApp", "name": "web",
+                                     "uid": uid, "controller": true, "blockOwnerDeletion": true}],
+            },
+            "data": {"k": data},
+        })
+    }
+
+    fn secret(name: &str, namespace: &str, tier: &str) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"tier": tier}},
+            "type": "Opaque", "data": {"password": "c2VjcmV0"},
+        })
+    }
+
+    #[tokio::test]
+    async fn an_offline_run_asks_the_plugin_exactly_what_a_reconcile_asks() {
+        let parent = json!({
+            "apiVersion": "example.com/v1", "kind": "MyApp",
+            "metadata": {"name": "web", "namespace": "a", "uid": "uid-web", "generation": 3,
+                         "labels": {"app": "web"}, "resourceVersion": "42"},
+            "spec": {"replicas": 2, "image": "nginx"},
+            "status": {"observedGeneration": 2},
+        });
+        let children = vec![
+            owned("web-b", "a", "uid-web", "2"),
+            owned("web-a", "a", "uid-web", "1"),
+            owned("other-parents", "a", "uid-other", "3"),
+            owned("elsewhere", "b", "uid-web", "4"),
+        ];
+        let related = vec![
+            secret("db-b", "a", "db"),
+            secret("db-a", "a", "db"),
+            secret("cache", "a", "cache"),
+            secret("db-elsewhere", "b", "db"),
+        ];
+        let spec: ReconcilePolicySpec = serde_json::from_value(json!({
+            "parent": {"apiVersion": "example.com/v1", "kind": "MyApp"},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+            "related": [{"apiVersion": "v1", "kind": "Secret",
+                         "selector": {"matchLabels": {"tier": "db"}}}],
+            "plugin": {"source": {"file": {"path": "/p.wasm"}}, "config": {"greeting": "hi"}},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+
+        // Offline, as `wasmctrl plugin run --policy` builds it.
+        let offline = OfflinePolicy::new("p", spec, |_, _| Some(true))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .request(&parent, children.clone(), related.clone(), None, false)
+            .unwrap_or_else(|e| panic!("{e}"));
+
+        // Live: the caches a watch would fill (the selector already applied to the related
+        // kind's watch), then the request a reconcile builds.
+        let (child_store, by_controller) = testing::indexed_store(
+            Arc::new(config_maps()),
+            children.into_iter().map(object).collect(),
+            store_index::controller_uid,
+        );
+        let child_caches = [ChildCache {
+            resource: Arc::new(config_maps()),
+            store: child_store,
+            by_controller,
+            created: Arc::new(CreatedFields::new("wasmctrl/p".into())),
+            pending: Default::default(),
+        }];
+        let secrets = kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&());
+        let (related_store, by_namespace) = testing::indexed_store(
+            Arc::new(secrets),
+            related
+                .into_iter()
+                .filter(|s| s["metadata"]["labels"]["tier"] == "db")
+                .map(object)
+                .collect(),
+            store_index::namespace,
+        );
+        let related_caches = [Related::Selected(RelatedCache {
+            store: related_store,
+            by_namespace,
+        })];
+        let cached_parent = object(parent.clone()).to_dynamic();
+        let identity = ParentIdentity::of(&cached_parent, &testing::myapps())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let observed = request::observed_children(&identity, &child_caches);
+        let related = request::related(&cached_parent, &identity, &related_caches)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let serving = testing::serving(r#"{"greeting":"hi"}"#);
+        let live = request::build(&cached_parent, &observed, related, &serving, false);
+
+        let names = |objects: &[crate::plugin::ObservedObject]| {
+            objects.iter().map(|o| o.name.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(names(&live.children), ["web-a", "web-b"]);
+        assert_eq!(names(&live.related), ["db-a", "db-b"]);
+        assert_eq!(offline.request.parent, live.parent, "the parent");
+        assert_eq!(offline.request.config, live.config, "the config");
+        assert_eq!(offline.request.finalizing, live.finalizing);
+        for (what, offline, live) in [
+            ("children", &offline.request.children, &live.children),
+            ("related", &offline.request.related, &live.related),
+        ] {
+            assert_eq!(
+                names(offline),
+                names(live),
+                "{what}: the same objects, in order"
+            );
+            for (o, l) in offline.iter().zip(live) {
+                assert_eq!(
+                    (&o.api_version, &o.kind, &o.json),
+                    (&l.api_version, &l.kind, &l.json),
+                    "{what} {}: the same bytes",
+                    o.name
+                );
+            }
+        }
+        assert_eq!(offline.left_out.len(), 4, "{:?}", offline.left_out);
+    }
 }

@@ -505,7 +505,7 @@ async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<
     let exported = loop {
         let all: Vec<u8> = bodies.lock().expect("not poisoned").concat();
         let has = |name: &str| all.windows(name.len()).any(|w| w == name.as_bytes());
-        if has("reconcile") && has("decide") && has("status") && has("traced") {
+        if has("reconcile") && has("validate") && has("status") && has("traced") {
             break all;
         }
         if started.elapsed() > ACT * 2 || host.try_wait()?.is_some() {
@@ -520,6 +520,8 @@ async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<
     for step in [
         "caches",
         "finalizer",
+        "request",
+        "plugin",
         "apply",
         "prune",
         "events",

@@ -35,6 +35,7 @@ use crate::controller::reconcile::context::{Caches, Outcomes, PolicyContext};
 use crate::controller::reconcile::events::EventSink;
 use crate::controller::reconcile::queue::QueueGauge;
 use crate::controller::reconcile::serving::{ActivePlugin, Serving};
+use crate::metrics::PolicyMetrics;
 use crate::plugin::Plugin;
 use crate::policy::ReconcilePolicy;
 use prepare::Parts;
@@ -118,7 +119,8 @@ async fn run_controller(
     syncing: crate::health::SyncGuard,
 ) {
     let name = policy.name_any();
-    let setup = watch_setup(&policy, shared);
+    let metrics = shared.metrics.policy(&name);
+    let setup = watch_setup(&policy, shared, &metrics);
     let references = parts
         .related
         .iter()
@@ -144,10 +146,15 @@ async fn run_controller(
         };
     }
     let (controller, parents, caches, wait_for_caches) = watches.finish(syncing);
-    shared
-        .metrics
-        .set_active_plugin(&name, Some(&parts.plugin.digest().to_string()));
-    let ctx = Arc::new(policy_context(&policy, shared, &setup, &parts, caches));
+    metrics.set_active_plugin(Some(&parts.plugin.digest().to_string()));
+    let ctx = Arc::new(policy_context(
+        &policy,
+        shared,
+        &setup,
+        &parts,
+        caches,
+        metrics.clone(),
+    ));
     let namespace = setup.namespace.as_deref();
     let first_sync = if shared.leadership.is_leader() {
         Some(release::sync_finalizers(&shared.client, &policy, &parts.parent, namespace).await)
@@ -165,7 +172,7 @@ async fn run_controller(
     let swapper = swap::Swapper {
         serving: ctx.serving.clone(),
         registry: shared.registry.clone(),
-        metrics: shared.metrics.clone(),
+        metrics: metrics.clone(),
         status: status.clone(),
         requeue_all,
     }
@@ -176,7 +183,7 @@ async fn run_controller(
         () = run => {}
         () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover); } => {}
     }
-    shared.metrics.set_active_plugin(&name, None);
+    metrics.set_active_plugin(None);
 }
 
 /// What the policy's reconciles share, as the policy and the host's options say.
@@ -186,6 +193,7 @@ fn policy_context(
     setup: &WatchSetup,
     parts: &Parts,
     caches: Caches,
+    metrics: PolicyMetrics,
 ) -> PolicyContext {
     let name = policy.name_any();
     let policy_label = labels::policy_label_value(&name);
@@ -209,7 +217,7 @@ fn policy_context(
             setup.field_manager.clone(),
             options.event_interval,
         ),
-        metrics: shared.metrics.clone(),
+        metrics,
         queue: setup.queue.clone(),
         leadership: shared.leadership.clone(),
         caches,
@@ -223,7 +231,7 @@ fn policy_context(
 }
 
 /// What the policy's watches share: where they look, what they report to.
-fn watch_setup(policy: &ReconcilePolicy, shared: &Shared) -> WatchSetup {
+fn watch_setup(policy: &ReconcilePolicy, shared: &Shared, metrics: &PolicyMetrics) -> WatchSetup {
     let name = policy.name_any();
     WatchSetup {
         client: shared.client.clone(),
@@ -236,7 +244,7 @@ fn watch_setup(policy: &ReconcilePolicy, shared: &Shared) -> WatchSetup {
             .clone()
             .or_else(|| shared.options.namespace.clone()),
         health: Arc::new(WatchHealth::default()),
-        queue: Arc::new(QueueGauge::new(name.clone(), shared.metrics.clone())),
+        queue: Arc::new(QueueGauge::new(metrics.clone())),
         field_manager: field_manager_for(&name),
         owned_selector: watches::owned_selector(&labels::policy_label_value(&name)),
     }

@@ -20,7 +20,7 @@ use tokio::sync::{Mutex, mpsc, watch};
 use crate::controller::policy_run::status::{PolicyStatusWriter, State};
 use crate::controller::reconcile::serving::{ActivePlugin, Candidate, Serving};
 use crate::lock;
-use crate::metrics::Metrics;
+use crate::metrics::PolicyMetrics;
 use crate::plugin::Digest;
 use crate::policy::{CandidateSpec, PluginSpec, ReconcilePolicy};
 use crate::registry::{PluginRegistry, PluginRequest};
@@ -33,7 +33,7 @@ pub(crate) struct Swapper {
     /// The policy's swappable serving state.
     pub serving: Arc<Serving>,
     pub registry: Arc<PluginRegistry>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: PolicyMetrics,
     pub status: Arc<Mutex<PolicyStatusWriter>>,
     /// Re-enqueues every parent of the policy.
     pub requeue_all: mpsc::UnboundedSender<()>,
@@ -88,7 +88,7 @@ impl Swapper {
             Err(error) => {
                 let (reason, message) = (error.reason(), error.to_string());
                 tracing::warn!(policy = %name, reason, %message, active = %current.plugin.digest(), "new plugin refused; the active one keeps serving");
-                self.metrics.plugin_swapped(&name, "refused");
+                self.metrics.swapped("refused");
                 self.status.lock().await.set_plugin(
                     State::failed(
                         reason,
@@ -117,13 +117,13 @@ impl Swapper {
             .store(Arc::new(ActivePlugin { plugin, config }));
         status.set_active_since_now();
         let _ = self.requeue_all.send(());
-        self.metrics.set_active_plugin(&name, Some(&to.to_string()));
+        self.metrics.set_active_plugin(Some(&to.to_string()));
         let result = if served_before.contains(&to) {
             "rolled_back"
         } else {
             "swapped"
         };
-        self.metrics.plugin_swapped(&name, result);
+        self.metrics.swapped(result);
         tracing::info!(policy = %name, %from, %to, load_time = ?started.elapsed(), "plugin swapped; re-enqueuing every parent");
         if from != to {
             served_before.retain(|d| *d != to && *d != from);

@@ -15,7 +15,7 @@ use crate::controller::reconcile::backoff::Backoff;
 use crate::controller::reconcile::children::AllowedKind;
 use crate::controller::reconcile::events::EventSink;
 use crate::controller::reconcile::serving::Serving;
-use crate::metrics::Metrics;
+use crate::metrics::PolicyMetrics;
 use crate::plugin::Digest;
 
 /// Everything one policy's reconciles share: who they act as, the caches they read, the
@@ -32,7 +32,8 @@ pub(crate) struct PolicyContext {
     pub parent: Arc<ApiResource>,
     pub resync: Duration,
     pub events: EventSink,
-    pub metrics: Arc<Metrics>,
+    /// The policy's own series.
+    pub metrics: PolicyMetrics,
     /// Parents waiting for a reconcile, for `workqueue_depth`.
     pub queue: Arc<crate::controller::reconcile::queue::QueueGauge>,
     /// A standby reconciles nothing; its caches stay warm for a takeover.

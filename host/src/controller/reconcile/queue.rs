@@ -6,24 +6,22 @@
 //! client-go's queue. Timed requeues (resync, backoff) are not seen until they run.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use crate::metrics::Metrics;
+use crate::metrics::PolicyMetrics;
 
 /// A parent by namespace and name.
 pub(crate) type ParentKey = (Option<String>, String);
 
 /// The parents of one policy waiting for a reconcile.
 pub(crate) struct QueueGauge {
-    policy: String,
-    metrics: Arc<Metrics>,
+    metrics: PolicyMetrics,
     waiting: Mutex<HashSet<ParentKey>>,
 }
 
 impl QueueGauge {
-    pub fn new(policy: String, metrics: Arc<Metrics>) -> Self {
+    pub fn new(metrics: PolicyMetrics) -> Self {
         Self {
-            policy,
             metrics,
             waiting: Mutex::default(),
         }
@@ -37,14 +35,14 @@ impl QueueGauge {
             added += 1;
             waiting.insert(parent);
         }
-        self.metrics.queued(&self.policy, added, waiting.len());
+        self.metrics.queued(added, waiting.len());
     }
 
     /// A reconcile of this parent started.
     pub fn started(&self, parent: &ParentKey) {
         let mut waiting = crate::lock(&self.waiting);
         if waiting.remove(parent) {
-            self.metrics.set_queue_depth(&self.policy, waiting.len());
+            self.metrics.set_queue_depth(waiting.len());
         }
     }
 }
@@ -52,11 +50,14 @@ impl QueueGauge {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    use crate::metrics::Metrics;
 
     #[test]
     fn a_parent_asked_for_twice_waits_once_and_leaves_when_it_starts() {
         let metrics = Arc::new(Metrics::new());
-        let queue = QueueGauge::new("p".into(), metrics.clone());
+        let queue = QueueGauge::new(metrics.policy("p"));
         let a: ParentKey = (Some("ns".into()), "a".into());
         let b: ParentKey = (Some("ns".into()), "b".into());
         queue.added([a.clone(), a.clone(), b.clone()]);

@@ -12,6 +12,7 @@ use crate::controller::cache::related::ReadError;
 use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
 use crate::controller::reconcile::parent::ParentIdentity;
 use crate::controller::reconcile::serving::ActivePlugin;
+use crate::controller::reconcile::visibility;
 use crate::plugin::{ObservedObject, ReconcileRequest};
 
 /// A child the parent has: the index of its kind in the policy's allowed kinds, and the
@@ -30,26 +31,16 @@ pub(crate) fn observed_children(parent: &ParentIdentity, caches: &[ChildCache]) 
             .get(&parent.uid)
             .iter()
             .filter_map(|key| cache.store.get(key))
-            .filter(|child| is_controlled_by(parent, &child.metadata))
+            .filter(|child| visibility::child_visible(parent, &child.metadata))
             .collect();
-        children.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        children.sort_by(|a, b| {
+            visibility::order(index, a.metadata.name.as_deref().unwrap_or_default()).cmp(
+                &visibility::order(index, b.metadata.name.as_deref().unwrap_or_default()),
+            )
+        });
         observed.extend(children.into_iter().map(|child| (index, child)));
     }
     observed
-}
-
-/// Whether the object with `metadata` is `parent`'s child: in its namespace, with a
-/// controller ownerReference to its uid. The one rule for the caches and `plugin run --policy`.
-pub(crate) fn is_controlled_by(
-    parent: &ParentIdentity,
-    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> bool {
-    metadata.namespace == parent.namespace
-        && metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|owner| owner.controller == Some(true) && owner.uid == parent.uid)
 }
 
 /// The related objects the plugin is shown for `parent`, in the policy's order of kinds, each
@@ -81,7 +72,7 @@ fn selected_objects(parent: &ParentIdentity, cache: &RelatedCache) -> Vec<Observ
         .get(&namespace)
         .iter()
         .filter_map(|key| cache.store.get(key))
-        .filter(|o| o.metadata.namespace == parent.namespace)
+        .filter(|o| visibility::related_in_scope(parent, o.metadata.namespace.as_deref()))
         .collect();
     objects.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     objects.iter().map(observed_object).collect()
@@ -105,7 +96,8 @@ pub(crate) fn build(
     }
 }
 
-fn observed_object(object: &Arc<CachedObject>) -> ObservedObject {
+/// A cached object as the plugin is shown it.
+pub(crate) fn observed_object(object: &Arc<CachedObject>) -> ObservedObject {
     observed(object.types.as_ref(), object.name_any(), object.to_json())
 }
 

@@ -1,6 +1,6 @@
-//! The cluster writes of one reconcile: create or update each child (only objects this parent
-//! controls), prune what is no longer desired, write the status, and add or remove the
-//! parent's finalizer. Each says what it did, for the reconcile's record. Every write is bound to the uid it was decided
+//! Every cluster write of one reconcile: create or update each child (only objects this
+//! parent controls), prune what is no longer desired, write the parent's status (after a
+//! success or a failure, by one writer), and add or remove the parent's finalizer. Each says what it did, for the reconcile's record. Every write is bound to the uid it was decided
 //! for, so a replaced object is never written by mistake.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -223,8 +223,7 @@ pub(crate) async fn prune(
         match api.delete(&name, &params).await {
             Ok(_) => {
                 let kind = &ctx.caches.allowed[*index].kind;
-                ctx.metrics
-                    .children(&ctx.policy, kind, ChildOperation::Pruned, 1);
+                ctx.metrics.children(kind, ChildOperation::Pruned, 1);
                 pruned.push((kind.clone(), name));
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {}
@@ -240,9 +239,8 @@ pub(crate) async fn prune(
     Ok(pruned)
 }
 
-/// Write the status through the status subresource, unless it would not change. Server-side
-/// apply with the policy's field manager: fields other writers own are left alone. Returns
-/// the status as desired and whether it was written.
+/// Write the status of a successful reconcile: the plugin's status with `Reconciled=True`.
+/// Returns the status as desired and whether it was written.
 pub(crate) async fn write_status(
     parent: &DynamicObject,
     identity: &ParentIdentity,
@@ -250,16 +248,54 @@ pub(crate) async fn write_status(
     outcome: &Outcome,
     ctx: &PolicyContext,
 ) -> Result<(Value, bool), ReconcileError> {
-    let observed = parent.data.get("status");
     let desired = status::after_success(
         plugin_status,
+        parent.metadata.generation,
+        parent.data.get("status"),
+        outcome,
+        &status::now(),
+    );
+    let written = apply_status(parent, identity, &desired, ctx).await?;
+    Ok((Value::Object(desired), written))
+}
+
+/// Write the status of a failed reconcile: what the parent's status holds, with `Reconciled`
+/// replaced. The same writer as a success (server-side apply under the policy's field
+/// manager), so `status.conditions` has one owner whatever the reconciles ended with. The
+/// whole observed status goes into the apply: a field manager's apply removes the fields it
+/// owned and left out, and a failure must never erase what the last success reported.
+pub(crate) async fn write_failure_status(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    outcome: &Outcome,
+    ctx: &PolicyContext,
+) -> Result<bool, ReconcileError> {
+    let observed = parent.data.get("status");
+    let mut desired = observed
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let conditions = status::after_failure(
         parent.metadata.generation,
         observed,
         outcome,
         &status::now(),
     );
-    if status::is_unchanged(&desired, observed) {
-        return Ok((Value::Object(desired), false));
+    desired.insert("conditions".into(), Value::Array(conditions));
+    apply_status(parent, identity, &desired, ctx).await
+}
+
+/// Write `desired` through the status subresource, unless it would not change. Server-side
+/// apply with the policy's field manager: fields other writers own are left alone. Returns
+/// whether it was written.
+async fn apply_status(
+    parent: &DynamicObject,
+    identity: &ParentIdentity,
+    desired: &crate::plugin::JsonObject,
+    ctx: &PolicyContext,
+) -> Result<bool, ReconcileError> {
+    if status::is_unchanged(desired, parent.data.get("status")) {
+        return Ok(false);
     }
     // The same status, written by an earlier reconcile that the cache has not shown yet
     // (this one started from the version that one was decided against).
@@ -269,15 +305,15 @@ pub(crate) async fn write_status(
         .as_deref()
         .unwrap_or_default();
     let pending_key = (identity.namespace.clone(), identity.name.clone());
-    let fingerprint = status::fingerprint(&desired);
+    let fingerprint = status::fingerprint(desired);
     if ctx
         .outcomes
         .status_writes
         .written(&pending_key, &fingerprint, version)
     {
-        return Ok((Value::Object(desired), false));
+        return Ok(false);
     }
-    let mut body = json!({
+    let body = json!({
         "apiVersion": identity.api_version,
         "kind": identity.kind,
         // The uid makes the write a precondition: a parent deleted (and perhaps re-created)
@@ -296,7 +332,7 @@ pub(crate) async fn write_status(
     ctx.outcomes
         .status_writes
         .updated(pending_key, &fingerprint, vec![version.to_owned()]);
-    Ok((body["status"].take(), true))
+    Ok(true)
 }
 
 pub(crate) async fn add_finalizer(

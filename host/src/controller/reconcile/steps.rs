@@ -1,0 +1,561 @@
+//! One reconcile of one parent as a value: [`Reconcile`] holds what every step works on (the
+//! parent, who it is, the policy's context and the record being written), and has one method
+//! per step, in the order they run:
+//!
+//! `caches` → `finalizer` → `request` → `plugin` → `validate` → `apply` → `prune` → `status`
+//! → `events`
+//!
+//! Every step runs through [`Reconcile::step`], which opens its tracing span and times it for
+//! the reconcile's record, so the two can never disagree about what the steps were.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::core::DynamicObject;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource as _, ResourceExt as _};
+use tracing::Instrument as _;
+
+use super::backoff::Retry;
+use super::children::{self, DesiredChild};
+use super::context::PolicyContext;
+use super::error::{ReconcileError, describe};
+use super::events::{Published, truncate};
+use super::parent::ParentIdentity;
+use super::request::{self, Observed};
+use super::serving::ActivePlugin;
+use super::status::Outcome;
+use super::trace::Trace;
+use super::writes::{self, Applied};
+use crate::explain::{ChildAction, RecordResult};
+use crate::lock;
+use crate::metrics::ChildOperation;
+use crate::plugin::{
+    Digest, EventType as PluginEventType, JsonObject, Plugin, PluginError, PluginEvent,
+    ReconcileRequest, ReconcileResponse, Verdict, compare,
+};
+
+/// The shortest delay a plugin's `requeue-after` can ask for: a plugin answering 0 must not
+/// turn one parent into a tight loop that holds a call slot for ever.
+pub(crate) const MIN_REQUEUE: Duration = Duration::from_secs(1);
+
+/// Most Events one reconcile may record; the rest are dropped (and counted), so a plugin
+/// cannot flood the Events API by inventing a new reason per Event.
+pub(crate) const MAX_EVENTS_PER_RECONCILE: usize = 10;
+
+/// Longest a reconcile waits for the caches to sync before it fails (and is retried).
+const CACHE_SYNC_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a parent that is still finalizing waits before the plugin is asked again, when
+/// the plugin names no delay.
+const FINALIZING_REQUEUE: Duration = Duration::from_secs(5);
+
+/// One reconcile of one parent.
+pub(crate) struct Reconcile<'a> {
+    parent: &'a DynamicObject,
+    identity: ParentIdentity,
+    ctx: &'a PolicyContext,
+    /// The record of this reconcile. Steps take `&self` (a step's future borrows the
+    /// reconcile while the step helper records it); the lock is never contended.
+    trace: Mutex<Trace>,
+}
+
+/// A reconcile that succeeded.
+pub(crate) struct Done {
+    pub action: Action,
+    /// The plugin asked for the requeue (rather than the resync period).
+    pub requeued: bool,
+    /// The plugin whose decision the parent now reflects (none for a parent being deleted).
+    pub decided_by: Option<Digest>,
+    /// How the reconcile's record describes its end.
+    pub result: RecordResult,
+}
+
+impl Done {
+    fn deleting(action: Action, result: RecordResult) -> Self {
+        Self {
+            action,
+            requeued: false,
+            decided_by: None,
+            result,
+        }
+    }
+}
+
+/// What the serving plugin decided for one parent, validated and stamped.
+struct Decision {
+    desired: Vec<DesiredChild>,
+    status: Option<JsonObject>,
+    events: Vec<PluginEvent>,
+    requeue_after: Option<Duration>,
+    /// The plugin that decided.
+    digest: Digest,
+}
+
+impl<'a> Reconcile<'a> {
+    /// A reconcile of `parent`, recording into `trace`. Fails when the parent lacks what
+    /// identifies it (a name, a uid).
+    pub fn new(
+        parent: &'a DynamicObject,
+        ctx: &'a PolicyContext,
+        trace: Trace,
+    ) -> Result<Self, (ReconcileError, Trace)> {
+        match ParentIdentity::of(parent, &ctx.parent) {
+            Ok(identity) => Ok(Self {
+                parent,
+                identity,
+                ctx,
+                trace: Mutex::new(trace),
+            }),
+            Err(error) => Err((error, trace)),
+        }
+    }
+
+    /// The record, once the reconcile is over.
+    pub fn into_trace(self) -> Trace {
+        self.trace
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Run `work` as the step `name`: in a span of that name (under the reconcile's), timed
+    /// into the record when it ends.
+    async fn step<T>(&self, name: &'static str, work: impl Future<Output = T>) -> T {
+        let out = work
+            .instrument(tracing::info_span!("step", otel.name = name, step = name))
+            .await;
+        lock(&self.trace).step(name);
+        out
+    }
+
+    /// Every step, in order.
+    pub async fn run(&self) -> Result<Done, ReconcileError> {
+        self.step("caches", self.wait_for_caches()).await?;
+        if let Some((action, result)) = self.step("finalizer", self.finalize_or_hold()).await? {
+            return Ok(Done::deleting(action, result));
+        }
+        let observed = request::observed_children(&self.identity, &self.ctx.caches.children);
+        let decision = self.decide(&observed).await?;
+        self.step("apply", self.apply(&decision.desired)).await?;
+        self.step("prune", self.prune(&observed, &decision.desired))
+            .await?;
+        self.step(
+            "status",
+            self.write_status(decision.status, decision.desired.len()),
+        )
+        .await?;
+        self.step("events", self.publish(decision.events)).await;
+        Ok(Done {
+            action: Action::requeue(requeue_delay(decision.requeue_after, self.ctx.resync)),
+            requeued: decision.requeue_after.is_some(),
+            decided_by: Some(decision.digest),
+            result: RecordResult::Reconciled,
+        })
+    }
+
+    /// Observed children must come from synced caches: an empty cache would look like
+    /// "nothing exists yet" and turn a converged parent into a round of writes. The wait is
+    /// bounded: a kind that cannot be listed must not hold reconciles (and with them a
+    /// restart or shutdown) for ever. The policy's Ready condition says which and why.
+    async fn wait_for_caches(&self) -> Result<(), ReconcileError> {
+        let mut caches_ready = self.ctx.caches.ready.clone();
+        match tokio::time::timeout(CACHE_SYNC_WAIT, caches_ready.wait_for(|ready| *ready)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(ReconcileError::CachesNotReady),
+        }
+    }
+
+    /// A parent being deleted is finalized (when this policy holds its finalizer) and goes no
+    /// further; a live one gets the policy's finalizer first, if the policy asks for one.
+    async fn finalize_or_hold(&self) -> Result<Option<(Action, RecordResult)>, ReconcileError> {
+        let ctx = self.ctx;
+        let holds_finalizer = ctx
+            .finalizer
+            .as_ref()
+            .is_some_and(|f| self.parent.finalizers().contains(f));
+        if self.parent.metadata.deletion_timestamp.is_some() {
+            return if holds_finalizer {
+                self.finalize().await.map(Some)
+            } else {
+                // Owned children go with the parent through garbage collection.
+                Ok(Some((Action::await_change(), RecordResult::Deleting)))
+            };
+        }
+        if let (Some(finalizer), false) = (&ctx.finalizer, holds_finalizer) {
+            writes::add_finalizer(self.parent, &self.identity, finalizer, ctx).await?;
+        }
+        Ok(None)
+    }
+
+    /// Call the plugin on a deleted parent, and drop the finalizer once it says it is done.
+    async fn finalize(&self) -> Result<(Action, RecordResult), ReconcileError> {
+        let ctx = self.ctx;
+        let serving = ctx.serving.select(self.parent.labels()).serving;
+        let observed = request::observed_children(&self.identity, &ctx.caches.children);
+        let request = self
+            .step("request", self.request(&observed, &serving, true))
+            .await?;
+        let answer = self
+            .step("plugin", self.call(&serving.plugin, request))
+            .await?;
+        self.step("events", self.publish(answer.events)).await;
+        if !answer.finalized {
+            tracing::info!("plugin has not finished finalizing; will ask again");
+            return Ok((
+                Action::requeue(requeue_delay(answer.requeue_after, FINALIZING_REQUEUE)),
+                RecordResult::Finalizing,
+            ));
+        }
+        if let Some(finalizer) = &ctx.finalizer {
+            writes::remove_finalizer(self.parent, &self.identity, finalizer, ctx).await?;
+            tracing::info!("plugin finalized the parent; finalizer removed");
+        }
+        Ok((Action::await_change(), RecordResult::Finalized))
+    }
+
+    /// Ask the serving plugin (and the candidate in shadow, recording its verdict) and
+    /// validate the children it wants.
+    async fn decide(&self, observed: &[Observed]) -> Result<Decision, ReconcileError> {
+        let ctx = self.ctx;
+        let selection = ctx.serving.select(self.parent.labels());
+        let serving = &selection.serving;
+        let request = self
+            .step("request", self.request(observed, serving, false))
+            .await?;
+        let key = super::parent_key(self.parent, &ctx.parent);
+        let response = self
+            .step("plugin", async {
+                let answer = match &selection.shadow {
+                    Some(shadow) => {
+                        let shadow_request = ReconcileRequest {
+                            config: shadow.config.clone(),
+                            ..request.clone()
+                        };
+                        let answer = self.call_plugin(&serving.plugin, request).await;
+                        let shadow_answer = self.call_plugin(&shadow.plugin, shadow_request).await;
+                        let verdict = shadow_verdict(
+                            &answer,
+                            &shadow_answer,
+                            &self.identity,
+                            &ctx.caches.allowed,
+                            &ctx.policy_label,
+                        );
+                        lock(&self.trace).shadowed(&verdict);
+                        lock(&ctx.serving.shadow).insert(key, verdict);
+                        answer
+                    }
+                    None => {
+                        lock(&ctx.serving.shadow).remove(&key);
+                        self.call_plugin(&serving.plugin, request).await
+                    }
+                };
+                lock(&self.trace).answered(&answer, &ctx.policy, ctx.explain.secret_data);
+                answer
+            })
+            .await?;
+        let desired = self
+            .step("validate", async {
+                children::prepare(
+                    response.children,
+                    &ctx.caches.allowed,
+                    &self.identity,
+                    &ctx.policy_label,
+                )
+                .map_err(ReconcileError::InvalidChildren)
+            })
+            .await?;
+        Ok(Decision {
+            desired,
+            status: response.status,
+            events: response.events,
+            requeue_after: response.requeue_after,
+            digest: *serving.plugin.digest(),
+        })
+    }
+
+    /// What the plugin is asked about this parent, served by `serving`.
+    async fn request(
+        &self,
+        observed: &[Observed],
+        serving: &ActivePlugin,
+        finalizing: bool,
+    ) -> Result<ReconcileRequest, ReconcileError> {
+        let ctx = self.ctx;
+        let related = request::related(self.parent, &self.identity, &ctx.caches.related).await?;
+        let request = request::build(self.parent, observed, related, serving, finalizing);
+        lock(&self.trace).asked(&request, *serving.plugin.digest(), ctx.explain.secret_data);
+        Ok(request)
+    }
+
+    /// Call `plugin` and record its answer.
+    async fn call(
+        &self,
+        plugin: &Plugin,
+        request: ReconcileRequest,
+    ) -> Result<ReconcileResponse, ReconcileError> {
+        let answer = self.call_plugin(plugin, request).await;
+        lock(&self.trace).answered(&answer, &self.ctx.policy, self.ctx.explain.secret_data);
+        Ok(answer?)
+    }
+
+    /// Call the plugin, counting the call's outcome and duration.
+    async fn call_plugin(
+        &self,
+        plugin: &Plugin,
+        request: ReconcileRequest,
+    ) -> Result<ReconcileResponse, PluginError> {
+        let started = std::time::Instant::now();
+        let answer = plugin.reconcile_as(&self.ctx.policy, request).await;
+        let outcome = answer.as_ref().map_or_else(PluginError::outcome, |_| "ok");
+        self.ctx.metrics.plugin_called(outcome, started.elapsed());
+        answer
+    }
+
+    /// Apply every desired child (a child already as desired costs no write).
+    async fn apply(&self, desired: &[DesiredChild]) -> Result<(), ReconcileError> {
+        let ctx = self.ctx;
+        let mut applied = 0;
+        for child in desired {
+            let outcome = writes::apply_child(child, &self.identity, ctx).await?;
+            let wrote = outcome.wrote();
+            let operation = if wrote {
+                ChildOperation::Applied
+            } else {
+                ChildOperation::Unchanged
+            };
+            let kind = &ctx.caches.allowed[child.kind_index].kind;
+            ctx.metrics.children(kind, operation, 1);
+            let (action, changed) = match outcome {
+                Applied::Created => (ChildAction::Created, Vec::new()),
+                Applied::Changed(fields) => (ChildAction::Changed, fields),
+                Applied::Unchanged => (ChildAction::Unchanged, Vec::new()),
+            };
+            lock(&self.trace).child(kind, &child.name, action, changed);
+            applied += usize::from(wrote);
+        }
+        if applied > 0 {
+            tracing::info!(
+                applied,
+                unchanged = desired.len() - applied,
+                "children applied"
+            );
+        }
+        Ok(())
+    }
+
+    /// Delete the observed children the plugin no longer wants.
+    async fn prune(
+        &self,
+        observed: &[Observed],
+        desired: &[DesiredChild],
+    ) -> Result<(), ReconcileError> {
+        let pruned = writes::prune(observed, desired, self.ctx).await?;
+        if !pruned.is_empty() {
+            tracing::info!(pruned = pruned.len(), "children pruned");
+        }
+        let mut trace = lock(&self.trace);
+        for (kind, name) in pruned {
+            trace.child(&kind, &name, ChildAction::Pruned, Vec::new());
+        }
+        Ok(())
+    }
+
+    /// Write the plugin's status with `Reconciled=True` (skipped when nothing in it
+    /// changed). The message leaves out which plugin decided: a swap to a plugin that decides
+    /// the same must cost no write. The policy's status counts the parents on its active
+    /// plugin instead.
+    async fn write_status(
+        &self,
+        status: Option<JsonObject>,
+        desired: usize,
+    ) -> Result<(), ReconcileError> {
+        let outcome = Outcome::success(desired);
+        let (status, written) =
+            writes::write_status(self.parent, &self.identity, status, &outcome, self.ctx).await?;
+        lock(&self.trace).status(&status, written);
+        Ok(())
+    }
+
+    /// Record the plugin's Events on the parent, at most [`MAX_EVENTS_PER_RECONCILE`].
+    async fn publish(&self, events: Vec<PluginEvent>) {
+        let ctx = self.ctx;
+        let dropped = events.len().saturating_sub(MAX_EVENTS_PER_RECONCILE);
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                limit = MAX_EVENTS_PER_RECONCILE,
+                "the plugin asked for more Events than one reconcile may record"
+            );
+            ctx.metrics.events_dropped(dropped as u64);
+        }
+        let mut over_quota = 0;
+        for event in events.into_iter().take(MAX_EVENTS_PER_RECONCILE) {
+            let type_ = match event.type_ {
+                PluginEventType::Normal => EventType::Normal,
+                PluginEventType::Warning => EventType::Warning,
+            };
+            lock(&self.trace).event(type_, &event.reason, &event.message);
+            let published = ctx
+                .events
+                .publish(
+                    &self.reference(),
+                    type_,
+                    &event.reason,
+                    "Reconcile",
+                    event.message,
+                )
+                .await;
+            if published == Published::OverQuota {
+                over_quota += 1;
+            }
+        }
+        if over_quota > 0 {
+            ctx.metrics.events_dropped(over_quota);
+        }
+    }
+
+    fn reference(&self) -> ObjectReference {
+        self.parent.object_ref(&self.ctx.parent)
+    }
+}
+
+/// Set `Reconciled=False` with the cause and record a Warning Event. Best effort: the failure
+/// itself is what the controller acts on. `identity` is `None` for a parent without a name or
+/// uid, which gets the Event only.
+pub(crate) async fn report_failure(
+    parent: &DynamicObject,
+    ctx: &PolicyContext,
+    error: &ReconcileError,
+    retry: Retry,
+    await_change: bool,
+    trace: &mut Trace,
+) {
+    let reason = error.reason();
+    let next = if await_change {
+        "not retried until the parent, its children or related objects change".to_owned()
+    } else {
+        format!("next retry in {}s", retry.delay.as_secs_f64())
+    };
+    let message = truncate(
+        format!("{error:#} (attempt {}, {next})", retry.attempt),
+        2048,
+    );
+    if let Ok(identity) = ParentIdentity::of(parent, &ctx.parent) {
+        let outcome = Outcome {
+            success: false,
+            reason: reason.into(),
+            message: message.clone(),
+        };
+        if let Err(e) = writes::write_failure_status(parent, &identity, &outcome, ctx).await {
+            tracing::warn!(error = %e, "could not record the failure in the parent's status");
+        }
+    }
+    trace.event(EventType::Warning, reason, &message);
+    ctx.events
+        .publish(
+            &parent.object_ref(&ctx.parent),
+            EventType::Warning,
+            reason,
+            "Reconcile",
+            message,
+        )
+        .await;
+}
+
+/// How the candidate's answer compares with the serving plugin's. An answer the host would
+/// refuse is a failure, however it compares.
+fn shadow_verdict(
+    answer: &Result<ReconcileResponse, PluginError>,
+    shadow_answer: &Result<ReconcileResponse, PluginError>,
+    identity: &ParentIdentity,
+    allowed: &[children::AllowedKind],
+    policy_label: &str,
+) -> Verdict {
+    if let Ok(response) = shadow_answer
+        && let Err(problems) =
+            children::prepare(response.children.clone(), allowed, identity, policy_label)
+    {
+        return Verdict::WouldFail(format!(
+            "the host would refuse its answer: {}",
+            describe(&problems)
+        ));
+    }
+    compare(answer, shadow_answer)
+}
+
+/// The plugin's requeue delay, never below [`MIN_REQUEUE`]; `otherwise` without one.
+fn requeue_delay(asked: Option<Duration>, otherwise: Duration) -> Duration {
+    asked.map_or(otherwise, |delay| delay.max(MIN_REQUEUE))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn response(children: Vec<serde_json::Value>) -> Result<ReconcileResponse, PluginError> {
+        Ok(ReconcileResponse {
+            children: children
+                .into_iter()
+                .map(|c| match c {
+                    serde_json::Value::Object(map) => map,
+                    other => panic!("not an object: {other}"),
+                })
+                .collect(),
+            ..ReconcileResponse::default()
+        })
+    }
+
+    fn config_map(name: &str, value: &str) -> serde_json::Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": value}})
+    }
+
+    #[test]
+    fn a_shadow_answer_is_compared_unless_the_host_would_refuse_it() {
+        let identity = ParentIdentity {
+            api_version: "example.com/v1".into(),
+            kind: "MyApp".into(),
+            name: "p".into(),
+            namespace: Some("a".into()),
+            uid: "uid-p".into(),
+        };
+        let allowed = [children::AllowedKind {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespaced: true,
+        }];
+        let verdict = |active, shadow| shadow_verdict(&active, &shadow, &identity, &allowed, "p");
+        let active = || response(vec![config_map("c", "1")]);
+
+        assert_eq!(verdict(active(), active()), Verdict::Unchanged);
+        assert!(matches!(
+            verdict(active(), response(vec![config_map("c", "2")])),
+            Verdict::WouldChange(detail) if detail.contains("ConfigMap c")
+        ));
+        // A Secret is not an allowed child: whatever the comparison, the candidate would fail.
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}});
+        assert!(matches!(
+            verdict(active(), response(vec![config_map("c", "1"), secret])),
+            Verdict::WouldFail(detail) if detail.contains("the host would refuse its answer")
+        ));
+        let trap = Err(PluginError::Trap {
+            message: "unreachable".into(),
+            plugin_said: None,
+        });
+        assert!(matches!(verdict(active(), trap), Verdict::WouldFail(_)));
+    }
+
+    #[test]
+    fn a_requeue_of_zero_is_raised_to_the_floor_and_none_means_resync() {
+        let resync = Duration::from_secs(300);
+        assert_eq!(requeue_delay(Some(Duration::ZERO), resync), MIN_REQUEUE);
+        assert_eq!(
+            requeue_delay(Some(Duration::from_secs(7)), resync),
+            Duration::from_secs(7)
+        );
+        assert_eq!(requeue_delay(None, resync), resync);
+    }
+}
