@@ -931,3 +931,81 @@ async fn a_child_kind_whose_crd_is_removed_is_named_on_the_policy() -> anyhow::R
     policy_api.delete(TEST, &Default::default()).await?;
     delete_namespace(&client, &ns).await
 }
+
+/// The managers that own `status.conditions` of `object`, with their operation.
+fn condition_owners(object: &DynamicObject) -> Vec<(String, String)> {
+    object
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .is_some_and(|fields| fields.0["f:status"]["f:conditions"].is_object())
+        })
+        .map(|entry| {
+            (
+                entry.manager.clone().unwrap_or_default(),
+                entry.operation.clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_that_fails_then_succeeds_has_one_writer_of_its_conditions() -> anyhow::Result<()>
+{
+    const TEST: &str = "safety-status-writer";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    // A ConfigMap the plugin wants, made by hand first: the reconcile fails with a conflict.
+    apply(&config_maps, config_map("taken", "user data")).await?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(
+            config_maps_allowed(),
+            json!({"children": [config_map("taken", "plugin data")]}),
+        ),
+    )
+    .await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w", None)).await?;
+    failure_message(&widgets, "w", "ChildConflict").await?;
+    let manager = format!("wasmctrl/{TEST}");
+    let failed = widgets.get("w").await?;
+    assert_eq!(
+        condition_owners(&failed),
+        [(manager.clone(), "Apply".to_owned())],
+        "a failure is written by the policy's manager, by apply"
+    );
+
+    config_maps.delete("taken", &Default::default()).await?;
+    wait_for_object(&widgets, "w", "w reconciled", |w| {
+        reconciled(w).is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    let succeeded = widgets.get("w").await?;
+    assert_eq!(
+        condition_owners(&succeeded),
+        [(manager, "Apply".to_owned())],
+        "after a failure and a success, status.conditions has one owner"
+    );
+    let conditions = succeeded.data["status"]["conditions"]
+        .as_array()
+        .map(Vec::len)
+        .unwrap_or_default();
+    assert_eq!(
+        conditions, 1,
+        "one Reconciled condition: {:?}",
+        succeeded.data["status"]
+    );
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}

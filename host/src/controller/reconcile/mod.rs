@@ -48,6 +48,7 @@ use crate::lock;
 use crate::metrics::ReconcileResult;
 use context::PolicyContext;
 use error::{Failure, ReconcileError};
+use parent::ParentIdentity;
 use steps::{Done, Reconcile, report_failure};
 use trace::Trace;
 
@@ -71,9 +72,13 @@ pub(crate) async fn reconcile(
     ctx.metrics.worker(1);
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);
     let (result, mut trace): (Result<Done, ReconcileError>, Trace) = async {
-        match Reconcile::new(&parent, &ctx, Trace::new(ctx.explain.wanted())) {
-            Ok(reconcile) => (reconcile.run().await, reconcile.into_trace()),
-            Err((error, trace)) => (Err(error), trace),
+        let trace = Trace::new(ctx.explain.wanted());
+        match ParentIdentity::of(&parent, &ctx.parent) {
+            Ok(identity) => {
+                let reconcile = Reconcile::new(&parent, identity, &ctx, trace);
+                (reconcile.run().await, reconcile.into_trace())
+            }
+            Err(error) => (Err(error), trace),
         }
     }
     .instrument(span)

@@ -95,21 +95,18 @@ struct Decision {
 }
 
 impl<'a> Reconcile<'a> {
-    /// A reconcile of `parent`, recording into `trace`. Fails when the parent lacks what
-    /// identifies it (a name, a uid).
+    /// A reconcile of `parent`, who is `identity`, recording into `trace`.
     pub fn new(
         parent: &'a DynamicObject,
+        identity: ParentIdentity,
         ctx: &'a PolicyContext,
         trace: Trace,
-    ) -> Result<Self, (ReconcileError, Trace)> {
-        match ParentIdentity::of(parent, &ctx.parent) {
-            Ok(identity) => Ok(Self {
-                parent,
-                identity,
-                ctx,
-                trace: Mutex::new(trace),
-            }),
-            Err(error) => Err((error, trace)),
+    ) -> Self {
+        Self {
+            parent,
+            identity,
+            ctx,
+            trace: Mutex::new(trace),
         }
     }
 
