@@ -37,9 +37,7 @@ pub(crate) mod writes;
 use std::sync::Arc;
 
 use kube::ResourceExt as _;
-use kube::core::ApiResource;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use tracing::Instrument as _;
 
 use crate::controller::cache::cached::CachedObject;
@@ -62,7 +60,7 @@ pub(crate) async fn reconcile(
         // Taking over re-enqueues every parent, so nothing waits on this.
         return Ok(Action::await_change());
     }
-    let key = parent_key(&*cached, &ctx.parent);
+    let key = parent::parent_key(&*cached, &ctx.parent);
     // Parents are cached compactly; this reconcile reads the whole object.
     let parent = cached.to_dynamic();
     drop(cached);
@@ -73,7 +71,7 @@ pub(crate) async fn reconcile(
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);
     let (result, mut trace): (Result<Done, ReconcileError>, Trace) = async {
         let trace = Trace::new(ctx.explain.wanted());
-        match ParentIdentity::of(&parent, &ctx.parent) {
+        match ParentIdentity::of(&parent, &ctx.parent).map_err(ReconcileError::MalformedParent) {
             Ok(identity) => {
                 let reconcile = Reconcile::new(&parent, identity, &ctx, trace);
                 (reconcile.run().await, reconcile.into_trace())
@@ -120,23 +118,6 @@ pub(crate) async fn reconcile(
                 await_change,
             })
         }
-    }
-}
-
-/// A parent's key in the policy's maps (its outcome, its shadow verdict): the kind, namespace
-/// and name only, none of the uid and resourceVersion a reference can carry, as the maps
-/// hold one per parent.
-pub(crate) fn parent_key(
-    parent: &impl kube::Resource,
-    kind: &Arc<ApiResource>,
-) -> ObjectRef<CachedObject> {
-    let key = ObjectRef::new_with(
-        parent.meta().name.as_deref().unwrap_or_default(),
-        kind.clone(),
-    );
-    match &parent.meta().namespace {
-        Some(namespace) => key.within(namespace),
-        None => key,
     }
 }
 

@@ -2,7 +2,11 @@
 
 use kube::core::{ApiResource, DynamicObject};
 
-use super::error::ReconcileError;
+use std::sync::Arc;
+
+use kube::runtime::reflector::ObjectRef;
+
+use crate::controller::cache::cached::CachedObject;
 
 /// The parent a set of children belongs to.
 #[derive(Debug, Clone)]
@@ -20,23 +24,32 @@ pub struct ParentIdentity {
 }
 
 impl ParentIdentity {
-    /// The identity of `parent`, an object of `kind`: a parent without a name or uid cannot
-    /// be reconciled (nothing could be written to it safely).
-    pub(crate) fn of(parent: &DynamicObject, kind: &ApiResource) -> Result<Self, ReconcileError> {
+    /// The identity of `parent`, an object of `kind`, or the field it lacks: a parent without
+    /// a name or uid cannot be reconciled (nothing could be written to it safely).
+    pub(crate) fn of(parent: &DynamicObject, kind: &ApiResource) -> Result<Self, &'static str> {
         Ok(Self {
             api_version: kind.api_version.clone(),
             kind: kind.kind.clone(),
-            name: parent
-                .metadata
-                .name
-                .clone()
-                .ok_or(ReconcileError::MalformedParent("metadata.name"))?,
+            name: parent.metadata.name.clone().ok_or("metadata.name")?,
             namespace: parent.metadata.namespace.clone(),
-            uid: parent
-                .metadata
-                .uid
-                .clone()
-                .ok_or(ReconcileError::MalformedParent("metadata.uid"))?,
+            uid: parent.metadata.uid.clone().ok_or("metadata.uid")?,
         })
+    }
+}
+
+/// A parent's key in the policy's maps (its outcome, its shadow verdict): the kind, namespace
+/// and name only, none of the uid and resourceVersion a reference can carry, as the maps
+/// hold one per parent.
+pub(crate) fn parent_key(
+    parent: &impl kube::Resource,
+    kind: &Arc<ApiResource>,
+) -> ObjectRef<CachedObject> {
+    let key = ObjectRef::new_with(
+        parent.meta().name.as_deref().unwrap_or_default(),
+        kind.clone(),
+    );
+    match &parent.meta().namespace {
+        Some(namespace) => key.within(namespace),
+        None => key,
     }
 }

@@ -23,7 +23,7 @@ use super::children::{self, DesiredChild};
 use super::context::PolicyContext;
 use super::error::{ReconcileError, describe};
 use super::events::{Published, truncate};
-use super::parent::ParentIdentity;
+use super::parent::{ParentIdentity, parent_key};
 use super::request::{self, Observed};
 use super::serving::ActivePlugin;
 use super::status::Outcome;
@@ -221,7 +221,7 @@ impl<'a> Reconcile<'a> {
         let request = self
             .step("request", self.request(observed, serving, false))
             .await?;
-        let key = super::parent_key(self.parent, &ctx.parent);
+        let key = parent_key(self.parent, &ctx.parent);
         let response = self
             .step("plugin", async {
                 let answer = match &selection.shadow {
