@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::Value;
 
 use crate::controller::cache::cached::CachedObject;
@@ -122,14 +123,15 @@ impl OfflinePolicy {
                 "the parent is in namespace {namespace:?}; the policy reconciles {kind}s in {only:?} only"
             )));
         }
-        Ok(ParentIdentity {
-            api_version,
-            kind,
-            name: text(&parent["metadata"]["name"])
-                .ok_or_else(|| OfflineError::Parent("the parent has no metadata.name".into()))?,
-            namespace,
-            uid: text(&parent["metadata"]["uid"]).unwrap_or_default(),
-        })
+        // Parsed as a reconcile parses it. A parent written by hand may lack the uid the API
+        // server gives every object; offline it is empty (children then name no owner uid).
+        let mut object: DynamicObject = serde_json::from_value(parent.clone())
+            .map_err(|e| OfflineError::Parent(format!("the parent is not a {kind}: {e}")))?;
+        object.metadata.uid.get_or_insert_with(String::new);
+        let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
+        ParentIdentity::of(&object, &resource)
+            .map_err(|field| OfflineError::Parent(format!("the parent has no {field}")))
     }
 
     /// The request the host would build from what is given: the parent, candidate children
