@@ -25,10 +25,9 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use wasmtime::Engine;
+use wasmtime::{Config, Engine};
 
 use super::PluginError;
-use super::engine::compile_config;
 
 /// The first argument that makes an executable a plugin compiler (see
 /// [`compile_child_if_asked`]).
@@ -98,6 +97,15 @@ impl Compiler {
             Self::InProcess => compile_here(bytes),
         }
     }
+}
+
+/// What compiled code depends on: the settings an artifact must have been compiled with for
+/// this host to run it. The engine that runs plugins adds how instances are allocated, which
+/// compiled code does not depend on, so a plain engine of these settings can compile for it.
+pub(crate) fn compile_config() -> Config {
+    let mut config = Config::new();
+    config.wasm_component_model(true).epoch_interruption(true);
+    config
 }
 
 /// Compile on a throwaway engine of the host's compilation settings, on one thread.

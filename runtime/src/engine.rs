@@ -12,7 +12,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 use super::artifact_cache::ArtifactCache;
 use super::call_slots::CallSlots;
 use super::call_threads::CallThreads;
-use super::compiler::Compiler;
+use super::compiler::{Compiler, compile_config};
 use super::contract::{self, PluginPre, Surface};
 use super::sandbox::{MAX_TABLE_ELEMENTS, Sandbox};
 use super::{Digest, Limits, Plugin, PluginError, PluginInfo};
@@ -367,15 +367,6 @@ fn engine_config(options: &EngineOptions) -> Config {
 
     let mut config = compile_config();
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    config
-}
-
-/// What compiled code depends on: the settings an artifact must have been compiled with for
-/// this host to run it. [`engine_config`] adds how instances are allocated, which compiled
-/// code does not depend on, so a plain engine of these settings can compile for the host's.
-pub(crate) fn compile_config() -> Config {
-    let mut config = Config::new();
-    config.wasm_component_model(true).epoch_interruption(true);
     config
 }
 
