@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::contract::wit;
-use super::{Limits, PluginError, ReportedKind};
+use super::error::{PluginError, ReportedKind};
+use super::limits::Limits;
 
 /// A JSON object: one Kubernetes object or a status.
 pub type JsonObject = Map<String, Value>;

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use wasmtime::{Config, Engine};
 
-use super::PluginError;
+use super::error::PluginError;
 
 /// The first argument that makes an executable a plugin compiler (see
 /// [`compile_child_if_asked`]).
@@ -43,7 +43,7 @@ static SERVES_COMPILES: AtomicBool = AtomicBool::new(false);
 /// At most this much of the child's stderr goes into an error message.
 const STDERR_KEPT: u64 = 4 << 10;
 
-/// How a [`PluginEngine`](super::PluginEngine) compiles a plugin the artifact cache does not
+/// How a [`PluginEngine`](super::engine::PluginEngine) compiles a plugin the artifact cache does not
 /// hold.
 #[derive(Debug, Clone, Default)]
 pub enum Compiler {
@@ -284,7 +284,7 @@ fn wait_until(pid: u32, deadline: Instant) -> std::io::Result<Ended> {
 /// argument, its memory bound in bytes the second), compile and return the exit code `main`
 /// should return; `None` otherwise.
 ///
-/// Every executable that runs a [`PluginEngine`](super::PluginEngine) with
+/// Every executable that runs a [`PluginEngine`](super::engine::PluginEngine) with
 /// [`Compiler::Child`] calls this first thing in `main`.
 pub fn compile_child_if_asked() -> Option<ExitCode> {
     SERVES_COMPILES.store(true, Ordering::Relaxed);

@@ -6,7 +6,7 @@
 use wasmtime::component::{Component, Resource};
 use wasmtime::{Engine, bail};
 
-use super::PluginError;
+use super::error::PluginError;
 
 wasmtime::component::bindgen!({
     path: "../wit",

@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use super::{JsonObject, PluginError, ReconcileResponse};
+use super::call::{JsonObject, ReconcileResponse};
+use super::error::PluginError;
 
 /// How a candidate's decision compares with the active plugin's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,7 +272,7 @@ mod tests {
         assert_eq!(text, "~ status: .ready \"3/3\" -> \"2/3\"");
 
         let failing = Err(PluginError::Reported {
-            kind: super::super::ReportedKind::Transient,
+            kind: super::super::error::ReportedKind::Transient,
             message: "down".into(),
         });
         assert!(matches!(compare(&active, &failing), Verdict::WouldFail(m) if m.contains("down")));

@@ -14,11 +14,11 @@ use super::call_slots::CallSlots;
 use super::call_threads::CallThreads;
 use super::compiler::{Compiler, compile_config};
 use super::contract::{self, PluginPre, Surface};
+use super::digest::Digest;
+use super::error::PluginError;
+use super::limits::Limits;
+use super::plugin::{EPOCH_TICK, Plugin, PluginInfo};
 use super::sandbox::{MAX_TABLE_ELEMENTS, Sandbox};
-use super::{Digest, Limits, Plugin, PluginError, PluginInfo};
-
-/// How often the epoch clock ticks. Deadlines are enforced to within one tick.
-pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(5);
 
 /// How much of each pooled memory and table stays mapped between calls. A Rust plugin's
 /// 1 MiB stack, its data and the heap a reconcile uses fit well inside.
@@ -58,17 +58,17 @@ impl Default for EngineOptions {
 /// Compiles, caches and instantiates plugins. Cheap to clone; clones share everything.
 #[derive(Clone)]
 pub struct PluginEngine {
-    pub(crate) inner: Arc<EngineInner>,
+    inner: Arc<EngineInner>,
 }
 
-pub(crate) struct EngineInner {
-    pub(crate) engine: Engine,
+struct EngineInner {
+    engine: Engine,
     linker: Linker<Sandbox>,
     cache: Option<ArtifactCache>,
     compiler: Compiler,
-    pub(crate) call_slots: Arc<CallSlots>,
+    call_slots: Arc<CallSlots>,
     /// Where calls run: at most one thread per slot in use.
-    pub(crate) call_threads: Arc<CallThreads>,
+    call_threads: Arc<CallThreads>,
     max_memory_bytes: usize,
 }
 
@@ -285,8 +285,9 @@ impl PluginEngine {
         let pre =
             PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(format!("{e:#}")))?;
         Ok(Plugin::new(
-            self.inner.clone(),
             pre,
+            self.inner.call_slots.clone(),
+            self.inner.call_threads.clone(),
             limits,
             PluginInfo {
                 digest,

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use super::Digest;
+use super::digest::Digest;
 
 /// Everything that can go wrong loading or calling a plugin, precise enough for the controller
 /// to set the right condition and for a user to act on.
@@ -101,7 +101,7 @@ pub enum PluginError {
     #[error("plugin sandbox failure: {0}")]
     Sandbox(String),
     /// The instance pool had no room for this call (too many plugin instances at once).
-    /// [`Plugin::reconcile_as`](super::Plugin::reconcile_as) waits and retries; only a
+    /// [`Plugin::reconcile_as`](super::plugin::Plugin::reconcile_as) waits and retries; only a
     /// caller that bypasses the call slots sees it.
     #[error("plugin sandbox failure: the instance pool is exhausted: {0}")]
     PoolExhausted(String),
