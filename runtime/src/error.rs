@@ -2,10 +2,15 @@ use std::time::Duration;
 
 use super::digest::Digest;
 
-/// Everything that can go wrong loading or calling a plugin, precise enough for the controller
-/// to set the right condition and for a user to act on.
+/// What can go wrong obtaining a plugin, before any call: verifying, compiling and
+/// pre-instantiating it. Precise enough for the host to name the reason on the policy and for
+/// a user to act on it.
+///
+/// Apart from [`CallError`] because a failed load is about a policy's plugin, not about one
+/// parent's reconcile: the host reports it on the policy, and a policy that had a plugin
+/// keeps serving it.
 #[derive(Debug, thiserror::Error)]
-pub enum PluginError {
+pub enum LoadError {
     /// The bytes do not hash to the digest the policy pins.
     #[error("plugin digest mismatch: expected {expected}, the bytes hash to {actual}")]
     DigestMismatch {
@@ -37,6 +42,17 @@ pub enum PluginError {
     /// The limits ask for more than the engine was configured to allow.
     #[error("invalid plugin limits: {0}")]
     InvalidLimits(String),
+    /// The host failed around the plugin while loading it: the compiler could not be
+    /// started or died, or the compiled artifact could not be brought into the engine. Not
+    /// the plugin's fault as far as the host can tell, so the same load may succeed later.
+    #[error("plugin sandbox failure: {0}")]
+    Sandbox(String),
+}
+
+/// What can go wrong in one call of a loaded plugin, precise enough for the controller to
+/// set the right condition and for a user to act on.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
     /// The plugin trapped (panic, unreachable, out-of-bounds access, exit, ...).
     #[error("plugin trapped: {message}{}", plugin_said.as_deref().map(|m| format!(" (plugin said: {m})")).unwrap_or_default())]
     Trap {
@@ -97,7 +113,8 @@ pub enum PluginError {
         /// The plugin's explanation.
         message: String,
     },
-    /// The sandbox itself failed.
+    /// The host failed around the call, not the plugin: the engine is shutting down or the
+    /// call thread failed.
     #[error("plugin sandbox failure: {0}")]
     Sandbox(String),
     /// The instance pool had no room for this call (too many plugin instances at once).
@@ -128,7 +145,7 @@ impl std::fmt::Display for ReportedKind {
     }
 }
 
-impl PluginError {
+impl CallError {
     /// The outcome of a call that failed this way, as `wasmctrl_plugin_calls_total` labels it.
     pub fn outcome(&self) -> &'static str {
         match self {
@@ -140,14 +157,7 @@ impl PluginError {
             | Self::OutputCopyRefused { .. }
             | Self::TooManyChildren { .. }
             | Self::InvalidOutput(_) => "invalid_output",
-            Self::DigestMismatch { .. }
-            | Self::InvalidComponent(_)
-            | Self::CompileLimitExceeded(_)
-            | Self::WrongWorld(_)
-            | Self::ContractVersion { .. }
-            | Self::InvalidLimits(_)
-            | Self::Sandbox(_)
-            | Self::PoolExhausted(_) => "sandbox_error",
+            Self::Sandbox(_) | Self::PoolExhausted(_) => "sandbox_error",
         }
     }
 

@@ -11,17 +11,18 @@
 //!   to clone and share; every call runs in a fresh sandbox, so calls are independent.
 //! - [`ReconcileRequest`] → [`ReconcileResponse`]: plain data. The controller never sees a
 //!   wasmtime type, and this crate never sees a Kubernetes client.
-//! - [`PluginError`]: what can go wrong loading or calling a plugin.
+//! - [`LoadError`] and [`CallError`]: what can go wrong obtaining a plugin, and what can go
+//!   wrong in one call.
 //!
 //! This file is only these docs and the re-exports; each item lives in the module that is
 //! about it, and the modules import one another directly, never through here, so they form
 //! no circle:
 //! - `plugin`: [`Plugin`] and its call path (call slot, call thread, fresh sandbox,
-//!   deadline), turning what went wrong into a [`PluginError`];
+//!   deadline), turning what went wrong into a [`CallError`];
 //! - `engine`: [`PluginEngine`], loading and inspecting components; `compiler` and
 //!   `artifact_cache` compile them and keep the precompiled artifacts;
 //! - `call`: the request and response, and the validation of every answer;
-//! - `error`: [`PluginError`], [`ReportedKind`];
+//! - `error`: [`LoadError`], [`CallError`], [`ReportedKind`];
 //! - `contract` (the WIT bindings), `sandbox` (one call's store), `call_slots`,
 //!   `call_threads` and `idle_lane` (where calls run), `limits`, `digest`, `diff`.
 
@@ -48,6 +49,6 @@ pub use contract::{CONTRACT_VERSION, CONTRACT_VERSIONS};
 pub use diff::{Verdict, compare};
 pub use digest::{Digest, InvalidDigest};
 pub use engine::{EngineOptions, Inspection, PluginEngine, PoolUsage};
-pub use error::{PluginError, ReportedKind};
+pub use error::{CallError, LoadError, ReportedKind};
 pub use limits::Limits;
 pub use plugin::{Plugin, PluginInfo, WeakPlugin};

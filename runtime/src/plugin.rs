@@ -12,7 +12,7 @@ use super::call_slots::{CallSlots, Slot};
 use super::call_threads::CallThreads;
 use super::contract::PluginPre;
 use super::digest::Digest;
-use super::error::PluginError;
+use super::error::CallError;
 use super::idle_lane;
 use super::limits::Limits;
 use super::sandbox::{MemoryCapExceeded, Sandbox};
@@ -139,7 +139,7 @@ impl Plugin {
     pub async fn reconcile(
         &self,
         request: ReconcileRequest,
-    ) -> Result<ReconcileResponse, PluginError> {
+    ) -> Result<ReconcileResponse, CallError> {
         self.reconcile_as("", request).await
     }
 
@@ -152,7 +152,7 @@ impl Plugin {
         &self,
         tenant: &str,
         request: ReconcileRequest,
-    ) -> Result<ReconcileResponse, PluginError> {
+    ) -> Result<ReconcileResponse, CallError> {
         let slots = &self.inner.call_slots;
         let started = std::time::Instant::now();
         let mut request = request;
@@ -161,11 +161,11 @@ impl Plugin {
             let slot = slots
                 .acquire(tenant)
                 .await
-                .ok_or_else(|| PluginError::Sandbox("the plugin engine is shutting down".into()))?;
+                .ok_or_else(|| CallError::Sandbox("the plugin engine is shutting down".into()))?;
             let idle = slots.is_penalized(tenant);
             let attempt = self.attempt_in_slot(request, slot, idle).await;
             match &attempt {
-                Attempt::Done(Err(PluginError::DeadlineExceeded { .. })) => {
+                Attempt::Done(Err(CallError::DeadlineExceeded { .. })) => {
                     slots.penalize(tenant, PENALTY);
                 }
                 Attempt::Done(Ok(_)) => slots.forgive(tenant),
@@ -201,7 +201,7 @@ impl Plugin {
         match ran {
             // The slot goes back here, after the call thread is idle again.
             Some((attempt, _slot)) => attempt,
-            None => Attempt::Done(Err(PluginError::Sandbox(
+            None => Attempt::Done(Err(CallError::Sandbox(
                 "the plugin call thread failed".into(),
             ))),
         }
@@ -212,11 +212,11 @@ impl Plugin {
     /// Blocks for up to the plugin's timeout. From async code use [`Plugin::reconcile`]. The
     /// caller must not run more calls at once than the engine's `max_concurrent_calls`
     /// ([`Plugin::reconcile`] enforces that); past it, instantiation fails with
-    /// [`PluginError::PoolExhausted`].
+    /// [`CallError::PoolExhausted`].
     pub fn reconcile_blocking(
         &self,
         request: ReconcileRequest,
-    ) -> Result<ReconcileResponse, PluginError> {
+    ) -> Result<ReconcileResponse, CallError> {
         self.attempt(request).into_result()
     }
 
@@ -263,16 +263,16 @@ impl Plugin {
 
 /// How one try at a call ended.
 enum Attempt {
-    Done(Result<ReconcileResponse, PluginError>),
+    Done(Result<ReconcileResponse, CallError>),
     /// No room in the instance pool; the request, unused, and wasmtime's message.
     PoolExhausted(ReconcileRequest, String),
 }
 
 impl Attempt {
-    fn into_result(self) -> Result<ReconcileResponse, PluginError> {
+    fn into_result(self) -> Result<ReconcileResponse, CallError> {
         match self {
             Self::Done(result) => result,
-            Self::PoolExhausted(_, message) => Err(PluginError::PoolExhausted(message)),
+            Self::PoolExhausted(_, message) => Err(CallError::PoolExhausted(message)),
         }
     }
 }
@@ -297,27 +297,27 @@ fn deadline_ticks(timeout: Duration) -> u64 {
     u64::try_from(timeout.as_nanos().div_ceil(tick)).unwrap_or(u64::MAX / 2) + 1
 }
 
-/// Turn a wasmtime failure into the precise [`PluginError`].
-fn classify_failure(error: wasmtime::Error, sandbox: &mut Sandbox, limits: &Limits) -> PluginError {
+/// Turn a wasmtime failure into the precise [`CallError`].
+fn classify_failure(error: wasmtime::Error, sandbox: &mut Sandbox, limits: &Limits) -> CallError {
     if let Some(cap) = error.downcast_ref::<MemoryCapExceeded>() {
-        return PluginError::MemoryExceeded {
+        return CallError::MemoryExceeded {
             limit_bytes: cap.limit,
             requested_bytes: cap.requested,
         };
     }
     if let Some(Trap::Interrupt) = error.downcast_ref::<Trap>() {
-        return PluginError::DeadlineExceeded {
+        return CallError::DeadlineExceeded {
             timeout: limits.timeout,
         };
     }
     if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
-        return PluginError::Trap {
+        return CallError::Trap {
             message: format!("plugin called exit({})", exit.0),
             plugin_said: sandbox.log.last_failure(),
         };
     }
     if let Some(trap) = error.downcast_ref::<Trap>() {
-        return PluginError::Trap {
+        return CallError::Trap {
             message: trap.to_string(),
             plugin_said: sandbox.log.last_failure(),
         };
@@ -328,11 +328,11 @@ fn classify_failure(error: wasmtime::Error, sandbox: &mut Sandbox, limits: &Limi
             .to_string()
             .starts_with("too much data is being copied")
     }) {
-        return PluginError::OutputCopyRefused {
+        return CallError::OutputCopyRefused {
             limit_bytes: copy_limit(limits),
         };
     }
-    PluginError::Trap {
+    CallError::Trap {
         message: error.root_cause().to_string(),
         plugin_said: sandbox.log.last_failure(),
     }

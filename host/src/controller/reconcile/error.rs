@@ -4,7 +4,7 @@
 use crate::controller::cache::related::ReadError;
 use crate::controller::reconcile::backoff::Retry;
 use crate::controller::reconcile::children::InvalidChild;
-use crate::plugin::{PluginError, ReportedKind};
+use crate::plugin::{CallError, ReportedKind};
 
 /// A failed reconcile and when to retry it.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +24,7 @@ pub(crate) enum ReconcileError {
     #[error("the parent has no {0}")]
     MalformedParent(&'static str),
     #[error("{0}")]
-    Plugin(#[from] PluginError),
+    Plugin(#[from] CallError),
     #[error("the plugin's answer was refused, nothing was changed: {}", describe(.0))]
     InvalidChildren(Vec<InvalidChild>),
     #[error(
@@ -73,7 +73,7 @@ impl ReconcileError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::MalformedParent(_) => "MalformedParent",
-            Self::Plugin(PluginError::Reported { .. }) => "PluginReportedError",
+            Self::Plugin(CallError::Reported { .. }) => "PluginReportedError",
             Self::Plugin(_) => "PluginFailed",
             Self::InvalidChildren(_) => "InvalidChildren",
             Self::ChildConflict { .. } => "ChildConflict",
@@ -91,7 +91,7 @@ impl ReconcileError {
     pub fn awaits_change(&self) -> bool {
         matches!(
             self,
-            Self::Plugin(PluginError::Reported {
+            Self::Plugin(CallError::Reported {
                 kind: ReportedKind::Permanent | ReportedKind::InvalidParent,
                 ..
             })
@@ -123,7 +123,7 @@ mod tests {
     #[test]
     fn only_permanent_and_invalid_parent_reports_wait_for_a_change() {
         let reported = |kind| {
-            ReconcileError::Plugin(PluginError::Reported {
+            ReconcileError::Plugin(CallError::Reported {
                 kind,
                 message: "m".into(),
             })
@@ -132,7 +132,7 @@ mod tests {
         assert!(reported(ReportedKind::InvalidParent).awaits_change());
         assert!(!reported(ReportedKind::Transient).awaits_change());
         assert!(
-            !ReconcileError::Plugin(PluginError::DeadlineExceeded {
+            !ReconcileError::Plugin(CallError::DeadlineExceeded {
                 timeout: Duration::from_secs(1)
             })
             .awaits_change()

@@ -33,8 +33,8 @@ use crate::explain::{ChildAction, RecordResult};
 use crate::lock;
 use crate::metrics::{ChildOperation, ReconcileResult};
 use crate::plugin::{
-    EventType as PluginEventType, Plugin, PluginError, ReconcileRequest, ReconcileResponse,
-    Verdict, compare,
+    CallError, EventType as PluginEventType, Plugin, ReconcileRequest, ReconcileResponse, Verdict,
+    compare,
 };
 use backoff::Retry;
 pub(crate) use error::{Failure, ReconcileError};
@@ -338,8 +338,8 @@ async fn decide(
 /// How the candidate's answer compares with the serving plugin's. An answer the host would
 /// refuse is a failure, however it compares.
 fn shadow_verdict(
-    answer: &Result<ReconcileResponse, PluginError>,
-    shadow_answer: &Result<ReconcileResponse, PluginError>,
+    answer: &Result<ReconcileResponse, CallError>,
+    shadow_answer: &Result<ReconcileResponse, CallError>,
     identity: &ParentIdentity,
     allowed: &[children::AllowedKind],
     policy_label: &str,
@@ -431,10 +431,10 @@ async fn call_plugin(
     plugin: &Plugin,
     request: ReconcileRequest,
     ctx: &PolicyContext,
-) -> Result<ReconcileResponse, PluginError> {
+) -> Result<ReconcileResponse, CallError> {
     let started = std::time::Instant::now();
     let answer = plugin.reconcile_as(&ctx.policy, request).await;
-    let outcome = answer.as_ref().map_or_else(PluginError::outcome, |_| "ok");
+    let outcome = answer.as_ref().map_or_else(CallError::outcome, |_| "ok");
     ctx.metrics
         .plugin_called(&ctx.policy, outcome, started.elapsed());
     answer
@@ -606,7 +606,7 @@ fn reference(parent: &DynamicObject, ctx: &PolicyContext) -> ObjectReference {
 mod tests {
     use super::*;
 
-    fn response(children: Vec<serde_json::Value>) -> Result<ReconcileResponse, PluginError> {
+    fn response(children: Vec<serde_json::Value>) -> Result<ReconcileResponse, CallError> {
         Ok(ReconcileResponse {
             children: children
                 .into_iter()
@@ -651,7 +651,7 @@ mod tests {
             verdict(active(), response(vec![config_map("c", "1"), secret])),
             Verdict::WouldFail(detail) if detail.contains("the host would refuse its answer")
         ));
-        let trap = Err(PluginError::Trap {
+        let trap = Err(CallError::Trap {
             message: "unreachable".into(),
             plugin_said: None,
         });
