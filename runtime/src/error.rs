@@ -161,18 +161,165 @@ impl CallError {
         }
     }
 
-    /// True when retrying the same call could succeed (a deadline, a transient report or a
-    /// sandbox hiccup); false when only a change to the parent or the plugin helps.
-    pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Self::DeadlineExceeded { .. }
-                | Self::Sandbox(_)
-                | Self::PoolExhausted(_)
-                | Self::Reported {
-                    kind: ReportedKind::Transient,
-                    ..
-                }
-        )
+    /// When to call again after a call failed this way. Every variant has exactly one class,
+    /// decided here for every host, so the host's retries and this crate cannot disagree.
+    ///
+    /// The two mistakes cost differently: retrying a call that fails the same way every time
+    /// costs one call per backoff period (the host doubles the delay up to its maximum,
+    /// 5 minutes by default), while waiting for a change after a failure that would have
+    /// cleared leaves the parent unreconciled until someone happens to touch it. And only
+    /// the plugin knows whether its failure is deterministic. So a call waits for a change
+    /// only on the plugin's own word, as the contract defines the two reports:
+    /// - [`ReportedKind::Permanent`] and [`ReportedKind::InvalidParent`]:
+    ///   [`Retry::AfterChange`], the same request would fail the same way.
+    ///
+    /// Everything else is [`Retry::WithBackoff`]:
+    /// - [`ReportedKind::Transient`]: the plugin says it may clear by itself.
+    /// - `Trap`: a plugin bug or an input it did not expect. The plugin said nothing about
+    ///   the next call (a panic on something it reads intermittently traps once), and a
+    ///   deterministic trap costs only the backoff's calls.
+    /// - `DeadlineExceeded`: wall-clock time depends on the machine's load (and a tenant
+    ///   that ran out of time runs at idle priority for a while), not only on the input.
+    /// - `MemoryExceeded`, `OutputTooLarge`, `OutputCopyRefused`, `TooManyChildren`,
+    ///   `InvalidOutput`: the plugin's answer broke a limit or the contract. Likely the same
+    ///   next time, but the plugin did not say so, and as with a trap being wrong about it
+    ///   would strand the parent.
+    /// - `Sandbox`, `PoolExhausted`: the host failed around the call, not the plugin, and
+    ///   capacity comes back as running calls end.
+    pub fn retry(&self) -> Retry {
+        match self {
+            Self::Reported { kind, .. } => match kind {
+                ReportedKind::Permanent | ReportedKind::InvalidParent => Retry::AfterChange,
+                ReportedKind::Transient => Retry::WithBackoff,
+            },
+            Self::Trap { .. }
+            | Self::DeadlineExceeded { .. }
+            | Self::MemoryExceeded { .. }
+            | Self::OutputTooLarge { .. }
+            | Self::OutputCopyRefused { .. }
+            | Self::TooManyChildren { .. }
+            | Self::InvalidOutput(_)
+            | Self::Sandbox(_)
+            | Self::PoolExhausted(_) => Retry::WithBackoff,
+        }
+    }
+}
+
+/// When a failed call is worth making again: the class [`CallError::retry`] gives each
+/// failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// The same call may succeed later: call again after a delay that grows with each
+    /// failure in a row.
+    WithBackoff,
+    /// The same call would fail the same way: call again only once the parent, its children
+    /// or related objects, or the plugin change.
+    AfterChange,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The class every failure must have, decided once more, variant by variant: a new
+    /// variant does not compile until it is decided here too (no wildcard), and the name
+    /// lets the test below check that each decision has an example.
+    fn pinned(error: &CallError) -> (&'static str, Retry) {
+        match error {
+            CallError::Trap { .. } => ("Trap", Retry::WithBackoff),
+            CallError::DeadlineExceeded { .. } => ("DeadlineExceeded", Retry::WithBackoff),
+            CallError::MemoryExceeded { .. } => ("MemoryExceeded", Retry::WithBackoff),
+            CallError::OutputTooLarge { .. } => ("OutputTooLarge", Retry::WithBackoff),
+            CallError::OutputCopyRefused { .. } => ("OutputCopyRefused", Retry::WithBackoff),
+            CallError::TooManyChildren { .. } => ("TooManyChildren", Retry::WithBackoff),
+            CallError::InvalidOutput(_) => ("InvalidOutput", Retry::WithBackoff),
+            CallError::Reported {
+                kind: ReportedKind::Transient,
+                ..
+            } => ("Reported(Transient)", Retry::WithBackoff),
+            CallError::Reported {
+                kind: ReportedKind::Permanent,
+                ..
+            } => ("Reported(Permanent)", Retry::AfterChange),
+            CallError::Reported {
+                kind: ReportedKind::InvalidParent,
+                ..
+            } => ("Reported(InvalidParent)", Retry::AfterChange),
+            CallError::Sandbox(_) => ("Sandbox", Retry::WithBackoff),
+            CallError::PoolExhausted(_) => ("PoolExhausted", Retry::WithBackoff),
+        }
+    }
+
+    fn reported(kind: ReportedKind) -> CallError {
+        CallError::Reported {
+            kind,
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn every_call_error_has_the_retry_class_the_host_acts_on() {
+        let examples = [
+            CallError::Trap {
+                message: "unreachable".into(),
+                plugin_said: None,
+            },
+            CallError::DeadlineExceeded {
+                timeout: Duration::from_millis(500),
+            },
+            CallError::MemoryExceeded {
+                limit_bytes: 1,
+                requested_bytes: 2,
+            },
+            CallError::OutputTooLarge {
+                size_bytes: 2,
+                limit_bytes: 1,
+            },
+            CallError::OutputCopyRefused { limit_bytes: 1 },
+            CallError::TooManyChildren { count: 2, limit: 1 },
+            CallError::InvalidOutput("child #0 is not a JSON object".into()),
+            reported(ReportedKind::Transient),
+            reported(ReportedKind::Permanent),
+            reported(ReportedKind::InvalidParent),
+            CallError::Sandbox("the plugin call thread failed".into()),
+            CallError::PoolExhausted("no room".into()),
+        ];
+        let mut decided = BTreeSet::new();
+        for error in &examples {
+            let (name, class) = pinned(error);
+            assert_eq!(error.retry(), class, "{name}: {error}");
+            decided.insert(name);
+        }
+        assert_eq!(
+            decided.len(),
+            12,
+            "an example of every decision: {decided:?}"
+        );
+    }
+
+    #[test]
+    fn only_the_plugins_word_waits_for_a_change() {
+        // What users see and the end-to-end tests pin: a trap is retried, a permanent or
+        // invalid-parent report waits.
+        let trap = CallError::Trap {
+            message: "unreachable".into(),
+            plugin_said: Some("panicked".into()),
+        };
+        assert_eq!(trap.retry(), Retry::WithBackoff);
+        assert_eq!(
+            reported(ReportedKind::Transient).retry(),
+            Retry::WithBackoff
+        );
+        assert_eq!(
+            reported(ReportedKind::Permanent).retry(),
+            Retry::AfterChange
+        );
+        assert_eq!(
+            reported(ReportedKind::InvalidParent).retry(),
+            Retry::AfterChange
+        );
     }
 }

@@ -12,7 +12,8 @@
 //! - [`ReconcileRequest`] → [`ReconcileResponse`]: plain data. The controller never sees a
 //!   wasmtime type, and this crate never sees a Kubernetes client.
 //! - [`LoadError`] and [`CallError`]: what can go wrong obtaining a plugin, and what can go
-//!   wrong in one call.
+//!   wrong in one call. A failed call has one [`Retry`] class: whether the same call may
+//!   succeed later, or only after the parent or the plugin changes.
 //!
 //! This file is only these docs and the re-exports; each item lives in the module that is
 //! about it, and the modules import one another directly, never through here, so they form
@@ -22,7 +23,7 @@
 //! - `engine`: [`PluginEngine`], loading and inspecting components; `compiler` and
 //!   `artifact_cache` compile them and keep the precompiled artifacts;
 //! - `call`: the request and response, and the validation of every answer;
-//! - `error`: [`LoadError`], [`CallError`], [`ReportedKind`];
+//! - `error`: [`LoadError`], [`CallError`] with its [`Retry`] class, [`ReportedKind`];
 //! - `contract` (the WIT bindings), `sandbox` (one call's store), `call_slots`,
 //!   `call_threads` and `idle_lane` (where calls run), `limits`, `digest`, `diff`.
 
@@ -49,6 +50,6 @@ pub use contract::{CONTRACT_VERSION, CONTRACT_VERSIONS};
 pub use diff::{Verdict, compare};
 pub use digest::{Digest, InvalidDigest};
 pub use engine::{EngineOptions, Inspection, PluginEngine, PoolUsage};
-pub use error::{CallError, LoadError, ReportedKind};
+pub use error::{CallError, LoadError, ReportedKind, Retry};
 pub use limits::Limits;
 pub use plugin::{Plugin, PluginInfo, WeakPlugin};

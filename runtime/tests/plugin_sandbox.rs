@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use support::guest_bytes;
 use wasmctrl_runtime::{
     CallError, Digest, EngineOptions, Limits, LoadError, Plugin, PluginEngine, ReconcileRequest,
-    ReportedKind,
+    ReportedKind, Retry,
 };
 
 fn engine() -> PluginEngine {
@@ -252,7 +252,7 @@ fn plugin_reported_errors_keep_their_kind() {
         matches!(&err, CallError::Reported { kind: ReportedKind::Transient, message } if message.contains("flaky")),
         "{err}"
     );
-    assert!(err.is_retryable());
+    assert_eq!(err.retry(), Retry::WithBackoff);
 }
 
 #[test]
