@@ -16,7 +16,7 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::plugin::{JsonObject, ObservedObject, PluginError, PluginEvent, ReconcileRequest};
+use crate::plugin::{CallError, JsonObject, ObservedObject, PluginEvent, ReconcileRequest};
 use crate::plugin::{ReconcileResponse, Verdict};
 
 /// What replaces each value of a redacted Secret.
@@ -92,7 +92,7 @@ impl Expected {
     }
 
     /// The expectation of what a plugin returned.
-    pub fn of(answer: &Result<ReconcileResponse, PluginError>) -> Self {
+    pub fn of(answer: &Result<ReconcileResponse, CallError>) -> Self {
         match answer {
             Ok(response) => Self::Answer(response.clone().into()),
             Err(error) => Self::Failure {
@@ -133,7 +133,7 @@ pub struct RecordedError {
 
 impl RecordedError {
     /// The record of `error`.
-    pub fn of(error: &PluginError) -> Self {
+    pub fn of(error: &CallError) -> Self {
         Self {
             outcome: error.outcome().to_owned(),
             message: error.to_string(),
@@ -294,7 +294,7 @@ pub fn redact_secret(object: &mut Value) -> bool {
 /// same failure on both sides is unchanged, since the point is what a change would alter.
 pub fn compare_answers(
     expected: &Result<ReconcileResponse, RecordedError>,
-    actual: &Result<ReconcileResponse, PluginError>,
+    actual: &Result<ReconcileResponse, CallError>,
 ) -> Verdict {
     match (expected, actual) {
         (Ok(expected), actual) => crate::plugin::compare(&Ok(expected.clone()), actual),
@@ -372,7 +372,7 @@ mod tests {
 
     #[test]
     fn the_same_failure_is_unchanged_and_a_new_one_would_fail() {
-        let reported = |message: &str| PluginError::Reported {
+        let reported = |message: &str| CallError::Reported {
             kind: crate::plugin::ReportedKind::Permanent,
             message: message.into(),
         };

@@ -1,6 +1,6 @@
 //! The shape of the code, checked like its behaviour.
 //!
-//! Modules may not import each other in a circle: a reader must
+//! Modules may not import each other in a circle, in the host or in the runtime: a reader must
 //! be able to walk any module after the ones it uses. And the controller keeps three rooms by
 //! stage, each allowed to use only the rooms below it:
 //!
@@ -343,6 +343,16 @@ fn crate_src(relative: &str) -> PathBuf {
 #[test]
 fn the_host_has_no_import_cycles() {
     let cycles = ModuleGraph::of_crate(&crate_src("src")).cycles();
+    assert!(
+        cycles.is_empty(),
+        "modules that import each other in a circle:\n{}",
+        describe(&cycles)
+    );
+}
+
+#[test]
+fn the_runtime_has_no_import_cycles() {
+    let cycles = ModuleGraph::of_crate(&crate_src("../runtime/src")).cycles();
     assert!(
         cycles.is_empty(),
         "modules that import each other in a circle:\n{}",

@@ -19,7 +19,7 @@ use sha2::{Digest as _, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::Digest;
+use super::digest::Digest;
 
 pub(crate) struct ArtifactCache {
     dir: PathBuf,

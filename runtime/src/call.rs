@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::contract::wit;
-use super::{Limits, PluginError, ReportedKind};
+use super::error::{CallError, ReportedKind};
+use super::limits::Limits;
 
 /// A JSON object: one Kubernetes object or a status.
 pub type JsonObject = Map<String, Value>;
@@ -118,7 +119,7 @@ impl From<ReconcileRequest> for wit::ReconcileRequest {
 pub(crate) fn accept(
     answer: Result<wit::ReconcileResponse, wit::ReconcileError>,
     limits: &Limits,
-) -> Result<ReconcileResponse, PluginError> {
+) -> Result<ReconcileResponse, CallError> {
     let response = match answer {
         Ok(response) => response,
         Err(error) => {
@@ -127,7 +128,7 @@ pub(crate) fn accept(
                 wit::ReconcileError::Transient(m) => (ReportedKind::Transient, m),
                 wit::ReconcileError::Permanent(m) => (ReportedKind::Permanent, m),
             };
-            return Err(PluginError::Reported { kind, message });
+            return Err(CallError::Reported { kind, message });
         }
     };
     let size_bytes = response.children.iter().map(String::len).sum::<usize>()
@@ -138,13 +139,13 @@ pub(crate) fn accept(
             .map(|e| e.reason.len() + e.message.len())
             .sum::<usize>();
     if size_bytes > limits.max_output_bytes {
-        return Err(PluginError::OutputTooLarge {
+        return Err(CallError::OutputTooLarge {
             size_bytes,
             limit_bytes: limits.max_output_bytes,
         });
     }
     if response.children.len() > limits.max_children {
-        return Err(PluginError::TooManyChildren {
+        return Err(CallError::TooManyChildren {
             count: response.children.len(),
             limit: limits.max_children,
         });
@@ -155,7 +156,7 @@ pub(crate) fn accept(
         .enumerate()
         .map(|(i, json)| {
             serde_json::from_str::<JsonObject>(json).map_err(|e| {
-                PluginError::InvalidOutput(format!("child #{i} is not a JSON object: {e}"))
+                CallError::InvalidOutput(format!("child #{i} is not a JSON object: {e}"))
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -163,9 +164,8 @@ pub(crate) fn accept(
         .status
         .as_deref()
         .map(|json| {
-            serde_json::from_str::<JsonObject>(json).map_err(|e| {
-                PluginError::InvalidOutput(format!("status is not a JSON object: {e}"))
-            })
+            serde_json::from_str::<JsonObject>(json)
+                .map_err(|e| CallError::InvalidOutput(format!("status is not a JSON object: {e}")))
         })
         .transpose()?;
     Ok(ReconcileResponse {

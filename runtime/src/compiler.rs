@@ -25,10 +25,9 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use wasmtime::Engine;
+use wasmtime::{Config, Engine};
 
-use super::PluginError;
-use super::engine::compile_config;
+use super::error::LoadError;
 
 /// The first argument that makes an executable a plugin compiler (see
 /// [`compile_child_if_asked`]).
@@ -44,7 +43,7 @@ static SERVES_COMPILES: AtomicBool = AtomicBool::new(false);
 /// At most this much of the child's stderr goes into an error message.
 const STDERR_KEPT: u64 = 4 << 10;
 
-/// How a [`PluginEngine`](super::PluginEngine) compiles a plugin the artifact cache does not
+/// How a [`PluginEngine`](super::engine::PluginEngine) compiles a plugin the artifact cache does not
 /// hold.
 #[derive(Debug, Clone, Default)]
 pub enum Compiler {
@@ -83,7 +82,7 @@ impl Default for ChildCompiler {
 impl Compiler {
     /// Compile `bytes` (already known to be a component) into an artifact for an engine of
     /// [`compile_config`]'s settings.
-    pub(crate) fn artifact(&self, bytes: &[u8]) -> Result<Vec<u8>, PluginError> {
+    pub(crate) fn artifact(&self, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
         match self {
             Self::Child(child) if SERVES_COMPILES.load(Ordering::Relaxed) => child.compile(bytes),
             Self::Child(_) => {
@@ -100,6 +99,15 @@ impl Compiler {
     }
 }
 
+/// What compiled code depends on: the settings an artifact must have been compiled with for
+/// this host to run it. The engine that runs plugins adds how instances are allocated, which
+/// compiled code does not depend on, so a plain engine of these settings can compile for it.
+pub(crate) fn compile_config() -> Config {
+    let mut config = Config::new();
+    config.wasm_component_model(true).epoch_interruption(true);
+    config
+}
+
 /// Compile on a throwaway engine of the host's compilation settings, on one thread.
 ///
 /// wasmtime's compiler keeps its per-thread working state (register allocator arenas, code
@@ -107,18 +115,18 @@ impl Compiler {
 /// rarely and runs for weeks, so that state goes with the engine when the compile ends. One
 /// thread: a compile on each core would hold one set of that state per core, for work that is
 /// rare and off the reconcile path.
-fn compile_here(bytes: &[u8]) -> Result<Vec<u8>, PluginError> {
+fn compile_here(bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
     let mut config = compile_config();
     config.parallel_compilation(false);
     let compiler = Engine::new(&config)
-        .map_err(|e| PluginError::Sandbox(format!("starting the plugin compiler: {e:#}")))?;
+        .map_err(|e| LoadError::Sandbox(format!("starting the plugin compiler: {e:#}")))?;
     compiler
         .precompile_component(bytes)
-        .map_err(|e| PluginError::InvalidComponent(format!("{e:#}")))
+        .map_err(|e| LoadError::InvalidComponent(format!("{e:#}")))
 }
 
 impl ChildCompiler {
-    fn compile(&self, bytes: &[u8]) -> Result<Vec<u8>, PluginError> {
+    fn compile(&self, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
         let started = Instant::now();
         let mut child = Command::new("/proc/self/exe")
             .arg(COMPILE_CHILD_ARG)
@@ -128,7 +136,7 @@ impl ChildCompiler {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| {
-                PluginError::Sandbox(format!("starting the plugin compiler process: {e}"))
+                LoadError::Sandbox(format!("starting the plugin compiler process: {e}"))
             })?;
         let pid = child.id();
         let (stdin, stdout, stderr) =
@@ -165,11 +173,11 @@ impl ChildCompiler {
         });
         let said = said.trim();
         let outcome = outcome.map_err(|e| {
-            PluginError::Sandbox(format!("waiting for the plugin compiler process: {e}"))
+            LoadError::Sandbox(format!("waiting for the plugin compiler process: {e}"))
         })?;
         match outcome {
             Ended::Exited { code: 0, .. } if !artifact.starts_with(b"\x7fELF") => {
-                Err(PluginError::Sandbox(format!(
+                Err(LoadError::Sandbox(format!(
                     "the plugin compiler process answered with something other than an artifact ({} bytes)",
                     artifact.len()
                 )))
@@ -186,26 +194,26 @@ impl ChildCompiler {
             Ended::Exited {
                 code: INVALID_COMPONENT_EXIT,
                 ..
-            } => Err(PluginError::InvalidComponent(said.to_owned())),
-            Ended::TimedOut => Err(PluginError::CompileLimitExceeded(format!(
+            } => Err(LoadError::InvalidComponent(said.to_owned())),
+            Ended::TimedOut => Err(LoadError::CompileLimitExceeded(format!(
                 "compiling took longer than {} s",
                 self.timeout.as_secs_f64()
             ))),
             Ended::Signalled(libc::SIGABRT) if said.contains("memory allocation") => {
-                Err(PluginError::CompileLimitExceeded(format!(
+                Err(LoadError::CompileLimitExceeded(format!(
                     "compiling needed more than {} MiB of memory",
                     self.max_memory_bytes >> 20
                 )))
             }
-            Ended::Signalled(libc::SIGKILL) => Err(PluginError::CompileLimitExceeded(
+            Ended::Signalled(libc::SIGKILL) => Err(LoadError::CompileLimitExceeded(
                 "the compiler process was killed (SIGKILL), most likely by the kernel's OOM \
                  killer: the host's memory limit cannot hold this compile beside the host"
                     .to_owned(),
             )),
-            Ended::Exited { code, .. } => Err(PluginError::Sandbox(format!(
+            Ended::Exited { code, .. } => Err(LoadError::Sandbox(format!(
                 "the plugin compiler process exited with code {code}: {said}"
             ))),
-            Ended::Signalled(signal) => Err(PluginError::Sandbox(format!(
+            Ended::Signalled(signal) => Err(LoadError::Sandbox(format!(
                 "the plugin compiler process died of signal {signal}: {said}"
             ))),
         }
@@ -276,7 +284,7 @@ fn wait_until(pid: u32, deadline: Instant) -> std::io::Result<Ended> {
 /// argument, its memory bound in bytes the second), compile and return the exit code `main`
 /// should return; `None` otherwise.
 ///
-/// Every executable that runs a [`PluginEngine`](super::PluginEngine) with
+/// Every executable that runs a [`PluginEngine`](super::engine::PluginEngine) with
 /// [`Compiler::Child`] calls this first thing in `main`.
 pub fn compile_child_if_asked() -> Option<ExitCode> {
     SERVES_COMPILES.store(true, Ordering::Relaxed);
@@ -288,7 +296,7 @@ pub fn compile_child_if_asked() -> Option<ExitCode> {
     let bound = args.next();
     Some(match serve_compile(bound) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(PluginError::InvalidComponent(reason)) => {
+        Err(LoadError::InvalidComponent(reason)) => {
             eprintln!("{reason}");
             ExitCode::from(INVALID_COMPONENT_EXIT as u8)
         }
@@ -300,12 +308,12 @@ pub fn compile_child_if_asked() -> Option<ExitCode> {
 }
 
 /// The child's side: bound itself, read the component, compile, write the artifact.
-fn serve_compile(bound: Option<OsString>) -> Result<(), PluginError> {
-    let failed = |what: &str, e: std::io::Error| PluginError::Sandbox(format!("{what}: {e}"));
+fn serve_compile(bound: Option<OsString>) -> Result<(), LoadError> {
+    let failed = |what: &str, e: std::io::Error| LoadError::Sandbox(format!("{what}: {e}"));
     let bound = bound
         .and_then(|bound| bound.to_str()?.parse::<u64>().ok())
         .ok_or_else(|| {
-            PluginError::Sandbox(format!(
+            LoadError::Sandbox(format!(
                 "usage: {COMPILE_CHILD_ARG} <memory bound in bytes> < component > artifact"
             ))
         })?;

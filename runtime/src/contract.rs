@@ -6,7 +6,7 @@
 use wasmtime::component::{Component, Resource};
 use wasmtime::{Engine, bail};
 
-use super::PluginError;
+use super::error::LoadError;
 
 wasmtime::component::bindgen!({
     path: "../wit",
@@ -21,7 +21,7 @@ pub(crate) use exports::wasmctrl::plugin::reconciler as wit;
 /// every interface name, and a new version may change any record. When the WIT changes, the
 /// host binds the new world next to the old one and serves both for as long as plugins of
 /// the old one are in use; until then a plugin of another version is refused at load, before
-/// any call, with both versions named ([`PluginError::ContractVersion`]).
+/// any call, with both versions named ([`LoadError::ContractVersion`]).
 pub const CONTRACT_VERSION: &str = "0.1.0";
 
 /// Every contract version this host serves, for `wasmctrl version` and `plugin inspect`.
@@ -63,14 +63,14 @@ impl Surface {
 
     /// Check that the component exports the reconciler of this host's contract version.
     /// Imports are checked by the linker, which names any it cannot satisfy.
-    pub(crate) fn check(&self) -> Result<(), PluginError> {
+    pub(crate) fn check(&self) -> Result<(), LoadError> {
         match self.contract_version() {
             Some(CONTRACT_VERSION) => Ok(()),
-            Some(found) => Err(PluginError::ContractVersion {
+            Some(found) => Err(LoadError::ContractVersion {
                 found: found.to_owned(),
                 supported: CONTRACT_VERSION,
             }),
-            None => Err(PluginError::WrongWorld(format!(
+            None => Err(LoadError::WrongWorld(format!(
                 "it does not export `{RECONCILER_EXPORT}` (it exports: {}); build it with the wasmctrl plugin SDK",
                 if self.exports.is_empty() {
                     "nothing".to_owned()
@@ -133,7 +133,7 @@ mod tests {
             .check()
             .expect_err("newer contract");
         assert!(
-            matches!(&err, PluginError::ContractVersion { found, supported: "0.1.0" } if found == "0.2.0"),
+            matches!(&err, LoadError::ContractVersion { found, supported: "0.1.0" } if found == "0.2.0"),
             "{err}"
         );
         assert!(err.to_string().contains("@0.2.0"), "{err}");

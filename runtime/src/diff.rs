@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use super::{JsonObject, PluginError, ReconcileResponse};
+use super::call::{JsonObject, ReconcileResponse};
+use super::error::CallError;
 
 /// How a candidate's decision compares with the active plugin's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,8 +42,8 @@ impl Verdict {
 
 /// Compare the active plugin's answer with the candidate's.
 pub fn compare(
-    active: &Result<ReconcileResponse, PluginError>,
-    candidate: &Result<ReconcileResponse, PluginError>,
+    active: &Result<ReconcileResponse, CallError>,
+    candidate: &Result<ReconcileResponse, CallError>,
 ) -> Verdict {
     match (active, candidate) {
         (_, Err(error)) => Verdict::WouldFail(error.to_string()),
@@ -270,8 +271,8 @@ mod tests {
         };
         assert_eq!(text, "~ status: .ready \"3/3\" -> \"2/3\"");
 
-        let failing = Err(PluginError::Reported {
-            kind: super::super::ReportedKind::Transient,
+        let failing = Err(CallError::Reported {
+            kind: super::super::error::ReportedKind::Transient,
             message: "down".into(),
         });
         assert!(matches!(compare(&active, &failing), Verdict::WouldFail(m) if m.contains("down")));

@@ -12,13 +12,13 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 use super::artifact_cache::ArtifactCache;
 use super::call_slots::CallSlots;
 use super::call_threads::CallThreads;
-use super::compiler::Compiler;
+use super::compiler::{Compiler, compile_config};
 use super::contract::{self, PluginPre, Surface};
+use super::digest::Digest;
+use super::error::LoadError;
+use super::limits::Limits;
+use super::plugin::{EPOCH_TICK, Plugin, PluginInfo};
 use super::sandbox::{MAX_TABLE_ELEMENTS, Sandbox};
-use super::{Digest, Limits, Plugin, PluginError, PluginInfo};
-
-/// How often the epoch clock ticks. Deadlines are enforced to within one tick.
-pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(5);
 
 /// How much of each pooled memory and table stays mapped between calls. A Rust plugin's
 /// 1 MiB stack, its data and the heap a reconcile uses fit well inside.
@@ -58,17 +58,17 @@ impl Default for EngineOptions {
 /// Compiles, caches and instantiates plugins. Cheap to clone; clones share everything.
 #[derive(Clone)]
 pub struct PluginEngine {
-    pub(crate) inner: Arc<EngineInner>,
+    inner: Arc<EngineInner>,
 }
 
-pub(crate) struct EngineInner {
-    pub(crate) engine: Engine,
+struct EngineInner {
+    engine: Engine,
     linker: Linker<Sandbox>,
     cache: Option<ArtifactCache>,
     compiler: Compiler,
-    pub(crate) call_slots: Arc<CallSlots>,
+    call_slots: Arc<CallSlots>,
     /// Where calls run: at most one thread per slot in use.
-    pub(crate) call_threads: Arc<CallThreads>,
+    call_threads: Arc<CallThreads>,
     max_memory_bytes: usize,
 }
 
@@ -141,13 +141,13 @@ impl PluginEngine {
         bytes: &[u8],
         expected: Option<&Digest>,
         limits: Limits,
-    ) -> Result<Plugin, PluginError> {
+    ) -> Result<Plugin, LoadError> {
         self.check_limits(&limits)?;
         let digest = Digest::of(bytes);
         if let Some(expected) = expected
             && *expected != digest
         {
-            return Err(PluginError::DigestMismatch {
+            return Err(LoadError::DigestMismatch {
                 expected: *expected,
                 actual: digest,
             });
@@ -193,7 +193,7 @@ impl PluginEngine {
         &self,
         digest: &Digest,
         limits: Limits,
-    ) -> Result<Option<Plugin>, PluginError> {
+    ) -> Result<Option<Plugin>, LoadError> {
         self.check_limits(&limits)?;
         let started = Instant::now();
         let Some(component) = self
@@ -212,7 +212,7 @@ impl PluginEngine {
     /// Compile `bytes` where the engine's [`Compiler`] says, and bring the artifact into this
     /// engine. Bringing it in costs a deserialization, a fraction of a millisecond against a
     /// compile's hundreds.
-    fn compile(&self, bytes: &[u8]) -> Result<Component, PluginError> {
+    fn compile(&self, bytes: &[u8]) -> Result<Component, LoadError> {
         let artifact = self.inner.compiler.artifact(bytes)?;
         // SAFETY: `artifact` was produced just now by an engine of this engine's compilation
         // settings (`compile_config`), in this process or in a child running this same
@@ -220,12 +220,12 @@ impl PluginEngine {
         // still checks its header against this engine's settings.
         #[allow(unsafe_code)]
         let component = unsafe { Component::deserialize(&self.inner.engine, &artifact) };
-        component.map_err(|e| PluginError::Sandbox(format!("loading the compiled plugin: {e:#}")))
+        component.map_err(|e| LoadError::Sandbox(format!("loading the compiled plugin: {e:#}")))
     }
 
-    fn check_limits(&self, limits: &Limits) -> Result<(), PluginError> {
+    fn check_limits(&self, limits: &Limits) -> Result<(), LoadError> {
         if limits.memory_bytes > self.inner.max_memory_bytes {
-            return Err(PluginError::InvalidLimits(format!(
+            return Err(LoadError::InvalidLimits(format!(
                 "memory limit {} bytes is above the host's maximum of {} bytes",
                 limits.memory_bytes, self.inner.max_memory_bytes
             )));
@@ -236,11 +236,11 @@ impl PluginEngine {
     /// What a component is, whether or not this host would run it: its digest, size, surface
     /// and compile time, and why it would be refused if it would. Compiles without the
     /// artifact cache, since the compile time is part of the answer.
-    pub fn inspect(&self, bytes: &[u8]) -> Result<Inspection, PluginError> {
+    pub fn inspect(&self, bytes: &[u8]) -> Result<Inspection, LoadError> {
         check_is_component(bytes)?;
         let started = Instant::now();
         let component = Component::new(&self.inner.engine, bytes)
-            .map_err(|e| PluginError::InvalidComponent(format!("{e:#}")))?;
+            .map_err(|e| LoadError::InvalidComponent(format!("{e:#}")))?;
         let compile_time = started.elapsed();
         let surface = Surface::of(&self.inner.engine, &component);
         let refusal = surface
@@ -251,7 +251,7 @@ impl PluginEngine {
                     .linker
                     .instantiate_pre(&component)
                     .err()
-                    .map(|e| PluginError::WrongWorld(format!("{e:#}")))
+                    .map(|e| LoadError::WrongWorld(format!("{e:#}")))
             })
             .map(|e| e.to_string());
         Ok(Inspection {
@@ -274,19 +274,20 @@ impl PluginEngine {
         limits: Limits,
         load_time: std::time::Duration,
         from_cache: bool,
-    ) -> Result<Plugin, PluginError> {
+    ) -> Result<Plugin, LoadError> {
         let surface = Surface::of(&self.inner.engine, &component);
         surface.check()?;
         let instance_pre = self
             .inner
             .linker
             .instantiate_pre(&component)
-            .map_err(|e| PluginError::WrongWorld(format!("{e:#}")))?;
+            .map_err(|e| LoadError::WrongWorld(format!("{e:#}")))?;
         let pre =
-            PluginPre::new(instance_pre).map_err(|e| PluginError::WrongWorld(format!("{e:#}")))?;
+            PluginPre::new(instance_pre).map_err(|e| LoadError::WrongWorld(format!("{e:#}")))?;
         Ok(Plugin::new(
-            self.inner.clone(),
             pre,
+            self.inner.call_slots.clone(),
+            self.inner.call_threads.clone(),
             limits,
             PluginInfo {
                 digest,
@@ -306,31 +307,31 @@ impl PluginEngine {
         bytes: Vec<u8>,
         expected: Option<Digest>,
         limits: Limits,
-    ) -> Result<Plugin, PluginError> {
+    ) -> Result<Plugin, LoadError> {
         let engine = self.clone();
         tokio::task::spawn_blocking(move || engine.load(&bytes, expected.as_ref(), limits))
             .await
-            .map_err(|e| PluginError::Sandbox(format!("plugin load task failed: {e}")))?
+            .map_err(|e| LoadError::Sandbox(format!("plugin load task failed: {e}")))?
     }
 }
 
 /// Reject what is obviously not a component with a message that says what it is instead.
 /// wasmtime would also reject it, with a less helpful message.
-fn check_is_component(bytes: &[u8]) -> Result<(), PluginError> {
+fn check_is_component(bytes: &[u8]) -> Result<(), LoadError> {
     const MAGIC: &[u8] = b"\0asm";
     const CORE_MODULE: &[u8] = &[1, 0, 0, 0];
     const COMPONENT: &[u8] = &[0x0d, 0, 1, 0];
     if bytes.len() < 8 || &bytes[..4] != MAGIC {
-        return Err(PluginError::InvalidComponent(
+        return Err(LoadError::InvalidComponent(
             "not a WebAssembly file (no \\0asm header)".to_owned(),
         ));
     }
     match &bytes[4..8] {
         COMPONENT => Ok(()),
-        CORE_MODULE => Err(PluginError::InvalidComponent(
+        CORE_MODULE => Err(LoadError::InvalidComponent(
             "this is a core WebAssembly module, not a component; build the plugin for the wasm32-wasip2 target".to_owned(),
         )),
-        other => Err(PluginError::InvalidComponent(format!(
+        other => Err(LoadError::InvalidComponent(format!(
             "unsupported WebAssembly version/layer {other:02x?}"
         ))),
     }
@@ -367,15 +368,6 @@ fn engine_config(options: &EngineOptions) -> Config {
 
     let mut config = compile_config();
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    config
-}
-
-/// What compiled code depends on: the settings an artifact must have been compiled with for
-/// this host to run it. [`engine_config`] adds how instances are allocated, which compiled
-/// code does not depend on, so a plain engine of these settings can compile for the host's.
-pub(crate) fn compile_config() -> Config {
-    let mut config = Config::new();
-    config.wasm_component_model(true).epoch_interruption(true);
     config
 }
 

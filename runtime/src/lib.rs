@@ -10,7 +10,22 @@
 //! - [`Plugin`]: one loaded, verified, pre-instantiated component with its [`Limits`]. Cheap
 //!   to clone and share; every call runs in a fresh sandbox, so calls are independent.
 //! - [`ReconcileRequest`] → [`ReconcileResponse`]: plain data. The controller never sees a
-//!   wasmtime type, and this module never sees a Kubernetes client.
+//!   wasmtime type, and this crate never sees a Kubernetes client.
+//! - [`LoadError`] and [`CallError`]: what can go wrong obtaining a plugin, and what can go
+//!   wrong in one call. A failed call has one [`Retry`] class: whether the same call may
+//!   succeed later, or only after the parent or the plugin changes.
+//!
+//! This file is only these docs and the re-exports; each item lives in the module that is
+//! about it, and the modules import one another directly, never through here, so they form
+//! no circle:
+//! - `plugin`: [`Plugin`] and its call path (call slot, call thread, fresh sandbox,
+//!   deadline), turning what went wrong into a [`CallError`];
+//! - `engine`: [`PluginEngine`], loading and inspecting components; `compiler` and
+//!   `artifact_cache` compile them and keep the precompiled artifacts;
+//! - `call`: the request and response, and the validation of every answer;
+//! - `error`: [`LoadError`], [`CallError`] with its [`Retry`] class, [`ReportedKind`];
+//! - `contract` (the WIT bindings), `sandbox` (one call's store), `call_slots`,
+//!   `call_threads` and `idle_lane` (where calls run), `limits`, `digest`, `diff`.
 
 mod artifact_cache;
 mod call;
@@ -24,12 +39,8 @@ mod engine;
 mod error;
 mod idle_lane;
 mod limits;
+mod plugin;
 mod sandbox;
-
-use std::sync::Arc;
-use std::time::Duration;
-
-use wasmtime::{Store, Trap};
 
 pub use call::{
     EventType, JsonObject, ObservedObject, PluginEvent, ReconcileRequest, ReconcileResponse,
@@ -39,331 +50,6 @@ pub use contract::{CONTRACT_VERSION, CONTRACT_VERSIONS};
 pub use diff::{Verdict, compare};
 pub use digest::{Digest, InvalidDigest};
 pub use engine::{EngineOptions, Inspection, PluginEngine, PoolUsage};
-pub use error::{PluginError, ReportedKind};
+pub use error::{CallError, LoadError, ReportedKind, Retry};
 pub use limits::Limits;
-
-use call_slots::Slot;
-use contract::PluginPre;
-use engine::{EPOCH_TICK, EngineInner};
-use sandbox::{MemoryCapExceeded, Sandbox};
-
-/// Facts about a loaded plugin, for status, logs and `wasmctrl plugin inspect`.
-#[derive(Debug, Clone)]
-pub struct PluginInfo {
-    /// Content digest of the component bytes.
-    pub digest: Digest,
-    /// Size of the component in bytes (unknown when loaded by digest from the cache).
-    pub size_bytes: Option<usize>,
-    /// The `wasmctrl:plugin` contract version the plugin exports.
-    pub contract_version: Option<String>,
-    /// Names the component imports.
-    pub imports: Vec<String>,
-    /// Names the component exports.
-    pub exports: Vec<String>,
-    /// Time to compile, or to load the precompiled artifact.
-    pub load_time: Duration,
-    /// Whether the precompiled artifact came from the on-disk cache.
-    pub from_cache: bool,
-}
-
-/// A loaded plugin, ready to be called. Clones share the compiled code.
-#[derive(Clone)]
-pub struct Plugin {
-    inner: Arc<PluginInner>,
-}
-
-struct PluginInner {
-    engine: Arc<EngineInner>,
-    pre: PluginPre<Sandbox>,
-    limits: Limits,
-    info: PluginInfo,
-    /// `sha256:<short>` for log attribution.
-    label: String,
-}
-
-/// A [`Plugin`] that is only reachable while something else still holds it.
-#[derive(Clone)]
-pub struct WeakPlugin(std::sync::Weak<PluginInner>);
-
-impl WeakPlugin {
-    /// The plugin, if it is still loaded.
-    pub fn upgrade(&self) -> Option<Plugin> {
-        self.0.upgrade().map(|inner| Plugin { inner })
-    }
-}
-
-impl std::fmt::Debug for Plugin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plugin")
-            .field("digest", &self.inner.info.digest)
-            .field("limits", &self.inner.limits)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Plugin {
-    fn new(
-        engine: Arc<EngineInner>,
-        pre: PluginPre<Sandbox>,
-        limits: Limits,
-        info: PluginInfo,
-    ) -> Self {
-        let label = format!("sha256:{}", info.digest.short());
-        Self {
-            inner: Arc::new(PluginInner {
-                engine,
-                pre,
-                limits,
-                info,
-                label,
-            }),
-        }
-    }
-
-    /// A handle that does not keep the plugin loaded: a registry of loaded plugins can share
-    /// one while anything uses it without keeping it alive after.
-    pub fn downgrade(&self) -> WeakPlugin {
-        WeakPlugin(Arc::downgrade(&self.inner))
-    }
-
-    /// Whether both handles are the same loaded plugin (not merely the same digest).
-    pub fn same_as(&self, other: &Plugin) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
-
-    /// What was loaded.
-    pub fn info(&self) -> &PluginInfo {
-        &self.inner.info
-    }
-
-    /// The plugin's digest.
-    pub fn digest(&self) -> &Digest {
-        &self.inner.info.digest
-    }
-
-    /// The limits every call runs under.
-    pub fn limits(&self) -> &Limits {
-        &self.inner.limits
-    }
-
-    /// Reconcile one parent without blocking the async runtime.
-    ///
-    /// The call waits for one of the engine's call slots, then runs on one of the engine's
-    /// call threads (at most one per slot in use; see `call_threads`), so nothing on the
-    /// async runtime stalls behind a slow plugin and a burst of fast calls does not multiply
-    /// threads. If the caller stops waiting, the call still runs to its end (at most its
-    /// deadline) and keeps its slot until then.
-    pub async fn reconcile(
-        &self,
-        request: ReconcileRequest,
-    ) -> Result<ReconcileResponse, PluginError> {
-        self.reconcile_as("", request).await
-    }
-
-    /// [`Plugin::reconcile`] on behalf of `tenant` (a policy): the engine's call slots are
-    /// shared fairly between tenants, so one tenant's slow or looping calls cannot starve
-    /// another's. If the instance pool is momentarily exhausted (plugins with many core
-    /// instances), the call waits for running calls to finish, up to its own timeout, rather
-    /// than failing.
-    pub async fn reconcile_as(
-        &self,
-        tenant: &str,
-        request: ReconcileRequest,
-    ) -> Result<ReconcileResponse, PluginError> {
-        let slots = &self.inner.engine.call_slots;
-        let started = std::time::Instant::now();
-        let mut request = request;
-        loop {
-            let released = slots.released();
-            let slot = slots
-                .acquire(tenant)
-                .await
-                .ok_or_else(|| PluginError::Sandbox("the plugin engine is shutting down".into()))?;
-            let idle = slots.is_penalized(tenant);
-            let attempt = self.attempt_in_slot(request, slot, idle).await;
-            match &attempt {
-                Attempt::Done(Err(PluginError::DeadlineExceeded { .. })) => {
-                    slots.penalize(tenant, PENALTY);
-                }
-                Attempt::Done(Ok(_)) => slots.forgive(tenant),
-                _ => {}
-            }
-            match attempt {
-                Attempt::PoolExhausted(returned, _)
-                    if started.elapsed() < self.inner.limits.timeout =>
-                {
-                    // Capacity comes back when some call ends.
-                    let _ = tokio::time::timeout(EPOCH_TICK * 20, released).await;
-                    request = returned;
-                }
-                attempt => return attempt.into_result(),
-            }
-        }
-    }
-
-    /// One attempt on a call thread, holding `slot` until the call is over (also when the
-    /// caller stops waiting); at idle priority on a thread of its own when `idle` (the
-    /// tenant is penalized).
-    async fn attempt_in_slot(&self, request: ReconcileRequest, slot: Slot, idle: bool) -> Attempt {
-        let plugin = self.clone();
-        let work = move || {
-            let attempt = plugin.attempt(request);
-            (attempt, slot)
-        };
-        let ran = if idle {
-            idle_lane::run_at_idle_priority(work).await
-        } else {
-            self.inner.engine.call_threads.run(work).await
-        };
-        match ran {
-            // The slot goes back here, after the call thread is idle again.
-            Some((attempt, _slot)) => attempt,
-            None => Attempt::Done(Err(PluginError::Sandbox(
-                "the plugin call thread failed".into(),
-            ))),
-        }
-    }
-
-    /// Reconcile one parent on the current thread, in a fresh sandbox.
-    ///
-    /// Blocks for up to the plugin's timeout. From async code use [`Plugin::reconcile`]. The
-    /// caller must not run more calls at once than the engine's `max_concurrent_calls`
-    /// ([`Plugin::reconcile`] enforces that); past it, instantiation fails with
-    /// [`PluginError::PoolExhausted`].
-    pub fn reconcile_blocking(
-        &self,
-        request: ReconcileRequest,
-    ) -> Result<ReconcileResponse, PluginError> {
-        self.attempt(request).into_result()
-    }
-
-    /// Instantiate in a fresh store and call. When the instance pool has no room, the
-    /// request comes back untouched, so the caller can wait and try again without copying it.
-    fn attempt(&self, request: ReconcileRequest) -> Attempt {
-        let inner = &*self.inner;
-        let limits = &inner.limits;
-        let mut store = Store::new(
-            &inner.engine.engine,
-            Sandbox::new(inner.label.clone(), limits.memory_bytes),
-        );
-        store.limiter(|sandbox| &mut sandbox.memory);
-        // Bound what the host copies out of the guest, before it copies: without this, one
-        // large string aliased by many list entries would cost its size once per entry.
-        store.set_hostcall_fuel(copy_limit(limits));
-        store.set_epoch_deadline(deadline_ticks(limits.timeout));
-        store.epoch_deadline_trap();
-
-        let answer = match inner.pre.instantiate(&mut store) {
-            Err(error)
-                if error
-                    .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
-                    .is_some() =>
-            {
-                return Attempt::PoolExhausted(request, format!("{error:#}"));
-            }
-            Err(error) => Err(error),
-            Ok(instance) => instance
-                .wasmctrl_plugin_reconciler()
-                .call_reconcile(&mut store, &request.into()),
-        };
-        store.data_mut().forward_stdio();
-        let dropped = store.data().log.dropped();
-        if dropped > 0 {
-            tracing::warn!(plugin = %inner.label, dropped, "plugin log budget exhausted; messages dropped");
-        }
-        Attempt::Done(match answer {
-            Ok(answer) => call::accept(answer, limits),
-            Err(error) => Err(classify_failure(error, store.data_mut(), limits)),
-        })
-    }
-}
-
-/// How one try at a call ended.
-enum Attempt {
-    Done(Result<ReconcileResponse, PluginError>),
-    /// No room in the instance pool; the request, unused, and wasmtime's message.
-    PoolExhausted(ReconcileRequest, String),
-}
-
-impl Attempt {
-    fn into_result(self) -> Result<ReconcileResponse, PluginError> {
-        match self {
-            Self::Done(result) => result,
-            Self::PoolExhausted(_, message) => Err(PluginError::PoolExhausted(message)),
-        }
-    }
-}
-
-/// How long a tenant whose call ran out of time stays penalized (one call at a time, at idle
-/// priority), unless one of its calls finishes in time first.
-const PENALTY: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Bytes the host copies out of one call at most: the output limit, plus a quarter for the
-/// answer's structure (list and record headers) and the plugin's log messages.
-fn copy_limit(limits: &Limits) -> usize {
-    limits
-        .max_output_bytes
-        .saturating_add(limits.max_output_bytes / 4)
-        .saturating_add(64 << 10)
-}
-
-/// Ticks until the deadline: one more than the timeout needs, so the trap fires after the
-/// timeout (within one tick), never before.
-fn deadline_ticks(timeout: Duration) -> u64 {
-    let tick = EPOCH_TICK.as_nanos();
-    u64::try_from(timeout.as_nanos().div_ceil(tick)).unwrap_or(u64::MAX / 2) + 1
-}
-
-/// Turn a wasmtime failure into the precise [`PluginError`].
-fn classify_failure(error: wasmtime::Error, sandbox: &mut Sandbox, limits: &Limits) -> PluginError {
-    if let Some(cap) = error.downcast_ref::<MemoryCapExceeded>() {
-        return PluginError::MemoryExceeded {
-            limit_bytes: cap.limit,
-            requested_bytes: cap.requested,
-        };
-    }
-    if let Some(Trap::Interrupt) = error.downcast_ref::<Trap>() {
-        return PluginError::DeadlineExceeded {
-            timeout: limits.timeout,
-        };
-    }
-    if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
-        return PluginError::Trap {
-            message: format!("plugin called exit({})", exit.0),
-            plugin_said: sandbox.log.last_failure(),
-        };
-    }
-    if let Some(trap) = error.downcast_ref::<Trap>() {
-        return PluginError::Trap {
-            message: trap.to_string(),
-            plugin_said: sandbox.log.last_failure(),
-        };
-    }
-    // wasmtime's hostcall-fuel error is a private type; its message is the stable part.
-    if error.chain().any(|cause| {
-        cause
-            .to_string()
-            .starts_with("too much data is being copied")
-    }) {
-        return PluginError::OutputCopyRefused {
-            limit_bytes: copy_limit(limits),
-        };
-    }
-    PluginError::Trap {
-        message: error.root_cause().to_string(),
-        plugin_said: sandbox.log.last_failure(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn deadline_fires_after_the_timeout_never_before() {
-        let ticks = deadline_ticks(Duration::from_millis(100));
-        let earliest = EPOCH_TICK * u32::try_from(ticks - 1).expect("small");
-        assert!(earliest >= Duration::from_millis(100), "{earliest:?}");
-        assert!(EPOCH_TICK * u32::try_from(ticks).expect("small") <= Duration::from_millis(110));
-    }
-}
+pub use plugin::{Plugin, PluginInfo, WeakPlugin};

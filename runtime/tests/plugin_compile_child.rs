@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 use support::guest_bytes;
 use wasmctrl_runtime::{
-    ChildCompiler, Compiler, EngineOptions, Limits, PluginEngine, PluginError, ReconcileRequest,
+    ChildCompiler, Compiler, EngineOptions, Limits, LoadError, PluginEngine, ReconcileRequest,
     compile_child_if_asked,
 };
 
@@ -116,7 +116,7 @@ fn a_compile_past_its_memory_bound_fails_that_load_only() {
     // Compiling MyApp takes ~35 MiB; 16 MiB is enough for the child to start and read it.
     let engine = child_engine(16 << 20, Duration::from_secs(120), None);
     match engine.load(&guest_bytes("myapp_plugin"), None, Limits::default()) {
-        Err(PluginError::CompileLimitExceeded(reason)) => {
+        Err(LoadError::CompileLimitExceeded(reason)) => {
             assert!(reason.contains("16 MiB of memory"), "{reason}");
         }
         other => panic!("expected the compile's memory bound to stop it, got {other:?}"),
@@ -136,7 +136,7 @@ fn a_compile_past_its_deadline_is_stopped() {
     let engine = child_engine(1 << 30, Duration::from_millis(50), None);
     let started = std::time::Instant::now();
     match engine.load(&guest_bytes("myapp_plugin"), None, Limits::default()) {
-        Err(PluginError::CompileLimitExceeded(reason)) => {
+        Err(LoadError::CompileLimitExceeded(reason)) => {
             assert!(reason.contains("longer than 0.05 s"), "{reason}");
         }
         other => panic!("expected the compile's deadline to stop it, got {other:?}"),
@@ -152,7 +152,7 @@ fn bytes_wasmtime_cannot_compile_are_an_invalid_component() {
     let mut bytes = b"\0asm\x0d\0\x01\0".to_vec();
     bytes.extend_from_slice(&[0xff; 64]);
     match engine_with_room().load(&bytes, None, Limits::default()) {
-        Err(PluginError::InvalidComponent(reason)) => {
+        Err(LoadError::InvalidComponent(reason)) => {
             assert!(!reason.is_empty(), "the child says why");
         }
         other => panic!("expected an invalid component, got {other:?}"),

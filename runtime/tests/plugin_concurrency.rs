@@ -7,7 +7,7 @@ use std::time::Duration;
 use support::{guest_bytes, misbehave_plugin};
 
 use wasmctrl_runtime::{
-    EngineOptions, Limits, ObservedObject, PluginEngine, PluginError, ReconcileRequest,
+    CallError, EngineOptions, Limits, ObservedObject, PluginEngine, ReconcileRequest,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -84,7 +84,7 @@ async fn calls_beyond_the_pool_wait_for_a_slot() {
     assert_eq!(fast.status.expect("status")["parent"], "fast");
     assert!(matches!(
         slow.await.expect("task"),
-        Err(PluginError::DeadlineExceeded { .. })
+        Err(CallError::DeadlineExceeded { .. })
     ));
 }
 
@@ -114,7 +114,7 @@ fn blocking_calls_beyond_the_pool_fail_as_sandbox_errors() {
     let err = plugin
         .reconcile_blocking(named("second", ""))
         .expect_err("the pool has one slot");
-    assert!(matches!(err, PluginError::PoolExhausted(_)), "{err}");
+    assert!(matches!(err, CallError::PoolExhausted(_)), "{err}");
     assert!(busy.join().expect("thread").is_err());
     // The slot is free again.
     plugin
@@ -135,7 +135,7 @@ async fn a_tenant_that_hit_its_deadline_runs_one_call_at_a_time_and_others_are_n
     )
     .await;
     let first = plugin.reconcile_as("looping", named("l0", "loop")).await;
-    assert!(matches!(first, Err(PluginError::DeadlineExceeded { .. })));
+    assert!(matches!(first, Err(CallError::DeadlineExceeded { .. })));
 
     // Three more looping calls at once: penalized, they run one after another.
     let started = std::time::Instant::now();
@@ -168,7 +168,7 @@ async fn a_tenant_that_hit_its_deadline_runs_one_call_at_a_time_and_others_are_n
     for handle in loops {
         assert!(matches!(
             handle.await.expect("task"),
-            Err(PluginError::DeadlineExceeded { .. })
+            Err(CallError::DeadlineExceeded { .. })
         ));
     }
     assert!(

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::guest_bytes;
 use wasmctrl_runtime::{
-    Digest, EngineOptions, Limits, Plugin, PluginEngine, PluginError, ReconcileRequest,
-    ReportedKind,
+    CallError, Digest, EngineOptions, Limits, LoadError, Plugin, PluginEngine, ReconcileRequest,
+    ReportedKind, Retry,
 };
 
 fn engine() -> PluginEngine {
@@ -58,7 +58,7 @@ fn infinite_loop_is_stopped_at_the_deadline() {
         .expect_err("must not finish");
     let elapsed = started.elapsed();
     assert!(
-        matches!(err, PluginError::DeadlineExceeded { timeout: t } if t == timeout),
+        matches!(err, CallError::DeadlineExceeded { timeout: t } if t == timeout),
         "{err}"
     );
     assert!(elapsed >= timeout, "stopped early: {elapsed:?}");
@@ -83,7 +83,7 @@ fn unbounded_memory_growth_is_stopped_at_the_cap() {
         .reconcile_blocking(request("hoarder", "grow-memory"))
         .expect_err("must hit the cap");
     match err {
-        PluginError::MemoryExceeded {
+        CallError::MemoryExceeded {
             limit_bytes,
             requested_bytes,
         } => {
@@ -103,7 +103,7 @@ fn panic_is_a_trap_carrying_the_panic_message() {
         .reconcile_blocking(request("boom", "panic"))
         .expect_err("panics");
     match &err {
-        PluginError::Trap { plugin_said, .. } => {
+        CallError::Trap { plugin_said, .. } => {
             let said = plugin_said
                 .as_deref()
                 .expect("the panic message is reported");
@@ -126,7 +126,7 @@ fn panic_message_wins_over_earlier_stderr_output() {
         .reconcile_blocking(request("noisy", "noisy-panic"))
         .expect_err("panics");
     match &err {
-        PluginError::Trap { plugin_said, .. } => {
+        CallError::Trap { plugin_said, .. } => {
             let said = plugin_said.as_deref().expect("a message is reported");
             assert!(
                 said.contains("deliberate panic while reconciling noisy"),
@@ -155,7 +155,7 @@ fn hundred_megabytes_of_output_are_rejected() {
     // The 100 MiB answer is refused while it is being copied out, not after: the host never
     // holds more than about its output limit of it.
     match err {
-        PluginError::OutputCopyRefused { limit_bytes } => {
+        CallError::OutputCopyRefused { limit_bytes } => {
             let output = Limits::default().max_output_bytes;
             assert!(
                 limit_bytes > output && limit_bytes < 2 * output,
@@ -175,7 +175,7 @@ fn invalid_json_output_is_rejected() {
         .reconcile_blocking(request("garbled", "invalid-json"))
         .expect_err("invalid");
     assert!(
-        matches!(&err, PluginError::InvalidOutput(m) if m.contains("child #0")),
+        matches!(&err, CallError::InvalidOutput(m) if m.contains("child #0")),
         "{err}"
     );
     assert_still_serves(&plugin);
@@ -249,10 +249,10 @@ fn plugin_reported_errors_keep_their_kind() {
         .reconcile_blocking(request("flaky", "error"))
         .expect_err("reports an error");
     assert!(
-        matches!(&err, PluginError::Reported { kind: ReportedKind::Transient, message } if message.contains("flaky")),
+        matches!(&err, CallError::Reported { kind: ReportedKind::Transient, message } if message.contains("flaky")),
         "{err}"
     );
-    assert!(err.is_retryable());
+    assert_eq!(err.retry(), Retry::WithBackoff);
 }
 
 #[test]
@@ -262,7 +262,7 @@ fn component_of_another_world_is_rejected_at_load() {
         .load(&guest_bytes("wrong-world"), None, Limits::default())
         .expect_err("not a reconciler");
     let message = err.to_string();
-    assert!(matches!(err, PluginError::WrongWorld(_)), "{message}");
+    assert!(matches!(err, LoadError::WrongWorld(_)), "{message}");
     assert!(
         message.contains("wasmctrl:plugin/reconciler@0.1.0"),
         "{message}"
@@ -283,7 +283,7 @@ fn a_plugin_of_another_contract_version_is_refused_naming_both_and_can_still_be_
         .load(&bytes, None, Limits::default())
         .expect_err("contract 0.2.0");
     assert!(
-        matches!(&err, PluginError::ContractVersion { found, supported: "0.1.0" } if found == "0.2.0"),
+        matches!(&err, LoadError::ContractVersion { found, supported: "0.1.0" } if found == "0.2.0"),
         "{err}"
     );
     let inspection = engine.inspect(&bytes).expect("inspects");
@@ -311,7 +311,7 @@ fn core_module_and_garbage_are_rejected_with_a_reason() {
         .load(b"#!/bin/sh\necho hi\n", None, Limits::default())
         .expect_err("garbage");
     assert!(
-        matches!(garbage, PluginError::InvalidComponent(_)),
+        matches!(garbage, LoadError::InvalidComponent(_)),
         "{garbage}"
     );
 }
@@ -327,7 +327,7 @@ fn digest_is_verified_before_anything_runs() {
         .load(&bytes, Some(&wrong), Limits::default())
         .expect_err("mismatch");
     assert!(
-        matches!(err, PluginError::DigestMismatch { expected, actual } if expected == wrong && actual == Digest::of(&bytes))
+        matches!(err, LoadError::DigestMismatch { expected, actual } if expected == wrong && actual == Digest::of(&bytes))
     );
     let right = Digest::of(&bytes);
     let plugin = engine
@@ -353,7 +353,7 @@ fn memory_cap_above_the_engine_maximum_is_refused() {
             },
         )
         .expect_err("too much memory");
-    assert!(matches!(err, PluginError::InvalidLimits(_)), "{err}");
+    assert!(matches!(err, LoadError::InvalidLimits(_)), "{err}");
 }
 
 #[test]
@@ -379,7 +379,7 @@ fn too_many_children_are_rejected() {
         })
         .expect_err("two children, limit one");
     assert!(
-        matches!(err, PluginError::TooManyChildren { count: 2, limit: 1 }),
+        matches!(err, CallError::TooManyChildren { count: 2, limit: 1 }),
         "{err}"
     );
 }

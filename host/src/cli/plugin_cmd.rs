@@ -14,8 +14,8 @@ pub use crate::case::RunOutput;
 use crate::case::{Case, Expected, RecordedError, compare_answers};
 use crate::controller::offline::OfflinePolicy;
 use crate::plugin::{
-    CONTRACT_VERSIONS, Digest, EngineOptions, Limits, ObservedObject, Plugin, PluginEngine,
-    PluginError, ReconcileRequest, Verdict,
+    CONTRACT_VERSIONS, CallError, Digest, EngineOptions, Limits, ObservedObject, Plugin,
+    PluginEngine, ReconcileRequest, Verdict,
 };
 use crate::policy::ReconcilePolicySpec;
 
@@ -150,7 +150,7 @@ pub struct RequestArgs {
 impl RequestArgs {
     /// The plugin's error, with a position in the JSON it was given (a decoding error)
     /// moved to where that value is in the user's file.
-    fn locate(&self, error: PluginError, parent: &str, config: Option<&str>) -> anyhow::Error {
+    fn locate(&self, error: CallError, parent: &str, config: Option<&str>) -> anyhow::Error {
         let message = error.to_string();
         let relocate = |file: &Path, json: &str, prefix: &[Step]| {
             let text = std::fs::read_to_string(file).ok()?;

@@ -22,7 +22,7 @@ use std::time::Duration;
 use kube::Client;
 
 use crate::metrics::Metrics;
-use crate::plugin::{Digest, Limits, Plugin, PluginEngine, PluginError, WeakPlugin};
+use crate::plugin::{self, Digest, Limits, Plugin, PluginEngine, WeakPlugin};
 use crate::policy::{CandidateSpec, PluginSource, PolicyLimits, ReconcilePolicy};
 pub use source::MAX_PLUGIN_BYTES;
 pub(crate) use source_watch::SourceWatch;
@@ -46,7 +46,7 @@ pub enum LoadError {
     SourceUnavailable(anyhow::Error),
     /// The bytes are not a plugin this host can run under these limits.
     #[error("{0}")]
-    Plugin(#[from] PluginError),
+    Plugin(#[from] plugin::LoadError),
 }
 
 impl LoadError {
@@ -56,10 +56,10 @@ impl LoadError {
             Self::InvalidDigest(_) => "InvalidDigest",
             Self::InvalidSource(_) => "InvalidSource",
             Self::SourceUnavailable(_) => "SourceUnavailable",
-            Self::Plugin(PluginError::DigestMismatch { .. }) => "DigestMismatch",
-            Self::Plugin(PluginError::ContractVersion { .. }) => "ContractVersionMismatch",
-            Self::Plugin(PluginError::InvalidLimits(_)) => "InvalidLimits",
-            Self::Plugin(PluginError::CompileLimitExceeded(_)) => "CompileLimitExceeded",
+            Self::Plugin(plugin::LoadError::DigestMismatch { .. }) => "DigestMismatch",
+            Self::Plugin(plugin::LoadError::ContractVersion { .. }) => "ContractVersionMismatch",
+            Self::Plugin(plugin::LoadError::InvalidLimits(_)) => "InvalidLimits",
+            Self::Plugin(plugin::LoadError::CompileLimitExceeded(_)) => "CompileLimitExceeded",
             Self::Plugin(_) => "InvalidPlugin",
         }
     }
@@ -184,7 +184,7 @@ impl PluginRegistry {
             let limits = request.limits;
             let cached = tokio::task::spawn_blocking(move || engine.load_cached(&digest, limits))
                 .await
-                .map_err(|e| PluginError::Sandbox(format!("plugin load task failed: {e}")))?;
+                .map_err(|e| plugin::LoadError::Sandbox(format!("plugin load task failed: {e}")))?;
             if let Some(plugin) = cached? {
                 return Ok(self.keep(plugin, Origin::Disk));
             }

@@ -4,7 +4,7 @@
 use crate::controller::cache::related::ReadError;
 use crate::controller::reconcile::backoff::Retry;
 use crate::controller::reconcile::children::InvalidChild;
-use crate::plugin::{PluginError, ReportedKind};
+use crate::plugin::{self, CallError};
 
 /// A failed reconcile and when to retry it.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +24,7 @@ pub(crate) enum ReconcileError {
     #[error("the parent has no {0}")]
     MalformedParent(&'static str),
     #[error("{0}")]
-    Plugin(#[from] PluginError),
+    Plugin(#[from] CallError),
     #[error("the plugin's answer was refused, nothing was changed: {}", describe(.0))]
     InvalidChildren(Vec<InvalidChild>),
     #[error(
@@ -73,7 +73,7 @@ impl ReconcileError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::MalformedParent(_) => "MalformedParent",
-            Self::Plugin(PluginError::Reported { .. }) => "PluginReportedError",
+            Self::Plugin(CallError::Reported { .. }) => "PluginReportedError",
             Self::Plugin(_) => "PluginFailed",
             Self::InvalidChildren(_) => "InvalidChildren",
             Self::ChildConflict { .. } => "ChildConflict",
@@ -86,16 +86,13 @@ impl ReconcileError {
         }
     }
 
-    /// Whether the contract says to wait for a change rather than retry: the plugin reported
-    /// a permanent error or an invalid parent, so the same request would fail the same way.
+    /// Whether to wait for a change rather than retry with backoff. For a failed plugin
+    /// call the runtime's retry class decides ([`CallError::retry`]: only a permanent or
+    /// invalid-parent report waits), so the host and the runtime cannot disagree. Every
+    /// other failure (the API server, a refused answer, a child conflict) is retried with
+    /// backoff.
     pub fn awaits_change(&self) -> bool {
-        matches!(
-            self,
-            Self::Plugin(PluginError::Reported {
-                kind: ReportedKind::Permanent | ReportedKind::InvalidParent,
-                ..
-            })
-        )
+        matches!(self, Self::Plugin(error) if error.retry() == plugin::Retry::AfterChange)
     }
 }
 
@@ -119,23 +116,42 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::plugin::ReportedKind;
+
+    fn reported(kind: ReportedKind) -> ReconcileError {
+        ReconcileError::Plugin(CallError::Reported {
+            kind,
+            message: "m".into(),
+        })
+    }
 
     #[test]
     fn only_permanent_and_invalid_parent_reports_wait_for_a_change() {
-        let reported = |kind| {
-            ReconcileError::Plugin(PluginError::Reported {
-                kind,
-                message: "m".into(),
-            })
-        };
         assert!(reported(ReportedKind::Permanent).awaits_change());
         assert!(reported(ReportedKind::InvalidParent).awaits_change());
         assert!(!reported(ReportedKind::Transient).awaits_change());
         assert!(
-            !ReconcileError::Plugin(PluginError::DeadlineExceeded {
+            !ReconcileError::Plugin(CallError::DeadlineExceeded {
                 timeout: Duration::from_secs(1)
             })
             .awaits_change()
         );
+    }
+
+    #[test]
+    fn a_trap_is_retried_with_backoff_and_a_permanent_report_waits_as_the_runtime_classes_them() {
+        let trap = CallError::Trap {
+            message: "unreachable".into(),
+            plugin_said: Some("panicked at src/lib.rs".into()),
+        };
+        assert_eq!(trap.retry(), plugin::Retry::WithBackoff);
+        assert!(!ReconcileError::Plugin(trap).awaits_change());
+
+        let permanent = CallError::Reported {
+            kind: ReportedKind::Permanent,
+            message: "the spec can never work".into(),
+        };
+        assert_eq!(permanent.retry(), plugin::Retry::AfterChange);
+        assert!(ReconcileError::Plugin(permanent).awaits_change());
     }
 }

@@ -33,7 +33,7 @@ use crate::explain::{ChildAction, RecordResult};
 use crate::lock;
 use crate::metrics::ChildOperation;
 use crate::plugin::{
-    Digest, EventType as PluginEventType, JsonObject, Plugin, PluginError, PluginEvent,
+    CallError, Digest, EventType as PluginEventType, JsonObject, Plugin, PluginEvent,
     ReconcileRequest, ReconcileResponse, Verdict, compare,
 };
 
@@ -302,10 +302,10 @@ impl<'a> Reconcile<'a> {
         &self,
         plugin: &Plugin,
         request: ReconcileRequest,
-    ) -> Result<ReconcileResponse, PluginError> {
+    ) -> Result<ReconcileResponse, CallError> {
         let started = std::time::Instant::now();
         let answer = plugin.reconcile_as(&self.ctx.policy, request).await;
-        let outcome = answer.as_ref().map_or_else(PluginError::outcome, |_| "ok");
+        let outcome = answer.as_ref().map_or_else(CallError::outcome, |_| "ok");
         self.ctx.metrics.plugin_called(outcome, started.elapsed());
         answer
     }
@@ -464,8 +464,8 @@ pub(crate) async fn report_failure(
 /// How the candidate's answer compares with the serving plugin's. An answer the host would
 /// refuse is a failure, however it compares.
 fn shadow_verdict(
-    answer: &Result<ReconcileResponse, PluginError>,
-    shadow_answer: &Result<ReconcileResponse, PluginError>,
+    answer: &Result<ReconcileResponse, CallError>,
+    shadow_answer: &Result<ReconcileResponse, CallError>,
     identity: &ParentIdentity,
     allowed: &[children::AllowedKind],
     policy_label: &str,
@@ -493,7 +493,7 @@ mod tests {
 
     use super::*;
 
-    fn response(children: Vec<serde_json::Value>) -> Result<ReconcileResponse, PluginError> {
+    fn response(children: Vec<serde_json::Value>) -> Result<ReconcileResponse, CallError> {
         Ok(ReconcileResponse {
             children: children
                 .into_iter()
@@ -538,7 +538,7 @@ mod tests {
             verdict(active(), response(vec![config_map("c", "1"), secret])),
             Verdict::WouldFail(detail) if detail.contains("the host would refuse its answer")
         ));
-        let trap = Err(PluginError::Trap {
+        let trap = Err(CallError::Trap {
             message: "unreachable".into(),
             plugin_said: None,
         });

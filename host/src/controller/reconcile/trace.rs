@@ -16,7 +16,7 @@ use crate::explain::{
     ChildAction, ChildRecord, ErrorRecord, EventRecord, ParentRef, Record, RecordResult,
     StatusRecord, StepTime,
 };
-use crate::plugin::{Digest, PluginError, ReconcileRequest, ReconcileResponse};
+use crate::plugin::{CallError, Digest, ReconcileRequest, ReconcileResponse};
 
 /// A reconcile's record, filled in step by step.
 pub(crate) struct Trace {
@@ -75,7 +75,7 @@ impl Trace {
     /// The plugin answered.
     pub fn answered(
         &mut self,
-        answer: &Result<ReconcileResponse, PluginError>,
+        answer: &Result<ReconcileResponse, CallError>,
         policy: &str,
         secret_data: bool,
     ) {
