@@ -418,29 +418,35 @@ impl Metrics {
     }
 }
 
-/// One policy's series, resolved once when its controller starts: a reconcile counts and
-/// times itself without building a label set or looking a series up. Clones share the
-/// series.
+/// One policy's series, each resolved at its first use and kept: a reconcile counts and
+/// times itself without building a label set or looking a series up again. A series appears
+/// when it is first counted, as it did before there was a handle (a clean run shows no
+/// error series). Clones share the series.
 #[derive(Clone)]
 pub struct PolicyMetrics {
     policy: Arc<str>,
     metrics: Arc<Metrics>,
-    success: Counter,
-    requeue_after: Counter,
-    error: Counter,
-    errors: Counter,
-    reconcile_time: Histogram,
-    workers: Gauge,
-    queue_depth: Gauge,
-    queue_adds: Counter,
-    retries: Counter,
-    plugin_call_time: Histogram,
-    events_dropped: Counter,
-    /// Per call outcome, created at its first use (so an outcome that never happened has no
-    /// series), in the order of [`PLUGIN_OUTCOMES`].
-    plugin_calls: Arc<[OnceLock<Counter>; PLUGIN_OUTCOMES.len()]>,
-    /// Per child kind, per operation (in [`ChildOperation`]'s order), created at first use.
-    children: Arc<Mutex<HashMap<String, [Option<Counter>; 3]>>>,
+    series: Arc<PolicySeries>,
+}
+
+/// The series behind a [`PolicyMetrics`], created at first use.
+#[derive(Default)]
+struct PolicySeries {
+    success: OnceLock<Counter>,
+    requeue_after: OnceLock<Counter>,
+    error: OnceLock<Counter>,
+    errors: OnceLock<Counter>,
+    reconcile_time: OnceLock<Histogram>,
+    workers: OnceLock<Gauge>,
+    queue_depth: OnceLock<Gauge>,
+    queue_adds: OnceLock<Counter>,
+    retries: OnceLock<Counter>,
+    plugin_call_time: OnceLock<Histogram>,
+    events_dropped: OnceLock<Counter>,
+    /// Per call outcome, in the order of [`PLUGIN_OUTCOMES`].
+    plugin_calls: [OnceLock<Counter>; PLUGIN_OUTCOMES.len()],
+    /// Per child kind, per operation (in [`ChildOperation`]'s order).
+    children: Mutex<HashMap<String, [Option<Counter>; 3]>>,
 }
 
 /// Every outcome a plugin call can have, as `wasmctrl_plugin_calls_total` labels it.
@@ -455,34 +461,12 @@ const PLUGIN_OUTCOMES: [&str; 7] = [
 ];
 
 impl Metrics {
-    /// The series of `policy`, resolved now for every later use.
+    /// The handle on `policy`'s series.
     pub fn policy(self: &Arc<Self>, policy: &str) -> PolicyMetrics {
-        let result = |result: ReconcileResult| {
-            self.reconciles
-                .get_or_create(&ResultLabels {
-                    controller: policy.to_owned(),
-                    result: result.as_str(),
-                })
-                .clone()
-        };
-        let controller = Self::controller(policy);
-        let queue = Self::queue(policy);
         PolicyMetrics {
             policy: policy.into(),
             metrics: self.clone(),
-            success: result(ReconcileResult::Success),
-            requeue_after: result(ReconcileResult::RequeueAfter),
-            error: result(ReconcileResult::Error),
-            errors: self.reconcile_errors.get_or_create(&controller).clone(),
-            reconcile_time: self.reconcile_time.get_or_create(&controller).clone(),
-            workers: self.active_workers.get_or_create(&controller).clone(),
-            queue_depth: self.queue_depth.get_or_create(&queue).clone(),
-            queue_adds: self.queue_adds.get_or_create(&queue).clone(),
-            retries: self.queue_retries.get_or_create(&queue).clone(),
-            plugin_call_time: self.plugin_call_time.get_or_create(&controller).clone(),
-            events_dropped: self.events_dropped.get_or_create(&controller).clone(),
-            plugin_calls: Arc::new(std::array::from_fn(|_| OnceLock::new())),
-            children: Arc::default(),
+            series: Arc::default(),
         }
     }
 }
@@ -493,56 +477,125 @@ impl PolicyMetrics {
         &self.policy
     }
 
-    /// The host-wide metrics, for what is not the policy's alone.
-    pub fn host(&self) -> &Arc<Metrics> {
-        &self.metrics
+    fn controller(&self) -> ControllerLabels {
+        Metrics::controller(&self.policy)
+    }
+
+    fn queue(&self) -> QueueLabels {
+        Metrics::queue(&self.policy)
+    }
+
+    fn result(&self, result: ReconcileResult) -> &Counter {
+        let (cell, labels) = match result {
+            ReconcileResult::Success => (&self.series.success, result),
+            ReconcileResult::RequeueAfter => (&self.series.requeue_after, result),
+            ReconcileResult::Error => (&self.series.error, result),
+        };
+        cell.get_or_init(|| {
+            self.metrics
+                .reconciles
+                .get_or_create(&ResultLabels {
+                    controller: self.policy.to_string(),
+                    result: labels.as_str(),
+                })
+                .clone()
+        })
     }
 
     /// Count one finished reconcile and how long it took.
     pub fn reconciled(&self, result: ReconcileResult, took: Duration) {
-        match result {
-            ReconcileResult::Success => self.success.inc(),
-            ReconcileResult::RequeueAfter => self.requeue_after.inc(),
-            ReconcileResult::Error => {
-                self.errors.inc();
-                self.error.inc()
-            }
-        };
-        self.reconcile_time.observe(took.as_secs_f64());
+        self.result(result).inc();
+        if result == ReconcileResult::Error {
+            self.series
+                .errors
+                .get_or_init(|| {
+                    self.metrics
+                        .reconcile_errors
+                        .get_or_create(&self.controller())
+                        .clone()
+                })
+                .inc();
+        }
+        self.series
+            .reconcile_time
+            .get_or_init(|| {
+                self.metrics
+                    .reconcile_time
+                    .get_or_create(&self.controller())
+                    .clone()
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// A reconcile started (`+1`) or ended (`-1`).
     pub fn worker(&self, delta: i64) {
-        self.workers.inc_by(delta);
+        self.series
+            .workers
+            .get_or_init(|| {
+                self.metrics
+                    .active_workers
+                    .get_or_create(&self.controller())
+                    .clone()
+            })
+            .inc_by(delta);
     }
 
     /// `added` parents were asked to reconcile; `depth` wait now.
     pub fn queued(&self, added: u64, depth: usize) {
-        self.queue_adds.inc_by(added);
+        self.series
+            .queue_adds
+            .get_or_init(|| self.metrics.queue_adds.get_or_create(&self.queue()).clone())
+            .inc_by(added);
         self.set_queue_depth(depth);
     }
 
     /// `depth` parents wait for a reconcile.
     pub fn set_queue_depth(&self, depth: usize) {
-        self.queue_depth
+        self.series
+            .queue_depth
+            .get_or_init(|| {
+                self.metrics
+                    .queue_depth
+                    .get_or_create(&self.queue())
+                    .clone()
+            })
             .set(i64::try_from(depth).unwrap_or(i64::MAX));
     }
 
     /// A failed reconcile will be retried.
     pub fn retried(&self) {
-        self.retries.inc();
+        self.series
+            .retries
+            .get_or_init(|| {
+                self.metrics
+                    .queue_retries
+                    .get_or_create(&self.queue())
+                    .clone()
+            })
+            .inc();
     }
 
     /// One plugin call ended with `outcome` after `took`.
     pub fn plugin_called(&self, outcome: &'static str, took: Duration) {
-        let counter = match PLUGIN_OUTCOMES.iter().position(|o| *o == outcome) {
-            Some(index) => self.plugin_calls[index]
-                .get_or_init(|| self.metrics.plugin_calls_series(&self.policy, outcome)),
+        match PLUGIN_OUTCOMES.iter().position(|o| *o == outcome) {
+            Some(index) => self.series.plugin_calls[index]
+                .get_or_init(|| self.metrics.plugin_calls_series(&self.policy, outcome))
+                .inc(),
             // An outcome this list does not know yet still counts.
-            None => &self.metrics.plugin_calls_series(&self.policy, outcome),
+            None => self
+                .metrics
+                .plugin_calls_series(&self.policy, outcome)
+                .inc(),
         };
-        counter.inc();
-        self.plugin_call_time.observe(took.as_secs_f64());
+        self.series
+            .plugin_call_time
+            .get_or_init(|| {
+                self.metrics
+                    .plugin_call_time
+                    .get_or_create(&self.controller())
+                    .clone()
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// Count what the host did with `count` children of `kind`.
@@ -550,7 +603,7 @@ impl PolicyMetrics {
         if count == 0 {
             return;
         }
-        let mut children = crate::lock(&self.children);
+        let mut children = crate::lock(&self.series.children);
         if !children.contains_key(kind) {
             children.insert(kind.to_owned(), Default::default());
         }
@@ -572,7 +625,15 @@ impl PolicyMetrics {
 
     /// Count plugin Events that were not recorded.
     pub fn events_dropped(&self, count: u64) {
-        self.events_dropped.inc_by(count);
+        self.series
+            .events_dropped
+            .get_or_init(|| {
+                self.metrics
+                    .events_dropped
+                    .get_or_create(&self.controller())
+                    .clone()
+            })
+            .inc_by(count);
     }
 
     /// A hot swap ended with `result`.
@@ -645,6 +706,12 @@ mod tests {
         p.clone().children("ConfigMap", ChildOperation::Applied, 1);
         p.children("ConfigMap", ChildOperation::Unchanged, 0);
         p.plugin_called("ok", Duration::from_micros(40));
+        assert!(
+            !metrics
+                .encode()
+                .contains("controller_runtime_reconcile_errors_total{"),
+            "a series appears at its first use, not with the handle"
+        );
         let text = metrics.encode();
         for series in [
             r#"workqueue_adds_total{name="p"} 3"#,

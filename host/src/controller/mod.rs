@@ -3,11 +3,14 @@
 //!
 //! - [`Host`] watches ReconcilePolicies and starts, restarts and stops one policy controller
 //!   per policy, each in its own task, so one policy's trouble never reaches another.
-//! - `policy_controller` takes a policy from plugin loading and kind discovery to a running
-//!   kube-runtime `Controller` over the shared `context`.
-//! - `reconcile` is one reconcile of one parent: `request` builds what the plugin is asked,
-//!   `writes` makes the cluster match its answer.
-//! - `children`, `status` and `backoff` are the pure decisions the reconciler acts on.
+//! - `policy_run` takes one policy from start to stop: plugin loading, kind discovery and
+//!   checks, then a running kube-runtime `Controller` and what runs beside it.
+//! - `reconcile` is one parent, start to finish: the steps of one reconcile, the request the
+//!   plugin is asked, what becomes of its children, and every write.
+//! - `cache` is what reconciles read, and what the host's own writes have not shown yet.
+//!
+//! Each room uses only the ones before it (cache ← reconcile ← policy_run);
+//! `host/tests/module_rooms.rs` fails on any import against that order.
 
 mod cache;
 pub(crate) mod kinds;

@@ -35,6 +35,9 @@ pub enum OfflineError {
     /// The policy cannot be used as given.
     #[error("{0}")]
     Policy(String),
+    /// A child or related object given is not a Kubernetes object.
+    #[error("{0}")]
+    Object(String),
     /// The plugin's children are refused, as a reconcile in the cluster would refuse them.
     #[error("the host would refuse the plugin's children: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     InvalidChildren(Vec<InvalidChild>),
@@ -213,7 +216,10 @@ impl OfflinePolicy {
         }
         let config = config.or_else(|| self.spec.plugin.config.as_ref().map(Value::to_string));
         // The parent as a reconcile sends it: read back from the host's cached form.
-        let parent = serde_json::to_string(&cached(parent.clone())?.to_dynamic())
+        let parent = cached(parent.clone())
+            .map_err(|e| OfflineError::Parent(e.to_string()))?
+            .to_dynamic();
+        let parent = serde_json::to_string(&parent)
             .map_err(|e| OfflineError::Parent(format!("the parent does not serialize: {e}")))?;
         Ok(OfflineRequest {
             request: ReconcileRequest {
@@ -283,7 +289,7 @@ fn cached(mut object: Value) -> Result<Arc<CachedObject>, OfflineError> {
         meta.remove("managedFields");
     }
     CachedObject::from_value(object).map(Arc::new).map_err(|e| {
-        OfflineError::Parent(format!("an object given is not a Kubernetes object: {e}"))
+        OfflineError::Object(format!("an object given is not a Kubernetes object: {e}"))
     })
 }
 

@@ -118,12 +118,15 @@ impl<'a> Reconcile<'a> {
     }
 
     /// Run `work` as the step `name`: in a span of that name (under the reconcile's), timed
-    /// into the record when it ends.
-    async fn step<T>(&self, name: &'static str, work: impl Future<Output = T>) -> T {
+    /// into the record when it succeeds. A step that fails is not recorded as done: the
+    /// record's `failed` step times it instead.
+    async fn step<T: Ended>(&self, name: &'static str, work: impl Future<Output = T>) -> T {
         let out = work
             .instrument(tracing::info_span!("step", otel.name = name, step = name))
             .await;
-        lock(&self.trace).step(name);
+        if out.succeeded() {
+            lock(&self.trace).step(name);
+        }
         out
     }
 
@@ -419,8 +422,7 @@ impl<'a> Reconcile<'a> {
 }
 
 /// Set `Reconciled=False` with the cause and record a Warning Event. Best effort: the failure
-/// itself is what the controller acts on. `identity` is `None` for a parent without a name or
-/// uid, which gets the Event only.
+/// itself is what the controller acts on. A parent without a name or uid gets the Event only.
 pub(crate) async fn report_failure(
     parent: &DynamicObject,
     ctx: &PolicyContext,
@@ -445,7 +447,7 @@ pub(crate) async fn report_failure(
             reason: reason.into(),
             message: message.clone(),
         };
-        if let Err(e) = writes::write_failure_status(parent, &identity, &outcome, ctx).await {
+        if let Err(e) = writes::write_failure_status(&identity, &outcome, ctx).await {
             tracing::warn!(error = %e, "could not record the failure in the parent's status");
         }
     }
@@ -459,6 +461,23 @@ pub(crate) async fn report_failure(
             message,
         )
         .await;
+}
+
+/// What a step ended with: whether it succeeded.
+trait Ended {
+    fn succeeded(&self) -> bool;
+}
+
+impl Ended for () {
+    fn succeeded(&self) -> bool {
+        true
+    }
+}
+
+impl<T, E> Ended for Result<T, E> {
+    fn succeeded(&self) -> bool {
+        self.is_ok()
+    }
 }
 
 /// How the candidate's answer compares with the serving plugin's. An answer the host would

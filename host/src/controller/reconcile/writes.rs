@@ -248,72 +248,134 @@ pub(crate) async fn write_status(
     outcome: &Outcome,
     ctx: &PolicyContext,
 ) -> Result<(Value, bool), ReconcileError> {
+    let observed = parent.data.get("status");
     let desired = status::after_success(
         plugin_status,
-        parent.metadata.generation,
-        parent.data.get("status"),
-        outcome,
-        &status::now(),
-    );
-    let written = apply_status(parent, identity, &desired, ctx).await?;
-    Ok((Value::Object(desired), written))
-}
-
-/// Write the status of a failed reconcile: what the parent's status holds, with `Reconciled`
-/// replaced. The same writer as a success (server-side apply under the policy's field
-/// manager), so `status.conditions` has one owner whatever the reconciles ended with. The
-/// whole observed status goes into the apply: a field manager's apply removes the fields it
-/// owned and left out, and a failure must never erase what the last success reported.
-pub(crate) async fn write_failure_status(
-    parent: &DynamicObject,
-    identity: &ParentIdentity,
-    outcome: &Outcome,
-    ctx: &PolicyContext,
-) -> Result<bool, ReconcileError> {
-    let observed = parent.data.get("status");
-    let mut desired = observed
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    let conditions = status::after_failure(
         parent.metadata.generation,
         observed,
         outcome,
         &status::now(),
     );
-    desired.insert("conditions".into(), Value::Array(conditions));
-    apply_status(parent, identity, &desired, ctx).await
+    let version = parent.metadata.resource_version.clone();
+    let written = apply_status(identity, &desired, observed, version, None, ctx).await?;
+    Ok((Value::Object(desired), written))
 }
 
-/// Write `desired` through the status subresource, unless it would not change. Server-side
-/// apply with the policy's field manager: fields other writers own are left alone. Returns
-/// whether it was written.
-async fn apply_status(
-    parent: &DynamicObject,
+/// Write the status of a failed reconcile: `Reconciled=False`, and every other status field
+/// this policy's field manager owns as the parent holds it now. The same writer as a success
+/// (server-side apply under the policy's manager), so `status.conditions` has one owner
+/// whatever the reconciles ended with.
+///
+/// An apply removes the fields its manager owned and left out, so the apply must carry what
+/// the last success reported, or the failure would erase it; and it must carry nothing more,
+/// or the manager would take fields other writers own. The cache knows neither the current
+/// status for sure (it may lag a write) nor who owns what (it drops `managedFields`), so the
+/// parent is read, and the apply is bound to the version read: a parent changed since is
+/// refused, and the change brings another reconcile.
+pub(crate) async fn write_failure_status(
     identity: &ParentIdentity,
-    desired: &crate::plugin::JsonObject,
+    outcome: &Outcome,
     ctx: &PolicyContext,
 ) -> Result<bool, ReconcileError> {
-    if status::is_unchanged(desired, parent.data.get("status")) {
+    let api = dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref());
+    let Some(live) = api
+        .get_opt(&identity.name)
+        .await
+        .map_err(ReconcileError::Status)?
+    else {
+        return Ok(false);
+    };
+    if live.metadata.uid.as_deref() != Some(identity.uid.as_str()) {
+        return Ok(false);
+    }
+    let observed = live.data.get("status");
+    let mut desired = owned_status(&live.metadata, &ctx.field_manager, observed);
+    let conditions =
+        status::after_failure(live.metadata.generation, observed, outcome, &status::now());
+    desired.insert("conditions".into(), Value::Array(conditions));
+    let version = live.metadata.resource_version.clone();
+    apply_status(identity, &desired, observed, version.clone(), version, ctx).await
+}
+
+/// The part of `status` that `manager` owns by apply, as the parent's `managedFields` say.
+fn owned_status(
+    metadata: &ObjectMeta,
+    manager: &str,
+    status: Option<&Value>,
+) -> crate::plugin::JsonObject {
+    let owned = metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| {
+            entry.manager.as_deref() == Some(manager)
+                && entry.operation.as_deref() == Some("Apply")
+                && entry.subresource.as_deref() == Some("status")
+        })
+        .find_map(|entry| entry.fields_v1.as_ref())
+        .and_then(|fields| fields.0.get("f:status"));
+    match (status, owned) {
+        (Some(status), Some(fields)) => match owned_fields(status, fields) {
+            Value::Object(object) => object,
+            _ => Default::default(),
+        },
+        _ => Default::default(),
+    }
+}
+
+/// The part of `value` that `fields` (a `fieldsV1` tree) names. A map's fields are named one
+/// by one (`f:<key>`); anything else (a leaf, a list) is owned whole.
+fn owned_fields(value: &Value, fields: &Value) -> Value {
+    let named: Vec<(&str, &Value)> = fields
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(key, sub)| key.strip_prefix("f:").map(|key| (key, sub)))
+        .collect();
+    match value {
+        Value::Object(object) if !named.is_empty() => Value::Object(
+            named
+                .into_iter()
+                .filter_map(|(key, sub)| {
+                    object
+                        .get(key)
+                        .map(|found| (key.to_owned(), owned_fields(found, sub)))
+                })
+                .collect(),
+        ),
+        _ => value.clone(),
+    }
+}
+
+/// Write `desired` through the status subresource, unless it would not change `observed`.
+/// Server-side apply with the policy's field manager: fields other writers own are left
+/// alone. `version` is the parent's version the status was decided against (for the
+/// pending-writes memory); `precondition`, when given, must still be the parent's version.
+/// Returns whether it was written.
+async fn apply_status(
+    identity: &ParentIdentity,
+    desired: &crate::plugin::JsonObject,
+    observed: Option<&Value>,
+    version: Option<String>,
+    precondition: Option<String>,
+    ctx: &PolicyContext,
+) -> Result<bool, ReconcileError> {
+    if status::is_unchanged(desired, observed) {
         return Ok(false);
     }
     // The same status, written by an earlier reconcile that the cache has not shown yet
     // (this one started from the version that one was decided against).
-    let version = parent
-        .metadata
-        .resource_version
-        .as_deref()
-        .unwrap_or_default();
+    let version = version.unwrap_or_default();
     let pending_key = (identity.namespace.clone(), identity.name.clone());
     let fingerprint = status::fingerprint(desired);
     if ctx
         .outcomes
         .status_writes
-        .written(&pending_key, &fingerprint, version)
+        .written(&pending_key, &fingerprint, &version)
     {
         return Ok(false);
     }
-    let body = json!({
+    let mut body = json!({
         "apiVersion": identity.api_version,
         "kind": identity.kind,
         // The uid makes the write a precondition: a parent deleted (and perhaps re-created)
@@ -321,6 +383,9 @@ async fn apply_status(
         "metadata": {"name": identity.name, "namespace": identity.namespace, "uid": identity.uid},
         "status": desired,
     });
+    if let Some(precondition) = precondition {
+        body["metadata"]["resourceVersion"] = json!(precondition);
+    }
     dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
         .patch_status(
             &identity.name,
@@ -331,7 +396,7 @@ async fn apply_status(
         .map_err(ReconcileError::Status)?;
     ctx.outcomes
         .status_writes
-        .updated(pending_key, &fingerprint, vec![version.to_owned()]);
+        .updated(pending_key, &fingerprint, vec![version]);
     Ok(true)
 }
 
@@ -412,5 +477,47 @@ pub(crate) fn dynamic_api(
     match namespace {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
         None => Api::all_with(client.clone(), resource),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_failure_carries_the_status_fields_its_manager_owns_and_no_others() {
+        let metadata: ObjectMeta = serde_json::from_value(json!({
+            "managedFields": [
+                {"manager": "wasmctrl/p", "operation": "Apply", "subresource": "status",
+                 "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:status": {"f:readyReplicas": {}, "f:conditions": {},
+                                           "f:endpoints": {"f:web": {}}}}},
+                {"manager": "someone-else", "operation": "Apply", "subresource": "status",
+                 "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:status": {"f:theirs": {}, "f:endpoints": {"f:admin": {}}}}},
+                {"manager": "wasmctrl/p", "operation": "Update",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {}}}},
+            ],
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let status = json!({
+            "readyReplicas": 3,
+            "theirs": "kept by its owner",
+            "endpoints": {"web": "10.0.0.1", "admin": "10.0.0.2"},
+            "conditions": [{"type": "Reconciled", "status": "True"}],
+        });
+        let owned = owned_status(&metadata, "wasmctrl/p", Some(&status));
+        assert_eq!(
+            Value::Object(owned),
+            json!({
+                "readyReplicas": 3,
+                "endpoints": {"web": "10.0.0.1"},
+                "conditions": [{"type": "Reconciled", "status": "True"}],
+            })
+        );
+        assert!(owned_status(&metadata, "wasmctrl/other", Some(&status)).is_empty());
+        assert!(owned_status(&metadata, "wasmctrl/p", None).is_empty());
     }
 }
