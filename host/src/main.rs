@@ -21,7 +21,7 @@ fn main() -> ExitCode {
 #[tokio::main]
 async fn run() -> ExitCode {
     let cli = Cli::parse();
-    let telemetry = match wasmctrl::telemetry::init() {
+    let telemetry = match wasmctrl::telemetry::init(cli.log_format) {
         Ok(telemetry) => telemetry,
         Err(error) => {
             eprintln!("error: {error:#}");

@@ -3,8 +3,8 @@
 //! Logs go to stderr through `tracing`, filtered by `WASMCTRL_LOG` (default `info`). Traces
 //! are off unless the standard OpenTelemetry variable `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) names a collector. Then every reconcile is a span
-//! (policy, parent) with its steps as child spans (`caches`, `finalizer`, `decide`, `apply`,
-//! `prune`, `status`, `events`), exported over OTLP/HTTP in batches from a thread of their
+//! (policy, parent) with its steps as child spans (`caches`, `finalizer`, `request`, `plugin`,
+//! `validate`, `apply`, `prune`, `status`, `events`), exported over OTLP/HTTP in batches from a thread of their
 //! own, whatever `WASMCTRL_LOG` says. `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_EXPORTER_OTLP_HEADERS` and `OTEL_BSP_*` work as the OpenTelemetry SDK documents them.
 
@@ -39,14 +39,34 @@ impl Telemetry {
     }
 }
 
-/// Install the process's `tracing` subscriber: logs to stderr, and traces to an OTLP
-/// collector when one is configured. Fails if a subscriber is already installed.
-pub fn init() -> anyhow::Result<Telemetry> {
-    let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_filter(
-            EnvFilter::try_from_env("WASMCTRL_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        );
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line of text per event; coloured only when stderr is a terminal, so `kubectl
+    /// logs` and log files carry no escape sequences.
+    #[default]
+    Text,
+    /// One JSON object per event, for a cluster's log pipeline.
+    Json,
+}
+
+/// Install the process's `tracing` subscriber: logs to stderr in `format`, and traces to an
+/// OTLP collector when one is configured. Fails if a subscriber is already installed.
+pub fn init(format: LogFormat) -> anyhow::Result<Telemetry> {
+    use std::io::IsTerminal as _;
+    let filter = EnvFilter::try_from_env("WASMCTRL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed(),
+    };
     let provider = exporting()
         .then(|| -> anyhow::Result<SdkTracerProvider> {
             // The exporter's HTTP client has no TLS provider of its own; the host's is ring.

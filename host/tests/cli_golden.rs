@@ -209,8 +209,8 @@ fn every_failure_is_one_line_that_names_the_cause() {
     }
 }
 
-/// `wasmctrl plugin diff ACTIVE CANDIDATE ...`, as YAML.
-fn diff(active: &str, candidate: &str, extra: &[&str]) -> serde_yaml_ng::Value {
+/// `wasmctrl plugin diff ACTIVE CANDIDATE ...`, as YAML; it must exit with `code`.
+fn diff(active: &str, candidate: &str, extra: &[&str], code: i32) -> serde_yaml_ng::Value {
     let output = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
         .args(["plugin", "diff"])
         .arg(support::guest(active))
@@ -220,8 +220,9 @@ fn diff(active: &str, candidate: &str, extra: &[&str]) -> serde_yaml_ng::Value {
         .args(extra)
         .output()
         .expect("running wasmctrl");
-    assert!(
-        output.status.success(),
+    assert_eq!(
+        output.status.code(),
+        Some(code),
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
@@ -230,10 +231,10 @@ fn diff(active: &str, candidate: &str, extra: &[&str]) -> serde_yaml_ng::Value {
 
 #[test]
 fn plugin_diff_shows_what_a_candidate_would_change() {
-    let same = diff("myapp_plugin", "myapp_plugin", &[]);
+    let same = diff("myapp_plugin", "myapp_plugin", &[], 0);
     assert_eq!(same["verdict"], "Unchanged");
 
-    let v2 = diff("myapp_plugin", "myapp_v2_plugin", &[]);
+    let v2 = diff("myapp_plugin", "myapp_v2_plugin", &[], 1);
     assert_eq!(v2["verdict"], "WouldChange");
     assert_eq!(
         v2["detail"].as_str().unwrap_or_default(),
@@ -249,6 +250,7 @@ fn plugin_diff_shows_what_a_candidate_would_change() {
         "myapp_plugin",
         "misbehave_plugin",
         &["--candidate-config", config.to_str().expect("utf-8")],
+        1,
     );
     assert_eq!(failing["verdict"], "WouldFail");
     assert!(
@@ -496,4 +498,61 @@ fn the_binary_compiles_plugins_when_started_as_the_compiler() {
     assert_eq!(refused.status.code(), Some(3));
     assert!(refused.stdout.is_empty());
     assert!(!refused.stderr.is_empty(), "says why");
+}
+
+/// `wasmctrl plugin run` with debug logs in `format`, returning its stderr.
+fn logs(format: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+        .env("WASMCTRL_LOG", "debug")
+        .env_remove("WASMCTRL_LOG_FORMAT")
+        .args(format)
+        .args(["plugin", "run"])
+        .arg(support::guest("myapp_plugin"))
+        .arg("--parent")
+        .arg(support::workspace_root().join("plugins/myapp/examples/myapp-web.yaml"))
+        .output()
+        .expect("running wasmctrl");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stderr).expect("UTF-8 logs")
+}
+
+#[test]
+fn logs_are_json_lines_when_asked_and_never_coloured_off_a_terminal() {
+    let json = logs(&["--log-format", "json"]);
+    assert!(json.lines().count() > 0, "debug logs expected");
+    for line in json.lines() {
+        let event: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(event["level"].is_string(), "{line}");
+    }
+    let text = logs(&[]);
+    assert!(text.contains("DEBUG"), "{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "escape sequences in logs written to a pipe: {text:?}"
+    );
+}
+
+#[test]
+fn completion_scripts_name_the_commands_for_each_shell() {
+    for (shell, marker) in [
+        ("bash", "_wasmctrl()"),
+        ("zsh", "#compdef wasmctrl"),
+        ("fish", "complete -c wasmctrl"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+            .args(["completion", shell])
+            .output()
+            .expect("running wasmctrl");
+        assert!(output.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&output.stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        for command in ["plugin", "explain", "rbac", "replay"] {
+            assert!(script.contains(command), "{shell}: {command} missing");
+        }
+    }
 }

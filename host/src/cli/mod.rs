@@ -26,6 +26,16 @@ pub struct Cli {
     /// Where precompiled plugins are cached.
     #[arg(long, global = true, env = "WASMCTRL_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// How log lines are written: `text` (coloured only on a terminal) or `json` (one
+    /// object per line, for a cluster's log pipeline).
+    #[arg(
+        long,
+        global = true,
+        env = "WASMCTRL_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    pub log_format: crate::telemetry::LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -45,6 +55,12 @@ pub enum Command {
     Explain(ExplainCommand),
     /// Print this wasmctrl's version and the plugin contract versions it serves.
     Version,
+    /// Print a shell completion script, e.g. `source <(wasmctrl completion bash)`.
+    Completion {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 /// What `wasmctrl version` prints.
@@ -65,6 +81,16 @@ impl Cli {
             Command::Run(command) => command.run(cache_dir).await,
             Command::Rbac(command) => command.run().await,
             Command::Explain(command) => command.run().await,
+            Command::Completion { shell } => {
+                use clap::CommandFactory as _;
+                clap_complete::generate(
+                    shell,
+                    &mut Cli::command(),
+                    "wasmctrl",
+                    &mut std::io::stdout(),
+                );
+                Ok(())
+            }
             Command::Version => {
                 print!(
                     "{}",

@@ -50,7 +50,8 @@ pub enum PluginCommand {
         output: Format,
     },
     /// Show what a candidate plugin would do differently from the active one for one parent:
-    /// the comparison a shadow run makes for every parent in the cluster.
+    /// the comparison a shadow run makes for every parent in the cluster. Exits 0 when the
+    /// answers are the same, 1 when the candidate would change or fail, 2 on an error.
     Diff {
         /// The active plugin component (.wasm).
         active: PathBuf,
@@ -457,27 +458,18 @@ impl PluginCommand {
                 limits,
                 output,
             } => {
-                let request = request.request()?;
-                let candidate_request = ReconcileRequest {
-                    config: read_config(candidate_config.as_deref())?.or(request.config.clone()),
-                    ..request.clone()
-                };
                 let engine = engine(cache_dir)?;
-                let active = load(&engine, &active, None, limits.limits())?;
-                let candidate = load(&engine, &candidate, None, limits.limits())?;
-                let verdict = crate::plugin::compare(
-                    &active.reconcile(request).await,
-                    &candidate.reconcile(candidate_request).await,
-                );
-                print(
-                    &DiffOutput {
-                        active_digest: active.digest().to_string(),
-                        candidate_digest: candidate.digest().to_string(),
-                        verdict: verdict.name(),
-                        detail: verdict.detail().to_owned(),
-                    },
+                let candidate_config = read_config(candidate_config.as_deref())?;
+                diff(
+                    &engine,
+                    &active,
+                    &candidate,
+                    &request,
+                    candidate_config,
+                    &limits,
                     output,
                 )
+                .await
             }
             Self::Replay {
                 plugin,
@@ -520,6 +512,47 @@ impl PluginCommand {
             }
             Self::Inspect { plugin, output } => inspect(&plugin, output),
         }
+    }
+}
+
+/// `plugin diff`: both plugins asked the same, their answers compared; an error (exit 1) when
+/// the candidate would change or fail.
+async fn diff(
+    engine: &PluginEngine,
+    active: &Path,
+    candidate: &Path,
+    request: &RequestArgs,
+    candidate_config: Option<String>,
+    limits: &LimitArgs,
+    output: Format,
+) -> anyhow::Result<()> {
+    let request = request.request()?;
+    let candidate_request = ReconcileRequest {
+        config: candidate_config.or(request.config.clone()),
+        ..request.clone()
+    };
+    let active = load(engine, active, None, limits.limits())?;
+    let candidate = load(engine, candidate, None, limits.limits())?;
+    let verdict = crate::plugin::compare(
+        &active.reconcile(request).await,
+        &candidate.reconcile(candidate_request).await,
+    );
+    print(
+        &DiffOutput {
+            active_digest: active.digest().to_string(),
+            candidate_digest: candidate.digest().to_string(),
+            verdict: verdict.name(),
+            detail: verdict.detail().to_owned(),
+        },
+        output,
+    )?;
+    // As `diff` and `replay` do: 1 when the two differ, so a CI step can gate on it.
+    match verdict {
+        Verdict::Unchanged => Ok(()),
+        Verdict::WouldChange(_) => {
+            Err(CasesDiffer("the candidate would change the answer".to_owned()).into())
+        }
+        Verdict::WouldFail(_) => Err(CasesDiffer("the candidate would fail".to_owned()).into()),
     }
 }
 

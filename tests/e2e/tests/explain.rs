@@ -411,7 +411,7 @@ async fn host_process() -> anyhow::Result<()> {
         return Ok(());
     };
     let args: Vec<String> = serde_json::from_str(&args)?;
-    let telemetry = wasmctrl::telemetry::init()?;
+    let telemetry = wasmctrl::telemetry::init(wasmctrl::telemetry::LogFormat::Text)?;
     let result = Cli::parse_from(args).run().await;
     tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
     result
