@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
@@ -324,16 +324,6 @@ impl Metrics {
             .set(i64::from(leading));
     }
 
-    /// The series counting `policy`'s plugin calls that ended with `outcome`.
-    fn plugin_calls_series(&self, policy: &str, outcome: &'static str) -> Counter {
-        self.plugin_calls
-            .get_or_create(&OutcomeLabels {
-                controller: policy.to_owned(),
-                outcome,
-            })
-            .clone()
-    }
-
     /// A plugin load for `policy` ended with `result` (`ok` or the failure's reason).
     pub fn plugin_loaded(&self, policy: &str, result: &str) {
         self.plugin_loads
@@ -471,12 +461,21 @@ impl Metrics {
     }
 }
 
-impl PolicyMetrics {
-    /// The policy these series are of.
-    pub fn policy(&self) -> &str {
-        &self.policy
-    }
+/// `cell`'s series: taken from `family` under `labels` the first time, then kept.
+fn first_use<'a, L, M, C>(
+    cell: &'a OnceLock<M>,
+    family: &Family<L, M, C>,
+    labels: impl FnOnce() -> L,
+) -> &'a M
+where
+    L: Clone + std::hash::Hash + Eq,
+    M: Clone,
+    C: MetricConstructor<M>,
+{
+    cell.get_or_init(|| family.get_or_create(&labels()).clone())
+}
 
+impl PolicyMetrics {
     fn controller(&self) -> ControllerLabels {
         Metrics::controller(&self.policy)
     }
@@ -485,117 +484,86 @@ impl PolicyMetrics {
         Metrics::queue(&self.policy)
     }
 
-    fn result(&self, result: ReconcileResult) -> &Counter {
-        let (cell, labels) = match result {
-            ReconcileResult::Success => (&self.series.success, result),
-            ReconcileResult::RequeueAfter => (&self.series.requeue_after, result),
-            ReconcileResult::Error => (&self.series.error, result),
-        };
-        cell.get_or_init(|| {
-            self.metrics
-                .reconciles
-                .get_or_create(&ResultLabels {
-                    controller: self.policy.to_string(),
-                    result: labels.as_str(),
-                })
-                .clone()
-        })
-    }
-
     /// Count one finished reconcile and how long it took.
     pub fn reconciled(&self, result: ReconcileResult, took: Duration) {
-        self.result(result).inc();
+        let (metrics, series) = (&self.metrics, &self.series);
+        let cell = match result {
+            ReconcileResult::Success => &series.success,
+            ReconcileResult::RequeueAfter => &series.requeue_after,
+            ReconcileResult::Error => &series.error,
+        };
+        first_use(cell, &metrics.reconciles, || ResultLabels {
+            controller: self.policy.to_string(),
+            result: result.as_str(),
+        })
+        .inc();
         if result == ReconcileResult::Error {
-            self.series
-                .errors
-                .get_or_init(|| {
-                    self.metrics
-                        .reconcile_errors
-                        .get_or_create(&self.controller())
-                        .clone()
-                })
-                .inc();
-        }
-        self.series
-            .reconcile_time
-            .get_or_init(|| {
-                self.metrics
-                    .reconcile_time
-                    .get_or_create(&self.controller())
-                    .clone()
+            first_use(&series.errors, &metrics.reconcile_errors, || {
+                self.controller()
             })
-            .observe(took.as_secs_f64());
+            .inc();
+        }
+        first_use(&series.reconcile_time, &metrics.reconcile_time, || {
+            self.controller()
+        })
+        .observe(took.as_secs_f64());
     }
 
     /// A reconcile started (`+1`) or ended (`-1`).
     pub fn worker(&self, delta: i64) {
-        self.series
-            .workers
-            .get_or_init(|| {
-                self.metrics
-                    .active_workers
-                    .get_or_create(&self.controller())
-                    .clone()
-            })
-            .inc_by(delta);
+        first_use(&self.series.workers, &self.metrics.active_workers, || {
+            self.controller()
+        })
+        .inc_by(delta);
     }
 
     /// `added` parents were asked to reconcile; `depth` wait now.
     pub fn queued(&self, added: u64, depth: usize) {
-        self.series
-            .queue_adds
-            .get_or_init(|| self.metrics.queue_adds.get_or_create(&self.queue()).clone())
-            .inc_by(added);
+        first_use(&self.series.queue_adds, &self.metrics.queue_adds, || {
+            self.queue()
+        })
+        .inc_by(added);
         self.set_queue_depth(depth);
     }
 
     /// `depth` parents wait for a reconcile.
     pub fn set_queue_depth(&self, depth: usize) {
-        self.series
-            .queue_depth
-            .get_or_init(|| {
-                self.metrics
-                    .queue_depth
-                    .get_or_create(&self.queue())
-                    .clone()
-            })
-            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+        first_use(&self.series.queue_depth, &self.metrics.queue_depth, || {
+            self.queue()
+        })
+        .set(i64::try_from(depth).unwrap_or(i64::MAX));
     }
 
     /// A failed reconcile will be retried.
     pub fn retried(&self) {
-        self.series
-            .retries
-            .get_or_init(|| {
-                self.metrics
-                    .queue_retries
-                    .get_or_create(&self.queue())
-                    .clone()
-            })
-            .inc();
+        first_use(&self.series.retries, &self.metrics.queue_retries, || {
+            self.queue()
+        })
+        .inc();
     }
 
     /// One plugin call ended with `outcome` after `took`.
     pub fn plugin_called(&self, outcome: &'static str, took: Duration) {
-        match PLUGIN_OUTCOMES.iter().position(|o| *o == outcome) {
-            Some(index) => self.series.plugin_calls[index]
-                .get_or_init(|| self.metrics.plugin_calls_series(&self.policy, outcome))
-                .inc(),
-            // An outcome this list does not know yet still counts.
-            None => self
-                .metrics
-                .plugin_calls_series(&self.policy, outcome)
-                .inc(),
+        let labels = || OutcomeLabels {
+            controller: self.policy.to_string(),
+            outcome,
         };
-        self.series
-            .plugin_call_time
-            .get_or_init(|| {
-                self.metrics
-                    .plugin_call_time
-                    .get_or_create(&self.controller())
-                    .clone()
-            })
-            .observe(took.as_secs_f64());
+        match PLUGIN_OUTCOMES.iter().position(|o| *o == outcome) {
+            Some(index) => first_use(
+                &self.series.plugin_calls[index],
+                &self.metrics.plugin_calls,
+                labels,
+            )
+            .inc(),
+            // An outcome this list does not know yet still counts.
+            None => self.metrics.plugin_calls.get_or_create(&labels()).inc(),
+        };
+        first_use(
+            &self.series.plugin_call_time,
+            &self.metrics.plugin_call_time,
+            || self.controller(),
+        )
+        .observe(took.as_secs_f64());
     }
 
     /// Count what the host did with `count` children of `kind`.
@@ -625,15 +593,12 @@ impl PolicyMetrics {
 
     /// Count plugin Events that were not recorded.
     pub fn events_dropped(&self, count: u64) {
-        self.series
-            .events_dropped
-            .get_or_init(|| {
-                self.metrics
-                    .events_dropped
-                    .get_or_create(&self.controller())
-                    .clone()
-            })
-            .inc_by(count);
+        first_use(
+            &self.series.events_dropped,
+            &self.metrics.events_dropped,
+            || self.controller(),
+        )
+        .inc_by(count);
     }
 
     /// A hot swap ended with `result`.
