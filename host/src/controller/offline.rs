@@ -194,24 +194,16 @@ impl OfflinePolicy {
                     "related {kind} {name}: in namespace {:?}, not the parent's",
                     meta.namespace.as_deref().unwrap_or("")
                 )),
-                Err(RelatedHidden::SelectorMismatch) => {
-                    if let RelatedBy::Selector(selector) = by {
-                        left_out.push(format!(
-                            "related {kind} {name}: its labels do not match the policy's selector ({selector})"
-                        ));
+                Err(RelatedHidden::SelectorMismatch(selector)) => left_out.push(format!(
+                    "related {kind} {name}: its labels do not match the policy's selector ({selector})"
+                )),
+                Err(RelatedHidden::NotNamed { path, names }) => left_out.push(format!(
+                    "related {kind} {name}: the parent's {path} does not name it{}",
+                    match names.as_slice() {
+                        [] => " (it names nothing)".to_owned(),
+                        names => format!(" (it names {})", names.join(", ")),
                     }
-                }
-                Err(RelatedHidden::NotNamed(names)) => {
-                    if let RelatedBy::Name(path) = by {
-                        left_out.push(format!(
-                            "related {kind} {name}: the parent's {path} does not name it{}",
-                            match names.as_slice() {
-                                [] => " (it names nothing)".to_owned(),
-                                names => format!(" (it names {})", names.join(", ")),
-                            }
-                        ));
-                    }
-                }
+                )),
             }
         }
         let config = config.or_else(|| self.spec.plugin.config.as_ref().map(Value::to_string));

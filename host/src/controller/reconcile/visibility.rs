@@ -32,10 +32,10 @@ pub(crate) fn child_visible(parent: &ParentIdentity, metadata: &ObjectMeta) -> b
 pub(crate) enum RelatedHidden {
     /// It lives in another namespace than the parent.
     OtherNamespace,
-    /// Its labels do not match the policy's selector.
-    SelectorMismatch,
-    /// The parent's field does not name it; these are the names it does hold.
-    NotNamed(Vec<String>),
+    /// Its labels do not match the policy's selector (this one, in words).
+    SelectorMismatch(String),
+    /// The parent's field (this path) does not name it; these are the names it does hold.
+    NotNamed { path: String, names: Vec<String> },
 }
 
 /// Whether a related object (of a kind chosen `by`, with `metadata`) is shown to the plugin
@@ -57,16 +57,19 @@ pub(crate) fn related_visible(
             if selector.matches(&labels) {
                 Ok(())
             } else {
-                Err(RelatedHidden::SelectorMismatch)
+                Err(RelatedHidden::SelectorMismatch(selector.to_string()))
             }
         }
-        RelatedBy::Name(_) => {
+        RelatedBy::Name(path) => {
             let names = named();
             let name = metadata.name.as_deref().unwrap_or_default();
             if names.iter().any(|n| n == name) {
                 Ok(())
             } else {
-                Err(RelatedHidden::NotNamed(names))
+                Err(RelatedHidden::NotNamed {
+                    path: path.to_string(),
+                    names,
+                })
             }
         }
     }
@@ -140,7 +143,7 @@ mod tests {
         );
         assert_eq!(
             related_visible(&parent, &selector("web"), &object, none),
-            Err(RelatedHidden::SelectorMismatch)
+            Err(RelatedHidden::SelectorMismatch("tier=web".into()))
         );
         let by_name = RelatedBy::Name(
             crate::controller::cache::related::FieldPath::parse("spec.db")
@@ -152,7 +155,10 @@ mod tests {
         );
         assert_eq!(
             related_visible(&parent, &by_name, &object, || vec!["other".into()]),
-            Err(RelatedHidden::NotNamed(vec!["other".into()]))
+            Err(RelatedHidden::NotNamed {
+                path: "spec.db".into(),
+                names: vec!["other".into()]
+            })
         );
     }
 }
