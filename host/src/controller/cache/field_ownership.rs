@@ -1,4 +1,5 @@
-//! Field ownership of children the host created.
+//! Field ownership: of children the host created, and of the parent status fields the host
+//! applied (a failure's status apply must carry exactly those, see [`applied_status`]).
 //!
 //! Children are created with a plain create (so an existing object of the same name is
 //! detected, never taken over), which records their fields under the host's field manager
@@ -106,9 +107,7 @@ impl CreatedFields {
     }
 
     fn is_ours(&self, entry: &ManagedFieldsEntry, operation: &str) -> bool {
-        entry.manager.as_deref() == Some(self.manager.as_str())
-            && entry.operation.as_deref() == Some(operation)
-            && entry.subresource.as_deref().unwrap_or_default().is_empty()
+        is_entry(entry, &self.manager, operation, "")
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<(Option<String>, String)>> {
@@ -144,6 +143,60 @@ pub(crate) fn handed_over(
         }),
     }
     Some(entries)
+}
+
+/// Whether `entry` records `manager`'s `operation` on `subresource` (empty: the object itself).
+fn is_entry(entry: &ManagedFieldsEntry, manager: &str, operation: &str, subresource: &str) -> bool {
+    entry.manager.as_deref() == Some(manager)
+        && entry.operation.as_deref() == Some(operation)
+        && entry.subresource.as_deref().unwrap_or_default() == subresource
+}
+
+/// The part of an object's `status` that `manager` owns by apply on the status subresource,
+/// as the object's `managedFields` say.
+pub(crate) fn applied_status(
+    metadata: &ObjectMeta,
+    manager: &str,
+    status: Option<&Value>,
+) -> serde_json::Map<String, Value> {
+    let owned = metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| is_entry(entry, manager, "Apply", "status"))
+        .find_map(|entry| entry.fields_v1.as_ref())
+        .and_then(|fields| fields.0.get("f:status"));
+    match (status, owned) {
+        (Some(status), Some(fields)) => match owned_fields(status, fields) {
+            Value::Object(object) => object,
+            _ => Default::default(),
+        },
+        _ => Default::default(),
+    }
+}
+
+/// The part of `value` that `fields` (a `fieldsV1` tree) names. A map's fields are named one
+/// by one (`f:<key>`); anything else (a leaf, a list) is owned whole.
+fn owned_fields(value: &Value, fields: &Value) -> Value {
+    let named: Vec<(&str, &Value)> = fields
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(key, sub)| key.strip_prefix("f:").map(|key| (key, sub)))
+        .collect();
+    match value {
+        Value::Object(object) if !named.is_empty() => Value::Object(
+            named
+                .into_iter()
+                .filter_map(|(key, sub)| {
+                    object
+                        .get(key)
+                        .map(|found| (key.to_owned(), owned_fields(found, sub)))
+                })
+                .collect(),
+        ),
+        _ => value.clone(),
+    }
 }
 
 /// Merge field set `other` into `into` (both FieldsV1 trees: objects whose keys are fields).
@@ -217,5 +270,40 @@ mod tests {
         let applied = entry("wasmctrl/p", "Apply", json!({}));
         let someone = entry("wasmctrl/other", "Update", json!({}));
         assert_eq!(handed_over(&[applied, someone], "wasmctrl/p"), None);
+    }
+
+    #[test]
+    fn a_failure_carries_the_status_fields_its_manager_owns_and_no_others() {
+        let metadata: ObjectMeta = serde_json::from_value(json!({
+            "managedFields": [
+                {"manager": "wasmctrl/p", "operation": "Apply", "subresource": "status",
+                 "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:status": {"f:readyReplicas": {}, "f:conditions": {},
+                                           "f:endpoints": {"f:web": {}}}}},
+                {"manager": "someone-else", "operation": "Apply", "subresource": "status",
+                 "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:status": {"f:theirs": {}, "f:endpoints": {"f:admin": {}}}}},
+                {"manager": "wasmctrl/p", "operation": "Update",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {}}}},
+            ],
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let status = json!({
+            "readyReplicas": 3,
+            "theirs": "kept by its owner",
+            "endpoints": {"web": "10.0.0.1", "admin": "10.0.0.2"},
+            "conditions": [{"type": "Reconciled", "status": "True"}],
+        });
+        let owned = applied_status(&metadata, "wasmctrl/p", Some(&status));
+        assert_eq!(
+            Value::Object(owned),
+            json!({
+                "readyReplicas": 3,
+                "endpoints": {"web": "10.0.0.1"},
+                "conditions": [{"type": "Reconciled", "status": "True"}],
+            })
+        );
+        assert!(applied_status(&metadata, "wasmctrl/other", Some(&status)).is_empty());
+        assert!(applied_status(&metadata, "wasmctrl/p", None).is_empty());
     }
 }

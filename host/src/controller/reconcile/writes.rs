@@ -1,6 +1,7 @@
 //! Every cluster write of one reconcile: create or update each child (only objects this
 //! parent controls), prune what is no longer desired, write the parent's status (after a
-//! success or a failure, by one writer), and add or remove the parent's finalizer. Each says what it did, for the reconcile's record. Every write is bound to the uid it was decided
+//! success or a failure, by one writer), and add or remove the parent's finalizer. Each says
+//! what it did, for the reconcile's record. Every write is bound to the uid it was decided
 //! for, so a replaced object is never written by mistake.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -10,6 +11,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::{Value, json};
 
+use crate::controller::cache::field_ownership::applied_status;
 use crate::controller::labels::DESIRED_HASH_ANNOTATION;
 use crate::controller::reconcile::children::{self, DesiredChild};
 use crate::controller::reconcile::context::PolicyContext;
@@ -289,62 +291,12 @@ pub(crate) async fn write_failure_status(
         return Ok(false);
     }
     let observed = live.data.get("status");
-    let mut desired = owned_status(&live.metadata, &ctx.field_manager, observed);
+    let mut desired = applied_status(&live.metadata, &ctx.field_manager, observed);
     let conditions =
         status::after_failure(live.metadata.generation, observed, outcome, &status::now());
     desired.insert("conditions".into(), Value::Array(conditions));
     let version = live.metadata.resource_version.clone();
     apply_status(identity, &desired, observed, version.clone(), version, ctx).await
-}
-
-/// The part of `status` that `manager` owns by apply, as the parent's `managedFields` say.
-fn owned_status(
-    metadata: &ObjectMeta,
-    manager: &str,
-    status: Option<&Value>,
-) -> crate::plugin::JsonObject {
-    let owned = metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|entry| {
-            entry.manager.as_deref() == Some(manager)
-                && entry.operation.as_deref() == Some("Apply")
-                && entry.subresource.as_deref() == Some("status")
-        })
-        .find_map(|entry| entry.fields_v1.as_ref())
-        .and_then(|fields| fields.0.get("f:status"));
-    match (status, owned) {
-        (Some(status), Some(fields)) => match owned_fields(status, fields) {
-            Value::Object(object) => object,
-            _ => Default::default(),
-        },
-        _ => Default::default(),
-    }
-}
-
-/// The part of `value` that `fields` (a `fieldsV1` tree) names. A map's fields are named one
-/// by one (`f:<key>`); anything else (a leaf, a list) is owned whole.
-fn owned_fields(value: &Value, fields: &Value) -> Value {
-    let named: Vec<(&str, &Value)> = fields
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(key, sub)| key.strip_prefix("f:").map(|key| (key, sub)))
-        .collect();
-    match value {
-        Value::Object(object) if !named.is_empty() => Value::Object(
-            named
-                .into_iter()
-                .filter_map(|(key, sub)| {
-                    object
-                        .get(key)
-                        .map(|found| (key.to_owned(), owned_fields(found, sub)))
-                })
-                .collect(),
-        ),
-        _ => value.clone(),
-    }
 }
 
 /// Write `desired` through the status subresource, unless it would not change `observed`.
@@ -477,47 +429,5 @@ pub(crate) fn dynamic_api(
     match namespace {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
         None => Api::all_with(client.clone(), resource),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    #[test]
-    fn a_failure_carries_the_status_fields_its_manager_owns_and_no_others() {
-        let metadata: ObjectMeta = serde_json::from_value(json!({
-            "managedFields": [
-                {"manager": "wasmctrl/p", "operation": "Apply", "subresource": "status",
-                 "fieldsType": "FieldsV1",
-                 "fieldsV1": {"f:status": {"f:readyReplicas": {}, "f:conditions": {},
-                                           "f:endpoints": {"f:web": {}}}}},
-                {"manager": "someone-else", "operation": "Apply", "subresource": "status",
-                 "fieldsType": "FieldsV1",
-                 "fieldsV1": {"f:status": {"f:theirs": {}, "f:endpoints": {"f:admin": {}}}}},
-                {"manager": "wasmctrl/p", "operation": "Update",
-                 "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {}}}},
-            ],
-        }))
-        .unwrap_or_else(|e| panic!("{e}"));
-        let status = json!({
-            "readyReplicas": 3,
-            "theirs": "kept by its owner",
-            "endpoints": {"web": "10.0.0.1", "admin": "10.0.0.2"},
-            "conditions": [{"type": "Reconciled", "status": "True"}],
-        });
-        let owned = owned_status(&metadata, "wasmctrl/p", Some(&status));
-        assert_eq!(
-            Value::Object(owned),
-            json!({
-                "readyReplicas": 3,
-                "endpoints": {"web": "10.0.0.1"},
-                "conditions": [{"type": "Reconciled", "status": "True"}],
-            })
-        );
-        assert!(owned_status(&metadata, "wasmctrl/other", Some(&status)).is_empty());
-        assert!(owned_status(&metadata, "wasmctrl/p", None).is_empty());
     }
 }
