@@ -227,31 +227,25 @@ impl<'a> Reconcile<'a> {
         let key = parent_key(self.parent, &ctx.parent);
         let response = self
             .step("plugin", async {
-                let answer = match &selection.shadow {
-                    Some(shadow) => {
-                        let shadow_request = ReconcileRequest {
-                            config: shadow.config.clone(),
-                            ..request.clone()
-                        };
-                        let answer = self.call_plugin(&serving.plugin, request).await;
-                        let shadow_answer = self.call_plugin(&shadow.plugin, shadow_request).await;
-                        let verdict = shadow_verdict(
-                            &answer,
-                            &shadow_answer,
-                            &self.identity,
-                            &ctx.caches.allowed,
-                            &ctx.policy_label,
-                        );
-                        lock(&self.trace).shadowed(&verdict);
-                        lock(&ctx.serving.shadow).insert(key, verdict);
-                        answer
-                    }
-                    None => {
-                        lock(&ctx.serving.shadow).remove(&key);
-                        self.call_plugin(&serving.plugin, request).await
-                    }
+                let Some(shadow) = &selection.shadow else {
+                    lock(&ctx.serving.shadow).remove(&key);
+                    return self.call(&serving.plugin, request).await;
                 };
-                lock(&self.trace).answered(&answer, &ctx.policy, ctx.explain.secret_data);
+                let shadow_request = ReconcileRequest {
+                    config: shadow.config.clone(),
+                    ..request.clone()
+                };
+                let answer = self.call(&serving.plugin, request).await;
+                let shadow_answer = self.call_plugin(&shadow.plugin, shadow_request).await;
+                let verdict = shadow_verdict(
+                    &answer,
+                    &shadow_answer,
+                    &self.identity,
+                    &ctx.caches.allowed,
+                    &ctx.policy_label,
+                );
+                lock(&self.trace).shadowed(&verdict);
+                lock(&ctx.serving.shadow).insert(key, verdict);
                 answer
             })
             .await?;
@@ -289,18 +283,18 @@ impl<'a> Reconcile<'a> {
         Ok(request)
     }
 
-    /// Call `plugin` and record its answer.
+    /// Call the serving `plugin` and record its answer in the reconcile's record.
     async fn call(
         &self,
         plugin: &Plugin,
         request: ReconcileRequest,
-    ) -> Result<ReconcileResponse, ReconcileError> {
+    ) -> Result<ReconcileResponse, CallError> {
         let answer = self.call_plugin(plugin, request).await;
         lock(&self.trace).answered(&answer, &self.ctx.policy, self.ctx.explain.secret_data);
-        Ok(answer?)
+        answer
     }
 
-    /// Call the plugin, counting the call's outcome and duration.
+    /// Call a plugin (serving or shadow), counting the call's outcome and duration.
     async fn call_plugin(
         &self,
         plugin: &Plugin,
