@@ -69,14 +69,15 @@ pub(crate) async fn reconcile(
     let started = std::time::Instant::now();
     ctx.metrics.worker(1);
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);
+    let identity = ParentIdentity::of(&parent, &ctx.parent);
     let (result, mut trace): (Result<Done, ReconcileError>, Trace) = async {
         let trace = Trace::new(ctx.explain.wanted());
-        match ParentIdentity::of(&parent, &ctx.parent).map_err(ReconcileError::MalformedParent) {
+        match &identity {
             Ok(identity) => {
                 let reconcile = Reconcile::new(&parent, identity, &ctx, trace);
                 (reconcile.run().await, reconcile.into_trace())
             }
-            Err(error) => (Err(error), trace),
+            Err(field) => (Err(ReconcileError::MalformedParent(field)), trace),
         }
     }
     .instrument(span)
@@ -110,7 +111,16 @@ pub(crate) async fn reconcile(
                 ctx.metrics.retried();
             }
             tracing::warn!(policy = %ctx.policy, parent = %key, attempt = retry.attempt, retry_in = ?(!await_change).then_some(retry.delay), error = %error, "reconcile failed");
-            report_failure(&parent, &ctx, &error, retry, await_change, &mut trace).await;
+            report_failure(
+                &parent,
+                identity.as_ref().ok(),
+                &ctx,
+                &error,
+                retry,
+                await_change,
+                &mut trace,
+            )
+            .await;
             trace.finish(&parent, &ctx, RecordResult::Failed, Some(&error));
             Err(Failure {
                 error,

@@ -55,7 +55,7 @@ const FINALIZING_REQUEUE: Duration = Duration::from_secs(5);
 /// One reconcile of one parent.
 pub(crate) struct Reconcile<'a> {
     parent: &'a DynamicObject,
-    identity: ParentIdentity,
+    identity: &'a ParentIdentity,
     ctx: &'a PolicyContext,
     /// The record of this reconcile. Steps take `&self` (a step's future borrows the
     /// reconcile while the step helper records it); the lock is never contended.
@@ -98,7 +98,7 @@ impl<'a> Reconcile<'a> {
     /// A reconcile of `parent`, who is `identity`, recording into `trace`.
     pub fn new(
         parent: &'a DynamicObject,
-        identity: ParentIdentity,
+        identity: &'a ParentIdentity,
         ctx: &'a PolicyContext,
         trace: Trace,
     ) -> Self {
@@ -136,7 +136,7 @@ impl<'a> Reconcile<'a> {
         if let Some((action, result)) = self.step("finalizer", self.finalize_or_hold()).await? {
             return Ok(Done::deleting(action, result));
         }
-        let observed = request::observed_children(&self.identity, &self.ctx.caches.children);
+        let observed = request::observed_children(self.identity, &self.ctx.caches.children);
         let decision = self.decide(&observed).await?;
         self.step("apply", self.apply(&decision.desired)).await?;
         self.step("prune", self.prune(&observed, &decision.desired))
@@ -184,7 +184,7 @@ impl<'a> Reconcile<'a> {
             };
         }
         if let (Some(finalizer), false) = (&ctx.finalizer, holds_finalizer) {
-            writes::add_finalizer(self.parent, &self.identity, finalizer, ctx).await?;
+            writes::add_finalizer(self.parent, self.identity, finalizer, ctx).await?;
         }
         Ok(None)
     }
@@ -193,7 +193,7 @@ impl<'a> Reconcile<'a> {
     async fn finalize(&self) -> Result<(Action, RecordResult), ReconcileError> {
         let ctx = self.ctx;
         let serving = ctx.serving.select(self.parent.labels()).serving;
-        let observed = request::observed_children(&self.identity, &ctx.caches.children);
+        let observed = request::observed_children(self.identity, &ctx.caches.children);
         let request = self
             .step("request", self.request(&observed, &serving, true))
             .await?;
@@ -209,7 +209,7 @@ impl<'a> Reconcile<'a> {
             ));
         }
         if let Some(finalizer) = &ctx.finalizer {
-            writes::remove_finalizer(self.parent, &self.identity, finalizer, ctx).await?;
+            writes::remove_finalizer(self.parent, self.identity, finalizer, ctx).await?;
             tracing::info!("plugin finalized the parent; finalizer removed");
         }
         Ok((Action::await_change(), RecordResult::Finalized))
@@ -240,7 +240,7 @@ impl<'a> Reconcile<'a> {
                 let verdict = shadow_verdict(
                     &answer,
                     &shadow_answer,
-                    &self.identity,
+                    self.identity,
                     &ctx.caches.allowed,
                     &ctx.policy_label,
                 );
@@ -254,7 +254,7 @@ impl<'a> Reconcile<'a> {
                 children::prepare(
                     response.children,
                     &ctx.caches.allowed,
-                    &self.identity,
+                    self.identity,
                     &ctx.policy_label,
                 )
                 .map_err(ReconcileError::InvalidChildren)
@@ -277,7 +277,7 @@ impl<'a> Reconcile<'a> {
         finalizing: bool,
     ) -> Result<ReconcileRequest, ReconcileError> {
         let ctx = self.ctx;
-        let related = request::related(self.parent, &self.identity, &ctx.caches.related).await?;
+        let related = request::related(self.parent, self.identity, &ctx.caches.related).await?;
         let request = request::build(self.parent, observed, related, serving, finalizing);
         lock(&self.trace).asked(&request, *serving.plugin.digest(), ctx.explain.secret_data);
         Ok(request)
@@ -312,7 +312,7 @@ impl<'a> Reconcile<'a> {
         let ctx = self.ctx;
         let mut applied = 0;
         for child in desired {
-            let outcome = writes::apply_child(child, &self.identity, ctx).await?;
+            let outcome = writes::apply_child(child, self.identity, ctx).await?;
             let wrote = outcome.wrote();
             let operation = if wrote {
                 ChildOperation::Applied
@@ -367,7 +367,7 @@ impl<'a> Reconcile<'a> {
     ) -> Result<(), ReconcileError> {
         let outcome = Outcome::success(desired);
         let (status, written) =
-            writes::write_status(self.parent, &self.identity, status, &outcome, self.ctx).await?;
+            writes::write_status(self.parent, self.identity, status, &outcome, self.ctx).await?;
         lock(&self.trace).status(&status, written);
         Ok(())
     }
@@ -416,9 +416,11 @@ impl<'a> Reconcile<'a> {
 }
 
 /// Set `Reconciled=False` with the cause and record a Warning Event. Best effort: the failure
-/// itself is what the controller acts on. A parent without a name or uid gets the Event only.
+/// itself is what the controller acts on. A parent without a name or uid (no `identity`) gets
+/// the Event only.
 pub(crate) async fn report_failure(
     parent: &DynamicObject,
+    identity: Option<&ParentIdentity>,
     ctx: &PolicyContext,
     error: &ReconcileError,
     retry: Retry,
@@ -435,13 +437,13 @@ pub(crate) async fn report_failure(
         format!("{error:#} (attempt {}, {next})", retry.attempt),
         2048,
     );
-    if let Ok(identity) = ParentIdentity::of(parent, &ctx.parent) {
+    if let Some(identity) = identity {
         let outcome = Outcome {
             success: false,
             reason: reason.into(),
             message: message.clone(),
         };
-        if let Err(e) = writes::write_failure_status(&identity, &outcome, ctx).await {
+        if let Err(e) = writes::write_failure_status(identity, &outcome, ctx).await {
             tracing::warn!(error = %e, "could not record the failure in the parent's status");
         }
     }
