@@ -157,12 +157,15 @@ where
     }
 }
 
-/// A self-review (`POST …/selfsubjectaccessreviews`) asks a question and changes nothing, so
-/// a standby may make it: it checks its permissions before it leads.
+/// A self-review (`POST …/selfsubjectaccessreviews`, `…/selfsubjectreviews`) asks a question
+/// and changes nothing, so a standby may make it: it checks its permissions, and who it acts
+/// as, before it leads.
 fn is_review(path: &str) -> bool {
-    path.starts_with("/apis/authorization.k8s.io/")
+    (path.starts_with("/apis/authorization.k8s.io/")
         && (path.ends_with("/selfsubjectaccessreviews")
-            || path.ends_with("/selfsubjectrulesreviews"))
+            || path.ends_with("/selfsubjectrulesreviews")))
+        || (path.starts_with("/apis/authentication.k8s.io/")
+            && path.ends_with("/selfsubjectreviews"))
 }
 
 /// Where the Lease is and how it is held; the durations are controller-runtime's defaults.

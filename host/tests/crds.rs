@@ -7,9 +7,18 @@ use wasmctrl::policy::ReconcilePolicy;
 
 /// Compare (or, with `WASMCTRL_BLESS=1`, rewrite) `crds/<file>` with `K::crd()`.
 fn assert_in_sync<K: CustomResourceExt>(file: &str, source: &str) {
+    assert_crd_in_sync(&K::crd(), file, source);
+}
+
+/// Compare (or, with `WASMCTRL_BLESS=1`, rewrite) `crds/<file>` with `crd`.
+fn assert_crd_in_sync(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    file: &str,
+    source: &str,
+) {
     let generated = format!(
         "# Generated from {source} by `cargo xtask crds`; do not edit.\n{}",
-        serde_yaml_ng::to_string(&K::crd()).expect("CRD serializes")
+        serde_yaml_ng::to_string(crd).expect("CRD serializes")
     );
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../crds")
@@ -42,6 +51,15 @@ fn myapp_crd_matches_the_rust_types() {
 #[test]
 fn reconcile_policy_crd_matches_the_rust_types() {
     assert_in_sync::<ReconcilePolicy>("reconcilepolicy.yaml", "host/src/policy/mod.rs");
+}
+
+#[test]
+fn namespaced_reconcile_policy_crd_matches_the_rust_types() {
+    assert_crd_in_sync(
+        &wasmctrl::policy::namespaced::crd(),
+        "namespacedreconcilepolicy.yaml",
+        "host/src/policy/namespaced.rs",
+    );
 }
 
 #[test]

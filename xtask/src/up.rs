@@ -88,6 +88,27 @@ fn install_and_run(
     let policy = std::fs::read_to_string(root.join("plugins/myapp/examples/policy.yaml"))?;
     let plugin = plugins::guest_path("myapp_plugin");
     let policy = policy.replace(EXAMPLE_PLUGIN_PATH, &plugin.to_string_lossy());
+    // The policy acts as its own ServiceAccount: create it with exactly the rules the
+    // policy needs, as `wasmctrl rbac` prints them.
+    let rbac = Command::new(host_bin)
+        .args([
+            "rbac",
+            "crds/myapp.yaml",
+            "plugins/myapp/examples/policy.yaml",
+        ])
+        .current_dir(&root)
+        .output()
+        .context("running wasmctrl rbac")?;
+    anyhow::ensure!(
+        rbac.status.success(),
+        "wasmctrl rbac failed: {}",
+        String::from_utf8_lossy(&rbac.stderr)
+    );
+    apply_stdin(
+        kubectl(&["apply", "-f", "-"]),
+        &String::from_utf8_lossy(&rbac.stdout),
+    )
+    .context("applying the MyApp policy's ServiceAccount and rules")?;
     apply_stdin(kubectl(&["apply", "-f", "-"]), &policy).context("applying the MyApp policy")?;
     tasks::run(
         "creating sample MyApps",

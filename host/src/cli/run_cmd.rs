@@ -57,6 +57,11 @@ pub struct RunCommand {
     /// account's namespace in a pod); outside a cluster, none, so every `secretRef` is refused.
     #[arg(long, env = "WASMCTRL_CREDENTIALS_NAMESPACE")]
     credentials_namespace: Option<String>,
+    /// Run only policies that name the ServiceAccount they act as (`spec.serviceAccount`);
+    /// refuse the rest with `Ready=False, IdentityRequired`. Without it, a policy that names
+    /// none acts as the host itself.
+    #[arg(long, env = "WASMCTRL_REQUIRE_POLICY_IDENTITY")]
+    require_policy_identity: bool,
     /// Serve `/healthz`, `/readyz` and `/metrics` on this address; `off` serves none.
     #[arg(long, env = "WASMCTRL_LISTEN", default_value = "0.0.0.0:8080")]
     listen: String,
@@ -205,11 +210,12 @@ impl RunCommand {
             Some(_) => Leadership::standby(),
             None => Leadership::always(),
         };
-        let (client, gated) = self.clients(&leadership).await?;
+        let (config, client, gated) = self.clients(&leadership).await?;
         let engine = self.engine(cache_dir)?;
         let listener = self.bind_listener().await?;
         let drain = Duration::from_secs(self.shutdown_timeout_seconds);
-        let host = Host::elected(gated, engine, self.host_options()?, leadership.clone());
+        let host = Host::elected(gated, engine, self.host_options()?, leadership.clone())
+            .impersonating_from(config);
         let stop = CancellationToken::new();
         tokio::spawn({
             let stop = stop.clone();
@@ -252,16 +258,17 @@ impl RunCommand {
         served
     }
 
-    /// The client the elector and the permission checks use, and the one gated on
-    /// `leadership` that everything the controllers write goes through.
+    /// The host's connection settings (policies' clients impersonate from them), the client
+    /// the elector uses, and the one gated on `leadership` that everything the controllers
+    /// write goes through.
     async fn clients(
         &self,
         leadership: &Arc<Leadership>,
-    ) -> anyhow::Result<(kube::Client, kube::Client)> {
+    ) -> anyhow::Result<(kube::Config, kube::Client, kube::Client)> {
         let config = self.client_config().await?;
         let client =
             kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
-        let gated = kube::client::ClientBuilder::try_from(config)
+        let gated = kube::client::ClientBuilder::try_from(config.clone())
             .context("building the Kubernetes client")?
             .with_layer(&WriteGate::new(leadership.clone()))
             .build();
@@ -275,7 +282,7 @@ impl RunCommand {
             plugin_contracts = ?crate::plugin::CONTRACT_VERSIONS,
             "connected to the API server"
         );
-        Ok((client, gated))
+        Ok((config, client, gated))
     }
 
     fn engine(&self, cache_dir: Option<PathBuf>) -> anyhow::Result<PluginEngine> {
@@ -302,6 +309,7 @@ impl RunCommand {
             policy_selector: self.policy_selector.clone(),
             credentials_namespace: self.credentials_namespace.clone().or_else(own_namespace),
             explain: Arc::new(self.explain.explain()?),
+            require_policy_identity: self.require_policy_identity,
         })
     }
 

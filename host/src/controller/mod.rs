@@ -15,6 +15,7 @@
 mod cache;
 pub(crate) mod kinds;
 mod labels;
+mod namespaced_policies;
 pub mod offline;
 mod options;
 mod policy_run;
@@ -90,6 +91,11 @@ impl Host {
                     options.credentials_namespace.clone(),
                     metrics.clone(),
                 )),
+                identities: policy_run::identity::Identities::new(
+                    client.clone(),
+                    leadership.clone(),
+                    options.require_policy_identity,
+                ),
                 client,
                 options,
                 metrics,
@@ -97,6 +103,17 @@ impl Host {
                 leadership,
             }),
         }
+    }
+
+    /// Let policies act as the ServiceAccounts they name (`spec.serviceAccount`), by
+    /// impersonation with the credentials in `config` (the host's own). Without this, a
+    /// policy that names an account is refused (`IdentityUnavailable`).
+    pub fn impersonating_from(mut self, config: kube::Config) -> Self {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => shared.identities.impersonating_from(config),
+            None => unreachable!("a Host's shared state is handed out only when it runs"),
+        }
+        self
     }
 
     /// The host's readiness, for `/readyz`.
@@ -128,6 +145,15 @@ impl Host {
         let mut running: HashMap<String, Running> = HashMap::new();
         let mut listed: HashSet<String> = HashSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
+        // NamespacedReconcilePolicies become ReconcilePolicies, which this loop then runs.
+        let namespaced_stop = CancellationToken::new();
+        let namespaced = tokio::spawn(namespaced_policies::run(
+            self.shared.client.clone(),
+            self.shared.leadership.clone(),
+            self.shared.options.namespace.clone(),
+            self.shared.options.policy_selector.clone(),
+            namespaced_stop.clone().cancelled_owned(),
+        ));
         loop {
             let event = tokio::select! {
                 () = &mut shutdown => break,
@@ -170,6 +196,8 @@ impl Host {
             }
         }
         tracing::info!(controllers = running.len(), "shutting down");
+        namespaced_stop.cancel();
+        let _ = namespaced.await;
         for r in running.values() {
             r.stop.cancel();
         }
@@ -207,9 +235,22 @@ impl Host {
                         () = stop.cancelled() => return,
                     }
                     let namespace = shared.options.namespace.as_deref();
-                    let Err(error) =
-                        policy_run::release::retire(&shared.client, &policy, namespace).await
-                    else {
+                    let result = match shared.identities.acting_for(&policy) {
+                        Ok(acting) => {
+                            policy_run::release::retire(
+                                &shared.client,
+                                &acting.client,
+                                &policy,
+                                namespace,
+                            )
+                            .await
+                        }
+                        Err(refused) => Err(anyhow::anyhow!(
+                            "no identity to release its parents with: {}",
+                            refused.message
+                        )),
+                    };
+                    let Err(error) = result else {
                         return;
                     };
                     let delay = retry.failed(&()).delay;

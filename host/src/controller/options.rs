@@ -27,6 +27,9 @@ pub struct HostOptions {
     pub credentials_namespace: Option<String>,
     /// Where the records of reconciles go, for `wasmctrl explain` and replay.
     pub explain: Arc<crate::explain::Explain>,
+    /// Refuse a policy that names no ServiceAccount to act as (`IdentityRequired`) instead
+    /// of acting as the host for it.
+    pub require_policy_identity: bool,
 }
 
 impl Default for HostOptions {
@@ -42,6 +45,7 @@ impl Default for HostOptions {
             explain: Arc::new(crate::explain::Explain::in_memory(
                 crate::explain::ExplainOptions::default().bounds,
             )),
+            require_policy_identity: false,
         }
     }
 }

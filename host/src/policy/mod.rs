@@ -5,6 +5,7 @@
 //! The schema rejects what it can (CEL where OpenAPI cannot say it), so a user learns about a
 //! malformed policy from `kubectl apply`, not from the host's logs.
 
+pub mod namespaced;
 pub mod permissions;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
@@ -55,6 +56,39 @@ pub struct ReconcilePolicySpec {
     /// the finalizer is removed once the plugin reports `finalized`.
     #[serde(default)]
     pub finalize: bool,
+    /// The identity the host acts as for this policy: every watch, read and write the policy
+    /// causes goes through a client that impersonates this ServiceAccount, so the policy can
+    /// do exactly what RBAC grants the account. Unset: the host acts as itself, which a host
+    /// run with `--require-policy-identity` refuses (`IdentityRequired`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<ServiceAccountRef>,
+}
+
+/// A ServiceAccount, by namespace and name.
+#[derive(
+    KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAccountRef {
+    /// The ServiceAccount's namespace.
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: String,
+    /// The ServiceAccount's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+impl ServiceAccountRef {
+    /// The user name the API server knows the account by.
+    pub fn user_name(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
+}
+
+impl std::fmt::Display for ServiceAccountRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 /// The parent kind, and the namespace whose parents the policy reconciles.

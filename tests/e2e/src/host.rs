@@ -74,6 +74,9 @@ enum Credentials {
     Admin,
     /// As this user, impersonated by the admin.
     Impersonating(String),
+    /// With a token of this ServiceAccount (namespace, name), as a host in a pod is: its
+    /// impersonation of policies' accounts is then checked against the account's own RBAC.
+    ServiceAccountToken(String, String),
     /// Through this client.
     Client(Client),
 }
@@ -92,6 +95,7 @@ pub struct HostBuilder {
     disk_cache: bool,
     max_concurrent_calls: u32,
     explain: Option<Arc<Explain>>,
+    require_policy_identity: bool,
 }
 
 impl HostBuilder {
@@ -104,7 +108,22 @@ impl HostBuilder {
             disk_cache: true,
             max_concurrent_calls: 8,
             explain: None,
+            require_policy_identity: false,
         }
+    }
+
+    /// Refuse policies that name no ServiceAccount, as `--require-policy-identity` does.
+    pub fn require_policy_identity(mut self) -> Self {
+        self.require_policy_identity = true;
+        self
+    }
+
+    /// Talk to the cluster with a token of ServiceAccount `namespace/name` (no
+    /// impersonation by the admin), so that what the host may do, and whom it may act as,
+    /// is exactly what RBAC grants that account.
+    pub fn as_service_account(mut self, namespace: &str, name: &str) -> Self {
+        self.credentials = Credentials::ServiceAccountToken(namespace.to_owned(), name.to_owned());
+        self
     }
 
     /// Keep the records of its reconciles in `explain`.
@@ -142,11 +161,6 @@ impl HostBuilder {
 
     /// The host, not yet running (for a process of its own that runs it until killed).
     pub async fn build(self) -> anyhow::Result<Host> {
-        let client = match self.credentials {
-            Credentials::Admin => TestEnv::get().client().await?,
-            Credentials::Impersonating(user) => impersonating_client(&user).await?,
-            Credentials::Client(client) => client,
-        };
         let engine = PluginEngine::new(EngineOptions {
             cache_dir: self.disk_cache.then(disk_cache),
             max_concurrent_calls: self.max_concurrent_calls,
@@ -162,9 +176,24 @@ impl HostBuilder {
             event_interval: self.event_interval.unwrap_or(defaults.event_interval),
             credentials_namespace: self.namespace,
             explain: self.explain.unwrap_or(defaults.explain),
+            require_policy_identity: self.require_policy_identity,
             ..defaults
         };
-        Ok(Host::new(client, engine, options))
+        // Policies that name a ServiceAccount are impersonated from the host's own settings.
+        let config = match self.credentials {
+            Credentials::Admin => admin_config().await?,
+            Credentials::Impersonating(user) => {
+                let mut config = admin_config().await?;
+                config.auth_info.impersonate = Some(user);
+                config
+            }
+            Credentials::ServiceAccountToken(namespace, name) => {
+                service_account_config(&namespace, &name).await?
+            }
+            Credentials::Client(client) => return Ok(Host::new(client, engine, options)),
+        };
+        let client = Client::try_from(config.clone())?;
+        Ok(Host::new(client, engine, options).impersonating_from(config))
     }
 
     /// Start the host on a task of this test's runtime.
@@ -192,14 +221,49 @@ fn disk_cache() -> PathBuf {
     std::env::temp_dir().join("wasmctrl-e2e-artifacts")
 }
 
-/// A client that acts as `user` through impersonation by the admin credentials.
-async fn impersonating_client(user: &str) -> anyhow::Result<Client> {
+/// A client that acts as `user` (e.g. a team member, `team-a-user`), impersonated by the
+/// admin: it may do exactly what RBAC grants that user.
+pub async fn client_as(user: &str) -> anyhow::Result<Client> {
+    let mut config = admin_config().await?;
+    config.auth_info.impersonate = Some(user.to_owned());
+    Ok(Client::try_from(config)?)
+}
+
+/// The test cluster's admin connection settings.
+async fn admin_config() -> anyhow::Result<kube::Config> {
     let kubeconfig = kube::config::Kubeconfig::read_from(TestEnv::get().kubeconfig())?;
-    let mut config = kube::Config::from_custom_kubeconfig(
+    Ok(kube::Config::from_custom_kubeconfig(
         kubeconfig,
         &kube::config::KubeConfigOptions::default(),
     )
-    .await?;
-    config.auth_info.impersonate = Some(user.to_owned());
-    Ok(Client::try_from(config)?)
+    .await?)
+}
+
+/// Connection settings that authenticate as ServiceAccount `namespace/name` with a token
+/// the API server issues for it (TokenRequest), as a pod's mounted token does.
+pub async fn service_account_config(namespace: &str, name: &str) -> anyhow::Result<kube::Config> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let admin = TestEnv::get().client().await?;
+    let accounts: kube::Api<ServiceAccount> = kube::Api::namespaced(admin, namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request(name, &kube::api::PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token for ServiceAccount {namespace}/{name}"))?
+        .status
+        .and_then(|status| status.token)
+        .context("the TokenRequest has no token")?;
+    let mut config = admin_config().await?;
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..kube::config::AuthInfo::default()
+    };
+    Ok(config)
 }

@@ -1,5 +1,5 @@
 //! Asking a host's HTTP listener (`/healthz`, `/readyz`, `/metrics`) as a kubelet or
-//! Prometheus would.
+//! Prometheus would, and serving plugins over HTTP as a web server would.
 
 /// A plain HTTP GET on loopback: the status code and the body.
 pub async fn http_get(address: std::net::SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
@@ -25,4 +25,56 @@ pub async fn http_get(address: std::net::SocketAddr, path: &str) -> anyhow::Resu
         anyhow::Ok((status, body))
     })
     .await?
+}
+
+/// A loopback HTTP server for plugin downloads: `GET /<file>` (with `Authorization: Bearer
+/// <token>` when a token is given) serves the built plugin `<file>` (without `.wasm`). The
+/// first request it ever gets is answered 503, so the host's retry is exercised.
+pub fn serve_plugins(token: Option<&'static str>) -> anyhow::Result<std::net::SocketAddr> {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    std::thread::spawn(move || {
+        let mut first = true;
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(&stream);
+            let mut request_line = String::new();
+            let _ = reader.read_line(&mut request_line);
+            let mut authorized = token.is_none();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                authorized |= token.is_some_and(|token| {
+                    line.eq_ignore_ascii_case(&format!("authorization: Bearer {token}\r\n"))
+                });
+            }
+            let path = request_line
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("/")
+                .trim_start_matches('/')
+                .to_owned();
+            let file = wasmctrl_testenv::plugins::guest_path(path.trim_end_matches(".wasm"));
+            let (status, body) = if std::mem::take(&mut first) {
+                ("503 Service Unavailable", Vec::new())
+            } else if !authorized {
+                ("401 Unauthorized", Vec::new())
+            } else {
+                match std::fs::read(&file) {
+                    Ok(bytes) => ("200 OK", bytes),
+                    Err(_) => ("404 Not Found", Vec::new()),
+                }
+            };
+            let mut stream = &stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(&body);
+        }
+    });
+    Ok(address)
 }

@@ -18,8 +18,8 @@ mod policies;
 mod process;
 
 pub use chart::{CHART, apply_policy_rbac, documents, helm, install_chart_rbac, render};
-pub use host::{HostBuilder, HostUnderTest};
-pub use http::http_get;
+pub use host::{HostBuilder, HostUnderTest, client_as};
+pub use http::{http_get, serve_plugins};
 pub use kinds::{
     TEST_GROUP, myapp, myapp_policy_in, myapp_policy_spec, myapps, test_crd, widget, widget_test,
     widgets,

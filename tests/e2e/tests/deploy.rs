@@ -35,9 +35,14 @@ fn check_committed(path: &Path, actual: &str) -> anyhow::Result<()> {
 #[test]
 fn the_chart_lints_renders_the_committed_manifests_and_refuses_nonsense() -> anyhow::Result<()> {
     let root = repo_root();
-    // The chart installs the CRD from its own crds/; it must be the one the repo generates.
-    let crd = std::fs::read_to_string(root.join("crds/reconcilepolicy.yaml"))?;
-    check_committed(&root.join(CHART).join("crds/reconcilepolicy.yaml"), &crd)?;
+    // The chart installs the CRDs from its own crds/; they must be the ones the repo generates.
+    for file in [
+        "crds/reconcilepolicy.yaml",
+        "crds/namespacedreconcilepolicy.yaml",
+    ] {
+        let crd = std::fs::read_to_string(root.join(file))?;
+        check_committed(&root.join(CHART).join(file), &crd)?;
+    }
 
     let lint = helm(&["lint", "--strict", CHART])?;
     assert!(
@@ -280,4 +285,110 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
         .delete(&service_account, &Default::default())
         .await;
     delete_namespace(&client, &ns).await
+}
+
+/// The host's own role grants nothing on any kind a policy reconciles, makes or reads:
+/// policies act as their own ServiceAccounts, and the host may impersonate exactly the ones
+/// the values name.
+#[test]
+fn the_hosts_own_role_has_no_rule_on_policy_kinds_and_impersonates_only_whom_it_is_told()
+-> anyhow::Result<()> {
+    let defaults = documents(&render(&["wasmctrl", CHART, "--namespace", "wasmctrl"])?)?;
+    let host_kinds = ["wasmctrl.dev", "events.k8s.io", "authorization.k8s.io"];
+    for role in defaults.iter().filter(|o| o["kind"] == "ClusterRole") {
+        if role["metadata"]["name"] != "wasmctrl" {
+            continue;
+        }
+        for rule in role["rules"].as_array().context("rules")? {
+            let groups = rule["apiGroups"].as_array().context("apiGroups")?;
+            assert!(
+                groups
+                    .iter()
+                    .all(|g| host_kinds.contains(&g.as_str().unwrap_or("?"))),
+                "the host's ClusterRole reaches beyond its own kinds: {rule}"
+            );
+        }
+    }
+    let own = defaults
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "wasmctrl")
+        .context("the host's Role")?;
+    assert_eq!(
+        own["rules"],
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update"]}])
+    );
+    assert!(
+        !serde_json::to_string(&defaults)?.contains("impersonate"),
+        "no impersonation unless the values name whom"
+    );
+    let deployment = defaults
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .context("the Deployment")?;
+    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        args.as_array()
+            .is_some_and(|a| a.iter().any(|a| a == "--require-policy-identity")),
+        "{args}"
+    );
+
+    let named = documents(&render(&[
+        "wasmctrl",
+        CHART,
+        "--namespace",
+        "wasmctrl",
+        "--set",
+        "policyIdentity.serviceAccounts[0].namespace=shop",
+        "--set",
+        "policyIdentity.serviceAccounts[0].name=operator",
+        "--set",
+        "policyIdentity.namespaces[0]=team-a",
+        "--set",
+        "policyIdentity.require=false",
+    ])?)?;
+    let role = |namespace: &str, name: &str| {
+        named
+            .iter()
+            .find(|o| {
+                o["kind"] == "Role"
+                    && o["metadata"]["namespace"] == namespace
+                    && o["metadata"]["name"] == name
+            })
+            .cloned()
+            .with_context(|| format!("Role {namespace}/{name}"))
+    };
+    assert_eq!(
+        role("shop", "wasmctrl-impersonate-operator")?["rules"],
+        json!([{"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": ["operator"], "verbs": ["impersonate"]}])
+    );
+    assert_eq!(
+        role("team-a", "wasmctrl-impersonate")?["rules"],
+        json!([{"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]}])
+    );
+    for (namespace, name) in [
+        ("shop", "wasmctrl-impersonate-operator"),
+        ("team-a", "wasmctrl-impersonate"),
+    ] {
+        let binding = named
+            .iter()
+            .find(|o| {
+                o["kind"] == "RoleBinding"
+                    && o["metadata"]["namespace"] == namespace
+                    && o["metadata"]["name"] == name
+            })
+            .with_context(|| format!("RoleBinding {namespace}/{name}"))?;
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "wasmctrl", "namespace": "wasmctrl"}])
+        );
+    }
+    let deployment = named
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .context("the Deployment")?;
+    assert!(
+        !deployment.to_string().contains("--require-policy-identity"),
+        "policyIdentity.require=false drops the flag"
+    );
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! The built image, deployed: pushed to a registry, pulled and run by runc as two replicas
 //! of a Pod's container (read-only root, non-root user, no capabilities, the ServiceAccount
 //! token from the TokenRequest API, in-cluster configuration), with only the chart's RBAC
-//! plus `wasmctrl rbac` for the MyApp policy. One replica leads and converges MyApps; SIGKILL
+//! plus `wasmctrl rbac` for the MyApp policy, which acts as its own ServiceAccount (the
+//! chart's `--require-policy-identity`). One replica leads and converges MyApps; SIGKILL
 //! hands over once the lease expires, SIGTERM within about a second, and the terminated
 //! replica exits 0. A replica whose cache directory is not writable still runs.
 
@@ -66,6 +67,7 @@ fn start_replica(
         "--shutdown-timeout-seconds=30",
         "--leader-elect",
         &format!("--leader-elect-lease-name={LEASE}"),
+        "--require-policy-identity",
         &format!("--policy-selector={TEST_LABEL}={TEST}"),
     ]
     .map(str::to_owned)
@@ -160,11 +162,14 @@ async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow
     image::pull_into(&reference, &rootfs).await?;
     std::fs::set_permissions(&rootfs, std::fs::Permissions::from_mode(0o755))?;
 
-    // The chart's RBAC, the policy's generated RBAC, and a token for the ServiceAccount.
+    // The chart's RBAC, the policy's generated RBAC (its own ServiceAccount, whose rules it
+    // acts with, and the host's grant to impersonate it), and a token for the host's
+    // ServiceAccount.
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let service_account = install_chart_rbac(&client, RELEASE, &ns).await?;
-    let spec = myapp_policy_in(&ns, json!({"file": {"path": PLUGIN_IN_IMAGE}}));
+    let mut spec = myapp_policy_in(&ns, json!({"file": {"path": PLUGIN_IN_IMAGE}}));
+    spec["serviceAccount"] = json!({"namespace": ns, "name": "myapp-operator"});
     apply_policy_rbac(
         &client,
         TEST,

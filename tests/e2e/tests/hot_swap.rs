@@ -608,57 +608,6 @@ async fn a_candidate_runs_in_shadow_then_as_a_canary_then_is_promoted() -> anyho
     Ok(())
 }
 
-/// A loopback HTTP server for plugin downloads: `GET /<file>` with `Authorization: Bearer
-/// <token>` serves the built plugin `<file>` (without `.wasm`). The first request it ever
-/// gets is answered 503, so the host's retry is exercised.
-fn serve_plugins(token: &'static str) -> anyhow::Result<std::net::SocketAddr> {
-    use std::io::{BufRead as _, BufReader, Write as _};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let address = listener.local_addr()?;
-    std::thread::spawn(move || {
-        let mut first = true;
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(&stream);
-            let mut request_line = String::new();
-            let _ = reader.read_line(&mut request_line);
-            let mut authorized = false;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                authorized |=
-                    line.eq_ignore_ascii_case(&format!("authorization: Bearer {token}\r\n"));
-            }
-            let path = request_line
-                .split_whitespace()
-                .nth(1)
-                .unwrap_or("/")
-                .trim_start_matches('/')
-                .to_owned();
-            let file = wasmctrl_testenv::plugins::guest_path(path.trim_end_matches(".wasm"));
-            let (status, body) = if std::mem::take(&mut first) {
-                ("503 Service Unavailable", Vec::new())
-            } else if !authorized {
-                ("401 Unauthorized", Vec::new())
-            } else {
-                match std::fs::read(&file) {
-                    Ok(bytes) => ("200 OK", bytes),
-                    Err(_) => ("404 Not Found", Vec::new()),
-                }
-            };
-            let mut stream = &stream;
-            let _ = write!(
-                stream,
-                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = stream.write_all(&body);
-        }
-    });
-    Ok(address)
-}
-
 /// A digest no plugin has: pinned, it can only be served by fetching its source.
 const NEVER_LOADED: &str =
     "sha256:0000000000000000000000000000000000000000000000000000000000000000";
@@ -670,7 +619,7 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
-    let address = serve_plugins("s3cret")?;
+    let address = serve_plugins(Some("s3cret"))?;
     let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
     apply(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry"}, "stringData": {"token": "s3cret"}})).await?;
     let http = |file: &str, secret: bool| {

@@ -57,7 +57,11 @@ pub async fn install_crd(client: &Client, crd: &Value) -> anyhow::Result<()> {
 
 /// Install the repository's CRDs (ReconcilePolicy, MyApp).
 pub async fn install_repo_crds(client: &Client) -> anyhow::Result<()> {
-    for file in ["crds/reconcilepolicy.yaml", "crds/myapp.yaml"] {
+    for file in [
+        "crds/reconcilepolicy.yaml",
+        "crds/namespacedreconcilepolicy.yaml",
+        "crds/myapp.yaml",
+    ] {
         let text = std::fs::read_to_string(crate::repo_root().join(file))?;
         install_crd(client, &serde_yaml_ng::from_str(&text)?).await?;
     }

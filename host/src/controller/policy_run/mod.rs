@@ -3,6 +3,7 @@
 //! kube-runtime `Controller` over the parent kind, its children and its related kinds until
 //! told to stop. Stopping is graceful: reconciles in flight finish first.
 
+pub(crate) mod identity;
 pub(crate) mod parent_claims;
 pub(crate) mod permissions;
 pub(crate) mod prepare;
@@ -38,6 +39,7 @@ use crate::controller::reconcile::serving::{ActivePlugin, Serving};
 use crate::metrics::PolicyMetrics;
 use crate::plugin::Plugin;
 use crate::policy::ReconcilePolicy;
+use identity::Acting;
 use prepare::Parts;
 pub(crate) use shared::Shared;
 use status::{PolicyStatusWriter, State};
@@ -120,7 +122,7 @@ async fn run_controller(
 ) {
     let name = policy.name_any();
     let metrics = shared.metrics.policy(&name);
-    let setup = watch_setup(&policy, shared, &metrics);
+    let setup = watch_setup(&policy, shared, &parts.acting, &metrics);
     let references = parts
         .related
         .iter()
@@ -156,13 +158,24 @@ async fn run_controller(
         metrics.clone(),
     ));
     let namespace = setup.namespace.as_deref();
+    let acting = &parts.acting.client;
     let first_sync = if shared.leadership.is_leader() {
-        Some(release::sync_finalizers(&shared.client, &policy, &parts.parent, namespace).await)
+        Some(
+            release::sync_finalizers(&shared.client, acting, &policy, &parts.parent, namespace)
+                .await,
+        )
     } else {
         None
     };
-    let finalizers = keep_finalizers_in_sync(first_sync, &policy, shared, &parts.parent, namespace);
-    let running = announce_running(&policy, shared, &parts, &mut status, namespace).await;
+    let finalizers = keep_finalizers_in_sync(
+        first_sync,
+        &policy,
+        shared,
+        acting,
+        &parts.parent,
+        namespace,
+    );
+    let running = announce_running(&policy, &parts, &mut status, namespace).await;
 
     // A swap, a candidate change and a takeover re-enqueue every parent through this channel.
     let (requeue_all, requeue_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
@@ -200,7 +213,7 @@ fn policy_context(
     let spec = &policy.spec;
     let options = &shared.options;
     PolicyContext {
-        client: shared.client.clone(),
+        client: parts.acting.client.clone(),
         policy: name,
         finalizer: spec
             .finalize
@@ -213,7 +226,7 @@ fn policy_context(
                 .map_or(options.resync.as_secs(), u64::from),
         ),
         events: EventSink::new(
-            shared.client.clone(),
+            parts.acting.client.clone(),
             setup.field_manager.clone(),
             options.event_interval,
         ),
@@ -230,11 +243,16 @@ fn policy_context(
     }
 }
 
-/// What the policy's watches share: where they look, what they report to.
-fn watch_setup(policy: &ReconcilePolicy, shared: &Shared, metrics: &PolicyMetrics) -> WatchSetup {
+/// What the policy's watches share: who they watch as, where they look, what they report to.
+fn watch_setup(
+    policy: &ReconcilePolicy,
+    shared: &Shared,
+    acting: &Acting,
+    metrics: &PolicyMetrics,
+) -> WatchSetup {
     let name = policy.name_any();
     WatchSetup {
-        client: shared.client.clone(),
+        client: acting.client.clone(),
         // A namespace restriction applies to namespaced kinds; cluster-scoped ones are
         // watched cluster-wide (and need cluster RBAC).
         namespace: policy
@@ -254,30 +272,30 @@ fn watch_setup(policy: &ReconcilePolicy, shared: &Shared, metrics: &PolicyMetric
 /// about its related kinds and about children of kinds it no longer manages.
 async fn announce_running(
     policy: &ReconcilePolicy,
-    shared: &Shared,
     parts: &Parts,
     status: &mut PolicyStatusWriter,
     namespace: Option<&str>,
 ) -> State {
-    let running = running_state(policy);
+    let running = running_state(policy, &parts.acting);
     status.set_ready(running.clone());
     status.set_optional("RelatedNarrowed", report::related_cost(&parts.related));
-    report::report_unmanaged_children(&shared.client, policy, status, namespace).await;
+    report::report_unmanaged_children(&parts.acting.client, policy, status, namespace).await;
     status.flush().await;
-    tracing::info!(policy = %policy.name_any(), parent = %policy.spec.parent.kind, "policy controller running");
+    tracing::info!(policy = %policy.name_any(), parent = %policy.spec.parent.kind, acting_as = %parts.acting.who(), "policy controller running");
     running
 }
 
 /// The `Ready=True` state of a running policy.
-fn running_state(policy: &ReconcilePolicy) -> State {
+fn running_state(policy: &ReconcilePolicy, acting: &Acting) -> State {
     let spec = &policy.spec;
     State::ok(
         "Running",
         format!(
-            "reconciling {} {} with {} child kind(s)",
+            "reconciling {} {} with {} child kind(s) as {}",
             spec.parent.api_version,
             spec.parent.kind,
-            spec.children.len()
+            spec.children.len(),
+            acting.who()
         ),
     )
 }
@@ -291,6 +309,7 @@ fn keep_finalizers_in_sync<'a>(
     first: Option<anyhow::Result<()>>,
     policy: &'a ReconcilePolicy,
     shared: &'a Shared,
+    acting: &'a kube::Client,
     parent: &'a ResolvedKind,
     namespace: Option<&'a str>,
 ) -> impl Future<Output = ()> + 'a {
@@ -301,14 +320,14 @@ fn keep_finalizers_in_sync<'a>(
             Some(result) => result,
             None => {
                 shared.leadership.until_leader().await;
-                release::sync_finalizers(client, policy, parent, namespace).await
+                release::sync_finalizers(client, acting, policy, parent, namespace).await
             }
         };
         while let Err(error) = result {
             let delay = retry.failed(&()).delay;
             tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), retry_in = ?delay, "could not set up finalizers");
             tokio::time::sleep(delay).await;
-            result = release::sync_finalizers(client, policy, parent, namespace).await;
+            result = release::sync_finalizers(client, acting, policy, parent, namespace).await;
         }
         std::future::pending::<()>().await;
     }

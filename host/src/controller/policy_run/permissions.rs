@@ -1,15 +1,16 @@
-//! Before a policy's controller starts, the host asks the API server whether it may do what
-//! the policy needs (one SelfSubjectAccessReview per verb and resource). A missing permission
-//! becomes `Ready=False, Forbidden` naming exactly what to grant — instead of a cache that
-//! never syncs and a log line nobody reads.
+//! Before a policy's controller starts, the host asks the API server whether the policy's
+//! identity (its ServiceAccount, or the host itself) may do what the policy needs: one
+//! SelfSubjectAccessReview per verb and resource, made through the client the policy acts
+//! through. A missing permission becomes `Ready=False, Forbidden` naming who lacks exactly
+//! what — instead of a cache that never syncs and a log line nobody reads.
 
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use kube::Client;
 use kube::api::{Api, PostParams};
 
 use crate::controller::kinds::ResolvedKind;
+use crate::controller::policy_run::identity::Acting;
 use crate::controller::policy_run::status::State;
 use crate::policy::ReconcilePolicySpec;
 use crate::policy::permissions::{self, KindScope, Permission};
@@ -21,11 +22,11 @@ pub(crate) struct Resolved<'a> {
     pub related: Vec<&'a ResolvedKind>,
 }
 
-/// `Forbidden` with what is missing, or `None` when the host holds every permission the
-/// policy needs. A review that cannot be made is logged and does not hold the policy up:
-/// the watches will say the same thing, later.
+/// `Forbidden` with what is missing, or `None` when the policy's identity holds every
+/// permission the policy needs. A review that cannot be made is logged and does not hold the
+/// policy up: the watches will say the same thing, later.
 pub(crate) async fn check(
-    client: &Client,
+    acting: &Acting,
     spec: &ReconcilePolicySpec,
     host_namespace: Option<&str>,
     kinds: &Resolved<'_>,
@@ -46,7 +47,7 @@ pub(crate) async fn check(
             .ok_or(())
     })
     .ok()?;
-    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let api: Api<SelfSubjectAccessReview> = Api::all(acting.client.clone());
     let reviews = needed.into_iter().map(|permission| {
         let api = api.clone();
         async move {
@@ -60,7 +61,7 @@ pub(crate) async fn check(
             Ok(true) => {}
             Ok(false) => missing.push(permission),
             Err(error) => {
-                tracing::warn!(error = %error, resource = %permission.resource, verb = permission.verb, "could not review the host's own permission");
+                tracing::warn!(error = %error, resource = %permission.resource, verb = permission.verb, who = %acting.who(), "could not review the policy's permission");
                 return None;
             }
         }
@@ -69,7 +70,8 @@ pub(crate) async fn check(
         State::failed(
             "Forbidden",
             format!(
-                "the host may not {}; grant it (see `wasmctrl rbac`)",
+                "{} may not {}; grant it (see `wasmctrl rbac`)",
+                acting.who(),
                 permissions::describe(&missing)
             ),
         )

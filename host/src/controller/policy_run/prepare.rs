@@ -6,6 +6,7 @@ use kube::{Client, ResourceExt as _};
 
 use crate::controller::cache::related::RelatedBy;
 use crate::controller::kinds::{self, KindError, ResolvedKind};
+use crate::controller::policy_run::identity::{self, Acting};
 use crate::controller::policy_run::parent_claims;
 use crate::controller::policy_run::permissions;
 use crate::controller::policy_run::shared::Shared;
@@ -17,6 +18,8 @@ use crate::registry::PluginRequest;
 /// The resolved pieces a controller needs.
 pub(crate) struct Parts {
     pub plugin: Plugin,
+    /// The client the policy acts through, and who it acts as.
+    pub acting: Acting,
     pub parent: ResolvedKind,
     pub children: Vec<(KindRef, ResolvedKind)>,
     /// In the order of the policy's `related`.
@@ -36,8 +39,9 @@ pub(crate) async fn prepare(
         None => plugin.insert(load(policy, shared, status).await?).clone(),
     };
     match check(policy, shared).await {
-        Ok((parent, children, related)) => Some(Parts {
+        Ok((acting, (parent, children, related))) => Some(Parts {
             plugin,
+            acting,
             parent,
             children,
             related,
@@ -55,12 +59,15 @@ type Kinds = (
     Vec<(ResolvedKind, RelatedBy)>,
 );
 
-/// The checks, in order: kinds served, parent kind not taken, namespace usable, permissions
-/// granted, related objects chosen in a usable way.
-async fn check(policy: &ReconcilePolicy, shared: &Shared) -> Result<Kinds, State> {
+/// The checks, in order: an identity to act as, kinds served, parent kind not taken,
+/// namespace usable, permissions granted (to that identity), related objects chosen in a
+/// usable way.
+async fn check(policy: &ReconcilePolicy, shared: &Shared) -> Result<(Acting, Kinds), State> {
     let spec = &policy.spec;
     let host_namespace = shared.options.namespace.as_deref();
-    let (parent, children, related) = resolve_kinds(&shared.client, policy).await?;
+    let acting = shared.identities.acting_for(policy)?;
+    identity::verify(&acting).await?;
+    let (parent, children, related) = resolve_kinds(&acting.client, policy).await?;
     parent_unclaimed(&shared.client, policy).await?;
     if let Some(problem) = parent_scope_problem(policy, &parent, host_namespace) {
         return Err(problem);
@@ -70,14 +77,12 @@ async fn check(policy: &ReconcilePolicy, shared: &Shared) -> Result<Kinds, State
         children: children.iter().map(|(_, kind)| kind).collect(),
         related: related.iter().collect(),
     };
-    if let Some(forbidden) =
-        permissions::check(&shared.client, spec, host_namespace, &resolved).await
-    {
+    if let Some(forbidden) = permissions::check(&acting, spec, host_namespace, &resolved).await {
         tracing::warn!(policy = %policy.name_any(), message = %forbidden.message, "missing permissions");
         return Err(forbidden);
     }
     let related = related_choices(spec, related)?;
-    Ok((parent, children, related))
+    Ok((acting, (parent, children, related)))
 }
 
 /// Obtain the policy's plugin from the registry, reporting the result on the policy.

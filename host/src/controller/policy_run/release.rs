@@ -120,9 +120,12 @@ pub(crate) async fn set_policy_finalizer(
     }
 }
 
-/// Release every parent of a policy that is being deleted, then let the policy go.
+/// Release every parent of a policy that is being deleted (through `acting`, the client the
+/// policy acts through), then let the policy go (as the host, through `host`). `namespace`
+/// is the host's own restriction, if any; the policy's `spec.parent.namespace` narrows it.
 pub(crate) async fn retire(
-    client: &Client,
+    host: &Client,
+    acting: &Client,
     policy: &ReconcilePolicy,
     namespace: Option<&str>,
 ) -> anyhow::Result<()> {
@@ -131,17 +134,18 @@ pub(crate) async fn retire(
     }
     let name = policy.name_any();
     let label = policy_label_value(&name);
-    match kinds::resolve(client, &policy.spec.parent.kind_ref()).await {
+    let namespace = policy.spec.parent.namespace.as_deref().or(namespace);
+    match kinds::resolve(acting, &policy.spec.parent.kind_ref()).await {
         Ok(parent) => {
             let released =
-                release_parents(client, &parent, namespace, &parent_finalizer(&label)).await?;
+                release_parents(acting, &parent, namespace, &parent_finalizer(&label)).await?;
             tracing::info!(policy = %name, released, "policy deleted; its parents' finalizers released");
         }
         // No parent kind, no parents holding anything.
         Err(kinds::KindError::NotFound { .. }) => {}
         Err(error) => return Err(error.into()),
     }
-    set_policy_finalizer(client, &name, policy.metadata.uid.as_deref(), false).await
+    set_policy_finalizer(host, &name, policy.metadata.uid.as_deref(), false).await
 }
 
 /// Children of kinds that left `spec.children`: which of those kinds still have objects
@@ -185,9 +189,12 @@ pub(crate) async fn unmanaged_children(
 }
 
 /// Bring the finalizers in line with `spec.finalize`: a finalizing policy carries
-/// [`POLICY_FINALIZER`]; one that stopped finalizing releases its parents, then drops it.
+/// [`POLICY_FINALIZER`] (written as the host, through `host`); one that stopped finalizing
+/// releases its parents (through `acting`, the client the policy acts through), then drops
+/// it.
 pub(crate) async fn sync_finalizers(
-    client: &Client,
+    host: &Client,
+    acting: &Client,
     policy: &ReconcilePolicy,
     parent: &ResolvedKind,
     namespace: Option<&str>,
@@ -195,13 +202,13 @@ pub(crate) async fn sync_finalizers(
     let name = policy.name_any();
     let uid = policy.metadata.uid.as_deref();
     if policy.spec.finalize {
-        return set_policy_finalizer(client, &name, uid, true).await;
+        return set_policy_finalizer(host, &name, uid, true).await;
     }
     if !policy.finalizers().iter().any(|f| f == POLICY_FINALIZER) {
         return Ok(());
     }
     let label = policy_label_value(&name);
-    let released = release_parents(client, parent, namespace, &parent_finalizer(&label)).await?;
+    let released = release_parents(acting, parent, namespace, &parent_finalizer(&label)).await?;
     tracing::info!(policy = %name, released, "policy no longer finalizes; parents released");
-    set_policy_finalizer(client, &name, uid, false).await
+    set_policy_finalizer(host, &name, uid, false).await
 }

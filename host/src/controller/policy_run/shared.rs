@@ -6,11 +6,15 @@ use std::sync::Arc;
 use kube::Client;
 
 use crate::controller::options::HostOptions;
+use crate::controller::policy_run::identity::Identities;
 use crate::registry::PluginRegistry;
 
 /// What every policy controller shares.
 pub(crate) struct Shared {
+    /// The host's own client: policies and their status, leader election.
     pub client: Client,
+    /// The clients policies act through.
+    pub identities: Identities,
     /// Where every policy gets its plugins.
     pub registry: Arc<PluginRegistry>,
     pub options: HostOptions,

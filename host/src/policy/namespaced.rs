@@ -1,0 +1,233 @@
+//! `NamespacedReconcilePolicy`: a ReconcilePolicy a team makes in its own namespace, with no
+//! cluster rights at all.
+//!
+//! ReconcilePolicies are cluster-scoped, and RBAC cannot confine the creation of a
+//! cluster-scoped object to one team. A NamespacedReconcilePolicy has the same spec; RBAC on
+//! it is an ordinary Role in the team's namespace. The host turns each into a
+//! ReconcilePolicy named `<namespace>.<name>`, confined to that namespace
+//! (`spec.parent.namespace`) and acting as a ServiceAccount of that namespace
+//! (`spec.serviceAccount`, required), and copies that policy's status back. What the team
+//! could not do with a Role — reconcile another namespace, act as another namespace's
+//! account, read a file on the host or the host's registry credentials — the host refuses.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt as _;
+use kube::core::{ApiResource, GroupVersionKind};
+
+use super::{PluginSource, ReconcilePolicy, ReconcilePolicySpec};
+
+/// The kind.
+pub const KIND: &str = "NamespacedReconcilePolicy";
+/// Its plural, as RBAC rules name it.
+pub const PLURAL: &str = "namespacedreconcilepolicies";
+
+/// The API resource of the kind.
+pub fn api_resource() -> ApiResource {
+    let policy = ReconcilePolicy::api_resource();
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&policy.group, &policy.version, KIND),
+        PLURAL,
+    )
+}
+
+/// The CustomResourceDefinition: ReconcilePolicy's, with the namespaced kind's names and
+/// scope (one schema for both, so they cannot drift apart).
+pub fn crd() -> CustomResourceDefinition {
+    let mut crd = ReconcilePolicy::crd();
+    let group = crd.spec.group.clone();
+    crd.metadata.name = Some(format!("{PLURAL}.{group}"));
+    crd.spec.scope = "Namespaced".to_owned();
+    let names = &mut crd.spec.names;
+    names.kind = KIND.to_owned();
+    names.plural = PLURAL.to_owned();
+    names.singular = Some(KIND.to_lowercase());
+    names.list_kind = Some(format!("{KIND}List"));
+    names.short_names = Some(vec!["nrp".to_owned()]);
+    crd
+}
+
+/// The name of the ReconcilePolicy made from NamespacedReconcilePolicy `name` in
+/// `namespace`. A dot cannot occur in a namespace, so two sources never share one.
+pub fn cluster_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}.{name}")
+}
+
+/// Why a NamespacedReconcilePolicy cannot run, as a condition's reason and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The condition's reason.
+    pub reason: &'static str,
+    /// What to change.
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// The spec of the ReconcilePolicy that runs `spec` for `namespace`: confined to it, acting as
+/// one of its accounts. Refused when it reaches outside the namespace.
+pub fn confine(
+    namespace: &str,
+    mut spec: ReconcilePolicySpec,
+) -> Result<ReconcilePolicySpec, Refusal> {
+    match &spec.service_account {
+        None => {
+            return Err(Refusal::new(
+                "IdentityRequired",
+                format!(
+                    "a NamespacedReconcilePolicy acts as a ServiceAccount of its own namespace: set spec.serviceAccount to {{namespace: {namespace}, name: …}}"
+                ),
+            ));
+        }
+        Some(account) if account.namespace != namespace => {
+            return Err(Refusal::new(
+                "IdentityOutsideNamespace",
+                format!(
+                    "spec.serviceAccount is in namespace {}; a policy in {namespace} may act only as an account of {namespace}",
+                    account.namespace
+                ),
+            ));
+        }
+        Some(_) => {}
+    }
+    match spec.parent.namespace.as_deref() {
+        Some(other) if other != namespace => {
+            return Err(Refusal::new(
+                "ParentOutsideNamespace",
+                format!(
+                    "spec.parent.namespace is {other}; a policy in {namespace} reconciles only parents in {namespace}"
+                ),
+            ));
+        }
+        _ => spec.parent.namespace = Some(namespace.to_owned()),
+    }
+    let sources = std::iter::once(("spec.plugin.source", &spec.plugin.source)).chain(
+        spec.plugin
+            .candidate
+            .iter()
+            .map(|candidate| ("spec.plugin.candidate.source", &candidate.source)),
+    );
+    for (field, source) in sources {
+        if let Some(problem) = source_problem(source) {
+            return Err(Refusal::new(
+                "SourceNotAllowed",
+                format!(
+                    "{field}: {problem}; a NamespacedReconcilePolicy takes its plugin from an oci or http source without a secretRef"
+                ),
+            ));
+        }
+    }
+    Ok(spec)
+}
+
+/// Why a team may not use `source`: it would read what belongs to the host.
+fn source_problem(source: &PluginSource) -> Option<&'static str> {
+    if source.file.is_some() {
+        return Some("a file source reads the host's filesystem");
+    }
+    if source.config_map.is_some() {
+        return Some("a configMap source is read with the host's rights");
+    }
+    let secret = source
+        .oci
+        .as_ref()
+        .and_then(|o| o.secret_ref.as_ref())
+        .or(source.http.as_ref().and_then(|h| h.secret_ref.as_ref()));
+    secret.map(|_| "a secretRef names the host's registry credentials")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(extra: serde_json::Value) -> ReconcilePolicySpec {
+        let mut spec = serde_json::json!({
+            "parent": {"apiVersion": "example.com/v1", "kind": "MyApp"},
+            "children": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+            "plugin": {
+                "source": {"oci": {"reference": "registry.example.com/myapp:1"}},
+                "digest": format!("sha256:{}", "0".repeat(64)),
+            },
+            "serviceAccount": {"namespace": "team-a", "name": "operator"},
+        });
+        json_merge(&mut spec, extra);
+        serde_json::from_value(spec).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn json_merge(target: &mut serde_json::Value, patch: serde_json::Value) {
+        match (target, patch) {
+            (serde_json::Value::Object(target), serde_json::Value::Object(patch)) => {
+                for (key, value) in patch {
+                    json_merge(target.entry(key).or_insert(serde_json::Value::Null), value);
+                }
+            }
+            (target, patch) => *target = patch,
+        }
+    }
+
+    #[test]
+    fn a_policy_is_confined_to_its_namespace_and_acts_as_one_of_its_accounts() {
+        let confined = confine("team-a", spec(serde_json::json!({}))).map_err(|r| r.message);
+        assert_eq!(
+            confined.map(|s| s.parent.namespace),
+            Ok(Some("team-a".to_owned()))
+        );
+        let reason = |extra| {
+            confine("team-a", spec(extra))
+                .map(|_| ())
+                .map_err(|r| r.reason)
+        };
+        assert_eq!(
+            reason(serde_json::json!({"parent": {"namespace": "team-b"}})),
+            Err("ParentOutsideNamespace")
+        );
+        assert_eq!(
+            reason(serde_json::json!({"serviceAccount": {"namespace": "kube-system"}})),
+            Err("IdentityOutsideNamespace")
+        );
+        assert_eq!(
+            reason(serde_json::json!({"serviceAccount": null})),
+            Err("IdentityRequired")
+        );
+        assert_eq!(
+            reason(
+                serde_json::json!({"plugin": {"source": {"oci": null, "file": {"path": "/var/run/secrets/kubernetes.io/serviceaccount/token"}}}})
+            ),
+            Err("SourceNotAllowed")
+        );
+        assert_eq!(
+            reason(
+                serde_json::json!({"plugin": {"source": {"oci": {"secretRef": {"namespace": "wasmctrl", "name": "registry"}}}}})
+            ),
+            Err("SourceNotAllowed")
+        );
+        assert_eq!(
+            reason(
+                serde_json::json!({"plugin": {"candidate": {"source": {"configMap": {"namespace": "team-a", "name": "p", "key": "k"}}}}})
+            ),
+            Err("SourceNotAllowed")
+        );
+    }
+
+    #[test]
+    fn the_namespaced_kind_shares_the_policy_schema() {
+        let crd = serde_json::to_value(crd()).unwrap_or_default();
+        let policy = serde_json::to_value(ReconcilePolicy::crd()).unwrap_or_default();
+        assert_eq!(crd["spec"]["scope"], "Namespaced");
+        assert_eq!(
+            crd["metadata"]["name"],
+            "namespacedreconcilepolicies.wasmctrl.dev"
+        );
+        assert_eq!(
+            crd["spec"]["versions"][0]["schema"],
+            policy["spec"]["versions"][0]["schema"]
+        );
+        assert_eq!(cluster_name("team-a", "app"), "team-a.app");
+    }
+}

@@ -1,0 +1,540 @@
+//! Tenancy: each policy acts as the ServiceAccount it names, and can do exactly what RBAC
+//! grants that account — no more, whatever the host itself may do.
+//!
+//! The hosts here run with a token of a ServiceAccount of their own whose RBAC holds only
+//! what the host needs for itself (ReconcilePolicies, and impersonating the accounts the
+//! test names): no rule on any parent, child or related kind. Every object a policy reads or
+//! writes is therefore read or written as the policy's account.
+
+use std::time::Duration;
+
+use kube::api::DynamicObject;
+use serde_json::{Value, json};
+use wasmctrl_e2e::*;
+
+fn reconciled(object: &Value) -> Option<&Value> {
+    condition(object, "Reconciled")
+}
+
+fn ready(policy: &Value) -> Option<&Value> {
+    condition(policy, "Ready")
+}
+
+fn message(condition: Option<&Value>) -> String {
+    condition
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn install_kinds(client: &kube::Client) -> anyhow::Result<()> {
+    install_repo_crds(client).await?;
+    install_crd(client, &test_crd(TEST_GROUP, "Widget")).await
+}
+
+/// ServiceAccount `name` in `ns`.
+async fn service_account(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<()> {
+    let accounts = api(client, &resource("", "v1", "ServiceAccount"), ns);
+    apply(
+        &accounts,
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Role `name` in `ns` with `rules`, bound to ServiceAccount `account` of `ns`.
+async fn role(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    account: &str,
+    rules: Value,
+) -> anyhow::Result<()> {
+    let roles = api(
+        client,
+        &resource("rbac.authorization.k8s.io", "v1", "Role"),
+        ns,
+    );
+    apply(
+        &roles,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": name}, "rules": rules}),
+    )
+    .await?;
+    let bindings = api(
+        client,
+        &resource("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+        ns,
+    );
+    apply(
+        &bindings,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": name},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]}),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The host's own rights, as the chart grants them: ReconcilePolicies and their status, and
+/// NamespacedReconcilePolicies it turns into ReconcilePolicies (cluster-wide). Nothing on
+/// any other kind; whom it may impersonate is granted apart.
+async fn host_rights(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
+    let name = format!("{ns}-host");
+    let roles = kube::Api::<DynamicObject>::all_with(
+        client.clone(),
+        &resource("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+    );
+    apply(
+        &roles,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": name},
+               "rules": [
+                   {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+                   {"apiGroups": ["wasmctrl.dev"], "resources": ["namespacedreconcilepolicies"], "verbs": ["get", "list", "watch", "patch"]},
+                   {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies/status", "namespacedreconcilepolicies/status"], "verbs": ["get", "patch"]},
+               ]}),
+    )
+    .await?;
+    let bindings = kube::Api::<DynamicObject>::all_with(
+        client.clone(),
+        &resource("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
+    );
+    apply(
+        &bindings,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": name},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": "host", "namespace": ns}]}),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Let ServiceAccount `host` of `host_ns` impersonate the accounts of `ns` named in
+/// `accounts`, or (`None`) any account of `ns`.
+async fn may_impersonate(
+    client: &kube::Client,
+    host_ns: &str,
+    ns: &str,
+    accounts: Option<&[&str]>,
+) -> anyhow::Result<()> {
+    let mut rule =
+        json!({"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]});
+    if let Some(accounts) = accounts {
+        rule["resourceNames"] = json!(accounts);
+    }
+    let roles = api(
+        client,
+        &resource("rbac.authorization.k8s.io", "v1", "Role"),
+        ns,
+    );
+    apply(
+        &roles,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "wasmctrl-impersonate"}, "rules": [rule]}),
+    )
+    .await?;
+    let bindings = api(
+        client,
+        &resource("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+        ns,
+    );
+    apply(
+        &bindings,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "wasmctrl-impersonate"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "wasmctrl-impersonate"},
+               "subjects": [{"kind": "ServiceAccount", "name": "host", "namespace": host_ns}]}),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What a policy's account needs on its parent kind (`group`, `plural`) in its namespace.
+fn parent_rules(group: &str, plural: &str) -> Vec<Value> {
+    vec![
+        json!({"apiGroups": [group], "resources": [plural], "verbs": ["get", "list", "watch", "patch"]}),
+        json!({"apiGroups": [group], "resources": [format!("{plural}/status")], "verbs": ["get", "patch"]}),
+        json!({"apiGroups": [group], "resources": [format!("{plural}/finalizers")], "verbs": ["update"]}),
+        json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}),
+    ]
+}
+
+const CHILD_VERBS: [&str; 6] = ["get", "list", "watch", "create", "patch", "delete"];
+
+async fn delete_cluster_rbac(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
+    let name = format!("{ns}-host");
+    for kind in ["ClusterRoleBinding", "ClusterRole"] {
+        let api = kube::Api::<DynamicObject>::all_with(
+            client.clone(),
+            &resource("rbac.authorization.k8s.io", "v1", kind),
+        );
+        api.delete(&name, &Default::default()).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_policy_acts_with_exactly_the_rights_of_its_service_account() -> anyhow::Result<()> {
+    const TEST: &str = "tenancy-identity";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    for account in ["host", "narrow", "broad", "stranger"] {
+        service_account(&client, &ns, account).await?;
+    }
+    // The host may act as `narrow` and `broad`, not as `stranger`.
+    host_rights(&client, &ns).await?;
+    may_impersonate(&client, &ns, &ns, Some(&["narrow", "broad"])).await?;
+    // `narrow` may run the MyApp policy's Deployments but not its Services.
+    let mut narrow = parent_rules("example.com", "myapps");
+    narrow.push(json!({"apiGroups": ["apps"], "resources": ["deployments"], "verbs": CHILD_VERBS}));
+    narrow.push(
+        json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}),
+    );
+    role(&client, &ns, "narrow", "narrow", json!(narrow)).await?;
+    // `broad` may run the Widget policy, ConfigMaps as its children.
+    let mut broad = parent_rules(TEST_GROUP, "widgets");
+    broad.push(json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": CHILD_VERBS}));
+    role(&client, &ns, "broad", "broad", json!(broad)).await?;
+
+    let as_account = |account: &str, mut spec: Value| {
+        spec["serviceAccount"] = json!({"namespace": ns, "name": account});
+        spec
+    };
+    apply_policy(
+        &client,
+        TEST,
+        "narrow",
+        as_account(
+            "narrow",
+            myapp_policy_spec(file_source("myapp_plugin"), json!({"service": true})),
+        ),
+    )
+    .await?;
+    let widget_policy = json!({
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "plugin": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
+    });
+    apply_policy(
+        &client,
+        TEST,
+        "broad",
+        as_account("broad", widget_policy.clone()),
+    )
+    .await?;
+    // A policy that names no account, and one that names an account the host may not use.
+    let mut nobody = widget_policy.clone();
+    nobody["parent"]["kind"] = json!("NoSuchKind");
+    apply_policy(&client, TEST, "nobody", nobody.clone()).await?;
+    apply_policy(&client, TEST, "stranger", as_account("stranger", nobody)).await?;
+
+    let host = HostUnderTest::builder(TEST, &ns)
+        .as_service_account(&ns, "host")
+        .require_policy_identity()
+        .start()
+        .await?;
+    let policy_api = policies(&client);
+
+    // The narrow policy is refused before it watches anything, naming the account and
+    // exactly what it lacks.
+    let refused = wait_for_object(&policy_api, "narrow", "narrow: Forbidden", |p| {
+        ready(p).is_some_and(|c| c["reason"] == "Forbidden")
+    })
+    .await?;
+    let text = message(ready(&refused));
+    assert!(
+        text.contains(&format!("ServiceAccount {ns}/narrow may not"))
+            && text.contains(&format!("services in namespace {ns}")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("deployments"),
+        "only what is missing: {text}"
+    );
+
+    // The broad policy, in the same host, runs as its account: the host itself may not touch
+    // a ConfigMap, so the child exists only because the write was made as `broad`.
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w1", Some(1))).await?;
+    wait_for_object(&widgets, "w1", "w1 reconciled", |w| {
+        reconciled(w).is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    assert!(get(&config_maps, "w1-own").await?.is_some());
+    let running = wait_for_object(&policy_api, "broad", "broad: Ready", |p| {
+        ready(p).is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    assert!(
+        message(ready(&running)).contains(&format!("as ServiceAccount {ns}/broad")),
+        "{running}"
+    );
+
+    // Without an identity, a host that requires one refuses the policy.
+    let nobody = wait_for_object(&policy_api, "nobody", "nobody: IdentityRequired", |p| {
+        ready(p).is_some_and(|c| c["reason"] == "IdentityRequired")
+    })
+    .await?;
+    assert!(
+        message(ready(&nobody)).contains("spec.serviceAccount"),
+        "{nobody}"
+    );
+    // An account the host may not impersonate is named, with the grant it needs.
+    let stranger = wait_for_object(
+        &policy_api,
+        "stranger",
+        "stranger: ImpersonationForbidden",
+        |p| ready(p).is_some_and(|c| c["reason"] == "ImpersonationForbidden"),
+    )
+    .await?;
+    assert!(
+        message(ready(&stranger)).contains(&format!("ServiceAccount {ns}/stranger")),
+        "{stranger}"
+    );
+
+    // Take away `broad`'s right to create ConfigMaps (it may still read them): the plugin's
+    // next child fails with a reason that says so, and nothing is created.
+    let mut reading = parent_rules(TEST_GROUP, "widgets");
+    reading.push(
+        json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}),
+    );
+    role(&client, &ns, "broad", "broad", json!(reading)).await?;
+    apply(&widgets, widget("w2", Some(2))).await?;
+    let failed = wait_for_object(&widgets, "w2", "w2 failed", |w| {
+        reconciled(w).is_some_and(|c| c["status"] == "False")
+    })
+    .await?;
+    let text = message(reconciled(&failed));
+    assert!(
+        text.contains("forbidden") && text.contains("configmaps"),
+        "{failed}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(get(&config_maps, "w2-own").await?.is_none());
+    // What the account made before is left alone.
+    assert!(get(&config_maps, "w1-own").await?.is_some());
+
+    host.stop().await?;
+    for name in ["narrow", "broad", "nobody", "stranger"] {
+        policy_api.delete(name, &Default::default()).await?;
+    }
+    delete_cluster_rbac(&client, &ns).await?;
+    delete_namespace(&client, &ns).await
+}
+
+/// What a cluster admin grants a team, in its namespace only: its own policies, its parent
+/// kind, the kinds its operator makes, ServiceAccounts and RBAC to give its operator an
+/// identity. No cluster rights at all.
+async fn onboard_team(client: &kube::Client, ns: &str, user: &str) -> anyhow::Result<()> {
+    let roles = api(
+        client,
+        &resource("rbac.authorization.k8s.io", "v1", "Role"),
+        ns,
+    );
+    apply(
+        &roles,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "team"},
+               "rules": [
+                   {"apiGroups": ["wasmctrl.dev"], "resources": ["namespacedreconcilepolicies", "namespacedreconcilepolicies/status"], "verbs": ["*"]},
+                   {"apiGroups": ["example.com"], "resources": ["myapps", "myapps/status", "myapps/finalizers"], "verbs": ["*"]},
+                   {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["*"]},
+                   {"apiGroups": [""], "resources": ["services", "configmaps", "serviceaccounts"], "verbs": ["*"]},
+                   {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["*"]},
+                   {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["*"]},
+               ]}),
+    )
+    .await?;
+    let bindings = api(
+        client,
+        &resource("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+        ns,
+    );
+    apply(
+        &bindings,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "team"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "team"},
+               "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]}),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What the team does itself, as `user`: an account for its operator with the rights the
+/// MyApp policy needs, the policy (plugin over HTTP from `plugin_url`), and a MyApp.
+async fn team_runs_myapp(
+    ns: &str,
+    user: &str,
+    plugin_url: &str,
+    digest: &str,
+) -> anyhow::Result<kube::Client> {
+    let team = client_as(user).await?;
+    service_account(&team, ns, "operator").await?;
+    let mut rules = parent_rules("example.com", "myapps");
+    rules.push(json!({"apiGroups": ["apps"], "resources": ["deployments"], "verbs": CHILD_VERBS}));
+    rules.push(json!({"apiGroups": [""], "resources": ["services"], "verbs": CHILD_VERBS}));
+    rules.push(
+        json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}),
+    );
+    role(&team, ns, "operator", "operator", json!(rules)).await?;
+    let mut spec = myapp_policy_spec(
+        json!({"http": {"url": plugin_url}}),
+        json!({"service": true}),
+    );
+    spec["plugin"]["digest"] = json!(digest);
+    spec["serviceAccount"] = json!({"namespace": ns, "name": "operator"});
+    let policy = json!({
+        "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "NamespacedReconcilePolicy",
+        "metadata": {"name": "myapp", "labels": {TEST_LABEL: TEAMS}},
+        "spec": spec,
+    });
+    apply(&namespaced_policies(&team, ns), policy).await?;
+    apply(&myapps(&team, ns), myapp("web", 2, "nginx:1.27", None)).await?;
+    Ok(team)
+}
+
+fn namespaced_policies(client: &kube::Client, ns: &str) -> kube::Api<DynamicObject> {
+    api(
+        client,
+        &resource("wasmctrl.dev", "v1alpha1", "NamespacedReconcilePolicy"),
+        ns,
+    )
+}
+
+const TEAMS: &str = "tenancy-teams";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teams_with_only_namespace_rights_run_their_own_operators_for_one_parent_kind()
+-> anyhow::Result<()> {
+    let (client, host_ns) = test_namespace(TEAMS).await?;
+    let (_, team_a) = test_namespace("tenancy-team-a").await?;
+    let (_, team_b) = test_namespace("tenancy-team-b").await?;
+    install_repo_crds(&client).await?;
+    // The host: its own rights, and impersonating any account of the two teams' namespaces
+    // (the chart's `policyIdentity.namespaces`).
+    service_account(&client, &host_ns, "host").await?;
+    host_rights(&client, &host_ns).await?;
+    for team in [&team_a, &team_b] {
+        may_impersonate(&client, &host_ns, team, None).await?;
+        onboard_team(&client, team, &format!("{team}-user")).await?;
+    }
+    let host = HostUnderTest::cluster_wide(TEAMS)
+        .as_service_account(&host_ns, "host")
+        .require_policy_identity()
+        .start()
+        .await?;
+
+    // Each team, as a user with rights in its namespace only, runs the MyApp operator.
+    let address = serve_plugins(None)?;
+    let url = format!("http://{address}/myapp_plugin.wasm");
+    let digest = wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
+        "myapp_plugin",
+    ))?)
+    .to_string();
+    let mut teams = Vec::new();
+    for team in [&team_a, &team_b] {
+        let user = format!("{team}-user");
+        let team_client = team_runs_myapp(team, &user, &url, &digest).await?;
+        // It could not have made a cluster-wide policy.
+        let denied = policies(&team_client)
+            .create(
+                &Default::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
+                    "metadata": {"name": format!("{team}-sneaky")},
+                    "spec": myapp_policy_spec(file_source("myapp_plugin"), json!({})),
+                }))?,
+            )
+            .await;
+        assert!(
+            matches!(&denied, Err(kube::Error::Api(status)) if status.code == 403),
+            "{denied:?}"
+        );
+        teams.push((team.clone(), team_client));
+    }
+    // Both run, side by side, for the same parent kind: each reconciled its own MyApp, and
+    // each policy's state is on the policy the team made.
+    for (team, team_client) in &teams {
+        let deployments = api(team_client, &resource("apps", "v1", "Deployment"), team);
+        wait_for_object(
+            &deployments,
+            "web",
+            &format!("{team}: web's Deployment"),
+            |d| d["spec"]["replicas"] == 2,
+        )
+        .await?;
+        let policy = wait_for_object(
+            &namespaced_policies(team_client, team),
+            "myapp",
+            &format!("{team}: policy Ready"),
+            |p| {
+                ready(p).is_some_and(|c| c["status"] == "True")
+                    && p["status"]["observedGeneration"] == p["metadata"]["generation"]
+            },
+        )
+        .await?;
+        assert!(
+            message(ready(&policy)).contains(&format!("as ServiceAccount {team}/operator")),
+            "{policy}"
+        );
+    }
+
+    // A policy that reaches outside its namespace is refused where the team can read why.
+    let (team, team_client) = &teams[0];
+    let mut outside = myapp_policy_spec(json!({"http": {"url": url}}), json!({}));
+    outside["plugin"]["digest"] = json!(digest);
+    outside["serviceAccount"] = json!({"namespace": team_b, "name": "operator"});
+    apply(
+        &namespaced_policies(team_client, team),
+        json!({"apiVersion": "wasmctrl.dev/v1alpha1", "kind": "NamespacedReconcilePolicy",
+               "metadata": {"name": "borrowed", "labels": {TEST_LABEL: TEAMS}},
+               "spec": outside}),
+    )
+    .await?;
+    wait_for_object(
+        &namespaced_policies(team_client, team),
+        "borrowed",
+        "borrowed: IdentityOutsideNamespace",
+        |p| ready(p).is_some_and(|c| c["reason"] == "IdentityOutsideNamespace"),
+    )
+    .await?;
+    let cluster_policies = policies(&client);
+    assert!(
+        get(&cluster_policies, &format!("{team}.borrowed"))
+            .await?
+            .is_none()
+    );
+
+    // Deleting its policy takes the policy the host made with it.
+    for (team, team_client) in &teams {
+        for policy in ["myapp", "borrowed"] {
+            let _ = namespaced_policies(team_client, team)
+                .delete(policy, &Default::default())
+                .await;
+        }
+        wait_gone(
+            &namespaced_policies(team_client, team),
+            "myapp",
+            "the team's policy",
+        )
+        .await?;
+        wait_gone(
+            &cluster_policies,
+            &format!("{team}.myapp"),
+            "the policy made from it",
+        )
+        .await?;
+    }
+    host.stop().await?;
+    delete_cluster_rbac(&client, &host_ns).await?;
+    for ns in [&team_a, &team_b, &host_ns] {
+        delete_namespace(&client, ns).await?;
+    }
+    Ok(())
+}
