@@ -55,12 +55,16 @@ type Kinds = (
     Vec<(ResolvedKind, RelatedBy)>,
 );
 
-/// The checks, in order: kinds served, parent kind not taken, namespace usable, permissions
-/// granted, related objects chosen in a usable way.
+/// The checks, in order: kinds served, no child resource listed twice, parent kind not taken,
+/// namespace usable, permissions granted, related objects chosen in a usable way.
 async fn check(policy: &ReconcilePolicy, shared: &Shared) -> Result<Kinds, State> {
     let spec = &policy.spec;
     let host_namespace = shared.options.namespace.as_deref();
     let (parent, children, related) = resolve_kinds(&shared.client, policy).await?;
+    if let Some(problem) = duplicate_child_resource(&children) {
+        tracing::warn!(policy = %policy.name_any(), message = %problem.message, "child resource listed twice");
+        return Err(problem);
+    }
     parent_unclaimed(&shared.client, policy).await?;
     if let Some(problem) = parent_scope_problem(policy, &parent, host_namespace) {
         return Err(problem);
@@ -150,6 +154,31 @@ async fn resolve_kinds(
     })
 }
 
+/// Two child kinds that discovery resolved to one resource, if any: two versions of it (e.g.
+/// `autoscaling/v1` and `autoscaling/v2` HorizontalPodAutoscaler, or two versions of a CRD).
+/// Each kind's cache would hold the same objects, and the one the plugin did not answer in
+/// would be pruned and re-created on every reconcile; the policy must list the resource once.
+/// Overlaps with the parent or a related kind are allowed: a child of the parent's own kind is
+/// a parent too, and reading objects of a child kind (e.g. ConfigMaps) prunes nothing.
+fn duplicate_child_resource(children: &[(KindRef, ResolvedKind)]) -> Option<State> {
+    children.iter().enumerate().find_map(|(i, (first, a))| {
+        let (second, _) = children[i + 1..].iter().find(|(_, b)| {
+            a.resource.group == b.resource.group && a.resource.plural == b.resource.plural
+        })?;
+        let resource = match a.resource.group.as_str() {
+            "" => a.resource.plural.clone(),
+            group => format!("{}.{group}", a.resource.plural),
+        };
+        Some(State::failed(
+            "DuplicateResource",
+            format!(
+                "spec.children lists {} {} and {} {}, two versions of one resource ({resource}): each would see the other's objects and prune them; list it once",
+                first.api_version, first.kind, second.api_version, second.kind
+            ),
+        ))
+    })
+}
+
 /// No older policy reconciles the same parents.
 async fn parent_unclaimed(client: &Client, policy: &ReconcilePolicy) -> Result<(), State> {
     let parent = &policy.spec.parent;
@@ -217,4 +246,65 @@ fn related_choices(
                 .map_err(|message| State::failed("InvalidRelated", message))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kube::core::{ApiResource, GroupVersionKind};
+
+    use super::*;
+
+    fn child(group: &str, version: &str, kind: &str, plural: &str) -> (KindRef, ResolvedKind) {
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+        (
+            KindRef {
+                api_version: resource.api_version.clone(),
+                kind: kind.to_owned(),
+            },
+            ResolvedKind {
+                resource: Arc::new(resource),
+                namespaced: true,
+            },
+        )
+    }
+
+    #[test]
+    fn two_versions_of_one_child_resource_are_refused_naming_both() {
+        let hpa = |version| {
+            child(
+                "autoscaling",
+                version,
+                "HorizontalPodAutoscaler",
+                "horizontalpodautoscalers",
+            )
+        };
+        let config_maps = child("", "v1", "ConfigMap", "configmaps");
+        let refused = duplicate_child_resource(&[hpa("v1"), config_maps.clone(), hpa("v2")])
+            .expect("refused");
+        assert_eq!(refused.reason, "DuplicateResource");
+        assert!(
+            refused.message.contains(
+                "autoscaling/v1 HorizontalPodAutoscaler and autoscaling/v2 HorizontalPodAutoscaler"
+            ) && refused
+                .message
+                .contains("horizontalpodautoscalers.autoscaling"),
+            "{}",
+            refused.message
+        );
+        // One version of each resource is fine, and a kind of the same name in another group
+        // is another resource.
+        let other_group = child(
+            "example.com",
+            "v1",
+            "HorizontalPodAutoscaler",
+            "horizontalpodautoscalers",
+        );
+        assert_eq!(
+            duplicate_child_resource(&[hpa("v2"), config_maps, other_group]),
+            None
+        );
+    }
 }
