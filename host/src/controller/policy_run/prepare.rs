@@ -6,7 +6,7 @@ use kube::{Client, ResourceExt as _};
 
 use crate::controller::cache::related::RelatedBy;
 use crate::controller::kinds::{self, KindError, ResolvedKind};
-use crate::controller::policy_run::parent_claims;
+use crate::controller::policy_run::parent_claims::{self, Stand, Standing};
 use crate::controller::policy_run::permissions;
 use crate::controller::policy_run::shared::Shared;
 use crate::controller::policy_run::status::{PolicyStatusWriter, State};
@@ -25,29 +25,45 @@ pub(crate) struct Parts {
 
 /// Load the plugin (once: `plugin` keeps it between attempts) and pass every check. On
 /// failure the reason is in `status` and `None` is returned, for the caller to try again.
+///
+/// `standing` tells the host whether the policy was refused its parent kind; once every
+/// check passed, the policy holds the kind (`status.claimedParent`, written before its
+/// controller starts).
 pub(crate) async fn prepare(
     policy: &ReconcilePolicy,
     shared: &Shared,
     status: &mut PolicyStatusWriter,
     plugin: &mut Option<Plugin>,
+    standing: &Standing,
 ) -> Option<Parts> {
+    standing.set(Stand::Preparing);
     let plugin = match plugin {
         Some(plugin) => plugin.clone(),
         None => plugin.insert(load(policy, shared, status).await?).clone(),
     };
     match check(policy, shared).await {
-        Ok((parent, children, related)) => Some(Parts {
-            plugin,
-            parent,
-            children,
-            related,
-        }),
+        Ok((parent, children, related)) => {
+            status.set_claimed_parent(Some(policy.spec.parent.clone()));
+            Some(Parts {
+                plugin,
+                parent,
+                children,
+                related,
+            })
+        }
         Err(problem) => {
+            if problem.reason == PARENT_KIND_TAKEN {
+                status.set_claimed_parent(None);
+                standing.set(Stand::Refused);
+            }
             status.set_ready(problem);
             None
         }
     }
 }
+
+/// The reason of a policy refused its parent kind.
+const PARENT_KIND_TAKEN: &str = "ParentKindTaken";
 
 type Kinds = (
     ResolvedKind,
@@ -179,24 +195,32 @@ fn duplicate_child_resource(children: &[(KindRef, ResolvedKind)]) -> Option<Stat
     })
 }
 
-/// No older policy reconciles the same parents.
+/// No other policy holds the parent kind, or came first while nobody does.
 async fn parent_unclaimed(client: &Client, policy: &ReconcilePolicy) -> Result<(), State> {
-    let parent = &policy.spec.parent;
     match parent_claims::claimed_by(client, policy).await {
         Ok(None) => Ok(()),
         Ok(Some(other)) => {
-            tracing::warn!(policy = %policy.name_any(), %other, "parent kind taken");
-            Err(State::failed(
-                "ParentKindTaken",
+            let holder = other.name_any();
+            let (ours, theirs) = (&policy.spec.parent, &other.spec.parent);
+            tracing::warn!(policy = %policy.name_any(), %holder, "parent kind taken");
+            let namespace = ours
+                .namespace
+                .as_deref()
+                .map(|ns| format!(" in namespace {ns}"))
+                .unwrap_or_default();
+            let version = if ours.api_version == theirs.api_version {
+                String::new()
+            } else {
                 format!(
-                    "policy {other} already reconciles {} {}{}; give both a different spec.parent.namespace, or delete one",
-                    parent.api_version,
-                    parent.kind,
-                    parent
-                        .namespace
-                        .as_deref()
-                        .map(|ns| format!(" in namespace {ns}"))
-                        .unwrap_or_default()
+                    " (the same kind as {} {}: versions do not keep parents apart)",
+                    ours.api_version, ours.kind
+                )
+            };
+            Err(State::failed(
+                PARENT_KIND_TAKEN,
+                format!(
+                    "policy {holder} already reconciles {} {}{namespace}{version}; give both a different spec.parent.namespace, or delete one",
+                    theirs.api_version, theirs.kind,
                 ),
             ))
         }
