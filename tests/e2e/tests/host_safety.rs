@@ -806,8 +806,8 @@ async fn an_older_policy_edited_onto_a_running_ones_parent_kind_is_refused_and_t
     .await?;
     // Creation times have one-second resolution.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let mut own_children = policy(config_maps_allowed(), json!({"ownChild": true}));
-    own_children["parent"]["kind"] = json!("Widget");
+    // The newer policy runs for the Widgets, each with a child of its own.
+    let own_children = policy(config_maps_allowed(), json!({"ownChild": true}));
     apply_policy(&client, TEST, &running, own_children).await?;
     let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let policy_api = policies(&client);
