@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Api, Client, ResourceExt as _};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -38,6 +38,7 @@ use crate::plugin::PluginEngine;
 use crate::policy::{ReconcilePolicy, ReconcilePolicySpec};
 use crate::registry::PluginRegistry;
 use policy_run::Shared;
+use policy_run::parent_claims::{self, Standing};
 
 pub use labels::{
     DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POLICY_FINALIZER, POLICY_LABEL,
@@ -63,6 +64,8 @@ struct Running {
     task: JoinHandle<()>,
     /// The policy is being deleted and the task releases its parents.
     retiring: bool,
+    /// Where the task stands on its parent kind, for [`Host::recheck_claims`].
+    standing: Arc<Standing>,
 }
 
 impl Host {
@@ -140,8 +143,15 @@ impl Host {
             config = config.labels(selector);
         }
         let mut policies = std::pin::pin!(
-            watcher(api, config).backoff(crate::watch_backoff::WatchBackoff::default())
+            watcher(api.clone(), config).backoff(crate::watch_backoff::WatchBackoff::default())
         );
+        // Every policy in the cluster, this host's or not: who holds which parent kind.
+        let (claims, claims_writer) = reflector::store();
+        let mut claim_changes = std::pin::pin!(reflector(
+            claims_writer,
+            watcher(api, watcher::Config::default())
+                .backoff(crate::watch_backoff::WatchBackoff::default()),
+        ));
         let mut running: HashMap<String, Running> = HashMap::new();
         let mut listed: HashSet<String> = HashSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -158,6 +168,19 @@ impl Host {
             let event = tokio::select! {
                 () = &mut shutdown => break,
                 event = policies.next() => event,
+                change = claim_changes.next() => {
+                    match change {
+                        Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) => {
+                            self.recheck_claims(&mut running, &claims.state());
+                        }
+                        Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
+                        Some(Err(error)) => {
+                            tracing::warn!(error = %error, "watching every ReconcilePolicy for parent kind claims");
+                        }
+                        None => break,
+                    }
+                    continue;
+                }
             };
             // Controllers of deleted policies stay in the map until their task ends, so a
             // policy re-created under the same name waits for the old one.
@@ -224,6 +247,7 @@ impl Host {
             running.remove(&name),
             &retired,
             true,
+            Arc::default(),
             move |_, stop| async move {
                 let retry = reconcile::backoff::Backoff::new(
                     Duration::from_secs(1),
@@ -265,6 +289,39 @@ impl Host {
         running.insert(name, entry);
     }
 
+    /// Re-check who holds each parent kind against the newest copy of every policy: a running
+    /// policy whose kind an older policy holds too (two started at once) restarts, to be
+    /// refused; a policy refused its kind tries again as soon as the holder is deleted or
+    /// moved to another kind. Policies whose newest version this host has not acted on yet
+    /// are left to [`Self::ensure`].
+    fn recheck_claims(&self, running: &mut HashMap<String, Running>, all: &[Arc<ReconcilePolicy>]) {
+        let mut restart = Vec::new();
+        for (name, r) in running.iter() {
+            if r.retiring || r.stop.is_cancelled() {
+                continue;
+            }
+            let Some(policy) = all
+                .iter()
+                .find(|p| p.metadata.uid == r.uid && p.metadata.generation == r.generation)
+            else {
+                continue;
+            };
+            match parent_claims::recheck(r.standing.get(), policy, all.iter().map(|p| &**p)) {
+                parent_claims::Recheck::Keep => {}
+                parent_claims::Recheck::Retry => {
+                    tracing::info!(policy = %name, "parent kind free; trying again");
+                    r.standing.retry_now();
+                }
+                parent_claims::Recheck::Restart => restart.push(policy.clone()),
+            }
+        }
+        for policy in restart {
+            let name = policy.name_any();
+            tracing::warn!(policy = %name, "another policy holds this parent kind; restarting to give it up");
+            self.start(running, policy);
+        }
+    }
+
     /// Make sure the controller for `policy` runs this version of it: nothing if it already
     /// does, a hot swap if only the plugin changed, a restart otherwise.
     fn ensure(&self, running: &mut HashMap<String, Running>, policy: ReconcilePolicy) {
@@ -291,14 +348,25 @@ impl Host {
             }
             running.insert(name.clone(), r);
         }
+        self.start(running, Arc::new(policy));
+    }
+
+    /// Start a controller for `policy`, once the one it replaces (if any) has stopped.
+    fn start(&self, running: &mut HashMap<String, Running>, policy: Arc<ReconcilePolicy>) {
+        let name = policy.name_any();
         let shared = self.shared.clone();
-        let policy = Arc::new(policy);
         // Counted as syncing from now, before the list of policies is done: the host must
         // not report ready while a listed policy's plugin is still loading.
         let syncing = self.shared.readiness.syncing();
-        let entry = Running::after(running.remove(&name), &policy, false, |updates, stop| {
-            policy_run::run(updates, shared, stop, syncing)
-        });
+        let standing = Arc::new(Standing::default());
+        let task_standing = standing.clone();
+        let entry = Running::after(
+            running.remove(&name),
+            &policy,
+            false,
+            standing,
+            |updates, stop| policy_run::run(updates, shared, stop, syncing, task_standing),
+        );
         running.insert(name, entry);
     }
 }
@@ -311,6 +379,7 @@ impl Running {
         previous: Option<Running>,
         policy: &Arc<ReconcilePolicy>,
         retiring: bool,
+        standing: Arc<Standing>,
         work: F,
     ) -> Self
     where
@@ -337,6 +406,7 @@ impl Running {
             stop,
             task,
             retiring,
+            standing,
         }
     }
 }

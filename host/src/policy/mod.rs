@@ -102,8 +102,9 @@ pub struct ParentRef {
     #[schemars(length(min = 1, max = 63))]
     pub kind: String,
     /// Reconcile only the parents in this namespace (default: every namespace the host
-    /// watches). One parent kind belongs to one policy: a second policy for the same kind is
-    /// refused (`ParentKindTaken`) unless the two name different namespaces.
+    /// watches). One parent kind belongs to one policy: a second policy for the same group and
+    /// kind (under any version) is refused (`ParentKindTaken`) unless the two name different
+    /// namespaces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
     pub namespace: Option<String>,
@@ -352,6 +353,12 @@ pub struct ReconcilePolicyStatus {
     /// The child kinds the running controller manages (`spec.children` when it started).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub child_kinds: Vec<KindRef>,
+    /// The parent kind (and namespace) this policy holds, written before its controller
+    /// starts. While it matches `spec.parent` (by group and kind, whatever the version), this
+    /// policy keeps the kind: another policy created or edited onto it is refused
+    /// (`ParentKindTaken`), even an older one. Cleared when this policy is refused the kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_parent: Option<ParentRef>,
     /// Kinds removed from `spec.children` whose existing children the host kept: they are no
     /// longer watched, corrected or pruned (garbage collection still removes them with their
     /// parent). The `ChildrenManaged` condition says how many there are.

@@ -669,6 +669,286 @@ async fn a_second_policy_for_the_same_parents_is_refused_until_the_first_goes() 
     delete_namespace(&client, &ns).await
 }
 
+/// The `Ready` condition's reason and message of policy `name`, once its reason is `reason`.
+async fn ready_because(
+    policy_api: &kube::Api<DynamicObject>,
+    name: &str,
+    reason: &str,
+) -> anyhow::Result<String> {
+    let policy = wait_for_object(policy_api, name, &format!("{name}: {reason}"), |p| {
+        condition(p, "Ready").is_some_and(|c| c["reason"] == reason)
+    })
+    .await?;
+    Ok(condition(&policy, "Ready")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Wait until policy `name` runs.
+async fn ready(policy_api: &kube::Api<DynamicObject>, name: &str) -> anyhow::Result<()> {
+    wait_for_object(policy_api, name, &format!("{name} ready"), |p| {
+        condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    Ok(())
+}
+
+/// A test-only kind served under two versions, `v1` (stored) and `v1beta1`.
+fn two_version_crd(kind: &str) -> Value {
+    let mut crd = test_crd(TEST_GROUP, kind);
+    let mut beta = crd["spec"]["versions"][0].clone();
+    beta["name"] = json!("v1beta1");
+    beta["storage"] = json!(false);
+    crd["spec"]["versions"]
+        .as_array_mut()
+        .expect("versions")
+        .push(beta);
+    crd
+}
+
+/// A policy of `by` (recorded as a label on the one ConfigMap `c` it desires) on `kind`.
+fn labelled_policy(api_version: &str, kind: &str, by: &str) -> Value {
+    json!({
+        "parent": {"apiVersion": api_version, "kind": kind},
+        "children": config_maps_allowed(),
+        "plugin": {"source": file_source("misbehave_plugin"), "config": {"children": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"by": by}}},
+        ]}},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_for_another_version_of_a_held_parent_kind_is_refused_until_the_holder_goes()
+-> anyhow::Result<()> {
+    const TEST: &str = "safety-parent-version";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &two_version_crd("Sprocket")).await?;
+    let holder = format!("{TEST}-v1");
+    let other = format!("{TEST}-v1beta1");
+    let v1 = format!("{TEST_GROUP}/v1");
+    let beta = format!("{TEST_GROUP}/v1beta1");
+    // Both confined to the test's namespace: the same parents.
+    apply_policy(
+        &client,
+        TEST,
+        &holder,
+        labelled_policy(&v1, "Sprocket", "v1"),
+    )
+    .await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let policy_api = policies(&client);
+    ready(&policy_api, &holder).await?;
+    apply_policy(
+        &client,
+        TEST,
+        &other,
+        labelled_policy(&beta, "Sprocket", "v1beta1"),
+    )
+    .await?;
+    let message = ready_because(&policy_api, &other, "ParentKindTaken").await?;
+    assert!(
+        message.contains(&format!(
+            "policy {holder} already reconciles {v1} Sprocket in namespace {ns} (the same kind as {beta} Sprocket"
+        )),
+        "{message}"
+    );
+
+    let sprockets = api(&client, &resource(TEST_GROUP, "v1", "Sprocket"), &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    apply(
+        &sprockets,
+        json!({"apiVersion": v1, "kind": "Sprocket", "metadata": {"name": "s"}, "spec": {}}),
+    )
+    .await?;
+    wait_for_object(&config_maps, "c", "the holder's child", |c| {
+        c["metadata"]["labels"]["by"] == "v1"
+    })
+    .await?;
+    // No fight: a while later the child is still the holder's, written once.
+    let first = get(&config_maps, "c").await?.expect("exists");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = get(&config_maps, "c").await?.expect("exists");
+    assert_eq!(
+        later["metadata"]["resourceVersion"],
+        first["metadata"]["resourceVersion"]
+    );
+
+    // When the holder goes, the refused policy starts and takes the parents over.
+    policy_api.delete(&holder, &Default::default()).await?;
+    ready(&policy_api, &other).await?;
+    wait_for_object(&config_maps, "c", "the other policy's child", |c| {
+        c["metadata"]["labels"]["by"] == "v1beta1"
+    })
+    .await?;
+    policy_api.delete(&other, &Default::default()).await?;
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_policy_edited_onto_a_running_ones_parent_kind_is_refused_and_the_running_one_keeps_it()
+-> anyhow::Result<()> {
+    const TEST: &str = "safety-parent-edit";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Gadget")).await?;
+    let older = format!("{TEST}-older");
+    let running = format!("{TEST}-running");
+    let v1 = format!("{TEST_GROUP}/v1");
+    apply_policy(
+        &client,
+        TEST,
+        &older,
+        labelled_policy(&v1, "Gadget", "older"),
+    )
+    .await?;
+    // Creation times have one-second resolution.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The newer policy runs for the Widgets, each with a child of its own.
+    let own_children = policy(config_maps_allowed(), json!({"ownChild": true}));
+    apply_policy(&client, TEST, &running, own_children).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let policy_api = policies(&client);
+    ready(&policy_api, &older).await?;
+    ready(&policy_api, &running).await?;
+    let widgets = widgets(&client, &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    apply(&widgets, widget("w", Some(1))).await?;
+    let own = wait_for_object(&config_maps, "w-own", "the running policy's child", |_| {
+        true
+    })
+    .await?;
+
+    // The older policy is edited onto the Widgets the newer one runs for (same namespace).
+    apply_policy(
+        &client,
+        TEST,
+        &older,
+        labelled_policy(&v1, "Widget", "older"),
+    )
+    .await?;
+    let message = ready_because(&policy_api, &older, "ParentKindTaken").await?;
+    assert!(
+        message.contains(&format!(
+            "policy {running} already reconciles {v1} Widget in namespace {ns}"
+        )),
+        "{message}"
+    );
+    // The running policy keeps running and reconciling; the older one touches nothing.
+    apply(&widgets, widget("w2", Some(2))).await?;
+    let own2 = wait_for_object(
+        &config_maps,
+        "w2-own",
+        "the running policy's new child",
+        |_| true,
+    )
+    .await?;
+    assert_eq!(
+        own2["metadata"]["labels"]["wasmctrl.dev/policy"],
+        running.as_str()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        get(&config_maps, "c").await?.is_none(),
+        "the refused policy must not reconcile the Widgets"
+    );
+    let still = get(&config_maps, "w-own").await?.expect("kept");
+    assert_eq!(
+        still["metadata"]["resourceVersion"],
+        own["metadata"]["resourceVersion"]
+    );
+    let status = get(&policy_api, &running).await?.expect("exists");
+    assert_eq!(
+        condition(&status, "Ready").map(|c| c["status"].clone()),
+        Some(json!("True")),
+        "{status}"
+    );
+
+    // Once the running policy is deleted, the refused one starts.
+    policy_api.delete(&running, &Default::default()).await?;
+    ready(&policy_api, &older).await?;
+    wait_for_object(&config_maps, "c", "the older policy's child", |c| {
+        c["metadata"]["labels"]["by"] == "older"
+    })
+    .await?;
+    policy_api.delete(&older, &Default::default()).await?;
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_resource_listed_under_two_versions_is_refused_and_nothing_is_created_or_pruned()
+-> anyhow::Result<()> {
+    const TEST: &str = "safety-child-versions";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let widgets = widgets(&client, &ns);
+    let hpas = api(
+        &client,
+        &resource("autoscaling", "v2", "HorizontalPodAutoscaler"),
+        &ns,
+    );
+    let hpa = |name: &str| {
+        json!({
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": name},
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                "minReplicas": 1, "maxReplicas": 3,
+            },
+        })
+    };
+    let parent = apply(&widgets, widget("w", None)).await?;
+    // A child the policy made before, no longer desired: a running policy would prune it.
+    let mut earlier = hpa("earlier");
+    earlier["metadata"]["labels"] =
+        json!({"wasmctrl.dev/policy": TEST, "app.kubernetes.io/managed-by": "wasmctrl"});
+    earlier["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget", "name": "w",
+        "uid": parent.metadata.uid, "controller": true, "blockOwnerDeletion": true,
+    }]);
+    let earlier = apply(&hpas, earlier).await?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(
+            json!([
+                {"apiVersion": "autoscaling/v1", "kind": "HorizontalPodAutoscaler"},
+                {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler"},
+            ]),
+            json!({"children": [hpa("web")]}),
+        ),
+    )
+    .await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let policy_api = policies(&client);
+    let message = ready_because(&policy_api, TEST, "DuplicateResource").await?;
+    assert!(
+        message.contains(
+            "autoscaling/v1 HorizontalPodAutoscaler and autoscaling/v2 HorizontalPodAutoscaler"
+        ) && message.contains("horizontalpodautoscalers.autoscaling"),
+        "{message}"
+    );
+    // Nothing created, nothing pruned, the parent untouched.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(get(&hpas, "web").await?.is_none(), "nothing is created");
+    // (Its status is the autoscaler controller's to write; the object is the same one.)
+    let kept = get(&hpas, "earlier").await?.expect("nothing is pruned");
+    assert_eq!(
+        kept["metadata"]["uid"].as_str(),
+        earlier.metadata.uid.as_deref()
+    );
+    assert!(kept["metadata"]["deletionTimestamp"].is_null(), "{kept}");
+    let w = get(&widgets, "w").await?.expect("exists");
+    assert!(reconciled(&w).is_none(), "{w}");
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_whose_answer_the_host_would_refuse_counts_as_would_fail_and_costly_watches_are_flagged()
 -> anyhow::Result<()> {

@@ -40,6 +40,7 @@ use crate::metrics::PolicyMetrics;
 use crate::plugin::Plugin;
 use crate::policy::ReconcilePolicy;
 use identity::Acting;
+use parent_claims::{Stand, Standing};
 use prepare::Parts;
 pub(crate) use shared::Shared;
 use status::{PolicyStatusWriter, State};
@@ -55,11 +56,15 @@ const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 /// `syncing` holds the host's readiness back until the controller's caches are synced, or
 /// until the first attempt to start it failed (that failure is on the policy's status; the
 /// host is as ready as it can be without it).
+///
+/// `standing` tells the host where the policy stands on its parent kind, and lets the host
+/// wake a refused policy when the kind becomes free.
 pub(crate) async fn run(
     mut updates: watch::Receiver<Arc<ReconcilePolicy>>,
     shared: Arc<Shared>,
     stop: CancellationToken,
     mut syncing: crate::health::SyncGuard,
+    standing: Arc<Standing>,
 ) {
     let mut policy = updates.borrow_and_update().clone();
     let name = policy.name_any();
@@ -74,7 +79,7 @@ pub(crate) async fn run(
         // A fetch or discovery that hangs must not hold up the policy's restart or
         // deletion, nor a new plugin spec: stopping or an update wins over preparing.
         let prepared = tokio::select! {
-            parts = prepare::prepare(&policy, &shared, &mut status, &mut plugin) => Some(parts),
+            parts = prepare::prepare(&policy, &shared, &mut status, &mut plugin, &standing) => Some(parts),
             () = stop.cancelled() => return,
             Ok(()) = updates.changed() => None,
         };
@@ -86,6 +91,7 @@ pub(crate) async fn run(
         };
         match prepared {
             Some(parts) => {
+                standing.set(Stand::Running);
                 run_controller(policy, &shared, parts, status, stop, updates, syncing).await;
                 tracing::info!(policy = %name, "policy controller stopped");
                 return;
@@ -96,6 +102,8 @@ pub(crate) async fn run(
                 let delay = retry.failed(&()).delay;
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
+                    // The host saw the parent kind this policy was refused become free.
+                    () = standing.retried() => {}
                     Ok(()) = updates.changed() => {
                         // A new plugin spec while waiting: load that one instead.
                         policy = updates.borrow_and_update().clone();

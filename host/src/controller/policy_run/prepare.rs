@@ -7,7 +7,7 @@ use kube::{Client, ResourceExt as _};
 use crate::controller::cache::related::RelatedBy;
 use crate::controller::kinds::{self, KindError, ResolvedKind};
 use crate::controller::policy_run::identity::{self, Acting};
-use crate::controller::policy_run::parent_claims;
+use crate::controller::policy_run::parent_claims::{self, Stand, Standing};
 use crate::controller::policy_run::permissions;
 use crate::controller::policy_run::shared::Shared;
 use crate::controller::policy_run::status::{PolicyStatusWriter, State};
@@ -28,30 +28,46 @@ pub(crate) struct Parts {
 
 /// Load the plugin (once: `plugin` keeps it between attempts) and pass every check. On
 /// failure the reason is in `status` and `None` is returned, for the caller to try again.
+///
+/// `standing` tells the host whether the policy was refused its parent kind; once every
+/// check passed, the policy holds the kind (`status.claimedParent`, written before its
+/// controller starts).
 pub(crate) async fn prepare(
     policy: &ReconcilePolicy,
     shared: &Shared,
     status: &mut PolicyStatusWriter,
     plugin: &mut Option<Plugin>,
+    standing: &Standing,
 ) -> Option<Parts> {
+    standing.set(Stand::Preparing);
     let plugin = match plugin {
         Some(plugin) => plugin.clone(),
         None => plugin.insert(load(policy, shared, status).await?).clone(),
     };
     match check(policy, shared).await {
-        Ok((acting, (parent, children, related))) => Some(Parts {
-            plugin,
-            acting,
-            parent,
-            children,
-            related,
-        }),
+        Ok((acting, (parent, children, related))) => {
+            status.set_claimed_parent(Some(policy.spec.parent.clone()));
+            Some(Parts {
+                plugin,
+                acting,
+                parent,
+                children,
+                related,
+            })
+        }
         Err(problem) => {
+            if problem.reason == PARENT_KIND_TAKEN {
+                status.set_claimed_parent(None);
+                standing.set(Stand::Refused);
+            }
             status.set_ready(problem);
             None
         }
     }
 }
+
+/// The reason of a policy refused its parent kind.
+const PARENT_KIND_TAKEN: &str = "ParentKindTaken";
 
 type Kinds = (
     ResolvedKind,
@@ -59,15 +75,19 @@ type Kinds = (
     Vec<(ResolvedKind, RelatedBy)>,
 );
 
-/// The checks, in order: an identity to act as, kinds served, parent kind not taken,
-/// namespace usable, permissions granted (to that identity), related objects chosen in a
-/// usable way.
+/// The checks, in order: an identity to act as, kinds served, no child resource listed
+/// twice, parent kind not taken, namespace usable, permissions granted (to that identity),
+/// related objects chosen in a usable way.
 async fn check(policy: &ReconcilePolicy, shared: &Shared) -> Result<(Acting, Kinds), State> {
     let spec = &policy.spec;
     let host_namespace = shared.options.namespace.as_deref();
     let acting = shared.identities.acting_for(policy)?;
     identity::verify(&acting).await?;
     let (parent, children, related) = resolve_kinds(&acting.client, policy).await?;
+    if let Some(problem) = duplicate_child_resource(&children) {
+        tracing::warn!(policy = %policy.name_any(), message = %problem.message, "child resource listed twice");
+        return Err(problem);
+    }
     parent_unclaimed(&shared.client, policy).await?;
     if let Some(problem) = parent_scope_problem(policy, &parent, host_namespace) {
         return Err(problem);
@@ -155,24 +175,57 @@ async fn resolve_kinds(
     })
 }
 
-/// No older policy reconciles the same parents.
+/// Two child kinds that discovery resolved to one resource, if any: two versions of it (e.g.
+/// `autoscaling/v1` and `autoscaling/v2` HorizontalPodAutoscaler, or two versions of a CRD).
+/// Each kind's cache would hold the same objects, and the one the plugin did not answer in
+/// would be pruned and re-created on every reconcile; the policy must list the resource once.
+/// Overlaps with the parent or a related kind are allowed: a child of the parent's own kind is
+/// a parent too, and reading objects of a child kind (e.g. ConfigMaps) prunes nothing.
+fn duplicate_child_resource(children: &[(KindRef, ResolvedKind)]) -> Option<State> {
+    children.iter().enumerate().find_map(|(i, (first, a))| {
+        let (second, _) = children[i + 1..].iter().find(|(_, b)| {
+            a.resource.group == b.resource.group && a.resource.plural == b.resource.plural
+        })?;
+        let resource = match a.resource.group.as_str() {
+            "" => a.resource.plural.clone(),
+            group => format!("{}.{group}", a.resource.plural),
+        };
+        Some(State::failed(
+            "DuplicateResource",
+            format!(
+                "spec.children lists {} {} and {} {}, two versions of one resource ({resource}): each would see the other's objects and prune them; list it once",
+                first.api_version, first.kind, second.api_version, second.kind
+            ),
+        ))
+    })
+}
+
+/// No other policy holds the parent kind, or came first while nobody does.
 async fn parent_unclaimed(client: &Client, policy: &ReconcilePolicy) -> Result<(), State> {
-    let parent = &policy.spec.parent;
     match parent_claims::claimed_by(client, policy).await {
         Ok(None) => Ok(()),
         Ok(Some(other)) => {
-            tracing::warn!(policy = %policy.name_any(), %other, "parent kind taken");
-            Err(State::failed(
-                "ParentKindTaken",
+            let holder = other.name_any();
+            let (ours, theirs) = (&policy.spec.parent, &other.spec.parent);
+            tracing::warn!(policy = %policy.name_any(), %holder, "parent kind taken");
+            let namespace = ours
+                .namespace
+                .as_deref()
+                .map(|ns| format!(" in namespace {ns}"))
+                .unwrap_or_default();
+            let version = if ours.api_version == theirs.api_version {
+                String::new()
+            } else {
                 format!(
-                    "policy {other} already reconciles {} {}{}; give both a different spec.parent.namespace, or delete one",
-                    parent.api_version,
-                    parent.kind,
-                    parent
-                        .namespace
-                        .as_deref()
-                        .map(|ns| format!(" in namespace {ns}"))
-                        .unwrap_or_default()
+                    " (the same kind as {} {}: versions do not keep parents apart)",
+                    ours.api_version, ours.kind
+                )
+            };
+            Err(State::failed(
+                PARENT_KIND_TAKEN,
+                format!(
+                    "policy {holder} already reconciles {} {}{namespace}{version}; give both a different spec.parent.namespace, or delete one",
+                    theirs.api_version, theirs.kind,
                 ),
             ))
         }
@@ -222,4 +275,65 @@ fn related_choices(
                 .map_err(|message| State::failed("InvalidRelated", message))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kube::core::{ApiResource, GroupVersionKind};
+
+    use super::*;
+
+    fn child(group: &str, version: &str, kind: &str, plural: &str) -> (KindRef, ResolvedKind) {
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+        (
+            KindRef {
+                api_version: resource.api_version.clone(),
+                kind: kind.to_owned(),
+            },
+            ResolvedKind {
+                resource: Arc::new(resource),
+                namespaced: true,
+            },
+        )
+    }
+
+    #[test]
+    fn two_versions_of_one_child_resource_are_refused_naming_both() {
+        let hpa = |version| {
+            child(
+                "autoscaling",
+                version,
+                "HorizontalPodAutoscaler",
+                "horizontalpodautoscalers",
+            )
+        };
+        let config_maps = child("", "v1", "ConfigMap", "configmaps");
+        let refused = duplicate_child_resource(&[hpa("v1"), config_maps.clone(), hpa("v2")])
+            .expect("refused");
+        assert_eq!(refused.reason, "DuplicateResource");
+        assert!(
+            refused.message.contains(
+                "autoscaling/v1 HorizontalPodAutoscaler and autoscaling/v2 HorizontalPodAutoscaler"
+            ) && refused
+                .message
+                .contains("horizontalpodautoscalers.autoscaling"),
+            "{}",
+            refused.message
+        );
+        // One version of each resource is fine, and a kind of the same name in another group
+        // is another resource.
+        let other_group = child(
+            "example.com",
+            "v1",
+            "HorizontalPodAutoscaler",
+            "horizontalpodautoscalers",
+        );
+        assert_eq!(
+            duplicate_child_resource(&[hpa("v2"), config_maps, other_group]),
+            None
+        );
+    }
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::leader::Leadership;
 use crate::plugin::Digest;
-use crate::policy::{CandidateStatus, KindRef, ReconcilePolicy, ReconcilePolicyStatus};
+use crate::policy::{CandidateStatus, KindRef, ParentRef, ReconcilePolicy, ReconcilePolicyStatus};
 
 /// The field manager the host writes policy status with.
 const FIELD_MANAGER: &str = "wasmctrl";
@@ -158,6 +158,12 @@ impl PolicyStatusWriter {
     pub fn set_child_kinds(&mut self, managed: Vec<KindRef>, unmanaged: Vec<KindRef>) {
         self.current.child_kinds = managed;
         self.current.unmanaged_child_kinds = unmanaged;
+    }
+
+    /// The parent kind this policy holds (see [`ReconcilePolicyStatus::claimed_parent`]), or
+    /// none.
+    pub fn set_claimed_parent(&mut self, claim: Option<ParentRef>) {
+        self.current.claimed_parent = claim;
     }
 
     /// How the policy's parents stand.

@@ -198,11 +198,21 @@ pub(crate) async fn prune(
     desired: &[DesiredChild],
     ctx: &PolicyContext,
 ) -> Result<Vec<(String, String)>, ReconcileError> {
+    let resources: Vec<_> = ctx
+        .caches
+        .children
+        .iter()
+        .map(|cache| children::GroupResource {
+            group: &cache.resource.group,
+            resource: &cache.resource.plural,
+        })
+        .collect();
     let positions = children::to_prune(
         observed
             .iter()
             .map(|(index, child)| (*index, child.metadata.name.as_deref().unwrap_or_default())),
         desired,
+        &resources,
     );
     let mut pruned = Vec::new();
     for position in positions {

@@ -15,6 +15,6 @@ mod stamp;
 mod validate;
 
 pub(crate) use converge::{differences, is_converged, is_subset};
-pub(crate) use prune::to_prune;
+pub(crate) use prune::{GroupResource, to_prune};
 pub(crate) use stamp::foreign_controller;
 pub(crate) use validate::{AllowedKind, DesiredChild, InvalidChild, prepare};
