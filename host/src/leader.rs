@@ -11,6 +11,17 @@
 //!   that loses the lease therefore stops writing at once, even in the middle of a
 //!   reconcile.
 //!
+//! Leading is not only a flag the elector sets: it is bounded by a clock. Each successful
+//! renewal lets this replica lead until the renewal's start plus `renew_deadline`, and
+//! [`Leadership::is_leader`] (so the gate, at every write) answers no once that instant has
+//! passed, whether or not the elector has run since. That matters when the whole process
+//! stops — a SIGSTOP, a VM pause, a long stall — for longer than the lease: a standby takes
+//! over, and when the old leader resumes its reconciles may be woken before its elector. The
+//! clock is monotonic (`CLOCK_MONOTONIC` keeps counting while a process is stopped), so the
+//! gate is already closed when anything of the resumed process tries to write. What remains
+//! is a write that passed the gate and was on its way when the process stopped; only a
+//! fencing token checked by the API server could close that, and Kubernetes has none.
+//!
 //! The election follows client-go's `leaderelection` package, so it behaves as Go operators
 //! do with controller-runtime's defaults (15 s lease, 10 s renew deadline, 2 s retry):
 //!
@@ -42,6 +53,9 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug)]
 pub struct Leadership {
     leading: AtomicBool,
+    /// Until when leading counts: the start of the last successful renewal plus the renew
+    /// deadline. `None` for a host that leads without an election.
+    until: std::sync::Mutex<Option<Instant>>,
     changes: watch::Sender<bool>,
 }
 
@@ -59,16 +73,21 @@ impl Leadership {
     fn starting(leading: bool) -> Self {
         Self {
             leading: AtomicBool::new(leading),
+            until: std::sync::Mutex::new(None),
             changes: watch::channel(leading).0,
         }
     }
 
-    /// Whether this replica may write now.
+    /// Whether this replica may write now: it leads, and the time its last renewal bought
+    /// has not run out (see the module docs).
     pub fn is_leader(&self) -> bool {
         self.leading.load(Ordering::Acquire)
+            && crate::lock(&self.until).is_none_or(|until| Instant::now() < until)
     }
 
-    /// Changes of leadership, starting from the current state (seen).
+    /// Changes of leadership, starting from the current state (seen). A lead that runs out
+    /// by the clock alone shows here only once the elector notices; writes are refused from
+    /// the deadline on regardless.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.changes.subscribe()
     }
@@ -80,10 +99,19 @@ impl Leadership {
         let _ = changes.wait_for(|leading| *leading).await;
     }
 
-    /// Start or stop leading. Stopping closes the write gate before anything else sees it.
-    pub fn set(&self, leading: bool) {
-        self.leading.store(leading, Ordering::Release);
-        self.changes.send_replace(leading);
+    /// Lead until `deadline` (the elector's last successful renewal plus its renew
+    /// deadline); each renewal moves it on.
+    pub fn lead_until(&self, deadline: Instant) {
+        *crate::lock(&self.until) = Some(deadline);
+        self.leading.store(true, Ordering::Release);
+        self.changes
+            .send_if_modified(|leading| !std::mem::replace(leading, true));
+    }
+
+    /// Stop leading. Closes the write gate before anything else sees it.
+    pub fn stop_leading(&self) {
+        self.leading.store(false, Ordering::Release);
+        self.changes.send_replace(false);
     }
 }
 
@@ -246,12 +274,12 @@ impl LeaderElector {
     /// Campaign until `stop`, leading whenever the Lease is ours. Returns the elector (for
     /// [`release`](Self::release)) when stopped, or why leadership was lost.
     pub async fn run(mut self, stop: CancellationToken) -> Result<Self, LeadershipLost> {
-        if !self.acquire(&stop).await {
+        let Some(mut renewed) = self.acquire(&stop).await else {
             return Ok(self);
-        }
+        };
         let retry = self.config.retry_period;
-        let mut renewed = Instant::now();
-        self.leadership.set(true);
+        self.leadership
+            .lead_until(renewed + self.config.renew_deadline);
         tracing::info!(lease = %self.config.name, identity = %self.config.identity, "became the leader");
         loop {
             tokio::select! {
@@ -260,9 +288,12 @@ impl LeaderElector {
             }
             let started = Instant::now();
             let deadline = renewed + self.config.renew_deadline;
-            let why = match tokio::time::timeout_at(deadline, self.try_acquire_or_renew()).await {
+            let renewal = self.try_acquire_or_renew(Some(deadline));
+            let why = match tokio::time::timeout_at(deadline, renewal).await {
                 Ok(Ok(Attempt::Held)) => {
                     renewed = started;
+                    self.leadership
+                        .lead_until(renewed + self.config.renew_deadline);
                     continue;
                 }
                 Ok(Ok(Attempt::HeldByOther(holder))) => format!("{holder} holds it now"),
@@ -276,7 +307,7 @@ impl LeaderElector {
                     self.config.renew_deadline
                 ),
             };
-            self.leadership.set(false);
+            self.leadership.stop_leading();
             return Err(LeadershipLost {
                 namespace: self.config.namespace.clone(),
                 name: self.config.name.clone(),
@@ -289,7 +320,7 @@ impl LeaderElector {
     /// retry period. Call it after the last write: the gate must already be closed.
     pub async fn release(&mut self) -> anyhow::Result<()> {
         use anyhow::Context as _;
-        self.leadership.set(false);
+        self.leadership.stop_leading();
         let Some(mut lease) = self
             .api
             .get_opt(&self.config.name)
@@ -313,8 +344,9 @@ impl LeaderElector {
         Ok(())
     }
 
-    /// Wait until the Lease is ours (true) or `stop` (false).
-    async fn acquire(&mut self, stop: &CancellationToken) -> bool {
+    /// Wait until the Lease is ours, or `stop` (`None`). The Lease is ours from the start of
+    /// the attempt that took it: leading is measured from there.
+    async fn acquire(&mut self, stop: &CancellationToken) -> Option<Instant> {
         use futures::StreamExt as _;
         use kube::runtime::{WatchStreamExt as _, watcher};
         let retry = self.config.retry_period;
@@ -330,9 +362,10 @@ impl LeaderElector {
         .applied_objects();
         let mut lease_events = std::pin::pin!(lease_events);
         loop {
-            let next_try = Instant::now() + jittered(retry);
-            let wake = match self.try_acquire_or_renew().await {
-                Ok(Attempt::Held) => return true,
+            let started = Instant::now();
+            let next_try = started + jittered(retry);
+            let wake = match self.try_acquire_or_renew(None).await {
+                Ok(Attempt::Held) => return Some(started),
                 Ok(Attempt::HeldByOther(_)) => self
                     .observed_expiry()
                     .map_or(next_try, |expiry| expiry.min(next_try)),
@@ -342,7 +375,7 @@ impl LeaderElector {
                 }
             };
             tokio::select! {
-                () = stop.cancelled() => return false,
+                () = stop.cancelled() => return None,
                 () = tokio::time::sleep_until(wake) => {}
                 Some(Ok(_)) = lease_events.next() => {}
             }
@@ -360,8 +393,10 @@ impl LeaderElector {
     }
 
     /// client-go's `tryAcquireOrRenew`: create the Lease, renew it, or take it over once it
-    /// expired; an optimistic-concurrency conflict means someone else won.
-    async fn try_acquire_or_renew(&mut self) -> anyhow::Result<Attempt> {
+    /// expired; an optimistic-concurrency conflict means someone else won. A leader renewing
+    /// passes its `deadline`: once it has passed (the process may have been stopped between
+    /// the read and the write), the renewal is not sent, since a standby may lead by now.
+    async fn try_acquire_or_renew(&mut self, deadline: Option<Instant>) -> anyhow::Result<Attempt> {
         use anyhow::Context as _;
         let now = MicroTime(jiff::Timestamp::now());
         let duration = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
@@ -386,6 +421,7 @@ impl LeaderElector {
                 },
                 spec: Some(spec.clone()),
             };
+            ensure_before(deadline)?;
             let written = self.api.create(&PostParams::default(), &lease).await;
             return self.settle(written, spec, "creating the leader lease");
         };
@@ -416,6 +452,7 @@ impl LeaderElector {
         spec.lease_duration_seconds = Some(duration);
         spec.renew_time = Some(now);
         lease.spec = Some(spec.clone());
+        ensure_before(deadline)?;
         let written = self
             .api
             .replace(&self.config.name, &PostParams::default(), &lease)
@@ -442,6 +479,16 @@ impl LeaderElector {
             }
             Err(error) => Err(error).context(doing),
         }
+    }
+}
+
+/// A renewal is sent only before its deadline (none when acquiring).
+fn ensure_before(deadline: Option<Instant>) -> anyhow::Result<()> {
+    match deadline {
+        Some(deadline) if Instant::now() >= deadline => {
+            anyhow::bail!("the renew deadline passed before the renewal could be sent")
+        }
+        _ => Ok(()),
     }
 }
 
@@ -477,7 +524,7 @@ mod tests {
         let leadership = Leadership::standby();
         let mut changes = leadership.subscribe();
         assert!(!leadership.is_leader());
-        leadership.set(true);
+        leadership.lead_until(Instant::now() + Duration::from_secs(60));
         assert!(leadership.is_leader());
         assert!(changes.has_changed().unwrap_or(false));
         assert!(*changes.borrow_and_update());
@@ -525,9 +572,84 @@ mod tests {
             "a self-review changes nothing"
         );
         assert_eq!(sent.load(Ordering::SeqCst), 2);
-        leadership.set(true);
+        leadership.lead_until(Instant::now() + Duration::from_secs(60));
         assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
         assert_eq!(sent.load(Ordering::SeqCst), 3);
+    }
+
+    /// A leader whose process stood still past its renew deadline (nothing ran: no elector,
+    /// no renewal) finds its gate closed when it resumes, before any task of it runs.
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_closes_at_the_renew_deadline_without_the_elector() {
+        use tower::{Layer as _, Service as _};
+        let renew_deadline = Duration::from_secs(10);
+        let leadership = Leadership::standby();
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let inner = {
+            let sent = sent.clone();
+            tower::service_fn(move |_: http::Request<()>| {
+                sent.fetch_add(1, Ordering::SeqCst);
+                std::future::ready(Ok::<_, std::convert::Infallible>(()))
+            })
+        };
+        let mut gated = WriteGate::new(leadership.clone()).layer(inner);
+        let request = |method: http::Method| {
+            http::Request::builder()
+                .method(method)
+                .uri("/api/v1/namespaces/a/configmaps/c")
+                .body(())
+                .unwrap_or_default()
+        };
+        let renewed = Instant::now();
+        leadership.lead_until(renewed + renew_deadline);
+        assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
+
+        tokio::time::advance(renew_deadline - Duration::from_millis(1)).await;
+        assert!(leadership.is_leader(), "still within the deadline");
+        assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
+
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            !leadership.is_leader(),
+            "closed at renewal + renew deadline"
+        );
+        for method in [
+            http::Method::POST,
+            http::Method::PATCH,
+            http::Method::PUT,
+            http::Method::DELETE,
+        ] {
+            let refused = gated.call(request(method.clone())).await;
+            let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(message.starts_with("not the leader"), "{method}: {message}");
+        }
+        assert!(
+            gated.call(request(http::Method::GET)).await.is_ok(),
+            "reads go on"
+        );
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            3,
+            "no write after the deadline"
+        );
+        // Nothing told the subscribers: the clock alone closed the gate.
+        assert!(*leadership.subscribe().borrow());
+
+        // A renewal (as the elector makes it) opens it again until the next deadline.
+        leadership.lead_until(Instant::now() + renew_deadline);
+        assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
+        assert!(Leadership::always().is_leader(), "no election, no clock");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_is_not_sent_after_its_deadline() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert!(ensure_before(Some(deadline)).is_ok());
+        assert!(ensure_before(None).is_ok());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(ensure_before(Some(deadline)).is_err());
+        assert!(ensure_before(None).is_ok(), "acquiring has no deadline");
     }
 
     #[test]

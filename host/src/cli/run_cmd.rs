@@ -250,7 +250,7 @@ impl RunCommand {
             }
         };
         // No write may follow the release of the lease.
-        leadership.set(false);
+        leadership.stop_leading();
         election_stop.cancel();
         if let Some(election) = election {
             release(election).await?;

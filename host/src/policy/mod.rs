@@ -364,6 +364,28 @@ pub struct ReconcilePolicyStatus {
     /// parent). The `ChildrenManaged` condition says how many there are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unmanaged_child_kinds: Vec<KindRef>,
+    /// Where parents may carry this policy's finalizer: each parent kind (and namespace) it
+    /// finalized in, recorded before the first parent there got the finalizer and dropped
+    /// once they were all released. A policy moved to another parent kind or namespace, one
+    /// that stops finalizing, and one deleted release every scope listed here, so no parent
+    /// (nor its namespace) is left Terminating for ever. The host writes it with a field
+    /// manager of its own (`wasmctrl-finalizers`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finalized_scopes: Vec<FinalizedScope>,
+}
+
+/// Parents that may carry a policy's finalizer: those of one kind, in one namespace or all.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub struct FinalizedScope {
+    /// The parents' `apiVersion`, as the host resolved it.
+    pub api_version: String,
+    /// The parents' kind.
+    pub kind: String,
+    /// The namespace the policy was confined to; none for every namespace (and for a
+    /// cluster-scoped kind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 /// The candidate plugin's standing.

@@ -1,7 +1,8 @@
 //! Faults the host must come through with nothing lost: the API server killed and restarted
 //! mid-convergence, watches forced to relist by an etcd compaction, the host itself
-//! SIGKILLed and restarted, two hosts at once, a plugin that traps while finalizing, and
-//! hostile plugins under load beside a well-behaved policy.
+//! SIGKILLed and restarted, two hosts at once, a leader frozen past its lease while a standby
+//! takes over, a plugin that traps while finalizing, a finalizing policy moved between two
+//! parent kinds, and hostile plugins under load beside a well-behaved policy.
 //!
 //! These run on a control plane of their own (they kill parts of it), one test at a time.
 //! Each ends by checking the invariant: every parent converged, each desired child exists
@@ -31,6 +32,11 @@ const CONVERGE: Duration = Duration::from_secs(120);
 const QUIET: Duration = Duration::from_secs(20);
 /// Environment of a re-executed test binary that runs a host process (see `host_process`).
 const HOST_ENV: &str = "WASMCTRL_FAULT_HOST";
+/// Environment of a re-executed test binary that runs `wasmctrl run` (see `replica_process`).
+const REPLICA_ENV: &str = "WASMCTRL_FAULT_REPLICA";
+/// The host's default leader election durations (controller-runtime's).
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 // ---------------------------------------------------------------------------------------
 // The control plane these tests own, kept by a thread that lives as long as the process (its
@@ -183,6 +189,66 @@ async fn host_process() -> anyhow::Result<()> {
         .await?
         .run(std::future::pending())
         .await
+}
+
+/// A replica of `wasmctrl run --leader-elect` for `test` in a process of its own, acting as
+/// `identity` (impersonated, so the audit log tells replicas apart), its Lease in `ns`.
+fn replica_process_for(
+    test: &str,
+    identity: &str,
+    ns: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<SelfProcess> {
+    let kubeconfig = replica_kubeconfig(identity, dir)?;
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let args = [
+        "wasmctrl",
+        "--cache-dir",
+        &dir.join("artifacts").to_string_lossy(),
+        "run",
+        "--kubeconfig",
+        &kubeconfig.to_string_lossy(),
+        "--policy-selector",
+        &format!("{TEST_LABEL}={test}"),
+        "--listen",
+        &listen.to_string(),
+        "--max-concurrent-calls",
+        "16",
+        "--leader-elect",
+        "--leader-elect-namespace",
+        ns,
+        "--leader-elect-identity",
+        identity,
+    ]
+    .map(str::to_owned);
+    let command_line = serde_json::to_string(&args)?;
+    spawn_self("replica_process", &[(REPLICA_ENV, command_line.as_str())])
+}
+
+/// The fault plane's admin kubeconfig, impersonating `identity` (still in `system:masters`).
+fn replica_kubeconfig(identity: &str, dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let admin = std::fs::read_to_string(&Plane::get().kubeconfig)?;
+    let mut config: Value = serde_yaml_ng::from_str(&admin)?;
+    for user in config["users"].as_array_mut().context("kubeconfig users")? {
+        user["user"]["as"] = json!(identity);
+        user["user"]["as-groups"] = json!(["system:masters", "system:authenticated"]);
+    }
+    let path = dir.join(format!("{identity}.kubeconfig"));
+    std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
+    Ok(path)
+}
+
+/// Not a test: the body of a replica process for `replica_process_for` (does nothing when
+/// run alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs only as a replica of a fault test"]
+async fn replica_process() -> anyhow::Result<()> {
+    use clap::Parser as _;
+    let Ok(args) = std::env::var(REPLICA_ENV) else {
+        return Ok(());
+    };
+    let args: Vec<String> = serde_json::from_str(&args)?;
+    wasmctrl::cli::Cli::parse_from(args).run().await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -393,7 +459,8 @@ async fn check_invariant(
     }
 }
 
-/// Writes (not Events) to objects in `ns` by the admin user: the host, in these tests.
+/// Writes (not Events, nor a leader's renewals of its Lease) to objects in `ns` by the admin
+/// user: the host, in these tests (replicas impersonate names of their own as that user).
 fn host_writes(ns: &str) -> anyhow::Result<Vec<String>> {
     let text = std::fs::read_to_string(&Plane::get().audit_log)?;
     let marker = format!("/namespaces/{ns}/");
@@ -405,6 +472,7 @@ fn host_writes(ns: &str) -> anyhow::Result<Vec<String>> {
             e["stage"] == "ResponseComplete"
                 && uri.contains(&marker)
                 && !uri.contains("/events")
+                && !uri.contains("/leases/")
                 && matches!(
                     e["verb"].as_str().unwrap_or_default(),
                     "create" | "update" | "patch" | "delete"
@@ -729,6 +797,240 @@ async fn a_looping_policy_at_high_concurrency_barely_slows_another() -> anyhow::
         .delete(&looping, &Default::default())
         .await?;
     check_invariant(&client, &ns, PARENTS, 3, &BTreeMap::new()).await?;
+    host.stop().await?;
+    Ok(())
+}
+
+/// Every write `identity` sent (Events and its Lease included), as the audit log has them:
+/// (when the API server received it, in ms since the epoch; verb; URI; response code).
+fn writes_by(identity: &str) -> anyhow::Result<Vec<(i64, String, String, i64)>> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let text = std::fs::read_to_string(&Plane::get().audit_log)?;
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|e| {
+            e["stage"] == "ResponseComplete"
+                && e["impersonatedUser"]["username"] == identity
+                && matches!(
+                    e["verb"].as_str().unwrap_or_default(),
+                    "create" | "update" | "patch" | "delete" | "deletecollection"
+                )
+        })
+        .filter_map(|e| {
+            let received: MicroTime =
+                serde_json::from_value(e["requestReceivedTimestamp"].clone()).ok()?;
+            Some((
+                received.0.as_millisecond(),
+                e["verb"].as_str()?.to_owned(),
+                e["requestURI"].as_str()?.to_owned(),
+                e["responseStatus"]["code"].as_i64().unwrap_or_default(),
+            ))
+        })
+        .collect())
+}
+
+async fn wait_for_holder(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+    identity: &str,
+    within: Duration,
+) -> anyhow::Result<()> {
+    eventually(&format!("{identity} holds the lease"), within, || async {
+        let holder = leases
+            .get_opt("wasmctrl-leader")
+            .await?
+            .and_then(|lease| lease.spec)
+            .and_then(|spec| spec.holder_identity);
+        Ok(holder.as_deref() == Some(identity))
+    })
+    .await
+}
+
+fn now_ms() -> anyhow::Result<i64> {
+    Ok(i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_frozen_past_its_lease_writes_nothing_once_resumed() -> anyhow::Result<()> {
+    const TEST: &str = "fault-frozen-leader";
+    const FROZEN: &str = "replica-frozen";
+    const STANDBY: &str = "replica-standby";
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    let dir = tempfile::tempdir()?;
+    let leases = Api::namespaced(client.clone(), &ns);
+    let mut frozen = replica_process_for(TEST, FROZEN, &ns, dir.path())?;
+    wait_for_holder(&leases, FROZEN, CONVERGE).await?;
+    let standby = replica_process_for(TEST, STANDBY, &ns, dir.path())?;
+    apply_widgets(&client, &ns, PARENTS, 1).await?;
+    wait_reconciled(&client, &ns, PARENTS / 4).await?;
+
+    // Frozen mid-convergence, its writes under way: its monotonic clock keeps running.
+    frozen.signal(libc::SIGSTOP)?;
+    let stopped_at = Instant::now();
+    let stopped_at_ms = now_ms()?;
+    wait_for_holder(&leases, STANDBY, LEASE_DURATION * 3).await?;
+    let failover = stopped_at.elapsed();
+    // Changes while it is frozen: its watches will deliver them the moment it resumes.
+    apply_widgets(&client, &ns, PARENTS, 2).await?;
+    tokio::time::sleep(
+        (LEASE_DURATION + Duration::from_secs(10)).saturating_sub(stopped_at.elapsed()),
+    )
+    .await;
+    frozen.signal(libc::SIGCONT)?;
+    let frozen_for = stopped_at.elapsed();
+    // It finds its lead gone and stops.
+    frozen.exit_within(CONVERGE).await?;
+    wait_children_at(&client, &ns, 2).await?;
+    let took = wait_reconciled(&client, &ns, PARENTS).await?;
+
+    let writes = writes_by(FROZEN)?;
+    let last_renewal = writes
+        .iter()
+        .filter(|(at, verb, uri, code)| {
+            *at <= stopped_at_ms && verb == "update" && uri.contains("/leases/") && *code == 200
+        })
+        .map(|(at, ..)| *at)
+        .max()
+        .context("the frozen replica renewed its lease before it froze")?;
+    let deadline = last_renewal + i64::try_from(RENEW_DEADLINE.as_millis())?;
+    let late: Vec<_> = writes.iter().filter(|(at, ..)| *at > deadline).collect();
+    assert!(
+        late.is_empty(),
+        "the frozen leader wrote after its renew deadline: {late:#?}"
+    );
+    assert!(
+        writes
+            .iter()
+            .any(|(_, _, uri, _)| uri.contains("/configmaps")),
+        "the frozen replica led (and wrote children) before it froze"
+    );
+    report(
+        "leader SIGSTOPped at 25 % converged, resumed after the standby took over",
+        &format!(
+            "standby led {failover:.1?} after the freeze; frozen {frozen_for:.1?}, no write after its deadline; all {PARENTS} converged {took:.1?} after it resumed"
+        ),
+    );
+    check_invariant(&client, &ns, PARENTS, 2, &BTreeMap::new()).await?;
+    drop(standby);
+    Ok(())
+}
+
+/// Widgets or Gadgets in `ns` that hold `finalizer`.
+async fn holding(api: &Api<DynamicObject>, finalizer: &str) -> anyhow::Result<usize> {
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == finalizer)
+        })
+        .count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalizing_policy_moved_between_two_parent_kinds_strands_nothing() -> anyhow::Result<()>
+{
+    const TEST: &str = "fault-finalizer-kinds";
+    const GADGETS: usize = 20;
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Gadget")).await?;
+    let finalizing = |kind: &str| {
+        let mut spec = widget_policy(&ns, json!({"ownChild": true}));
+        spec["parent"]["kind"] = json!(kind);
+        spec["finalize"] = json!(true);
+        spec
+    };
+    apply_policy(&client, TEST, TEST, finalizing("Widget")).await?;
+    let host = in_process_host(TEST).await?;
+    apply_widgets(&client, &ns, PARENTS, 1).await?;
+    wait_reconciled(&client, &ns, PARENTS).await?;
+    let finalizer = format!("wasmctrl.dev/{TEST}");
+    let widgets = widgets(&client, &ns);
+    let gadgets = api(&client, &resource(TEST_GROUP, "v1", "Gadget"), &ns);
+    eventually("every Widget finalized", CONVERGE, || async {
+        Ok(holding(&widgets, &finalizer).await? == PARENTS)
+    })
+    .await?;
+    let kept = children_by_parent(&client, &ns).await?;
+
+    // Moved to Gadgets while all 200 Widgets hold its finalizer.
+    let started = Instant::now();
+    apply_policy(&client, TEST, TEST, finalizing("Gadget")).await?;
+    for i in 0..GADGETS {
+        let gadget = json!({"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Gadget", "metadata": {"name": format!("g-{i}")}, "spec": {"size": 1}});
+        apply(&gadgets, gadget).await?;
+    }
+    eventually("every Widget released", CONVERGE, || async {
+        Ok(holding(&widgets, &finalizer).await? == 0)
+    })
+    .await?;
+    let released = started.elapsed();
+    eventually("every Gadget finalized", CONVERGE, || async {
+        Ok(holding(&gadgets, &finalizer).await? == GADGETS)
+    })
+    .await?;
+    // Deleting parents of the old kind completes; their children are collected.
+    const DELETED: usize = PARENTS / 4;
+    for i in 0..DELETED {
+        widgets
+            .delete(&format!("w-{i}"), &Default::default())
+            .await?;
+    }
+    eventually("the old kind's deleted parents gone", CONVERGE, || async {
+        Ok(widgets.list(&ListParams::default()).await?.items.len() == PARENTS - DELETED)
+    })
+    .await?;
+    // The new kind is finalized through the plugin, as before.
+    for i in 0..GADGETS {
+        gadgets
+            .delete(&format!("g-{i}"), &Default::default())
+            .await?;
+    }
+    eventually("every Gadget finalized and gone", CONVERGE, || async {
+        Ok(gadgets.list(&ListParams::default()).await?.items.is_empty())
+    })
+    .await?;
+
+    // Back to Widgets: the rest are finalized again, their children kept as they were.
+    apply_policy(&client, TEST, TEST, finalizing("Widget")).await?;
+    eventually(
+        "the remaining Widgets finalized again",
+        CONVERGE,
+        || async { Ok(holding(&widgets, &finalizer).await? == PARENTS - DELETED) },
+    )
+    .await?;
+    eventually(
+        "the deleted parents' children collected",
+        CONVERGE,
+        || async {
+            let children = children_by_parent(&client, &ns).await?;
+            Ok(children.len() == PARENTS - DELETED && !children.keys().any(|k| k.starts_with('<')))
+        },
+    )
+    .await?;
+    report(
+        "a finalizing policy moved from 200 Widgets to Gadgets and back",
+        &format!(
+            "every Widget released {released:.1?} after the edit; none stranded, none re-created"
+        ),
+    );
+    check_invariant(&client, &ns, PARENTS - DELETED, 1, &kept).await?;
+    let policy = policies(&client).get(TEST).await?;
+    assert_eq!(
+        policy.data["status"]["finalizedScopes"],
+        json!([{"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget", "namespace": ns}])
+    );
     host.stop().await?;
     Ok(())
 }

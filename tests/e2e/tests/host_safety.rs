@@ -11,6 +11,7 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use wasmctrl::metrics::ReconcileResult;
 use wasmctrl_e2e::*;
+use wasmctrl_testenv::cluster::eventually;
 
 fn policy(children: Value, config: Value) -> Value {
     json!({
@@ -586,6 +587,118 @@ async fn no_finalizer_is_left_behind_when_a_policy_stops_finalizing_or_goes_away
 
     host.stop().await?;
     delete_namespace(&client, &ns).await
+}
+
+/// The scopes a policy says it may have put its finalizer on.
+fn finalized_scopes(policy: &Value) -> Vec<(String, String)> {
+    policy["status"]["finalizedScopes"]
+        .as_array()
+        .map(|scopes| {
+            scopes
+                .iter()
+                .map(|s| {
+                    let kind = s["kind"].as_str().unwrap_or_default().to_owned();
+                    let ns = s["namespace"].as_str().unwrap_or_default().to_owned();
+                    (kind, ns)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalizing_policy_moved_to_another_kind_or_namespace_releases_the_parents_it_left()
+-> anyhow::Result<()> {
+    const TEST: &str = "safety-finalizer-scopes";
+    let (client, ns) = test_namespace(TEST).await?;
+    let (_, other_ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Gadget")).await?;
+    let finalizing = |kind: &str, namespace: &str| {
+        let mut spec = policy(config_maps_allowed(), json!({}));
+        spec["parent"] =
+            json!({"apiVersion": format!("{TEST_GROUP}/v1"), "kind": kind, "namespace": namespace});
+        spec["finalize"] = json!(true);
+        spec
+    };
+    let gadget = |name: &str| json!({"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Gadget", "metadata": {"name": name}, "spec": {}});
+    apply_policy(&client, TEST, TEST, finalizing("Widget", &ns)).await?;
+    // Over every namespace: the policy moves between two.
+    let host = HostUnderTest::cluster_wide(TEST).start().await?;
+    let widgets = widgets(&client, &ns);
+    let gadgets = api(&client, &resource(TEST_GROUP, "v1", "Gadget"), &ns);
+    let other_gadgets = api(&client, &resource(TEST_GROUP, "v1", "Gadget"), &other_ns);
+    let policy_api = policies(&client);
+    let parent_finalizer = format!("wasmctrl.dev/{TEST}");
+    let held = |w: &Value| finalizers(w).contains(&parent_finalizer);
+    for name in ["w1", "w2"] {
+        apply(&widgets, widget(name, None)).await?;
+        wait_for_object(&widgets, name, "the Widget finalizer", held).await?;
+    }
+    apply(&gadgets, gadget("g1")).await?;
+    apply(&gadgets, gadget("g2")).await?;
+    let recorded = get(&policy_api, TEST).await?.expect("exists");
+    assert_eq!(
+        finalized_scopes(&recorded),
+        [("Widget".to_owned(), ns.clone())],
+        "recorded before the first parent got the finalizer: {recorded}"
+    );
+
+    // Moved to another kind: the Widgets are let go, and deleting one completes.
+    apply_policy(&client, TEST, TEST, finalizing("Gadget", &ns)).await?;
+    for name in ["g1", "g2"] {
+        wait_for_object(&gadgets, name, "the Gadget finalizer", held).await?;
+    }
+    for name in ["w1", "w2"] {
+        wait_for_object(&widgets, name, "the Widget finalizer released", |w| {
+            !held(w)
+        })
+        .await?;
+    }
+    widgets.delete("w1", &Default::default()).await?;
+    wait_gone(&widgets, "w1", "the old kind's parent deleted").await?;
+    wait_for_object(&policy_api, TEST, "only the Gadget scope recorded", |p| {
+        finalized_scopes(p) == [("Gadget".to_owned(), ns.clone())]
+    })
+    .await?;
+    // The new kind is finalized as before: through the plugin.
+    gadgets.delete("g1", &Default::default()).await?;
+    wait_gone(&gadgets, "g1", "the new kind's parent finalized").await?;
+
+    // Moved to another namespace: g2 is let go, and its namespace can be deleted.
+    apply(&other_gadgets, gadget("g3")).await?;
+    apply_policy(&client, TEST, TEST, finalizing("Gadget", &other_ns)).await?;
+    wait_for_object(
+        &other_gadgets,
+        "g3",
+        "the finalizer in the new namespace",
+        held,
+    )
+    .await?;
+    wait_for_object(&gadgets, "g2", "the old namespace's parent released", |g| {
+        !held(g)
+    })
+    .await?;
+    wait_for_object(&policy_api, TEST, "only the new namespace recorded", |p| {
+        finalized_scopes(p) == [("Gadget".to_owned(), other_ns.clone())]
+    })
+    .await?;
+    delete_namespace(&client, &ns).await?;
+    let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    eventually(
+        "the old namespace deleted",
+        Duration::from_secs(60),
+        || async { Ok(namespaces.get_opt(&ns).await?.is_none()) },
+    )
+    .await?;
+
+    // Deleted, the policy lets the rest go.
+    policy_api.delete(TEST, &Default::default()).await?;
+    wait_gone(&policy_api, TEST, "the policy gone").await?;
+    let g3 = get(&other_gadgets, "g3").await?.expect("never deleted");
+    assert!(!held(&g3), "{g3}");
+    host.stop().await?;
+    delete_namespace(&client, &other_ns).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@ pub(crate) mod permissions;
 pub(crate) mod prepare;
 pub(crate) mod release;
 pub(crate) mod report;
+pub(crate) mod scopes;
 pub(crate) mod shared;
 pub(crate) mod status;
 pub(crate) mod swap;
@@ -99,6 +100,7 @@ pub(crate) async fn run(
             None => {
                 syncing.synced();
                 status.flush().await;
+                release_left_scopes(&policy, &shared).await;
                 let delay = retry.failed(&()).delay;
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
@@ -114,6 +116,29 @@ pub(crate) async fn run(
                 }
             }
         }
+    }
+}
+
+/// A policy that cannot start still lets go of the parents it certainly left (see
+/// [`release::release_left_scopes`]); failures are logged and tried again with the next
+/// attempt to start. A standby leaves it to the leader.
+async fn release_left_scopes(policy: &ReconcilePolicy, shared: &Shared) {
+    if !shared.leadership.is_leader() {
+        return;
+    }
+    let namespace = shared.options.namespace.as_deref();
+    // Released as the policy's identity, which may be why it cannot start.
+    let acting = match shared.identities.acting_for(policy) {
+        Ok(acting) => acting,
+        Err(refused) => {
+            tracing::warn!(policy = %policy.name_any(), reason = refused.reason, "cannot release the parents of a kind or namespace the policy left without its identity");
+            return;
+        }
+    };
+    let released =
+        release::release_left_scopes(&shared.client, &acting.client, policy, namespace).await;
+    if let Err(error) = released {
+        tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), "could not release the parents of a kind or namespace the policy left");
     }
 }
 
@@ -157,6 +182,7 @@ async fn run_controller(
     }
     let (controller, parents, caches, wait_for_caches) = watches.finish(syncing);
     metrics.set_active_plugin(Some(&parts.plugin.digest().to_string()));
+    let (finalizers_ready, finalizers_ready_rx) = watch::channel(false);
     let ctx = Arc::new(policy_context(
         &policy,
         shared,
@@ -164,25 +190,20 @@ async fn run_controller(
         &parts,
         caches,
         metrics.clone(),
+        finalizers_ready_rx,
     ));
     let namespace = setup.namespace.as_deref();
     let acting = &parts.acting.client;
+    let scope = (&parts.parent, namespace);
     let first_sync = if shared.leadership.is_leader() {
-        Some(
-            release::sync_finalizers(&shared.client, acting, &policy, &parts.parent, namespace)
-                .await,
-        )
+        let synced =
+            release::sync_finalizers(&shared.client, acting, &policy, scope, &finalizers_ready);
+        Some(synced.await)
     } else {
         None
     };
-    let finalizers = keep_finalizers_in_sync(
-        first_sync,
-        &policy,
-        shared,
-        acting,
-        &parts.parent,
-        namespace,
-    );
+    let finalizers =
+        keep_finalizers_in_sync(first_sync, &policy, shared, acting, scope, finalizers_ready);
     let running = announce_running(&policy, &parts, &mut status, namespace).await;
 
     // A swap, a candidate change and a takeover re-enqueue every parent through this channel.
@@ -215,6 +236,7 @@ fn policy_context(
     parts: &Parts,
     caches: Caches,
     metrics: PolicyMetrics,
+    finalizers_ready: watch::Receiver<bool>,
 ) -> PolicyContext {
     let name = policy.name_any();
     let policy_label = labels::policy_label_value(&name);
@@ -226,6 +248,7 @@ fn policy_context(
         finalizer: spec
             .finalize
             .then(|| labels::parent_finalizer(&policy_label)),
+        finalizers_ready,
         policy_label,
         field_manager: setup.field_manager.clone(),
         parent: parts.parent.resource.clone(),
@@ -308,18 +331,20 @@ fn running_state(policy: &ReconcilePolicy, acting: &Acting) -> State {
     )
 }
 
-/// The policy's own finalizer must be in place before any parent gets one, so that deleting
-/// the policy can never strand a parent; a policy that stopped finalizing lets its parents go
-/// first. The leader makes the first attempt before its controller starts (`first`); a
-/// failure is retried here, beside the controller. A standby leaves it to the leader until it
-/// leads itself.
+/// The policy's own finalizer and the record of where it finalizes (`status.finalizedScopes`)
+/// must be in place before any parent gets a finalizer, so that no edit or deletion of the
+/// policy can strand a parent: reconciles add none until `ready` says so. A policy that moved
+/// releases the parents it left, and one that stopped finalizing lets every parent go. The
+/// leader makes the first attempt before its controller starts (`first`); a failure is
+/// retried here, beside the controller. A standby leaves it to the leader until it leads
+/// itself.
 fn keep_finalizers_in_sync<'a>(
     first: Option<anyhow::Result<()>>,
     policy: &'a ReconcilePolicy,
     shared: &'a Shared,
     acting: &'a kube::Client,
-    parent: &'a ResolvedKind,
-    namespace: Option<&'a str>,
+    scope: (&'a ResolvedKind, Option<&'a str>),
+    ready: watch::Sender<bool>,
 ) -> impl Future<Output = ()> + 'a {
     let client = &shared.client;
     async move {
@@ -328,15 +353,16 @@ fn keep_finalizers_in_sync<'a>(
             Some(result) => result,
             None => {
                 shared.leadership.until_leader().await;
-                release::sync_finalizers(client, acting, policy, parent, namespace).await
+                release::sync_finalizers(client, acting, policy, scope, &ready).await
             }
         };
         while let Err(error) = result {
             let delay = retry.failed(&()).delay;
-            tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), retry_in = ?delay, "could not set up finalizers");
+            tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), retry_in = ?delay, "could not set up or release finalizers");
             tokio::time::sleep(delay).await;
-            result = release::sync_finalizers(client, acting, policy, parent, namespace).await;
+            result = release::sync_finalizers(client, acting, policy, scope, &ready).await;
         }
+        ready.send_replace(true);
         std::future::pending::<()>().await;
     }
 }

@@ -1,8 +1,17 @@
 //! Letting go of parents. A policy that finalizes holds `wasmctrl.dev/<policy>` on each of
-//! its parents; if the policy went away (or stopped finalizing) and left those behind, the
-//! parents — and their namespaces — would stay Terminating for ever. So a finalizing policy
-//! itself carries [`POLICY_FINALIZER`], and the host releases every parent before letting the
-//! policy go; a policy that stops finalizing is released when its controller restarts.
+//! its parents; if the policy went away (or stopped finalizing, or moved to another parent
+//! kind or namespace) and left those behind, the parents — and their namespaces — would stay
+//! Terminating for ever. So a finalizing policy itself carries [`POLICY_FINALIZER`] and
+//! records where its parents are ([`scopes`]); the host releases every parent in every
+//! recorded scope before letting the policy go, and the parents of a scope the policy left
+//! (or of every scope, once it stops finalizing) when its controller restarts.
+//!
+//! Released, not finalized: a parent of a scope the policy no longer manages loses the
+//! finalizer without a last plugin call, as it does when the policy is deleted. The policy's
+//! plugin now decides about other parents, and may not even understand the old ones; keeping
+//! the old scope running until every old parent is gone would make an edit wait on deletions
+//! nobody asked for. Whoever needs a last word on the old parents finalizes them before the
+//! edit (delete them while the policy still names their kind).
 
 use anyhow::Context as _;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -14,16 +23,19 @@ use crate::controller::kinds::{self, ResolvedKind};
 use crate::controller::labels::{
     POLICY_FINALIZER, POLICY_LABEL, parent_finalizer, policy_label_value,
 };
-use crate::policy::ReconcilePolicy;
+use crate::controller::policy_run::scopes;
+use crate::policy::{FinalizedScope, KindRef, ReconcilePolicy};
 
 /// Remove `finalizer` from every parent of `parent` kind (in `namespace`, if the host is
-/// restricted to one). Each removal tests the parent's uid and the finalizer's position, so
-/// it never edits a different object or a list that changed meanwhile (a conflict is an
-/// error, and the caller tries again). Returns how many parents were released.
+/// restricted to one), except those in `except` (a namespace the policy still holds). Each
+/// removal tests the parent's uid and the finalizer's position, so it never edits a
+/// different object or a list that changed meanwhile (a conflict is an error, and the caller
+/// tries again). Returns how many parents were released.
 pub(crate) async fn release_parents(
     client: &Client,
     parent: &ResolvedKind,
     namespace: Option<&str>,
+    except: Option<&str>,
     finalizer: &str,
 ) -> anyhow::Result<usize> {
     let api: Api<DynamicObject> = match namespace.filter(|_| parent.namespaced) {
@@ -36,6 +48,9 @@ pub(crate) async fn release_parents(
         .with_context(|| format!("listing {} to release finalizers", parent.resource.kind))?;
     let mut released = 0;
     for object in parents.items {
+        if except.is_some() && object.metadata.namespace.as_deref() == except {
+            continue;
+        }
         let Some(index) = object.finalizers().iter().position(|f| f == finalizer) else {
             continue;
         };
@@ -120,9 +135,10 @@ pub(crate) async fn set_policy_finalizer(
     }
 }
 
-/// Release every parent of a policy that is being deleted (through `acting`, the client the
-/// policy acts through), then let the policy go (as the host, through `host`). `namespace`
-/// is the host's own restriction, if any; the policy's `spec.parent.namespace` narrows it.
+/// Release every parent of a policy that is being deleted (of its parent kind, and of every
+/// scope it recorded; through `acting`, the client the policy acts through), then let the
+/// policy go (as the host, through `host`). `namespace` is the host's own restriction, if
+/// any; the policy's `spec.parent.namespace` narrows it.
 pub(crate) async fn retire(
     host: &Client,
     acting: &Client,
@@ -133,19 +149,88 @@ pub(crate) async fn retire(
         return Ok(());
     }
     let name = policy.name_any();
-    let label = policy_label_value(&name);
+    let uid = policy.metadata.uid.as_deref();
+    // Read again: the controller may have recorded a scope since this version was seen.
+    let Some(policy) = scopes::fresh_policy(host, &name, uid).await? else {
+        return Ok(());
+    };
+    let finalizer = parent_finalizer(&policy_label_value(&name));
     let namespace = policy.spec.parent.namespace.as_deref().or(namespace);
-    match kinds::resolve(acting, &policy.spec.parent.kind_ref()).await {
-        Ok(parent) => {
-            let released =
-                release_parents(acting, &parent, namespace, &parent_finalizer(&label)).await?;
-            tracing::info!(policy = %name, released, "policy deleted; its parents' finalizers released");
-        }
-        // No parent kind, no parents holding anything.
-        Err(kinds::KindError::NotFound { .. }) => {}
-        Err(error) => return Err(error.into()),
+    let mut released = 0;
+    if let Some(parent) = resolve(acting, &policy.spec.parent.kind_ref()).await? {
+        released += release_parents(acting, &parent, namespace, None, &finalizer).await?;
     }
-    set_policy_finalizer(host, &name, policy.metadata.uid.as_deref(), false).await
+    for scope in scopes::recorded(&policy) {
+        released += release_scope(acting, &scope, None, &finalizer).await?;
+    }
+    tracing::info!(policy = %name, released, "policy deleted; its parents' finalizers released");
+    set_policy_finalizer(host, &name, uid, false).await
+}
+
+/// A kind resolved, or `None` if it is not served: a kind that is gone has no parents left
+/// holding anything.
+async fn resolve(client: &Client, kind: &KindRef) -> anyhow::Result<Option<ResolvedKind>> {
+    match kinds::resolve(client, kind).await {
+        Ok(resolved) => Ok(Some(resolved)),
+        Err(kinds::KindError::NotFound { .. }) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Remove `finalizer` from the parents of a recorded `scope`, but not from those in `except`.
+async fn release_scope(
+    client: &Client,
+    scope: &FinalizedScope,
+    except: Option<&str>,
+    finalizer: &str,
+) -> anyhow::Result<usize> {
+    let kind = KindRef {
+        api_version: scope.api_version.clone(),
+        kind: scope.kind.clone(),
+    };
+    let parent = match resolve(client, &kind).await? {
+        Some(parent) => Some(parent),
+        None => in_another_version(client, scope).await?,
+    };
+    match parent {
+        Some(parent) => {
+            release_parents(
+                client,
+                &parent,
+                scope.namespace.as_deref(),
+                except,
+                finalizer,
+            )
+            .await
+        }
+        None => Ok(0),
+    }
+}
+
+/// The scope's kind in the version its group prefers now, when the recorded version is no
+/// longer served (its objects are, under another version); `None` when the kind is gone.
+async fn in_another_version(
+    client: &Client,
+    scope: &FinalizedScope,
+) -> anyhow::Result<Option<ResolvedKind>> {
+    let group = scope
+        .api_version
+        .split_once('/')
+        .map_or("", |(group, _)| group);
+    let served = match kube::discovery::group(client, group).await {
+        Ok(served) => served,
+        Err(kube::Error::Discovery(_)) => return Ok(None),
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(None),
+        Err(error) => {
+            return Err(error).with_context(|| format!("discovering API group {group:?}"));
+        }
+    };
+    Ok(served
+        .recommended_kind(&scope.kind)
+        .map(|(resource, capabilities)| ResolvedKind {
+            resource: std::sync::Arc::new(resource),
+            namespaced: capabilities.scope == kube::discovery::Scope::Namespaced,
+        }))
 }
 
 /// Children of kinds that left `spec.children`: which of those kinds still have objects
@@ -188,27 +273,82 @@ pub(crate) async fn unmanaged_children(
     Ok(found)
 }
 
-/// Bring the finalizers in line with `spec.finalize`: a finalizing policy carries
-/// [`POLICY_FINALIZER`] (written as the host, through `host`); one that stopped finalizing
-/// releases its parents (through `acting`, the client the policy acts through), then drops
-/// it.
+/// Bring the finalizers in line with the policy. A finalizing policy records the scope it
+/// finalizes in and carries [`POLICY_FINALIZER`] (both written as the host, through `host`)
+/// — then says `ready`: from there on its parents may get a finalizer — and releases the
+/// parents of the scopes it left (through `acting`, the client the policy acts through); one
+/// that stopped finalizing releases every scope, then drops its own finalizer.
 pub(crate) async fn sync_finalizers(
     host: &Client,
     acting: &Client,
     policy: &ReconcilePolicy,
-    parent: &ResolvedKind,
-    namespace: Option<&str>,
+    (parent, namespace): (&ResolvedKind, Option<&str>),
+    ready: &tokio::sync::watch::Sender<bool>,
 ) -> anyhow::Result<()> {
     let name = policy.name_any();
     let uid = policy.metadata.uid.as_deref();
+    let Some(fresh) = scopes::fresh_policy(host, &name, uid).await? else {
+        return Ok(());
+    };
+    let mut recorded = scopes::recorded(&fresh);
+    let current = scopes::of(parent, namespace);
+    let finalizer = parent_finalizer(&policy_label_value(&name));
     if policy.spec.finalize {
-        return set_policy_finalizer(host, &name, uid, true).await;
+        if !recorded.contains(&current) {
+            recorded.push(current.clone());
+            scopes::record(host, &name, uid, &recorded).await?;
+        }
+        set_policy_finalizer(host, &name, uid, true).await?;
+        // A scope left behind that cannot be released yet must not hold up the new one.
+        ready.send_replace(true);
+        for scope in recorded.iter().filter(|s| !scopes::covers(&current, s)) {
+            let except = scopes::still_held(scope, &current);
+            let released = release_scope(acting, scope, except.as_deref(), &finalizer).await?;
+            tracing::info!(policy = %name, api_version = %scope.api_version, kind = %scope.kind, namespace = ?scope.namespace, released, "the policy no longer finalizes these parents; released");
+        }
+        return scopes::record(host, &name, uid, std::slice::from_ref(&current)).await;
     }
-    if !policy.finalizers().iter().any(|f| f == POLICY_FINALIZER) {
+    let holds = fresh.finalizers().iter().any(|f| f == POLICY_FINALIZER);
+    if !holds && recorded.is_empty() {
         return Ok(());
     }
-    let label = policy_label_value(&name);
-    let released = release_parents(acting, parent, namespace, &parent_finalizer(&label)).await?;
+    // The running scope first: parents may hold the finalizer from before scopes were
+    // recorded.
+    let mut released = release_parents(acting, parent, namespace, None, &finalizer).await?;
+    for scope in recorded.iter().filter(|s| !scopes::covers(&current, s)) {
+        released += release_scope(acting, scope, None, &finalizer).await?;
+    }
     tracing::info!(policy = %name, released, "policy no longer finalizes; parents released");
+    scopes::record(host, &name, uid, &[]).await?;
     set_policy_finalizer(host, &name, uid, false).await
+}
+
+/// For a finalizing policy that cannot start (its new kind not served yet, its plugin not
+/// loaded, its kind taken): release the parents of every recorded scope it has certainly
+/// left, so that an edit that does not start yet strands nothing meanwhile. What only
+/// discovery can tell apart waits for the controller's [`sync_finalizers`].
+pub(crate) async fn release_left_scopes(
+    host: &Client,
+    acting: &Client,
+    policy: &ReconcilePolicy,
+    host_namespace: Option<&str>,
+) -> anyhow::Result<()> {
+    let name = policy.name_any();
+    let uid = policy.metadata.uid.as_deref();
+    let Some(fresh) = scopes::fresh_policy(host, &name, uid).await? else {
+        return Ok(());
+    };
+    let named = scopes::named(policy, host_namespace);
+    let (left, kept): (Vec<_>, Vec<_>) = scopes::recorded(&fresh)
+        .into_iter()
+        .partition(|s| !policy.spec.finalize || scopes::certainly_left(&named, s));
+    if left.is_empty() {
+        return Ok(());
+    }
+    let finalizer = parent_finalizer(&policy_label_value(&name));
+    for scope in &left {
+        let released = release_scope(acting, scope, None, &finalizer).await?;
+        tracing::info!(policy = %name, api_version = %scope.api_version, kind = %scope.kind, namespace = ?scope.namespace, released, "the policy no longer finalizes these parents; released");
+    }
+    scopes::record(host, &name, uid, &kept).await
 }

@@ -73,7 +73,10 @@ impl PolicyStatusWriter {
         policy: &ReconcilePolicy,
         leadership: Arc<Leadership>,
     ) -> Self {
-        let current = policy.status.clone().unwrap_or_default();
+        let mut current = policy.status.clone().unwrap_or_default();
+        // Written by `scopes` alone (a field manager of its own): left out here, so that this
+        // writer's apply neither owns nor resets it.
+        current.finalized_scopes.clear();
         Self {
             api,
             name: policy.metadata.name.clone().unwrap_or_default(),

@@ -29,6 +29,10 @@ pub(crate) struct PolicyContext {
     pub field_manager: String,
     /// The finalizer this policy holds on parents, when it asks for one.
     pub finalizer: Option<String>,
+    /// Becomes true once the policy carries its own finalizer and has recorded where it
+    /// finalizes (`status.finalizedScopes`): no parent gets the finalizer before, so none can
+    /// be stranded by a later edit or deletion.
+    pub finalizers_ready: tokio::sync::watch::Receiver<bool>,
     pub parent: Arc<ApiResource>,
     pub resync: Duration,
     pub events: EventSink,

@@ -58,6 +58,10 @@ pub(crate) enum ReconcileError {
         "the caches of the policy's kinds have not synced; the policy's Ready condition says which kind cannot be watched and why"
     )]
     CachesNotReady,
+    #[error(
+        "the policy has not yet recorded where it finalizes parents (its own finalizer and status.finalizedScopes); this parent gets the finalizer once it has"
+    )]
+    FinalizersNotReady,
     #[error("{0}")]
     Related(Box<ReadError>),
 }
@@ -82,6 +86,7 @@ impl ReconcileError {
             Self::Status(_) => "StatusWriteFailed",
             Self::Finalizer(_) => "FinalizerFailed",
             Self::CachesNotReady => "CachesNotReady",
+            Self::FinalizersNotReady => "FinalizersNotReady",
             Self::Related(_) => "RelatedReadFailed",
         }
     }

@@ -184,6 +184,11 @@ impl<'a> Reconcile<'a> {
             };
         }
         if let (Some(finalizer), false) = (&ctx.finalizer, holds_finalizer) {
+            let mut ready = ctx.finalizers_ready.clone();
+            match tokio::time::timeout(CACHE_SYNC_WAIT, ready.wait_for(|ready| *ready)).await {
+                Ok(Ok(_)) => {}
+                _ => return Err(ReconcileError::FinalizersNotReady),
+            }
             writes::add_finalizer(self.parent, self.identity, finalizer, ctx).await?;
         }
         Ok(None)
