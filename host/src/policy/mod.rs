@@ -100,7 +100,7 @@ pub struct KindRef {
 /// Where the plugin comes from, and how it is configured.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci)) || has(self.digest)").message("a plugin fetched over http or from a registry needs a digest"))]
+#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci) || has(self.source.configMap)) || has(self.digest)").message("a plugin fetched over http, from a registry or from a ConfigMap needs a digest"))]
 pub struct PluginSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -123,7 +123,7 @@ pub struct PluginSpec {
 /// The candidate plugin.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci)) || has(self.digest)").message("a plugin fetched over http or from a registry needs a digest"))]
+#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci) || has(self.source.configMap)) || has(self.digest)").message("a plugin fetched over http, from a registry or from a ConfigMap needs a digest"))]
 pub struct CandidateSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -156,7 +156,8 @@ pub struct PluginSource {
     /// A component on the host's filesystem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<FileSource>,
-    /// A component stored in a ConfigMap's `binaryData`.
+    /// A component stored in a ConfigMap's `binaryData`. The `digest` is mandatory with this
+    /// source, so whoever may edit the ConfigMap cannot swap the plugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map: Option<ConfigMapSource>,
     /// A component served over HTTP(S). The `digest` is mandatory with this source.
