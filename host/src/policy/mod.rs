@@ -55,6 +55,33 @@ pub struct ReconcilePolicySpec {
     /// the finalizer is removed once the plugin reports `finalized`.
     #[serde(default)]
     pub finalize: bool,
+    /// Guards against mass deletion by a bad change: how many children a new plugin or a new
+    /// generation of this policy may prune before the host holds further deletions for an
+    /// admin to confirm. Unset fields take the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety: Option<SafetySpec>,
+}
+
+/// The prune guard's settings. After a change (a new plugin, config or generation, a restart
+/// or a takeover) and until every parent has been reconciled once under it, the host deletes
+/// at most `max(pruneFloor, maxPruneFraction × children seen)` children, where the children
+/// seen are those of the parents reconciled since the change; a change that would delete more
+/// is held (`Ready=False`, `PruneHeld`) until an admin sets the `wasmctrl.dev/confirm-prune`
+/// annotation to the value `status.pruneGuard.confirm` names, or rolls back. Pruning outside
+/// such a window (a parent's spec shrinking) is never held.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SafetySpec {
+    /// The share (0 to 1) of the children of the parents reconciled since a change that the
+    /// change may prune before further deletions are held (default 0.2). 1 never holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_prune_fraction: Option<f64>,
+    /// Deletions a change may always make, whatever the share (default 5), so small policies
+    /// and ordinary deletions are never held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub prune_floor: Option<u32>,
 }
 
 /// The parent kind, and the namespace whose parents the policy reconciles.
@@ -324,6 +351,43 @@ pub struct ReconcilePolicyStatus {
     /// parent). The `ChildrenManaged` condition says how many there are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unmanaged_child_kinds: Vec<KindRef>,
+    /// The prune guard's window, while one is open: after a change, until every parent has
+    /// been reconciled once under it (see `spec.safety`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prune_guard: Option<PruneGuardStatus>,
+}
+
+/// How the prune guard stands in its current window.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PruneGuardStatus {
+    /// `Watching` (deletions counted), `Held` (deletions stopped until confirmed) or
+    /// `Confirmed` (an admin let them proceed).
+    pub state: String,
+    /// What opened the window (a swap, a new generation, a start or a takeover).
+    pub since: String,
+    /// The `wasmctrl.dev/confirm-prune` annotation value that lets this window's held
+    /// deletions proceed.
+    pub confirm: String,
+    /// Children deleted in this window.
+    #[serde(default)]
+    pub deleted: u64,
+    /// Deletions this window allows without a confirmation.
+    #[serde(default)]
+    pub allowed: u64,
+    /// The children of the parents reconciled so far in this window: what the share is
+    /// taken of.
+    #[serde(default)]
+    pub children_seen: u64,
+    /// Deletions held.
+    #[serde(default)]
+    pub held_deletions: u64,
+    /// The parents whose deletions are held.
+    #[serde(default)]
+    pub held_parents: u64,
+    /// A few held deletions, `namespace/parent → Kind name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<String>,
 }
 
 /// The candidate plugin's standing.

@@ -11,7 +11,9 @@ use serde_json::json;
 
 use crate::leader::Leadership;
 use crate::plugin::Digest;
-use crate::policy::{CandidateStatus, KindRef, ReconcilePolicy, ReconcilePolicyStatus};
+use crate::policy::{
+    CandidateStatus, KindRef, PruneGuardStatus, ReconcilePolicy, ReconcilePolicyStatus,
+};
 
 /// The field manager the host writes policy status with.
 const FIELD_MANAGER: &str = "wasmctrl";
@@ -158,6 +160,11 @@ impl PolicyStatusWriter {
     pub fn set_child_kinds(&mut self, managed: Vec<KindRef>, unmanaged: Vec<KindRef>) {
         self.current.child_kinds = managed;
         self.current.unmanaged_child_kinds = unmanaged;
+    }
+
+    /// The prune guard's window; `None` in the steady state.
+    pub fn set_prune_guard(&mut self, window: Option<PruneGuardStatus>) {
+        self.current.prune_guard = window;
     }
 
     /// How the policy's parents stand.
