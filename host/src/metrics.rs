@@ -127,6 +127,7 @@ pub struct Metrics {
     active_plugin: Family<DigestLabels, Gauge>,
     child_operations: Family<ChildLabels, Counter>,
     events_dropped: Family<ControllerLabels, Counter>,
+    prune_held: Family<ControllerLabels, Gauge>,
     explain_bytes: Gauge,
     explain_records: Gauge,
     pool_warm_memories: Gauge,
@@ -178,6 +179,7 @@ impl Metrics {
             active_plugin: Family::default(),
             child_operations: Family::default(),
             events_dropped: Family::default(),
+            prune_held: Family::default(),
             explain_bytes: Gauge::default(),
             explain_records: Gauge::default(),
             pool_warm_memories: Gauge::default(),
@@ -278,6 +280,11 @@ impl Metrics {
             "wasmctrl_plugin_events_dropped",
             "Events a plugin asked for that the host did not record (over the per-reconcile or per-parent cap)",
             metrics.events_dropped.clone(),
+        );
+        registry.register(
+            "wasmctrl_prune_held",
+            "Child deletions the prune guard holds per policy, until an admin confirms the change or rolls it back",
+            metrics.prune_held.clone(),
         );
         registry.register_with_unit(
             "wasmctrl_explain_records",
@@ -610,6 +617,24 @@ impl PolicyMetrics {
     pub fn set_active_plugin(&self, digest: Option<&str>) {
         self.metrics.set_active_plugin(&self.policy, digest);
     }
+
+    /// The prune guard holds `held` deletions now. The series appears with the first hold,
+    /// and stays (at 0 once released) until [`Self::forget_prune_held`].
+    pub fn set_prune_held(&self, held: u64) {
+        let labels = self.controller();
+        if held == 0 && self.metrics.prune_held.get(&labels).is_none() {
+            return;
+        }
+        self.metrics
+            .prune_held
+            .get_or_create(&labels)
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
+    }
+
+    /// The policy's controller stopped: its held deletions are no longer anyone's.
+    pub fn forget_prune_held(&self) {
+        self.metrics.prune_held.remove(&self.controller());
+    }
 }
 
 #[cfg(test)]
@@ -693,6 +718,31 @@ mod tests {
             !text.contains("operation=\"unchanged\""),
             "zero counts add no series"
         );
+    }
+
+    #[test]
+    fn held_prunes_have_a_series_from_the_first_hold_until_the_controller_stops() {
+        let metrics = Arc::new(Metrics::new());
+        let p = metrics.policy("p");
+        p.set_prune_held(0);
+        assert!(
+            !metrics.encode().contains("wasmctrl_prune_held{"),
+            "no hold yet"
+        );
+        p.set_prune_held(600);
+        assert!(
+            metrics
+                .encode()
+                .contains(r#"wasmctrl_prune_held{controller="p"} 600"#)
+        );
+        p.set_prune_held(0);
+        assert!(
+            metrics
+                .encode()
+                .contains(r#"wasmctrl_prune_held{controller="p"} 0"#)
+        );
+        p.forget_prune_held();
+        assert!(!metrics.encode().contains("wasmctrl_prune_held{"));
     }
 
     #[test]

@@ -58,6 +58,9 @@ struct Running {
     uid: Option<String>,
     generation: Option<i64>,
     spec: ReconcilePolicySpec,
+    /// The policy's prune confirmation annotation: a change of it alone (no new generation)
+    /// goes to the running controller too.
+    confirmation: Option<String>,
     /// Hands a plugin-only change to the running controller (a hot swap).
     updates: watch::Sender<Arc<ReconcilePolicy>>,
     stop: CancellationToken,
@@ -331,6 +334,12 @@ impl Host {
         let previous = running.remove(&name);
         if let Some(mut r) = previous {
             if r.uid == uid && r.generation == generation && !r.stop.is_cancelled() {
+                let confirmation = confirmation_of(&policy);
+                if r.confirmation != confirmation && !r.retiring {
+                    tracing::info!(policy = %name, confirmation, "prune confirmation changed");
+                    r.confirmation = confirmation;
+                    let _ = r.updates.send(Arc::new(policy));
+                }
                 running.insert(name, r);
                 return;
             }
@@ -342,6 +351,7 @@ impl Host {
                 tracing::info!(policy = %name, generation, "plugin changed; swapping it in place");
                 r.generation = generation;
                 r.spec = policy.spec.clone();
+                r.confirmation = confirmation_of(&policy);
                 let _ = r.updates.send(Arc::new(policy));
                 running.insert(name, r);
                 return;
@@ -402,6 +412,7 @@ impl Running {
             uid: policy.metadata.uid.clone(),
             generation: policy.metadata.generation,
             spec: policy.spec.clone(),
+            confirmation: confirmation_of(policy),
             updates,
             stop,
             task,
@@ -409,6 +420,11 @@ impl Running {
             standing,
         }
     }
+}
+
+/// The policy's prune confirmation annotation, owned.
+fn confirmation_of(policy: &ReconcilePolicy) -> Option<String> {
+    reconcile::prune_guard::confirmation(policy).map(str::to_owned)
 }
 
 /// Whether two versions of a policy differ in `spec.plugin` alone.

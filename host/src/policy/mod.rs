@@ -62,6 +62,33 @@ pub struct ReconcilePolicySpec {
     /// run with `--require-policy-identity` refuses (`IdentityRequired`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<ServiceAccountRef>,
+    /// Guards against mass deletion by a bad change: how many children a new plugin or a new
+    /// generation of this policy may prune before the host holds further deletions for an
+    /// admin to confirm. Unset fields take the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety: Option<SafetySpec>,
+}
+
+/// The prune guard's settings. After a change (a new plugin, config or generation, a restart
+/// or a takeover) and until every parent has been reconciled once under it, the host deletes
+/// at most `max(pruneFloor, maxPruneFraction × children seen)` children, where the children
+/// seen are those of the parents reconciled since the change; a change that would delete more
+/// is held (`Ready=False`, `PruneHeld`) until an admin sets the `wasmctrl.dev/confirm-prune`
+/// annotation to the value `status.pruneGuard.confirm` names, or rolls back. Pruning outside
+/// such a window (a parent's spec shrinking) is never held.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SafetySpec {
+    /// The share (0 to 1) of the children of the parents reconciled since a change that the
+    /// change may prune before further deletions are held (default 0.2). 1 never holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_prune_fraction: Option<f64>,
+    /// Deletions a change may always make, whatever the share (default 5), so small policies
+    /// and ordinary deletions are never held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub prune_floor: Option<u32>,
 }
 
 /// A ServiceAccount, by namespace and name.
@@ -135,7 +162,7 @@ pub struct KindRef {
 /// Where the plugin comes from, and how it is configured.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci)) || has(self.digest)").message("a plugin fetched over http or from a registry needs a digest"))]
+#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci) || has(self.source.configMap)) || has(self.digest)").message("a plugin fetched over http, from a registry or from a ConfigMap needs a digest"))]
 pub struct PluginSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -158,7 +185,7 @@ pub struct PluginSpec {
 /// The candidate plugin.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci)) || has(self.digest)").message("a plugin fetched over http or from a registry needs a digest"))]
+#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci) || has(self.source.configMap)) || has(self.digest)").message("a plugin fetched over http, from a registry or from a ConfigMap needs a digest"))]
 pub struct CandidateSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -191,7 +218,8 @@ pub struct PluginSource {
     /// A component on the host's filesystem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<FileSource>,
-    /// A component stored in a ConfigMap's `binaryData`.
+    /// A component stored in a ConfigMap's `binaryData`. The `digest` is mandatory with this
+    /// source, so whoever may edit the ConfigMap cannot swap the plugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map: Option<ConfigMapSource>,
     /// A component served over HTTP(S). The `digest` is mandatory with this source.
@@ -372,6 +400,43 @@ pub struct ReconcilePolicyStatus {
     /// manager of its own (`wasmctrl-finalizers`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub finalized_scopes: Vec<FinalizedScope>,
+    /// The prune guard's window, while one is open: after a change, until every parent has
+    /// been reconciled once under it (see `spec.safety`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prune_guard: Option<PruneGuardStatus>,
+}
+
+/// How the prune guard stands in its current window.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PruneGuardStatus {
+    /// `Watching` (deletions counted), `Held` (deletions stopped until confirmed) or
+    /// `Confirmed` (an admin let them proceed).
+    pub state: String,
+    /// What opened the window (a swap, a new generation, a start or a takeover).
+    pub since: String,
+    /// The `wasmctrl.dev/confirm-prune` annotation value that lets this window's held
+    /// deletions proceed.
+    pub confirm: String,
+    /// Children deleted in this window.
+    #[serde(default)]
+    pub deleted: u64,
+    /// Deletions this window allows without a confirmation.
+    #[serde(default)]
+    pub allowed: u64,
+    /// The children of the parents reconciled so far in this window: what the share is
+    /// taken of.
+    #[serde(default)]
+    pub children_seen: u64,
+    /// Deletions held.
+    #[serde(default)]
+    pub held_deletions: u64,
+    /// The parents whose deletions are held.
+    #[serde(default)]
+    pub held_parents: u64,
+    /// A few held deletions, `namespace/parent → Kind name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<String>,
 }
 
 /// Parents that may carry a policy's finalizer: those of one kind, in one namespace or all.

@@ -173,8 +173,12 @@ impl PluginRegistry {
     }
 
     async fn obtain_uncounted(&self, request: PluginRequest<'_>) -> Result<Obtained, LoadError> {
-        let checked = source::check(request.source, self.credentials_namespace.as_deref())
-            .map_err(LoadError::InvalidSource)?;
+        let checked = source::check(
+            request.source,
+            request.digest.is_some(),
+            self.credentials_namespace.as_deref(),
+        )
+        .map_err(LoadError::InvalidSource)?;
         let pinned = request.digest.map(str::parse::<Digest>).transpose()?;
         if let Some(digest) = pinned {
             if let Some(plugin) = self.find(&digest, &request.limits) {

@@ -31,16 +31,29 @@ const FETCH_DEADLINE: Duration = Duration::from_secs(180);
 
 /// Refuse a source this host must never read, before anything is fetched or taken from a
 /// cache: not exactly one kind of source, a `secretRef` outside `credentials_namespace`
-/// (`None` refuses every `secretRef`), or credentials that would travel without TLS to
-/// another machine. A policy naming such a source is refused even when the digest it pins is
+/// (`None` refuses every `secretRef`), credentials that would travel without TLS to
+/// another machine, or a source whose bytes others may replace (http, OCI, a ConfigMap)
+/// without a `pinned` digest: whoever may edit a ConfigMap must not be able to swap the
+/// plugin (the schema says so too; this holds for a policy applied before it did). A policy naming such a source is refused even when the digest it pins is
 /// loaded already, so it cannot work on one replica and fail on another.
 ///
 /// The [`Checked`] source is what [`fetch`] takes, so nothing is read unchecked and nothing
 /// is checked twice.
 pub fn check<'a>(
     source: &'a PluginSource,
+    pinned: bool,
     credentials_namespace: Option<&'a str>,
 ) -> anyhow::Result<Checked<'a>> {
+    if !pinned {
+        let unpinned = [
+            (source.config_map.is_some(), "from a ConfigMap"),
+            (source.http.is_some(), "fetched over http"),
+            (source.oci.is_some(), "from a registry"),
+        ];
+        if let Some((_, what)) = unpinned.iter().find(|(named, _)| *named) {
+            bail!("a plugin {what} needs a pinned digest");
+        }
+    }
     check_source(source, credentials_namespace)?;
     Ok(Checked { source })
 }
@@ -462,6 +475,29 @@ mod tests {
         assert!(registry_is_loopback("[::1]:5000"));
         assert!(!registry_is_loopback("localhost.example.com"));
         assert!(!registry_is_loopback("registry.example.com:443"));
+    }
+
+    #[test]
+    fn a_source_others_can_replace_needs_a_pinned_digest() {
+        let source = |json: serde_json::Value| -> PluginSource {
+            serde_json::from_value(json).expect("a source")
+        };
+        let config_map =
+            source(serde_json::json!({"configMap": {"namespace": "n", "name": "p", "key": "k"}}));
+        let refused = check(&config_map, false, None).expect_err("unpinned");
+        assert!(
+            refused
+                .to_string()
+                .contains("from a ConfigMap needs a pinned digest"),
+            "{refused}"
+        );
+        assert!(check(&config_map, true, None).is_ok());
+        let http = source(serde_json::json!({"http": {"url": "https://example.com/p.wasm"}}));
+        assert!(check(&http, false, None).is_err());
+        let oci = source(serde_json::json!({"oci": {"reference": "example.com/p:1"}}));
+        assert!(check(&oci, false, None).is_err());
+        let file = source(serde_json::json!({"file": {"path": "/p.wasm"}}));
+        assert!(check(&file, false, None).is_ok(), "the host's own files");
     }
 
     #[tokio::test]

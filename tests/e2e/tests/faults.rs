@@ -1034,3 +1034,176 @@ async fn a_finalizing_policy_moved_between_two_parent_kinds_strands_nothing() ->
     host.stop().await?;
     Ok(())
 }
+
+/// The policy's `status.pruneGuard` (null in the steady state).
+async fn prune_guard(client: &Client, policy: &str) -> anyhow::Result<Value> {
+    let policy = policies(client).get(policy).await?;
+    Ok(policy.data["status"]["pruneGuard"].clone())
+}
+
+/// Wait until the policy's prune guard is `Held`; its window.
+async fn wait_held(client: &Client, policy: &str) -> anyhow::Result<Value> {
+    eventually("the prune guard holding", CONVERGE, || async {
+        let held = prune_guard(client, policy).await?["state"] == "Held";
+        let ready = policies(client).get(policy).await?.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["reason"] == "PruneHeld");
+        Ok(held && ready)
+    })
+    .await?;
+    prune_guard(client, policy).await
+}
+
+/// Wait until the policy's prune guard window closed (every parent reconciled under the
+/// last change).
+async fn wait_steady(client: &Client, policy: &str) -> anyhow::Result<()> {
+    eventually("the prune guard's window closed", CONVERGE, || async {
+        Ok(prune_guard(client, policy).await?.is_null())
+    })
+    .await
+}
+
+/// Children of `ns`'s parents, by parent, leaving out the entry of children without a live
+/// parent.
+fn live(
+    children: BTreeMap<String, Vec<(String, Value)>>,
+) -> BTreeMap<String, Vec<(String, Value)>> {
+    children
+        .into_iter()
+        .filter(|(parent, _)| !parent.starts_with('<'))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_to_a_plugin_that_answers_nothing_is_held_until_confirmed_or_rolled_back()
+-> anyhow::Result<()> {
+    const TEST: &str = "fault-prune-guard";
+    const FLOOR: usize = 5;
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    let host = in_process_host(TEST).await?;
+    apply_widgets(&client, &ns, PARENTS, 1).await?;
+    wait_reconciled(&client, &ns, PARENTS).await?;
+    wait_steady(&client, TEST).await?;
+    let before = children_by_parent(&client, &ns).await?;
+    assert_eq!(before.len(), PARENTS);
+
+    // The bad swap: the same plugin, configured to answer no children.
+    let started = Instant::now();
+    apply_policy(&client, TEST, TEST, widget_policy(&ns, json!({}))).await?;
+    let window = wait_held(&client, TEST).await?;
+    let held_after = started.elapsed();
+    // Let every parent come round under the bad plugin (2 s resync), then count.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let window = {
+        let now = prune_guard(&client, TEST).await?;
+        assert_eq!(now["confirm"], window["confirm"], "one window: {now}");
+        now
+    };
+    let left = live(children_by_parent(&client, &ns).await?);
+    let deleted = PARENTS - left.len();
+    report(
+        "a swap to a plugin answering no children, 200 parents",
+        &format!(
+            "held {held_after:.1?} after the swap with {deleted} of {PARENTS} children deleted (floor {FLOOR}); {} deletions held",
+            window["heldDeletions"]
+        ),
+    );
+    assert!(deleted <= FLOOR, "{deleted} deleted, beyond the floor");
+    assert_eq!(window["deleted"], deleted as u64, "{window}");
+    assert_eq!(
+        window["heldDeletions"],
+        (PARENTS - deleted) as u64,
+        "{window}"
+    );
+    assert_eq!(
+        window["examples"].as_array().map(Vec::len),
+        Some(5),
+        "{window}"
+    );
+    for (parent, owned) in &left {
+        assert_eq!(
+            before[parent][0].0, owned[0].0,
+            "{parent}'s child was replaced while held"
+        );
+    }
+
+    // Rolled back: the hold clears, nothing more is deleted, and the few deleted come back.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        widget_policy(&ns, json!({"ownChild": true})),
+    )
+    .await?;
+    wait_reconciled(&client, &ns, PARENTS).await?;
+    eventually("every child back", CONVERGE, || async {
+        Ok(live(children_by_parent(&client, &ns).await?).len() == PARENTS)
+    })
+    .await?;
+    wait_steady(&client, TEST).await?;
+    check_invariant(&client, &ns, PARENTS, 1, &left).await?;
+
+    // The bad swap again, this time confirmed: the held deletions proceed.
+    let kept = live(children_by_parent(&client, &ns).await?);
+    apply_policy(&client, TEST, TEST, widget_policy(&ns, json!({}))).await?;
+    let window = wait_held(&client, TEST).await?;
+    let token = window["confirm"].as_str().context("a confirmation token")?;
+    let started = Instant::now();
+    policies(&client)
+        .patch(
+            TEST,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                "wasmctrl.dev/confirm-prune": token,
+            }}})),
+        )
+        .await?;
+    eventually("every child pruned", CONVERGE, || async {
+        Ok(children_by_parent(&client, &ns).await?.is_empty())
+    })
+    .await?;
+    report(
+        "the same swap confirmed",
+        &format!(
+            "all {PARENTS} children pruned {:.1?} after the confirmation",
+            started.elapsed()
+        ),
+    );
+    wait_steady(&client, TEST).await?;
+    let policy = policies(&client).get(TEST).await?;
+    let ready = policy.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ready["reason"], "Running", "{ready}");
+    assert_eq!(reconciled_count(&client, &ns).await?, PARENTS);
+    assert_eq!(kept.len(), PARENTS);
+    // Quiet afterwards: a resync of parents without children writes nothing.
+    let mut last = host_writes(&ns)?;
+    let quiet_from = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let now = host_writes(&ns)?;
+        if now.len() == last.len() {
+            break;
+        }
+        assert!(
+            quiet_from.elapsed() < QUIET,
+            "still writing {QUIET:?} after the prunes: {:#?}",
+            &now[last.len()..]
+        );
+        last = now;
+    }
+    let users = get(&config_maps(&client, &ns), "users-own")
+        .await?
+        .context("the user's ConfigMap was deleted")?;
+    assert_eq!(users["data"]["k"], "v");
+    host.stop().await?;
+    Ok(())
+}

@@ -1402,3 +1402,106 @@ async fn a_parent_that_fails_then_succeeds_has_one_writer_of_its_conditions() ->
     host.stop().await?;
     delete_namespace(&client, &ns).await
 }
+
+/// The names of the ConfigMaps in `ns` that start with `prefix`.
+async fn config_maps_named(
+    client: &kube::Client,
+    ns: &str,
+    prefix: &str,
+) -> anyhow::Result<Vec<String>> {
+    let list = api(client, &resource("", "v1", "ConfigMap"), ns)
+        .list(&Default::default())
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .filter(|name| name.starts_with(prefix))
+        .collect())
+}
+
+/// Ordinary pruning is never held: once every parent was reconciled under the policy's
+/// plugin, a parent whose spec drops its children loses them all, even under a prune guard
+/// that lets a change delete nothing. The same deletions made by a change (a new plugin
+/// config) are held, and rolling the change back deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_whose_spec_shrinks_loses_its_children_but_a_change_that_would_is_held()
+-> anyhow::Result<()> {
+    const TEST: &str = "safety-steady-prune";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let guarded = |config: Value| {
+        let mut spec = policy(config_maps_allowed(), config);
+        spec["safety"] = json!({"maxPruneFraction": 0, "pruneFloor": 0});
+        spec
+    };
+    apply_policy(&client, TEST, TEST, guarded(json!({"specChildren": true}))).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    let with_items = |name: &str, count: usize| {
+        let items: Vec<String> = (0..count).map(|i| format!("i{i}")).collect();
+        json!({"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget",
+            "metadata": {"name": name}, "spec": {"items": items}})
+    };
+    for name in ["a", "b"] {
+        apply(&widgets, with_items(name, 8)).await?;
+    }
+    let policy_api = policies(&client);
+    wasmctrl_testenv::cluster::eventually("16 children", Duration::from_secs(60), || async {
+        Ok(config_maps_named(&client, &ns, "a-").await?.len() == 8
+            && config_maps_named(&client, &ns, "b-").await?.len() == 8)
+    })
+    .await?;
+    // The window the controller's start opened closes once both parents were reconciled.
+    wait_for_object(&policy_api, TEST, "the start's window closed", |p| {
+        p["status"]["parentsReconciled"] == 2 && p["status"]["pruneGuard"].is_null()
+    })
+    .await?;
+
+    // a's spec drops all eight: deleted, though a change could delete none.
+    apply(&widgets, with_items("a", 0)).await?;
+    wasmctrl_testenv::cluster::eventually(
+        "a's children pruned",
+        Duration::from_secs(30),
+        || async { Ok(config_maps_named(&client, &ns, "a-").await?.is_empty()) },
+    )
+    .await?;
+    assert_eq!(config_maps_named(&client, &ns, "b-").await?.len(), 8);
+    let running = get(&policy_api, TEST).await?.expect("the policy");
+    assert_eq!(
+        condition(&running, "Ready").map(|c| c["reason"].clone()),
+        Some(json!("Running")),
+        "{running}"
+    );
+
+    // A change that answers no children: b's eight are held, and the policy says so.
+    apply_policy(&client, TEST, TEST, guarded(json!({}))).await?;
+    let held = wait_for_object(&policy_api, TEST, "PruneHeld", |p| {
+        condition(p, "Ready").is_some_and(|c| c["reason"] == "PruneHeld")
+    })
+    .await?;
+    let message = condition(&held, "Ready")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("holding 8 deletion(s) across 1 parent(s)")
+            && message.contains(&format!("{ns}/b → ConfigMap b-i0"))
+            && message.contains("wasmctrl.dev/confirm-prune="),
+        "{message}"
+    );
+    assert_eq!(held["status"]["pruneGuard"]["state"], "Held", "{held}");
+    assert_eq!(config_maps_named(&client, &ns, "b-").await?.len(), 8);
+
+    // Rolled back: the hold is gone and nothing was deleted.
+    apply_policy(&client, TEST, TEST, guarded(json!({"specChildren": true}))).await?;
+    wait_for_object(&policy_api, TEST, "the hold released", |p| {
+        condition(p, "Ready").is_some_and(|c| c["reason"] == "Running")
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(config_maps_named(&client, &ns, "b-").await?.len(), 8);
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}

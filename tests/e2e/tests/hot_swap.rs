@@ -1,7 +1,8 @@
 //! Hot swap, end to end: a new plugin goes live without a restart and reaches every parent;
 //! a plugin that cannot load never replaces a working one; a plugin that fails on every call
-//! is visible and deletes nothing; new bytes behind a file or ConfigMap source swap by
-//! themselves; rolling back restores the old children.
+//! is visible and deletes nothing; new bytes behind a file source swap by themselves, while
+//! a ConfigMap source (pinned by digest) swaps only when the policy pins the new bytes;
+//! rolling back restores the old children.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -405,7 +406,8 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> anyhow::Result<()> {
+async fn new_bytes_behind_a_file_swap_by_themselves_and_behind_a_config_map_only_when_pinned()
+-> anyhow::Result<()> {
     const TEST: &str = "swap-sources";
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
@@ -449,7 +451,7 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
         .delete(&file_policy, &Default::default())
         .await?;
 
-    // A ConfigMap source whose binaryData is updated.
+    // A ConfigMap source, pinned: whoever may edit the ConfigMap cannot swap the plugin.
 
     let binary = |plugin: &str| -> anyhow::Result<Value> {
         use base64::Engine as _;
@@ -461,15 +463,24 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
     };
     apply(&config_maps, binary("myapp_plugin")?).await?;
     let cm_policy = format!("{TEST}-configmap");
+    let cm_source = json!({"configMap": {"namespace": ns, "name": "plugin", "key": "plugin.wasm"}});
+    let unpinned = apply_policy(
+        &client,
+        TEST,
+        &cm_policy,
+        policy(cm_source.clone(), None, json!({})),
+    )
+    .await
+    .expect_err("an unpinned ConfigMap source is refused");
+    assert!(
+        format!("{unpinned:#}").contains("from a ConfigMap needs a digest"),
+        "{unpinned:#}"
+    );
     apply_policy(
         &client,
         TEST,
         &cm_policy,
-        policy(
-            json!({"configMap": {"namespace": ns, "name": "plugin", "key": "plugin.wasm"}}),
-            None,
-            json!({}),
-        ),
+        policy(cm_source.clone(), Some(&v1), json!({})),
     )
     .await?;
     // A new parent: web's children still carry the label the file policy's v2 set, which a
@@ -477,7 +488,20 @@ async fn new_bytes_behind_a_file_or_config_map_source_swap_by_themselves() -> an
     apply(&myapps, myapp("api", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "api", Built::V1).await?;
     active(&cm_policy, &v1).await?;
+    // New bytes in the ConfigMap are not the pinned digest: v1 keeps serving.
     apply(&config_maps, binary("myapp_v2_plugin")?).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let api_deployment = get(&deployments, "api").await?.expect("api's Deployment");
+    assert!(Built::V1.matches(&api_deployment), "still built by v1");
+    active(&cm_policy, &v1).await?;
+    // Pinning the new digest swaps.
+    apply_policy(
+        &client,
+        TEST,
+        &cm_policy,
+        policy(cm_source, Some(&v2), json!({})),
+    )
+    .await?;
     wait_served(&myapps, &deployments, "api", Built::V2).await?;
     active(&cm_policy, &v2).await?;
 

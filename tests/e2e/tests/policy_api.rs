@@ -76,6 +76,25 @@ async fn valid_policy_is_accepted_and_mistakes_are_refused() -> anyhow::Result<(
     two_sources["plugin"]["source"]["configMap"] =
         json!({"namespace": "wasmctrl", "name": "plugins", "key": "myapp.wasm"});
     cases.push(("two sources", two_sources, "exactly one plugin source"));
+    let config_map =
+        json!({"configMap": {"namespace": "wasmctrl", "name": "plugins", "key": "myapp.wasm"}});
+    let mut unpinned = valid_spec();
+    unpinned["plugin"] = json!({"source": config_map});
+    cases.push((
+        "unpinned ConfigMap plugin",
+        unpinned,
+        "from a ConfigMap needs a digest",
+    ));
+    let mut unpinned_candidate = valid_spec();
+    unpinned_candidate["plugin"]["candidate"] = json!({"source": config_map});
+    cases.push((
+        "unpinned ConfigMap candidate",
+        unpinned_candidate,
+        "from a ConfigMap needs a digest",
+    ));
+    let mut safety = valid_spec();
+    safety["safety"] = json!({"maxPruneFraction": 1.5});
+    cases.push(("a share above 1", safety, "spec.safety.maxPruneFraction"));
     let mut no_source = valid_spec();
     no_source["plugin"]["source"] = json!({});
     cases.push(("no source", no_source, "exactly one plugin source"));

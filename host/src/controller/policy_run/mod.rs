@@ -35,6 +35,7 @@ use crate::controller::reconcile;
 use crate::controller::reconcile::backoff::Backoff;
 use crate::controller::reconcile::context::{Caches, Outcomes, PolicyContext};
 use crate::controller::reconcile::events::EventSink;
+use crate::controller::reconcile::prune_guard::{self, PruneGuard, PruneLimits};
 use crate::controller::reconcile::queue::QueueGauge;
 use crate::controller::reconcile::serving::{ActivePlugin, Serving};
 use crate::metrics::PolicyMetrics;
@@ -210,9 +211,15 @@ async fn run_controller(
     let (requeue_all, requeue_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let run = run_reconciles(controller, &policy, &ctx, &parents, requeue_rx, stop);
     let status = Arc::new(tokio::sync::Mutex::new(status));
-    let takeover = requeue_on_takeover(&shared.leadership, requeue_all.clone(), name.clone());
+    let takeover = requeue_on_takeover(
+        &shared.leadership,
+        requeue_all.clone(),
+        ctx.prune_guard.clone(),
+        name.clone(),
+    );
     let swapper = swap::Swapper {
         serving: ctx.serving.clone(),
+        prune_guard: ctx.prune_guard.clone(),
         registry: shared.registry.clone(),
         metrics: metrics.clone(),
         status: status.clone(),
@@ -226,6 +233,7 @@ async fn run_controller(
         () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover); } => {}
     }
     metrics.set_active_plugin(None);
+    metrics.forget_prune_held();
 }
 
 /// What the policy's reconciles share, as the policy and the host's options say.
@@ -269,9 +277,27 @@ fn policy_context(
             plugin: parts.plugin.clone(),
             config: swap::config_text(&spec.plugin),
         })),
+        prune_guard: Arc::new(starting_prune_guard(policy, parts.plugin.digest())),
         outcomes: Outcomes::new(options.backoff_base, options.backoff_max),
         explain: options.explain.clone(),
     }
+}
+
+/// The prune guard of a controller that starts: its first window opens now, as the controller
+/// cannot know whether the plugin it starts with made the children it finds.
+fn starting_prune_guard(policy: &ReconcilePolicy, digest: &crate::plugin::Digest) -> PruneGuard {
+    let generation = policy.metadata.generation;
+    let guard = PruneGuard::new(
+        PruneLimits::of(policy.spec.safety.as_ref()),
+        prune_guard::token(generation, digest),
+        format!(
+            "the controller started (generation {}, plugin {})",
+            generation.unwrap_or_default(),
+            digest.short()
+        ),
+    );
+    guard.set_confirmation(prune_guard::confirmation(policy));
+    guard
 }
 
 /// What the policy's watches share: who they watch as, where they look, what they report to.
@@ -413,16 +439,19 @@ fn run_reconciles(
         })
 }
 
-/// A standby skips every reconcile: when it takes over, every parent goes through once.
+/// A standby skips every reconcile: when it takes over, every parent goes through once, in a
+/// new prune guard window (what the last leader deleted is unknown here).
 fn requeue_on_takeover(
     leadership: &crate::leader::Leadership,
     requeue_all: tokio::sync::mpsc::UnboundedSender<()>,
+    guard: Arc<PruneGuard>,
     policy: String,
 ) -> impl Future<Output = ()> + use<> {
     let mut leading = leadership.subscribe();
     async move {
         while leading.changed().await.is_ok() {
             if *leading.borrow_and_update() {
+                guard.reopen("this replica took over".to_owned());
                 tracing::info!(%policy, "leading now: reconciling every parent");
                 let _ = requeue_all.send(());
             }
@@ -445,8 +474,15 @@ async fn report_periodically(
         let active = *ctx.serving.active.load().plugin.digest();
         let counts = report::counts(&ctx.outcomes, parents, &active);
         let candidate = report::candidate_counts(&ctx.serving, parents);
+        let (window, held) = report::prune_guard(&ctx.prune_guard, parents, &ctx.policy);
+        ctx.metrics
+            .set_prune_held(window.as_ref().map_or(0, |w| w.held_deletions));
         let mut status = status.lock().await;
-        status.set_ready(health.problem().unwrap_or_else(|| running.clone()));
+        status.set_ready(
+            held.or_else(|| health.problem())
+                .unwrap_or_else(|| running.clone()),
+        );
+        status.set_prune_guard(window);
         status.set_counts(counts);
         status.set_candidate_counts(candidate);
         status.flush().await;

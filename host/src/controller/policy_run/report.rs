@@ -15,10 +15,11 @@ use crate::controller::policy_run::release;
 use crate::controller::policy_run::status::{Counts, PolicyStatusWriter, State};
 use crate::controller::reconcile::context::Outcomes;
 use crate::controller::reconcile::events;
+use crate::controller::reconcile::prune_guard::{CONFIRM_ANNOTATION, PruneGuard, PruneLimits};
 use crate::controller::reconcile::serving::Serving;
 use crate::lock;
 use crate::plugin::{Digest, Verdict};
-use crate::policy::{CandidateStatus, KindRef, ReconcilePolicy, ShadowExample};
+use crate::policy::{CandidateStatus, KindRef, PruneGuardStatus, ReconcilePolicy, ShadowExample};
 
 /// Kinds that left `spec.children` (now, or in an earlier run) and still have children: kept,
 /// not pruned, and named in the `ChildrenManaged` condition until none are left.
@@ -120,6 +121,51 @@ pub(crate) fn counts(
             .filter(|digest| digest.as_ref() == Some(active))
             .count() as u64,
     }
+}
+
+/// The prune guard's window for the policy's status, closed first if every parent was
+/// reconciled under it; and, while it holds deletions, the `Ready=False, PruneHeld` state.
+pub(crate) fn prune_guard(
+    guard: &PruneGuard,
+    parents: &Store<CachedObject>,
+    policy: &str,
+) -> (Option<PruneGuardStatus>, Option<State>) {
+    if guard.close_if_rolled_out(|key| parents.get(key).is_some(), parents.state().len()) {
+        tracing::info!(
+            policy,
+            "every parent reconciled since the last change; pruning is no longer counted"
+        );
+    }
+    let window = guard.status();
+    let held = window
+        .as_ref()
+        .filter(|w| w.state == "Held")
+        .map(|w| held_state(policy, w, guard.limits()));
+    (window, held)
+}
+
+/// `Ready=False, PruneHeld`: how much is held, why, a few examples, and how to answer.
+fn held_state(policy: &str, window: &PruneGuardStatus, limits: PruneLimits) -> State {
+    let examples = if window.examples.is_empty() {
+        String::new()
+    } else {
+        format!("; e.g. {}", window.examples.join(", "))
+    };
+    State::failed(
+        "PruneHeld",
+        format!(
+            "holding {} deletion(s) across {} parent(s) since {}: until every parent was reconciled under a change, it may delete {} of the {} children seen so far ({}% of them, at least {}); {} deleted before the hold{examples}. To let the deletions proceed: kubectl annotate reconcilepolicy {policy} {CONFIRM_ANNOTATION}={} --overwrite; to cancel them, roll the change back",
+            window.held_deletions,
+            window.held_parents,
+            window.since,
+            window.allowed,
+            window.children_seen,
+            limits.max_fraction * 100.0,
+            limits.floor,
+            window.deleted,
+            window.confirm,
+        ),
+    )
 }
 
 /// Drop the create-time bookkeeping of children that no longer exist.

@@ -11,7 +11,9 @@ use serde_json::json;
 
 use crate::leader::Leadership;
 use crate::plugin::Digest;
-use crate::policy::{CandidateStatus, KindRef, ParentRef, ReconcilePolicy, ReconcilePolicyStatus};
+use crate::policy::{
+    CandidateStatus, KindRef, ParentRef, PruneGuardStatus, ReconcilePolicy, ReconcilePolicyStatus,
+};
 
 /// The field manager the host writes policy status with.
 const FIELD_MANAGER: &str = "wasmctrl";
@@ -167,6 +169,11 @@ impl PolicyStatusWriter {
     /// none.
     pub fn set_claimed_parent(&mut self, claim: Option<ParentRef>) {
         self.current.claimed_parent = claim;
+    }
+
+    /// The prune guard's window; `None` in the steady state.
+    pub fn set_prune_guard(&mut self, window: Option<PruneGuardStatus>) {
+        self.current.prune_guard = window;
     }
 
     /// How the policy's parents stand.

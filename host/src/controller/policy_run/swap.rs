@@ -9,6 +9,11 @@
 //! Then every parent is re-enqueued so all converge to the new logic at the controller's
 //! normal concurrency. A plugin that fails to load never replaces a working one: the policy
 //! keeps the old one and reports `PluginLoaded=False` with the cause.
+//!
+//! Each swap (and each candidate change) opens a new prune guard window before the new plugin
+//! serves, so a plugin that answers fewer children cannot delete many of them unconfirmed; and
+//! the swapper hands the guard each new confirmation annotation, re-enqueuing every parent
+//! when one lets held deletions proceed.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -18,6 +23,7 @@ use kube::core::Selector;
 use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::controller::policy_run::status::{PolicyStatusWriter, State};
+use crate::controller::reconcile::prune_guard::{self, PruneGuard};
 use crate::controller::reconcile::serving::{ActivePlugin, Candidate, Serving};
 use crate::lock;
 use crate::metrics::PolicyMetrics;
@@ -32,6 +38,8 @@ const SERVED_BEFORE: usize = 8;
 pub(crate) struct Swapper {
     /// The policy's swappable serving state.
     pub serving: Arc<Serving>,
+    /// Opened anew by every swap; told of every confirmation.
+    pub prune_guard: Arc<PruneGuard>,
     pub registry: Arc<PluginRegistry>,
     pub metrics: PolicyMetrics,
     pub status: Arc<Mutex<PolicyStatusWriter>>,
@@ -52,25 +60,51 @@ impl Swapper {
         loop {
             self.sync_candidate(&policy, &mut candidate).await;
             self.status.lock().await.flush().await;
-            tokio::select! {
+            let swap = tokio::select! {
                 changed = updates.changed() => {
                     if changed.is_err() {
                         return;
                     }
                     let next = updates.borrow_and_update().clone();
                     let old_source = policy.spec.plugin.source.clone();
+                    let spec_changed = next.spec != policy.spec;
                     policy = next;
                     self.status.lock().await.set_generation(policy.metadata.generation);
                     if policy.spec.plugin.source != old_source {
                         source_changes = self.registry.watch_source(&policy.spec.plugin.source);
                     }
+                    self.confirm(&policy);
+                    spec_changed
                 }
                 () = source_changes.changed() => {
                     tracing::info!(policy = %policy.name_any(), "plugin source changed");
+                    true
                 }
+            };
+            if swap {
+                self.swap_to(&policy, &mut served_before).await;
             }
-            self.swap_to(&policy, &mut served_before).await;
         }
+    }
+
+    /// Hand the guard the policy's confirmation; when it lets held deletions proceed, every
+    /// parent is reconciled again to make them.
+    fn confirm(&self, policy: &ReconcilePolicy) {
+        let confirmation = prune_guard::confirmation(policy);
+        if self.prune_guard.set_confirmation(confirmation) {
+            tracing::info!(policy = %policy.name_any(), confirmation, "held deletions confirmed; re-enqueuing every parent");
+            let _ = self.requeue_all.send(());
+        }
+    }
+
+    /// Open a prune guard window for a change to what decides (`since` says which); before
+    /// the change serves, so nothing it decides is pruned outside the window.
+    fn open_window(&self, policy: &ReconcilePolicy, digest: &Digest, since: String) {
+        let generation = policy.metadata.generation;
+        self.prune_guard.open(
+            prune_guard::token(generation, digest),
+            format!("{since} (generation {})", generation.unwrap_or_default()),
+        );
     }
 
     /// Obtain what `policy` names and make it active, unless it already is.
@@ -112,6 +146,12 @@ impl Swapper {
         }
         let from = *current.plugin.digest();
         let to = *plugin.digest();
+        let since = if from == to {
+            format!("a config change of plugin {}", to.short())
+        } else {
+            format!("a swap from plugin {} to {}", from.short(), to.short())
+        };
+        self.open_window(policy, &to, since);
         self.serving
             .active
             .store(Arc::new(ActivePlugin { plugin, config }));
@@ -139,7 +179,9 @@ impl Swapper {
             return;
         }
         let name = policy.name_any();
+        let active = *self.serving.active.load().plugin.digest();
         let Some(spec) = &wanted else {
+            self.open_window(policy, &active, "the candidate's removal".to_owned());
             self.serving.candidate.store(None);
             lock(&self.serving.shadow).clear();
             self.status.lock().await.set_candidate(None, None);
@@ -172,6 +214,11 @@ impl Swapper {
                     .or_else(|| config_text(&policy.spec.plugin));
                 let digest = *obtained.plugin.digest();
                 let mode = if canary.is_some() { "canary" } else { "shadow" };
+                self.open_window(
+                    policy,
+                    &active,
+                    format!("candidate {} ({mode})", digest.short()),
+                );
                 self.serving.candidate.store(Some(Arc::new(Candidate {
                     serving: Arc::new(ActivePlugin {
                         plugin: obtained.plugin,

@@ -14,6 +14,7 @@ use crate::controller::cache::stores::{ChildCache, Related};
 use crate::controller::reconcile::backoff::Backoff;
 use crate::controller::reconcile::children::AllowedKind;
 use crate::controller::reconcile::events::EventSink;
+use crate::controller::reconcile::prune_guard::PruneGuard;
 use crate::controller::reconcile::serving::Serving;
 use crate::metrics::PolicyMetrics;
 use crate::plugin::Digest;
@@ -46,6 +47,8 @@ pub(crate) struct PolicyContext {
     pub caches: Caches,
     /// What serves the policy's reconciles: all a hot swap touches.
     pub serving: Arc<Serving>,
+    /// Holds a change's mass deletion for an admin to confirm.
+    pub prune_guard: Arc<PruneGuard>,
     /// What earlier reconciles ended with.
     pub outcomes: Outcomes,
     /// Where each reconcile leaves its record.

@@ -13,6 +13,7 @@
 //! | `request` | the request built from the caches |
 //! | `children/` | what the host does to desired and observed children (pure decisions) |
 //! | `writes` | every cluster write of a reconcile: children, prunes, parent status, finalizers |
+//! | `prune_guard` | holds a change's mass deletion for an admin to confirm |
 //! | `status` | the parent's status as the host writes it (pure) |
 //! | `events` | Kubernetes Events, rate-limited |
 //! | `backoff`, `queue` | retry delays per parent; the work queue as metrics see it |
@@ -25,6 +26,7 @@ pub(crate) mod context;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod parent;
+pub(crate) mod prune_guard;
 pub(crate) mod queue;
 pub(crate) mod request;
 pub(crate) mod serving;
@@ -70,6 +72,7 @@ pub(crate) async fn reconcile(
     ctx.metrics.worker(1);
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);
     let identity = ParentIdentity::of(&parent, &ctx.parent);
+    let window = ctx.prune_guard.epoch();
     let (result, mut trace): (Result<Done, ReconcileError>, Trace) = async {
         let trace = Trace::new(ctx.explain.wanted());
         match &identity {
@@ -83,6 +86,7 @@ pub(crate) async fn reconcile(
     .instrument(span)
     .await;
     ctx.metrics.worker(-1);
+    ctx.prune_guard.visited(window, key.clone());
     let took = started.elapsed();
     match result {
         Ok(Done {

@@ -344,19 +344,39 @@ impl<'a> Reconcile<'a> {
         Ok(())
     }
 
-    /// Delete the observed children the plugin no longer wants.
+    /// Delete the observed children the plugin no longer wants, unless the prune guard holds
+    /// them (then the reconcile goes on: a hold is no failure, and the parent waits for the
+    /// admin's answer rather than a retry).
     async fn prune(
         &self,
         observed: &[Observed],
         desired: &[DesiredChild],
     ) -> Result<(), ReconcileError> {
-        let pruned = writes::prune(observed, desired, self.ctx).await?;
-        if !pruned.is_empty() {
-            tracing::info!(pruned = pruned.len(), "children pruned");
-        }
-        let mut trace = lock(&self.trace);
-        for (kind, name) in pruned {
-            trace.child(&kind, &name, ChildAction::Pruned, Vec::new());
+        let key = parent_key(self.parent, &self.ctx.parent);
+        match writes::prune(observed, desired, &key, self.ctx).await? {
+            writes::Pruned::Deleted(pruned) => {
+                if !pruned.is_empty() {
+                    tracing::info!(pruned = pruned.len(), "children pruned");
+                }
+                let mut trace = lock(&self.trace);
+                for (kind, name) in pruned {
+                    trace.child(&kind, &name, ChildAction::Pruned, Vec::new());
+                }
+            }
+            writes::Pruned::Held(held) => {
+                let guard = &self.ctx.prune_guard;
+                self.ctx.metrics.set_prune_held(guard.held());
+                let message = format!(
+                    "the prune guard holds {} deletion(s) ({}) until the policy's change is confirmed or rolled back",
+                    held.len(),
+                    truncate(held.join(", "), 512)
+                );
+                tracing::warn!(
+                    held = held.len(),
+                    "children not pruned: the policy's prune guard holds its deletions"
+                );
+                lock(&self.trace).event(EventType::Warning, "PruneHeld", &message);
+            }
         }
         Ok(())
     }

@@ -11,12 +11,14 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::{Value, json};
 
+use crate::controller::cache::cached::CachedObject;
 use crate::controller::cache::field_ownership::applied_status;
 use crate::controller::labels::DESIRED_HASH_ANNOTATION;
 use crate::controller::reconcile::children::{self, DesiredChild};
 use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::error::ReconcileError;
 use crate::controller::reconcile::parent::ParentIdentity;
+use crate::controller::reconcile::prune_guard::Admission;
 use crate::controller::reconcile::status::{self, Outcome};
 use crate::metrics::ChildOperation;
 
@@ -189,15 +191,24 @@ fn changed_fields(child: &DesiredChild, observed: &Value) -> Vec<String> {
     changed
 }
 
-/// Delete observed children that are no longer desired. Called only after every apply
-/// succeeded, and only for objects this parent controls (the delete is preconditioned on the
-/// observed uid, so a same-named replacement is never hit). Returns the kind and name of each
-/// child deleted.
+/// What the prune step did.
+#[derive(Debug)]
+pub(crate) enum Pruned {
+    /// Deleted these children, by kind and name.
+    Deleted(Vec<(String, String)>),
+    /// The prune guard held these deletions (`Kind name` each): nothing was deleted.
+    Held(Vec<String>),
+}
+
+/// Delete observed children that are no longer desired, unless the prune guard holds them.
+/// Called only after every apply succeeded, and only for objects this parent controls (the
+/// delete is preconditioned on the observed uid, so a same-named replacement is never hit).
 pub(crate) async fn prune(
     observed: &[crate::controller::reconcile::request::Observed],
     desired: &[DesiredChild],
+    parent: &ObjectRef<CachedObject>,
     ctx: &PolicyContext,
-) -> Result<Vec<(String, String)>, ReconcileError> {
+) -> Result<Pruned, ReconcileError> {
     let resources: Vec<_> = ctx
         .caches
         .children
@@ -214,6 +225,20 @@ pub(crate) async fn prune(
         desired,
         &resources,
     );
+    let doomed: Vec<String> = positions
+        .iter()
+        .map(|&position| {
+            let (index, child) = &observed[position];
+            format!("{} {}", ctx.caches.allowed[*index].kind, child.name_any())
+        })
+        .collect();
+    if ctx
+        .prune_guard
+        .admit(parent, observed.len() as u64, &doomed)
+        == Admission::Hold
+    {
+        return Ok(Pruned::Held(doomed));
+    }
     let mut pruned = Vec::new();
     for position in positions {
         let (index, child) = &observed[position];
@@ -248,7 +273,7 @@ pub(crate) async fn prune(
             }
         }
     }
-    Ok(pruned)
+    Ok(Pruned::Deleted(pruned))
 }
 
 /// Write the status of a successful reconcile: the plugin's status with `Reconciled=True`.

@@ -31,6 +31,10 @@ struct Config {
     /// `spec` as its data (so many parents can each have a child).
     #[serde(default, rename = "ownChild")]
     own_child: bool,
+    /// Also desire a ConfigMap `<parent>-<item>` for each name in the parent's `spec.items`,
+    /// so a parent's own spec says how many children it has (and shrinking it prunes).
+    #[serde(default, rename = "specChildren")]
+    spec_children: bool,
 }
 
 /// Calls seen by this instance. A fresh sandbox per call means it is always 1.
@@ -77,6 +81,15 @@ impl Reconciler for Misbehave {
                 "metadata": {"name": format!("{name}-own")},
                 "data": data,
             }))?;
+        }
+        if request.config.spec_children {
+            let items = request.parent["spec"]["items"].as_array().cloned();
+            for item in items.unwrap_or_default().iter().filter_map(Value::as_str) {
+                response.add_child(&json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": format!("{name}-{item}")},
+                }))?;
+            }
         }
         if let Some(ms) = request.config.requeue_after_ms {
             response.set_requeue_after(std::time::Duration::from_millis(ms));
