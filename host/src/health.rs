@@ -51,6 +51,12 @@ pub struct SyncGuard {
 }
 
 impl SyncGuard {
+    /// A guard that holds nothing back: for a controller started again after a panic, which
+    /// the host's readiness no longer waits for.
+    pub fn already_synced() -> Self {
+        Self { readiness: None }
+    }
+
     /// The caches synced.
     pub fn synced(&mut self) {
         if let Some(readiness) = self.readiness.take() {

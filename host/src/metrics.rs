@@ -4,7 +4,7 @@
 //! One [`Metrics`] per host, shared by every policy controller; each series is labelled with
 //! the policy (`controller`). Encoding is the OpenMetrics text format that Prometheus scrapes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -128,6 +128,7 @@ pub struct Metrics {
     child_operations: Family<ChildLabels, Counter>,
     events_dropped: Family<ControllerLabels, Counter>,
     prune_held: Family<ControllerLabels, Gauge>,
+    controller_restarts: Family<ControllerLabels, Counter>,
     explain_bytes: Gauge,
     explain_records: Gauge,
     pool_warm_memories: Gauge,
@@ -137,6 +138,19 @@ pub struct Metrics {
     /// The digest behind each policy's `wasmctrl_plugin_active_info` series, to remove it
     /// when another takes over.
     active_digests: Mutex<HashMap<String, String>>,
+    /// Per policy, the labels of its series beyond the policy's name that are not known in
+    /// advance, to remove every series of a deleted policy.
+    free_labels: Mutex<HashMap<String, FreeLabels>>,
+}
+
+/// The label values a policy's series used that are not from a fixed list.
+#[derive(Debug, Default)]
+struct FreeLabels {
+    load_results: HashSet<String>,
+    swap_results: HashSet<String>,
+    /// Plugin call outcomes missing from [`PLUGIN_OUTCOMES`].
+    outcomes: HashSet<&'static str>,
+    child_kinds: HashSet<String>,
 }
 
 impl Default for Metrics {
@@ -180,12 +194,14 @@ impl Metrics {
             child_operations: Family::default(),
             events_dropped: Family::default(),
             prune_held: Family::default(),
+            controller_restarts: Family::default(),
             explain_bytes: Gauge::default(),
             explain_records: Gauge::default(),
             pool_warm_memories: Gauge::default(),
             pool_resident_bytes: Gauge::default(),
             engine: std::sync::OnceLock::new(),
             active_digests: Mutex::default(),
+            free_labels: Mutex::default(),
             registry: Registry::default(),
         };
         metrics.register_controller_runtime(&mut registry);
@@ -286,6 +302,11 @@ impl Metrics {
             "Child deletions the prune guard holds per policy, until an admin confirms the change or rolls it back",
             metrics.prune_held.clone(),
         );
+        registry.register(
+            "wasmctrl_controller_restarts",
+            "Restarts of a policy's controller after it panicked",
+            metrics.controller_restarts.clone(),
+        );
         registry.register_with_unit(
             "wasmctrl_explain_records",
             "Memory held by the reconcile records `wasmctrl explain` reads (bounded by --explain-memory-mib)",
@@ -333,6 +354,9 @@ impl Metrics {
 
     /// A plugin load for `policy` ended with `result` (`ok` or the failure's reason).
     pub fn plugin_loaded(&self, policy: &str, result: &str) {
+        self.free_labels(policy, |free| {
+            free.load_results.insert(result.to_owned());
+        });
         self.plugin_loads
             .get_or_create(&PluginResultLabels {
                 controller: policy.to_owned(),
@@ -343,6 +367,9 @@ impl Metrics {
 
     /// A hot swap for `policy` ended with `result`.
     pub fn plugin_swapped(&self, policy: &str, result: &str) {
+        self.free_labels(policy, |free| {
+            free.swap_results.insert(result.to_owned());
+        });
         self.plugin_swaps
             .get_or_create(&PluginResultLabels {
                 controller: policy.to_owned(),
@@ -375,6 +402,84 @@ impl Metrics {
                 })
                 .set(1);
         }
+    }
+
+    /// The controller of `policy` panicked and is restarted.
+    pub fn controller_restarted(&self, policy: &str) {
+        self.controller_restarts
+            .get_or_create(&Self::controller(policy))
+            .inc();
+    }
+
+    /// Record label values of `policy`'s series that [`Self::forget_policy`] could not know.
+    fn free_labels(&self, policy: &str, record: impl FnOnce(&mut FreeLabels)) {
+        record(
+            crate::lock(&self.free_labels)
+                .entry(policy.to_owned())
+                .or_default(),
+        );
+    }
+
+    /// Remove every series of `policy`, which was deleted. Called once nothing of its
+    /// controller runs any more: a [`PolicyMetrics`] still in use would count into series no
+    /// longer exported.
+    pub fn forget_policy(&self, policy: &str) {
+        let free = crate::lock(&self.free_labels)
+            .remove(policy)
+            .unwrap_or_default();
+        let controller = Self::controller(policy);
+        let queue = Self::queue(policy);
+        for result in [
+            ReconcileResult::Success,
+            ReconcileResult::RequeueAfter,
+            ReconcileResult::Error,
+        ] {
+            self.reconciles.remove(&ResultLabels {
+                controller: policy.to_owned(),
+                result: result.as_str(),
+            });
+        }
+        self.reconcile_errors.remove(&controller);
+        self.reconcile_time.remove(&controller);
+        self.active_workers.remove(&controller);
+        self.plugin_call_time.remove(&controller);
+        self.events_dropped.remove(&controller);
+        self.prune_held.remove(&controller);
+        self.controller_restarts.remove(&controller);
+        self.queue_depth.remove(&queue);
+        self.queue_adds.remove(&queue);
+        self.queue_retries.remove(&queue);
+        for outcome in PLUGIN_OUTCOMES.into_iter().chain(free.outcomes) {
+            self.plugin_calls.remove(&OutcomeLabels {
+                controller: policy.to_owned(),
+                outcome,
+            });
+        }
+        for (family, results) in [
+            (&self.plugin_loads, free.load_results),
+            (&self.plugin_swaps, free.swap_results),
+        ] {
+            for result in results {
+                family.remove(&PluginResultLabels {
+                    controller: policy.to_owned(),
+                    result,
+                });
+            }
+        }
+        for kind in free.child_kinds {
+            for operation in [
+                ChildOperation::Applied,
+                ChildOperation::Unchanged,
+                ChildOperation::Pruned,
+            ] {
+                self.child_operations.remove(&ChildLabels {
+                    controller: policy.to_owned(),
+                    kind: kind.clone(),
+                    operation: operation.as_str(),
+                });
+            }
+        }
+        self.set_active_plugin(policy, None);
     }
 
     /// What the explain store holds now (set when metrics are scraped).
@@ -556,15 +661,22 @@ impl PolicyMetrics {
             outcome,
         };
         match PLUGIN_OUTCOMES.iter().position(|o| *o == outcome) {
-            Some(index) => first_use(
-                &self.series.plugin_calls[index],
-                &self.metrics.plugin_calls,
-                labels,
-            )
-            .inc(),
+            Some(index) => {
+                first_use(
+                    &self.series.plugin_calls[index],
+                    &self.metrics.plugin_calls,
+                    labels,
+                )
+                .inc();
+            }
             // An outcome this list does not know yet still counts.
-            None => self.metrics.plugin_calls.get_or_create(&labels()).inc(),
-        };
+            None => {
+                self.metrics.free_labels(&self.policy, |free| {
+                    free.outcomes.insert(outcome);
+                });
+                self.metrics.plugin_calls.get_or_create(&labels()).inc();
+            }
+        }
         first_use(
             &self.series.plugin_call_time,
             &self.metrics.plugin_call_time,
@@ -581,6 +693,9 @@ impl PolicyMetrics {
         let mut children = crate::lock(&self.series.children);
         if !children.contains_key(kind) {
             children.insert(kind.to_owned(), Default::default());
+            self.metrics.free_labels(&self.policy, |free| {
+                free.child_kinds.insert(kind.to_owned());
+            });
         }
         let Some(slots) = children.get_mut(kind) else {
             return;
@@ -743,6 +858,46 @@ mod tests {
         );
         p.forget_prune_held();
         assert!(!metrics.encode().contains("wasmctrl_prune_held{"));
+    }
+
+    #[test]
+    fn a_deleted_policys_series_are_all_removed_and_no_other() {
+        let metrics = Arc::new(Metrics::new());
+        for name in ["gone", "kept"] {
+            let p = metrics.policy(name);
+            p.reconciled(ReconcileResult::Success, Duration::from_millis(1));
+            p.reconciled(ReconcileResult::Error, Duration::from_millis(1));
+            p.reconciled(ReconcileResult::RequeueAfter, Duration::from_millis(1));
+            p.worker(1);
+            p.queued(2, 2);
+            p.retried();
+            p.plugin_called("ok", Duration::from_micros(40));
+            p.plugin_called("a_new_outcome", Duration::from_micros(40));
+            p.children("ConfigMap", ChildOperation::Applied, 1);
+            p.children("Secret", ChildOperation::Pruned, 1);
+            p.events_dropped(1);
+            p.set_prune_held(3);
+            p.set_active_plugin(Some("sha256:aa"));
+            p.swapped("swapped");
+            metrics.plugin_loaded(name, "ok");
+            metrics.plugin_loaded(name, "DigestMismatch");
+            metrics.controller_restarted(name);
+        }
+        let before = metrics.encode();
+        assert!(before.contains(r#"controller="gone""#), "{before}");
+        assert!(before.contains(r#"name="gone""#), "{before}");
+        metrics.forget_policy("gone");
+        let after = metrics.encode();
+        assert!(!after.contains(r#""gone""#), "{after}");
+        let kept = |text: &str| text.lines().filter(|l| l.contains(r#""kept""#)).count();
+        assert_eq!(kept(&after), kept(&before), "{after}");
+        // A policy created again under the name starts its series afresh.
+        metrics
+            .policy("gone")
+            .reconciled(ReconcileResult::Success, Duration::from_millis(1));
+        assert!(metrics.encode().contains(
+            r#"controller_runtime_reconcile_total{controller="gone",result="success"} 1"#
+        ));
     }
 
     #[test]

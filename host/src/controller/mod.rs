@@ -20,11 +20,13 @@ pub mod offline;
 mod options;
 mod policy_run;
 mod reconcile;
+mod supervise;
 #[cfg(test)]
 mod testing;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -69,6 +71,34 @@ struct Running {
     retiring: bool,
     /// Where the task stands on its parent kind, for [`Host::recheck_claims`].
     standing: Arc<Standing>,
+    /// Removes the policy's metric series once it is deleted and the task has ended.
+    forget: Arc<ForgetOnDeletion>,
+}
+
+/// Removes a deleted policy's metric series when both the policy is deleted and its task has
+/// ended, whichever comes second: nothing counts into the series once they are removed, and a
+/// policy created again under the name waits for the old task (see [`Running::after`]), so
+/// its series are never the ones removed.
+#[derive(Debug, Default)]
+struct ForgetOnDeletion(AtomicU8);
+
+impl ForgetOnDeletion {
+    const DELETED: u8 = 1;
+    const ENDED: u8 = 2;
+
+    fn mark(&self, this: u8, other: u8, metrics: &crate::metrics::Metrics, policy: &str) {
+        if self.0.fetch_or(this, Ordering::AcqRel) & other != 0 {
+            metrics.forget_policy(policy);
+        }
+    }
+
+    fn deleted(&self, metrics: &crate::metrics::Metrics, policy: &str) {
+        self.mark(Self::DELETED, Self::ENDED, metrics, policy);
+    }
+
+    fn ended(&self, metrics: &crate::metrics::Metrics, policy: &str) {
+        self.mark(Self::ENDED, Self::DELETED, metrics, policy);
+    }
 }
 
 impl Host {
@@ -200,20 +230,20 @@ impl Host {
                 Some(Ok(watcher::Event::Delete(policy))) => {
                     if let Some(old) = running.get(&policy.name_any()) {
                         tracing::info!(policy = %policy.name_any(), "policy deleted; stopping its controller");
-                        old.stop.cancel();
+                        old.delete(&self.shared.metrics, &policy.name_any());
                     }
                 }
                 Some(Ok(watcher::Event::Init)) => listed.clear(),
                 Some(Ok(watcher::Event::InitDone)) => {
                     self.shared.readiness.policies_listed();
-                    // Policies deleted while the watch was down.
-                    running.retain(|name, r| {
-                        let keep = listed.contains(name);
-                        if !keep {
-                            r.stop.cancel();
+                    // Policies deleted while the watch was down: stopped, and kept in the map
+                    // until their task ends, like any deleted policy.
+                    for (name, r) in &running {
+                        if !listed.contains(name) && !r.stop.is_cancelled() {
+                            tracing::info!(policy = %name, "policy deleted; stopping its controller");
+                            r.delete(&self.shared.metrics, name);
                         }
-                        keep
-                    });
+                    }
                 }
                 Some(Err(error)) => {
                     tracing::warn!(error = %error, "watching ReconcilePolicies (is the CRD installed?)");
@@ -251,40 +281,44 @@ impl Host {
             &retired,
             true,
             Arc::default(),
-            move |_, stop| async move {
-                let retry = reconcile::backoff::Backoff::new(
-                    Duration::from_secs(1),
-                    Duration::from_secs(30),
-                );
-                loop {
-                    tokio::select! {
-                        () = shared.leadership.until_leader() => {}
-                        () = stop.cancelled() => return,
-                    }
-                    let namespace = shared.options.namespace.as_deref();
-                    let result = match shared.identities.acting_for(&policy) {
-                        Ok(acting) => {
-                            policy_run::release::retire(
-                                &shared.client,
-                                &acting.client,
-                                &policy,
-                                namespace,
-                            )
-                            .await
+            &self.shared,
+            move |_, stop| {
+                let (shared, policy) = (shared.clone(), policy.clone());
+                async move {
+                    let retry = reconcile::backoff::Backoff::new(
+                        Duration::from_secs(1),
+                        Duration::from_secs(30),
+                    );
+                    loop {
+                        tokio::select! {
+                            () = shared.leadership.until_leader() => {}
+                            () = stop.cancelled() => return,
                         }
-                        Err(refused) => Err(anyhow::anyhow!(
-                            "no identity to release its parents with: {}",
-                            refused.message
-                        )),
-                    };
-                    let Err(error) = result else {
-                        return;
-                    };
-                    let delay = retry.failed(&()).delay;
-                    tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), retry_in = ?delay, "could not release the policy's parents");
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        () = stop.cancelled() => return,
+                        let namespace = shared.options.namespace.as_deref();
+                        let result = match shared.identities.acting_for(&policy) {
+                            Ok(acting) => {
+                                policy_run::release::retire(
+                                    &shared.client,
+                                    &acting.client,
+                                    &policy,
+                                    namespace,
+                                )
+                                .await
+                            }
+                            Err(refused) => Err(anyhow::anyhow!(
+                                "no identity to release its parents with: {}",
+                                refused.message
+                            )),
+                        };
+                        let Err(error) = result else {
+                            return;
+                        };
+                        let delay = retry.failed(&()).delay;
+                        tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), retry_in = ?delay, "could not release the policy's parents");
+                        tokio::select! {
+                            () = tokio::time::sleep(delay) => {}
+                            () = stop.cancelled() => return,
+                        }
                     }
                 }
             },
@@ -367,7 +401,8 @@ impl Host {
         let shared = self.shared.clone();
         // Counted as syncing from now, before the list of policies is done: the host must
         // not report ready while a listed policy's plugin is still loading.
-        let syncing = self.shared.readiness.syncing();
+        // A controller started again after a panic does not hold readiness back.
+        let mut syncing = Some(self.shared.readiness.syncing());
         let standing = Arc::new(Standing::default());
         let task_standing = standing.clone();
         let entry = Running::after(
@@ -375,7 +410,19 @@ impl Host {
             &policy,
             false,
             standing,
-            |updates, stop| policy_run::run(updates, shared, stop, syncing, task_standing),
+            &self.shared,
+            move |updates, stop| {
+                let syncing = syncing
+                    .take()
+                    .unwrap_or_else(crate::health::SyncGuard::already_synced);
+                policy_run::run(
+                    updates,
+                    shared.clone(),
+                    stop,
+                    syncing,
+                    task_standing.clone(),
+                )
+            },
         );
         running.insert(name, entry);
     }
@@ -384,29 +431,41 @@ impl Host {
 impl Running {
     /// Run `work` for `policy` once `previous` (if any) has stopped: the old controller
     /// finishes its in-flight reconciles before anything new starts, so no parent is ever
-    /// reconciled by both.
+    /// reconciled by both. A `work` that panics is started again (see [`supervise`]) and
+    /// reported on the policy meanwhile; a panic ends this task alone, never the host.
     fn after<F, Fut>(
         previous: Option<Running>,
         policy: &Arc<ReconcilePolicy>,
         retiring: bool,
         standing: Arc<Standing>,
-        work: F,
+        shared: &Arc<Shared>,
+        mut work: F,
     ) -> Self
     where
-        F: FnOnce(watch::Receiver<Arc<ReconcilePolicy>>, CancellationToken) -> Fut + Send + 'static,
+        F: FnMut(watch::Receiver<Arc<ReconcilePolicy>>, CancellationToken) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let stop = CancellationToken::new();
         let (updates, updates_rx) = watch::channel(policy.clone());
         let work_stop = stop.clone();
         let name = policy.name_any();
+        let forget = Arc::new(ForgetOnDeletion::default());
+        let task_forget = forget.clone();
+        let shared = shared.clone();
         let task = tokio::spawn(async move {
             if let Some(previous) = previous {
                 tracing::info!(policy = %name, "policy changed; stopping its previous controller first");
                 previous.stop.cancel();
                 let _ = previous.task.await;
             }
-            work(updates_rx, work_stop).await;
+            supervise::supervise(
+                &name,
+                &work_stop,
+                || work(updates_rx.clone(), work_stop.clone()),
+                |crash| report_crash(&shared, &name, crash),
+            )
+            .await;
+            task_forget.ended(&shared.metrics, &name);
         });
         Self {
             uid: policy.metadata.uid.clone(),
@@ -418,8 +477,35 @@ impl Running {
             task,
             retiring,
             standing,
+            forget,
         }
     }
+
+    /// The policy was deleted: stop its controller, and forget its metrics once it stopped.
+    fn delete(&self, metrics: &crate::metrics::Metrics, policy: &str) {
+        self.stop.cancel();
+        self.forget.deleted(metrics, policy);
+    }
+}
+
+/// Count a policy controller's panic and say on the policy that it is down until its restart.
+async fn report_crash(shared: &Shared, policy: &str, crash: supervise::Crash) {
+    shared.metrics.controller_restarted(policy);
+    let state = policy_run::status::State::failed(
+        "ControllerRestarting",
+        format!(
+            "the policy's controller stopped on an internal error ({}); restarting it in {} s",
+            crash.message,
+            crash.restart_in.as_secs()
+        ),
+    );
+    policy_run::status::set_ready_once(
+        Api::all(shared.client.clone()),
+        policy,
+        shared.leadership.clone(),
+        state,
+    )
+    .await;
 }
 
 /// The policy's prune confirmation annotation, owned.
@@ -432,4 +518,36 @@ fn only_the_plugin_differs(old: &ReconcilePolicySpec, new: &ReconcilePolicySpec)
     let mut aligned = old.clone();
     aligned.plugin = new.plugin.clone();
     aligned == *new
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{Metrics, ReconcileResult};
+
+    fn counted(metrics: &Arc<Metrics>) {
+        metrics
+            .policy("p")
+            .reconciled(ReconcileResult::Success, Duration::from_millis(1));
+    }
+
+    #[test]
+    fn a_deleted_policys_series_go_once_its_task_has_ended_in_either_order() {
+        let metrics = Arc::new(Metrics::new());
+        let has_series = |m: &Metrics| m.encode().contains(r#"controller="p""#);
+
+        counted(&metrics);
+        let forget = ForgetOnDeletion::default();
+        forget.deleted(&metrics, "p");
+        assert!(has_series(&metrics), "the task still runs");
+        forget.ended(&metrics, "p");
+        assert!(!has_series(&metrics));
+
+        counted(&metrics);
+        let forget = ForgetOnDeletion::default();
+        forget.ended(&metrics, "p");
+        assert!(has_series(&metrics), "stopped for a restart, not deleted");
+        forget.deleted(&metrics, "p");
+        assert!(!has_series(&metrics));
+    }
 }

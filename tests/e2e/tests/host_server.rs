@@ -140,8 +140,19 @@ async fn a_running_host_is_ready_and_its_metrics_count_reconciles() -> anyhow::R
     })
     .await?;
 
+    // A deleted policy leaves no series behind.
+    policies(&client).delete(TEST, &Default::default()).await?;
+    let labelled = [
+        format!(r#"controller="{TEST}""#),
+        format!(r#"name="{TEST}""#),
+    ];
+    wasmctrl_testenv::cluster::eventually("the deleted policy's series removed", ACT, || async {
+        let (_, text) = http_get(address, "/metrics").await?;
+        Ok(!labelled.iter().any(|label| text.contains(label.as_str())))
+    })
+    .await?;
+
     let _ = stop.send(());
     host.stop().await?;
-    policies(&client).delete(TEST, &Default::default()).await?;
     delete_namespace(&client, &ns).await
 }

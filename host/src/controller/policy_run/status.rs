@@ -67,6 +67,30 @@ pub(crate) struct PolicyStatusWriter {
     leadership: Arc<Leadership>,
 }
 
+/// Set the `Ready` condition of the policy `name` to `state` once, on the status it has in
+/// the cluster now (read first, so what its controller wrote last stays as it was). For a
+/// policy that has no running controller to write it (its controller panicked).
+pub(crate) async fn set_ready_once(
+    api: Api<ReconcilePolicy>,
+    name: &str,
+    leadership: Arc<Leadership>,
+    state: State,
+) {
+    if !leadership.is_leader() {
+        return;
+    }
+    match api.get_status(name).await {
+        Ok(policy) => {
+            let mut writer = PolicyStatusWriter::new(api, &policy, leadership);
+            writer.set_ready(state);
+            writer.flush().await;
+        }
+        Err(error) => {
+            tracing::warn!(policy = %name, error = %error, "could not read the policy to report on it");
+        }
+    }
+}
+
 impl PolicyStatusWriter {
     /// Start from the status the policy already has, so unchanged conditions keep their
     /// transition times across host restarts.
