@@ -253,13 +253,13 @@ impl Host {
         }
         tracing::info!(controllers = running.len(), "shutting down");
         namespaced_stop.cancel();
-        let _ = namespaced.await;
         for r in running.values() {
             r.stop.cancel();
         }
         for (_, r) in running {
             let _ = r.task.await;
         }
+        let _ = namespaced.await;
         Ok(())
     }
 

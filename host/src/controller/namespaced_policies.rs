@@ -55,7 +55,7 @@ pub(crate) async fn run(
     leadership: Arc<Leadership>,
     namespace: Option<String>,
     selector: Option<String>,
-    stop: impl Future<Output = ()> + Send + Sync + 'static,
+    stop: impl Future<Output = ()> + Send + 'static,
 ) {
     let resource = namespaced::api_resource();
     let sources: Api<DynamicObject> = match &namespace {
@@ -73,7 +73,7 @@ pub(crate) async fn run(
         resource: resource.clone(),
         leadership,
     });
-    Controller::new_with(sources, config, resource)
+    let controller = Controller::new_with(sources, config, resource)
         .watches(
             Api::<ReconcilePolicy>::all(client),
             made,
@@ -83,14 +83,18 @@ pub(crate) async fn run(
                 })
             },
         )
-        .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(error) = result {
                 tracing::debug!(%error, "namespaced policy");
             }
-        })
-        .await;
+        });
+    // Stopped at once, not drained: each write is whole and repeated on the next start, and a
+    // watch that cannot list (a host without rights to the kind) must not hold a shutdown.
+    tokio::select! {
+        () = controller => {}
+        () = stop => {}
+    }
 }
 
 /// The source a ReconcilePolicy was made from, by its annotation.
