@@ -20,6 +20,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
 
+use crate::controller::policy_run::release;
 use crate::leader::Leadership;
 use crate::policy::namespaced::{self, Refusal};
 use crate::policy::{ReconcilePolicy, ReconcilePolicySpec};
@@ -190,37 +191,18 @@ async fn set_finalizer(
     source: &DynamicObject,
     present: bool,
 ) -> Result<(), Error> {
-    let finalizers = source.finalizers();
-    let index = finalizers.iter().position(|f| f == FINALIZER);
-    let guard = json!({"op": "test", "path": "/metadata/resourceVersion", "value": source.metadata.resource_version});
-    let ops = match (present, index) {
-        (true, Some(_)) | (false, None) => return Ok(()),
-        (true, None) if finalizers.is_empty() => json!([
-            guard,
-            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]},
-        ]),
-        (true, None) => json!([
-            guard,
-            {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER},
-        ]),
-        (false, Some(index)) => json!([
-            guard,
-            {"op": "remove", "path": format!("/metadata/finalizers/{index}")},
-        ]),
+    let Some(ops) = release::finalizer_patch(&source.metadata, FINALIZER, present) else {
+        return Ok(());
     };
     let patch: json_patch::Patch = serde_json::from_value(ops)?;
-    match sources
+    let patched = sources
         .patch(
             &source.name_any(),
             &PatchParams::default(),
             &Patch::<()>::Json(patch),
         )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(error) => Err(error.into()),
-    }
+        .await;
+    gone_is_done(patched)
 }
 
 /// Say on `source` why it does not run.
@@ -283,14 +265,19 @@ async fn write_status(
     // The whole status, so nothing the ReconcilePolicy dropped lingers here.
     let patch: json_patch::Patch =
         serde_json::from_value(json!([{"op": "add", "path": "/status", "value": status}]))?;
-    match sources
+    let patched = sources
         .patch_status(
             &source.name_any(),
             &PatchParams::default(),
             &Patch::<()>::Json(patch),
         )
-        .await
-    {
+        .await;
+    gone_is_done(patched)
+}
+
+/// A write to a source deleted meanwhile has nothing left to do.
+fn gone_is_done(result: Result<DynamicObject, kube::Error>) -> Result<(), Error> {
+    match result {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(error) => Err(error.into()),

@@ -84,6 +84,34 @@ pub(crate) async fn release_parents(
     Ok(released)
 }
 
+/// The JSON patch that adds `finalizer` to an object with `metadata` (`present`) or removes
+/// it, bound to the resourceVersion read, so a concurrent change to the finalizer list is a
+/// conflict, never a lost finalizer; `None` when the list is already so.
+pub(crate) fn finalizer_patch(
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    finalizer: &str,
+    present: bool,
+) -> Option<serde_json::Value> {
+    let finalizers = metadata.finalizers.as_deref().unwrap_or_default();
+    let index = finalizers.iter().position(|f| f == finalizer);
+    let guard = json!({"op": "test", "path": "/metadata/resourceVersion", "value": metadata.resource_version});
+    Some(match (present, index) {
+        (true, Some(_)) | (false, None) => return None,
+        (true, None) if finalizers.is_empty() => json!([
+            guard,
+            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
+        ]),
+        (true, None) => json!([
+            guard,
+            {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},
+        ]),
+        (false, Some(index)) => json!([
+            guard,
+            {"op": "remove", "path": format!("/metadata/finalizers/{index}")},
+        ]),
+    })
+}
+
 /// Add or remove [`POLICY_FINALIZER`] on the policy named `name` with `uid`, if it is not
 /// already so. Works from a fresh read and tests its resourceVersion, so a concurrent change
 /// to the finalizer list is a conflict (and a retry), never a lost finalizer.
@@ -104,23 +132,8 @@ pub(crate) async fn set_policy_finalizer(
     if policy.metadata.uid.as_deref() != uid {
         return Ok(());
     }
-    let finalizers = policy.finalizers();
-    let index = finalizers.iter().position(|f| f == POLICY_FINALIZER);
-    let guard = json!({"op": "test", "path": "/metadata/resourceVersion", "value": policy.metadata.resource_version});
-    let ops = match (present, index) {
-        (true, Some(_)) | (false, None) => return Ok(()),
-        (true, None) if finalizers.is_empty() => json!([
-            guard,
-            {"op": "add", "path": "/metadata/finalizers", "value": [POLICY_FINALIZER]},
-        ]),
-        (true, None) => json!([
-            guard,
-            {"op": "add", "path": "/metadata/finalizers/-", "value": POLICY_FINALIZER},
-        ]),
-        (false, Some(index)) => json!([
-            guard,
-            {"op": "remove", "path": format!("/metadata/finalizers/{index}")},
-        ]),
+    let Some(ops) = finalizer_patch(&policy.metadata, POLICY_FINALIZER, present) else {
+        return Ok(());
     };
     let patch: json_patch::Patch = serde_json::from_value(ops)?;
     match api
