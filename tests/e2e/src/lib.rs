@@ -16,6 +16,7 @@ mod kinds;
 mod objects;
 mod policies;
 mod process;
+mod rbac;
 
 pub use chart::{CHART, apply_policy_rbac, documents, helm, install_chart_rbac, render};
 pub use host::{HostBuilder, HostUnderTest, client_as};
@@ -30,6 +31,7 @@ pub use objects::{
 };
 pub use policies::{apply_policy, delete_namespace, file_source, policies, test_namespace};
 pub use process::{SelfProcess, spawn_self};
+pub use rbac::{account_subject, bind_cluster_role, bind_role, service_account};
 pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};
 
 /// Label that ties a test's policies to the host the test runs.

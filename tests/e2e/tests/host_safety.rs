@@ -385,31 +385,9 @@ async fn plugin_credentials_come_only_from_the_hosts_namespace_and_only_over_tls
     delete_namespace(&client, &ns).await
 }
 
-/// Grant `subject` (a ServiceAccount in `ns`) a ClusterRole with `rules`, bound cluster-wide.
+/// Grant ServiceAccount `host` of `ns` a ClusterRole with `rules`, bound cluster-wide.
 async fn grant(client: &kube::Client, ns: &str, name: &str, rules: Value) -> anyhow::Result<()> {
-    let roles = kube::Api::<DynamicObject>::all_with(
-        client.clone(),
-        &resource("rbac.authorization.k8s.io", "v1", "ClusterRole"),
-    );
-    apply(
-        &roles,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": name}, "rules": rules}),
-    )
-    .await?;
-    let bindings = kube::Api::<DynamicObject>::all_with(
-        client.clone(),
-        &resource("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
-    );
-    apply(
-        &bindings,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": name},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-               "subjects": [{"kind": "ServiceAccount", "name": "host", "namespace": ns}]}),
-    )
-    .await?;
-    Ok(())
+    bind_cluster_role(client, name, rules, account_subject(ns, "host")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,17 +32,6 @@ async fn install_kinds(client: &kube::Client) -> anyhow::Result<()> {
     install_crd(client, &test_crd(TEST_GROUP, "Widget")).await
 }
 
-/// ServiceAccount `name` in `ns`.
-async fn service_account(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<()> {
-    let accounts = api(client, &resource("", "v1", "ServiceAccount"), ns);
-    apply(
-        &accounts,
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
-    )
-    .await?;
-    Ok(())
-}
-
 /// Role `name` in `ns` with `rules`, bound to ServiceAccount `account` of `ns`.
 async fn role(
     client: &kube::Client,
@@ -51,66 +40,24 @@ async fn role(
     account: &str,
     rules: Value,
 ) -> anyhow::Result<()> {
-    let roles = api(
-        client,
-        &resource("rbac.authorization.k8s.io", "v1", "Role"),
-        ns,
-    );
-    apply(
-        &roles,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-               "metadata": {"name": name}, "rules": rules}),
-    )
-    .await?;
-    let bindings = api(
-        client,
-        &resource("rbac.authorization.k8s.io", "v1", "RoleBinding"),
-        ns,
-    );
-    apply(
-        &bindings,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": {"name": name},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-               "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]}),
-    )
-    .await?;
-    Ok(())
+    bind_role(client, ns, name, rules, account_subject(ns, account)).await
 }
 
 /// The host's own rights, as the chart grants them: ReconcilePolicies and their status, and
 /// NamespacedReconcilePolicies it turns into ReconcilePolicies (cluster-wide). Nothing on
 /// any other kind; whom it may impersonate is granted apart.
 async fn host_rights(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
-    let name = format!("{ns}-host");
-    let roles = kube::Api::<DynamicObject>::all_with(
-        client.clone(),
-        &resource("rbac.authorization.k8s.io", "v1", "ClusterRole"),
-    );
-    apply(
-        &roles,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": name},
-               "rules": [
-                   {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-                   {"apiGroups": ["wasmctrl.dev"], "resources": ["namespacedreconcilepolicies"], "verbs": ["get", "list", "watch", "patch"]},
-                   {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies/status", "namespacedreconcilepolicies/status"], "verbs": ["get", "patch"]},
-               ]}),
+    bind_cluster_role(
+        client,
+        &format!("{ns}-host"),
+        json!([
+            {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+            {"apiGroups": ["wasmctrl.dev"], "resources": ["namespacedreconcilepolicies"], "verbs": ["get", "list", "watch", "patch"]},
+            {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies/status", "namespacedreconcilepolicies/status"], "verbs": ["get", "patch"]},
+        ]),
+        account_subject(ns, "host"),
     )
-    .await?;
-    let bindings = kube::Api::<DynamicObject>::all_with(
-        client.clone(),
-        &resource("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
-    );
-    apply(
-        &bindings,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": name},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-               "subjects": [{"kind": "ServiceAccount", "name": "host", "namespace": ns}]}),
-    )
-    .await?;
-    Ok(())
+    .await
 }
 
 /// Let ServiceAccount `host` of `host_ns` impersonate the accounts of `ns` named in
@@ -126,31 +73,8 @@ async fn may_impersonate(
     if let Some(accounts) = accounts {
         rule["resourceNames"] = json!(accounts);
     }
-    let roles = api(
-        client,
-        &resource("rbac.authorization.k8s.io", "v1", "Role"),
-        ns,
-    );
-    apply(
-        &roles,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-               "metadata": {"name": "wasmctrl-impersonate"}, "rules": [rule]}),
-    )
-    .await?;
-    let bindings = api(
-        client,
-        &resource("rbac.authorization.k8s.io", "v1", "RoleBinding"),
-        ns,
-    );
-    apply(
-        &bindings,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": {"name": "wasmctrl-impersonate"},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "wasmctrl-impersonate"},
-               "subjects": [{"kind": "ServiceAccount", "name": "host", "namespace": host_ns}]}),
-    )
-    .await?;
-    Ok(())
+    let host = account_subject(host_ns, "host");
+    bind_role(client, ns, "wasmctrl-impersonate", json!([rule]), host).await
 }
 
 /// What a policy's account needs on its parent kind (`group`, `plural`) in its namespace.
@@ -331,39 +255,21 @@ async fn each_policy_acts_with_exactly_the_rights_of_its_service_account() -> an
 /// kind, the kinds its operator makes, ServiceAccounts and RBAC to give its operator an
 /// identity. No cluster rights at all.
 async fn onboard_team(client: &kube::Client, ns: &str, user: &str) -> anyhow::Result<()> {
-    let roles = api(
+    bind_role(
         client,
-        &resource("rbac.authorization.k8s.io", "v1", "Role"),
         ns,
-    );
-    apply(
-        &roles,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-               "metadata": {"name": "team"},
-               "rules": [
-                   {"apiGroups": ["wasmctrl.dev"], "resources": ["namespacedreconcilepolicies", "namespacedreconcilepolicies/status"], "verbs": ["*"]},
-                   {"apiGroups": ["example.com"], "resources": ["myapps", "myapps/status", "myapps/finalizers"], "verbs": ["*"]},
-                   {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["*"]},
-                   {"apiGroups": [""], "resources": ["services", "configmaps", "serviceaccounts"], "verbs": ["*"]},
-                   {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["*"]},
-                   {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["*"]},
-               ]}),
+        "team",
+        json!([
+            {"apiGroups": ["wasmctrl.dev"], "resources": ["namespacedreconcilepolicies", "namespacedreconcilepolicies/status"], "verbs": ["*"]},
+            {"apiGroups": ["example.com"], "resources": ["myapps", "myapps/status", "myapps/finalizers"], "verbs": ["*"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["*"]},
+            {"apiGroups": [""], "resources": ["services", "configmaps", "serviceaccounts"], "verbs": ["*"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["*"]},
+            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["*"]},
+        ]),
+        json!({"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}),
     )
-    .await?;
-    let bindings = api(
-        client,
-        &resource("rbac.authorization.k8s.io", "v1", "RoleBinding"),
-        ns,
-    );
-    apply(
-        &bindings,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": {"name": "team"},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "team"},
-               "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]}),
-    )
-    .await?;
-    Ok(())
+    .await
 }
 
 /// What the team does itself, as `user`: an account for its operator with the rights the
