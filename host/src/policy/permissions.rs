@@ -42,6 +42,8 @@ const PARENT_STATUS: &[&str] = &["get", "patch"];
 const PARENT_FINALIZERS: &[&str] = &["update"];
 const CHILDREN: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 const RELATED: &[&str] = &["get", "list", "watch"];
+/// The Events a policy records about its parents (`events.k8s.io`; repeats are patched).
+const EVENTS: &[&str] = &["create", "patch"];
 
 /// Every permission `policy` needs, given how its kinds resolve and the namespace a host is
 /// confined to (`--namespace`), if any.
@@ -66,6 +68,12 @@ pub fn required<E>(
     grant(&parent, "", PARENT);
     grant(&parent, "/status", PARENT_STATUS);
     grant(&parent, "/finalizers", PARENT_FINALIZERS);
+    let events = KindScope {
+        group: "events.k8s.io".to_owned(),
+        resource: "events".to_owned(),
+        namespaced: parent.namespaced,
+    };
+    grant(&events, "", EVENTS);
     for child in &policy.children {
         grant(&resolve(&child.api_version, &child.kind)?, "", CHILDREN);
     }
@@ -188,6 +196,10 @@ mod tests {
             ["create", "delete", "get", "list", "patch", "watch"]
         );
         assert_eq!(verbs(&rules, None, "", "secrets"), ["get", "list", "watch"]);
+        assert_eq!(
+            verbs(&rules, None, "events.k8s.io", "events"),
+            ["create", "patch"]
+        );
         let all: Vec<_> = rules.values().flat_map(|r| r.keys()).collect();
         assert!(all.iter().all(|(g, r)| g != "*" && r != "*"), "no wildcard");
     }
@@ -196,6 +208,10 @@ mod tests {
     fn a_namespaced_policy_needs_a_role_there_and_cluster_rules_only_for_cluster_kinds() {
         let rules = rules(required(&spec(Some("team-a")), None, resolve).unwrap_or_default());
         assert_eq!(verbs(&rules, Some("team-a"), "", "configmaps").len(), 6);
+        assert_eq!(
+            verbs(&rules, Some("team-a"), "events.k8s.io", "events"),
+            ["create", "patch"]
+        );
         assert!(verbs(&rules, None, "", "configmaps").is_empty());
         assert_eq!(
             verbs(&rules, None, "", "namespaces"),
