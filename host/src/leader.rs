@@ -519,6 +519,33 @@ pub fn default_identity() -> String {
 mod tests {
     use super::*;
 
+    /// A write gate on `leadership` around a service that counts the requests it is sent.
+    fn counting_gate(
+        leadership: &Arc<Leadership>,
+    ) -> (
+        impl tower::Service<http::Request<()>, Response = (), Error = tower::BoxError>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use tower::Layer as _;
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let inner = {
+            let sent = sent.clone();
+            tower::service_fn(move |_: http::Request<()>| {
+                sent.fetch_add(1, Ordering::SeqCst);
+                std::future::ready(Ok::<_, std::convert::Infallible>(()))
+            })
+        };
+        (WriteGate::new(leadership.clone()).layer(inner), sent)
+    }
+
+    fn request(method: http::Method, uri: &str) -> http::Request<()> {
+        http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(())
+            .unwrap_or_default()
+    }
+
     #[test]
     fn a_standby_learns_of_leadership_and_the_gate_follows() {
         let leadership = Leadership::standby();
@@ -533,24 +560,10 @@ mod tests {
 
     #[tokio::test]
     async fn the_gate_refuses_writes_but_not_reads_while_standing_by() {
-        use tower::{Layer as _, Service as _};
+        use tower::Service as _;
         let leadership = Leadership::standby();
-        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let inner = {
-            let sent = sent.clone();
-            tower::service_fn(move |_: http::Request<()>| {
-                sent.fetch_add(1, Ordering::SeqCst);
-                std::future::ready(Ok::<_, std::convert::Infallible>(()))
-            })
-        };
-        let mut gated = WriteGate::new(leadership.clone()).layer(inner);
-        let request = |method: http::Method| {
-            http::Request::builder()
-                .method(method)
-                .uri("/api/v1/namespaces/a/configmaps")
-                .body(())
-                .unwrap_or_default()
-        };
+        let (mut gated, sent) = counting_gate(&leadership);
+        let request = |method| request(method, "/api/v1/namespaces/a/configmaps");
         assert!(gated.call(request(http::Method::GET)).await.is_ok());
         for method in [
             http::Method::POST,
@@ -581,25 +594,11 @@ mod tests {
     /// no renewal) finds its gate closed when it resumes, before any task of it runs.
     #[tokio::test(start_paused = true)]
     async fn the_gate_closes_at_the_renew_deadline_without_the_elector() {
-        use tower::{Layer as _, Service as _};
+        use tower::Service as _;
         let renew_deadline = Duration::from_secs(10);
         let leadership = Leadership::standby();
-        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let inner = {
-            let sent = sent.clone();
-            tower::service_fn(move |_: http::Request<()>| {
-                sent.fetch_add(1, Ordering::SeqCst);
-                std::future::ready(Ok::<_, std::convert::Infallible>(()))
-            })
-        };
-        let mut gated = WriteGate::new(leadership.clone()).layer(inner);
-        let request = |method: http::Method| {
-            http::Request::builder()
-                .method(method)
-                .uri("/api/v1/namespaces/a/configmaps/c")
-                .body(())
-                .unwrap_or_default()
-        };
+        let (mut gated, sent) = counting_gate(&leadership);
+        let request = |method| request(method, "/api/v1/namespaces/a/configmaps/c");
         let renewed = Instant::now();
         leadership.lead_until(renewed + renew_deadline);
         assert!(gated.call(request(http::Method::PATCH)).await.is_ok());

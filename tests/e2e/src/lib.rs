@@ -30,7 +30,7 @@ pub use objects::{
     wait_gone,
 };
 pub use policies::{apply_policy, delete_namespace, file_source, policies, test_namespace};
-pub use process::{SelfProcess, spawn_self};
+pub use process::{SelfProcess, impersonating_kubeconfig, spawn_self};
 pub use rbac::{account_subject, bind_cluster_role, bind_role, service_account};
 pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};
 

@@ -108,3 +108,22 @@ impl Drop for SelfProcess {
         let _ = self.child.wait();
     }
 }
+
+/// A copy of the admin kubeconfig `admin` in `dir` that impersonates `identity` (still in
+/// `system:masters`), so a replica process acts with every right while the audit log tells it
+/// apart from the others.
+pub fn impersonating_kubeconfig(
+    admin: &std::path::Path,
+    identity: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    let admin = std::fs::read_to_string(admin)?;
+    let mut config: serde_json::Value = serde_yaml_ng::from_str(&admin)?;
+    for user in config["users"].as_array_mut().context("kubeconfig users")? {
+        user["user"]["as"] = serde_json::json!(identity);
+        user["user"]["as-groups"] = serde_json::json!(["system:masters", "system:authenticated"]);
+    }
+    let path = dir.join(format!("{identity}.kubeconfig"));
+    std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
+    Ok(path)
+}

@@ -199,7 +199,7 @@ fn replica_process_for(
     ns: &str,
     dir: &std::path::Path,
 ) -> anyhow::Result<SelfProcess> {
-    let kubeconfig = replica_kubeconfig(identity, dir)?;
+    let kubeconfig = impersonating_kubeconfig(&Plane::get().kubeconfig, identity, dir)?;
     let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let args = [
         "wasmctrl",
@@ -223,19 +223,6 @@ fn replica_process_for(
     .map(str::to_owned);
     let command_line = serde_json::to_string(&args)?;
     spawn_self("replica_process", &[(REPLICA_ENV, command_line.as_str())])
-}
-
-/// The fault plane's admin kubeconfig, impersonating `identity` (still in `system:masters`).
-fn replica_kubeconfig(identity: &str, dir: &std::path::Path) -> anyhow::Result<PathBuf> {
-    let admin = std::fs::read_to_string(&Plane::get().kubeconfig)?;
-    let mut config: Value = serde_yaml_ng::from_str(&admin)?;
-    for user in config["users"].as_array_mut().context("kubeconfig users")? {
-        user["user"]["as"] = json!(identity);
-        user["user"]["as-groups"] = json!(["system:masters", "system:authenticated"]);
-    }
-    let path = dir.join(format!("{identity}.kubeconfig"));
-    std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
-    Ok(path)
 }
 
 /// Not a test: the body of a replica process for `replica_process_for` (does nothing when

@@ -4,7 +4,7 @@
 //! expires, and SIGTERM hands over within about the retry period, exiting 0.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -32,7 +32,7 @@ struct Replica {
 
 impl Replica {
     fn start(name: &str, ns: &str, dir: &Path) -> anyhow::Result<Self> {
-        let kubeconfig = replica_kubeconfig(name, dir)?;
+        let kubeconfig = impersonating_kubeconfig(TestEnv::get().kubeconfig(), name, dir)?;
         let address = free_loopback_port()?;
         let args = [
             "wasmctrl",
@@ -107,20 +107,6 @@ async fn replica_process() -> anyhow::Result<()> {
             .try_init();
     }
     wasmctrl::cli::Cli::parse_from(args).run().await
-}
-
-/// The test cluster's admin kubeconfig, impersonating `name` (still in `system:masters`),
-/// so the audit log tells the replicas apart.
-fn replica_kubeconfig(name: &str, dir: &Path) -> anyhow::Result<PathBuf> {
-    let admin = std::fs::read_to_string(TestEnv::get().kubeconfig())?;
-    let mut config: Value = serde_yaml_ng::from_str(&admin)?;
-    for user in config["users"].as_array_mut().context("kubeconfig users")? {
-        user["user"]["as"] = json!(name);
-        user["user"]["as-groups"] = json!(["system:masters", "system:authenticated"]);
-    }
-    let path = dir.join(format!("{name}.kubeconfig"));
-    std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
-    Ok(path)
 }
 
 fn free_loopback_port() -> anyhow::Result<SocketAddr> {
