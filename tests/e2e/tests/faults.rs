@@ -878,12 +878,15 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_once_resumed() -> anyhow:
     let writes = writes_by(FROZEN)?;
     let last_renewal = writes
         .iter()
+        // Taking the lease (a create, 201) starts the lead as a renewal (an update, 200)
+        // extends it: a replica frozen soon after it took the lease has renewed nothing yet.
         .filter(|(at, verb, uri, code)| {
-            *at <= stopped_at_ms && verb == "update" && uri.contains("/leases/") && *code == 200
+            let renewed = (verb == "update" && *code == 200) || (verb == "create" && *code == 201);
+            *at <= stopped_at_ms && renewed && uri.contains("/leases")
         })
         .map(|(at, ..)| *at)
         .max()
-        .context("the frozen replica renewed its lease before it froze")?;
+        .context("the frozen replica took or renewed its lease before it froze")?;
     let deadline = last_renewal + i64::try_from(RENEW_DEADLINE.as_millis())?;
     let late: Vec<_> = writes.iter().filter(|(at, ..)| *at > deadline).collect();
     assert!(
