@@ -6,9 +6,10 @@
 //! `wasmctrl plugin run --case` and `wasmctrl plugin replay` read them. The format is plain
 //! YAML or JSON so a person can read, trim and commit one as a regression test.
 //!
-//! Secret values are redacted before a case leaves the host (see [`redact_secret`]): a case
+//! Sensitive values are redacted before a case leaves the host (see [`Redaction`]): a case
 //! shows which Secrets a plugin saw and their keys, never their values, unless the host was
-//! told otherwise.
+//! told otherwise; and what the policy marks sensitive (related kinds, named fields) is
+//! redacted always.
 
 use std::path::Path;
 
@@ -189,22 +190,22 @@ impl From<RunOutput> for ReconcileResponse {
 }
 
 impl Case {
-    /// The case of `request`, with Secret values redacted unless `secret_data`.
-    pub fn of(request: &ReconcileRequest, secret_data: bool) -> Self {
+    /// The case of `request`, with what `redaction` names redacted.
+    pub fn of(request: &ReconcileRequest, redaction: &Redaction) -> Self {
         let parse = |text: &str| serde_json::from_str(text).unwrap_or(Value::Null);
         let objects = |list: &[ObservedObject]| -> Vec<Value> {
             list.iter()
                 .map(|o| {
                     let mut value = parse(&o.json);
-                    if !secret_data {
-                        redact_secret(&mut value);
-                    }
+                    redaction.object(&mut value);
                     value
                 })
                 .collect()
         };
+        let mut parent = parse(&request.parent);
+        redaction.object(&mut parent);
         Self {
-            parent: parse(&request.parent),
+            parent,
             children: objects(&request.children),
             related: objects(&request.related),
             config: request.config.as_deref().map(parse),
@@ -262,6 +263,110 @@ impl Case {
              # recorded), `wasmctrl plugin replay PLUGIN FILE --against OLD` against another plugin.\n{}",
             crate::yaml::to_string(self)?
         ))
+    }
+}
+
+/// What must not leave the host in a record or case: Secret values (unless the host is told
+/// to keep them), every value of the kinds a policy marks (`spec.related[].redact`), and the
+/// fields it names (`spec.redactFields`). Built once per policy run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Redaction {
+    keep_secrets: bool,
+    /// `(apiVersion, kind)` of the objects whose values are all redacted.
+    kinds: Vec<(String, String)>,
+    /// Paths redacted in every object, split at the dots.
+    fields: Vec<Vec<String>>,
+}
+
+impl Redaction {
+    /// Secret values only; kept when `keep_secrets` (the host's `--explain-secret-data`).
+    pub fn secrets(keep_secrets: bool) -> Self {
+        Self {
+            keep_secrets,
+            ..Self::default()
+        }
+    }
+
+    /// What `policy` marks sensitive, on top of [`Redaction::secrets`].
+    pub fn of_policy(policy: &crate::policy::ReconcilePolicySpec, keep_secrets: bool) -> Self {
+        Self {
+            keep_secrets,
+            kinds: policy
+                .related
+                .iter()
+                .filter(|related| related.redact)
+                .map(|related| (related.api_version.clone(), related.kind.clone()))
+                .collect(),
+            fields: policy
+                .redact_fields
+                .iter()
+                .map(|path| path.split('.').map(str::to_owned).collect())
+                .filter(|path: &Vec<String>| path.iter().all(|segment| !segment.is_empty()))
+                .collect(),
+        }
+    }
+
+    /// Redact one Kubernetes object (`apiVersion`, `kind`, `metadata`, …) in place.
+    pub fn object(&self, object: &mut Value) {
+        if !self.keep_secrets {
+            redact_secret(object);
+        }
+        let marked = self.kinds.iter().any(|(api_version, kind)| {
+            object["apiVersion"] == **api_version && object["kind"] == **kind
+        });
+        if marked && let Value::Object(fields) = object {
+            for (key, value) in fields.iter_mut() {
+                if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
+                    redact_leaves(value);
+                }
+            }
+        }
+        for path in &self.fields {
+            redact_path(object, path);
+        }
+    }
+
+    /// Redact a status as written (the named fields under `status.`).
+    pub fn status(&self, status: &mut Value) {
+        for path in &self.fields {
+            if let [first, rest @ ..] = path.as_slice()
+                && first == "status"
+                && !rest.is_empty()
+            {
+                redact_path(status, rest);
+            }
+        }
+    }
+}
+
+/// Replace every leaf under `value` with [`REDACTED`], keeping the keys and list lengths.
+fn redact_leaves(value: &mut Value) {
+    match value {
+        Value::Object(fields) => fields.values_mut().for_each(redact_leaves),
+        Value::Array(items) => items.iter_mut().for_each(redact_leaves),
+        Value::Null => {}
+        leaf => *leaf = Value::String(REDACTED.to_owned()),
+    }
+}
+
+/// Replace the value at `path` with [`REDACTED`]; a list on the way applies the rest of the
+/// path to each item (`spec.users.password` reaches every user's password).
+fn redact_path(value: &mut Value, path: &[String]) {
+    match (value, path) {
+        (Value::Array(items), _) => items.iter_mut().for_each(|item| redact_path(item, path)),
+        (Value::Object(fields), [last]) => {
+            if let Some(found) = fields.get_mut(last.as_str())
+                && !found.is_null()
+            {
+                *found = Value::String(REDACTED.to_owned());
+            }
+        }
+        (Value::Object(fields), [first, rest @ ..]) => {
+            if let Some(next) = fields.get_mut(first.as_str()) {
+                redact_path(next, rest);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -339,7 +444,7 @@ mod tests {
             config: Some(json!({"service": true}).to_string()),
             finalizing: false,
         };
-        let case = Case::of(&request, false);
+        let case = Case::of(&request, &Redaction::secrets(false));
         let yaml = case.to_yaml().expect("yaml");
         let read: Case = serde_yaml_ng::from_str(&yaml).expect("read back");
         assert_eq!(read, case);
@@ -358,7 +463,7 @@ mod tests {
             ],
             ..ReconcileRequest::default()
         };
-        let redacted = Case::of(&request, false);
+        let redacted = Case::of(&request, &Redaction::secrets(false));
         let text = serde_json::to_string(&redacted).expect("json");
         assert!(!text.contains("aHVudGVyMg=="), "{text}");
         assert!(!text.contains("admin"), "{text}");
@@ -366,8 +471,63 @@ mod tests {
         assert_eq!(redacted.related[0]["stringData"]["user"], REDACTED);
         assert_eq!(redacted.related[1]["data"]["password"], "visible");
 
-        let kept = Case::of(&request, true);
+        let kept = Case::of(&request, &Redaction::secrets(true));
         assert_eq!(kept.related[0]["data"]["password"], "aHVudGVyMg==");
+    }
+
+    #[test]
+    fn what_a_policy_marks_sensitive_is_redacted_even_when_secrets_are_kept() {
+        let spec: crate::policy::ReconcilePolicySpec = serde_json::from_value(json!({
+            "parent": {"apiVersion": "example.com/v1", "kind": "App"},
+            "plugin": {"source": {"file": {"path": "p.wasm"}}},
+            "related": [{"apiVersion": "example.com/v1", "kind": "Vault", "redact": true}],
+            "redactFields": ["spec.apiKey", "spec.users.password", "status.adminPassword"],
+        }))
+        .expect("spec");
+        let redaction = Redaction::of_policy(&spec, true);
+        let request = ReconcileRequest {
+            parent: json!({"apiVersion": "example.com/v1", "kind": "App",
+                           "metadata": {"name": "a"},
+                           "spec": {"apiKey": "k-123", "replicas": 2,
+                                    "users": [{"name": "u", "password": "p-456"}]}})
+            .to_string(),
+            related: vec![
+                ObservedObject::from_value(&json!({
+                    "apiVersion": "example.com/v1", "kind": "Vault",
+                    "metadata": {"name": "v"},
+                    "spec": {"token": "t-789", "paths": ["a", "b"]}})),
+                ObservedObject::from_value(&secret()),
+            ],
+            ..ReconcileRequest::default()
+        };
+        let case = Case::of(&request, &redaction);
+        let text = serde_json::to_string(&case).expect("json");
+        for secret in ["k-123", "p-456", "t-789"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert_eq!(case.parent["spec"]["apiKey"], REDACTED);
+        assert_eq!(case.parent["spec"]["replicas"], 2, "unmarked fields stay");
+        assert_eq!(case.parent["spec"]["users"][0]["name"], "u");
+        assert_eq!(case.related[0]["metadata"]["name"], "v", "metadata stays");
+        assert_eq!(
+            case.related[0]["spec"]["paths"],
+            json!([REDACTED, REDACTED])
+        );
+        assert_eq!(
+            case.related[1]["data"]["password"], "aHVudGVyMg==",
+            "Secrets are kept when the host is told to"
+        );
+
+        let mut status = json!({"adminPassword": "s-000", "ready": true});
+        redaction.status(&mut status);
+        assert_eq!(status, json!({"adminPassword": REDACTED, "ready": true}));
+        assert_eq!(
+            Redaction::of_policy(&spec, false),
+            Redaction {
+                keep_secrets: false,
+                ..redaction
+            }
+        );
     }
 
     #[test]

@@ -126,8 +126,9 @@ fn install_and_run(
             .arg("run")
             .arg("--kubeconfig")
             .arg(&plane.kubeconfig)
-            // A workstation: health and metrics on loopback only.
-            .args(["--listen", "127.0.0.1:8080"])
+            // A workstation: health, metrics and explain on loopback only, in clear text and
+            // without checking who asks.
+            .args(["--insecure-listen", "127.0.0.1:8080"])
             .current_dir(&root)
             .env(
                 "WASMCTRL_LOG",

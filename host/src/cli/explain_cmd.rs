@@ -4,8 +4,13 @@
 //! The records live in the host's memory and are served on its listener at `/explain`. A
 //! host run locally is asked directly (`--host`); a host deployed in a cluster is reached
 //! through the API server's pod proxy, replica by replica (the pods behind its Service), so
-//! reading records takes cluster permission like any other read and the leader's records are
-//! found whichever replica a Service would have picked.
+//! the leader's records are found whichever replica a Service would have picked.
+//!
+//! The host answers only a caller who may `get` the parent, and it must see who that is: the
+//! pod proxy keeps the caller's `Authorization` for itself, so the command sends the bearer
+//! token of the kubeconfig's user again in `X-Wasmctrl-Authorization`, for the host to
+//! review with the API server. Reaching the pods takes `get` on `pods/proxy` (and reading the
+//! Service and listing its pods) in the host's namespace: the chart's explain-reader role.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -40,11 +45,17 @@ pub struct ExplainCommand {
     /// `wasmctrl plugin run --case` and `wasmctrl plugin replay`.
     #[arg(long, value_name = "CASE.yaml")]
     save: Option<PathBuf>,
-    /// The host's listener, for a host run locally (`http://127.0.0.1:8080`). Without it,
-    /// the host deployed in the cluster is asked through the API server.
+    /// The host's listener, for a host run locally (`http://127.0.0.1:8080` with
+    /// `--insecure-listen`, or `https://…`, asked with the kubeconfig user's token). Without
+    /// it, the host deployed in the cluster is asked through the API server.
     #[arg(long, env = "WASMCTRL_HOST_URL")]
     host: Option<url::Url>,
-    /// The deployed host's Service, NAMESPACE/NAME: its pods are asked.
+    /// With `--host https://…`: accept the listener's certificate without checking it (the
+    /// host makes a self-signed one unless given its own).
+    #[arg(long)]
+    insecure_skip_tls_verify: bool,
+    /// The deployed host's Service, NAMESPACE/NAME: its pods are asked, over TLS when the
+    /// Service's port is named `https` or has `appProtocol: https`.
     #[arg(long, default_value = "wasmctrl/wasmctrl-metrics")]
     service: String,
     /// Kubeconfig to use (default: `KUBECONFIG`, `~/.kube/config` or in-cluster).
@@ -99,16 +110,33 @@ impl ExplainCommand {
                 let namespace = self.namespace.as_deref().unwrap_or("default");
                 let mut url = host.join("explain").context("--host")?;
                 url.set_query(Some(&query(namespace)));
-                records_from(direct(&url).await?, &parent)?
+                // A local host with `--insecure-listen` wants no token; one that checks
+                // callers takes the kubeconfig user's, when there is a kubeconfig.
+                let token = match url.scheme() {
+                    "https" => match self.config().await {
+                        Ok(config) => bearer(&config).await?,
+                        Err(_) => None,
+                    },
+                    _ => None,
+                };
+                let answer = direct(&url, token, self.insecure_skip_tls_verify).await?;
+                records_from(answer, &parent)?
             }
             None => {
-                let client = self.client().await?;
+                let config = self.config().await?;
+                let token = bearer(&config).await?;
+                let client = Client::try_from(config).context("building the Kubernetes client")?;
                 let namespace = self
                     .namespace
                     .clone()
                     .unwrap_or_else(|| client.default_namespace().to_owned());
-                let query = query(&namespace);
-                through_api_server(&client, &self.service, &query, &parent, self.history).await?
+                let ask = Ask {
+                    query: query(&namespace),
+                    parent: &parent,
+                    history: self.history,
+                    token: token.as_ref(),
+                };
+                through_api_server(&client, &self.service, &ask).await?
             }
         };
         if let Some(path) = &self.save {
@@ -125,7 +153,7 @@ impl ExplainCommand {
         })
     }
 
-    async fn client(&self) -> anyhow::Result<Client> {
+    async fn config(&self) -> anyhow::Result<kube::Config> {
         let options = KubeConfigOptions {
             context: self.context.clone(),
             ..KubeConfigOptions::default()
@@ -139,8 +167,42 @@ impl ExplainCommand {
             None if self.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
             None => kube::Config::infer().await?,
         };
-        Client::try_from(config).context("building the Kubernetes client")
+        Ok(config)
     }
+}
+
+/// The `Authorization: Bearer …` value the kubeconfig's user sends the API server (a static
+/// token, a token file, or one an exec plugin or OIDC refresh yields), through kube's own
+/// auth layer; `None` for a user who authenticates otherwise (a client certificate).
+async fn bearer(config: &kube::Config) -> anyhow::Result<Option<http::HeaderValue>> {
+    use kube::client::ConfigExt as _;
+    use tower::{Layer as _, ServiceExt as _};
+    let Some(layer) = config
+        .auth_layer()
+        .context("reading the kubeconfig's credentials")?
+    else {
+        return Ok(None);
+    };
+    // The layer wraps a service; this one sends nothing and hands back the header it was given.
+    let capture = tower::service_fn(|request: http::Request<kube::client::Body>| async move {
+        let header = request.headers().get(http::header::AUTHORIZATION).cloned();
+        Ok::<_, tower::BoxError>(http::Response::new(header))
+    });
+    let header = layer
+        .layer(capture)
+        .oneshot(http::Request::new(kube::client::Body::empty()))
+        .await
+        .map_err(|error| anyhow::anyhow!("getting the kubeconfig user's token: {error}"))?
+        .into_body();
+    Ok(header.filter(|value| value.as_bytes().starts_with(b"Bearer ")))
+}
+
+/// What to ask each replica, and for whom.
+struct Ask<'a> {
+    query: String,
+    parent: &'a str,
+    history: usize,
+    token: Option<&'a http::HeaderValue>,
 }
 
 /// One answer of a host: its status code and body.
@@ -149,8 +211,22 @@ struct Answer {
     body: String,
 }
 
-async fn direct(url: &url::Url) -> anyhow::Result<Answer> {
-    let response = reqwest::get(url.clone())
+async fn direct(
+    url: &url::Url,
+    token: Option<http::HeaderValue>,
+    insecure: bool,
+) -> anyhow::Result<Answer> {
+    crate::server::tls::ensure_crypto_provider();
+    let client = reqwest::Client::builder()
+        .danger_accept_invalid_certs(insecure)
+        .build()
+        .context("building the HTTP client")?;
+    let mut request = client.get(url.clone());
+    if let Some(token) = token {
+        request = request.header(http::header::AUTHORIZATION, token);
+    }
+    let response = request
+        .send()
         .await
         .with_context(|| format!("asking the host at {url}"))?;
     Ok(Answer {
@@ -165,6 +241,12 @@ fn records_from(answer: Answer, parent: &str) -> anyhow::Result<Vec<Record>> {
         200 => Ok(serde_json::from_str::<Records>(&answer.body)
             .context("the host's answer is not a list of records")?
             .records),
+        401 => bail!(
+            "{parent}: {} (the host reviews the kubeconfig user's bearer token; a user who \
+             signs in with a client certificate has none to send: use a context with a token, \
+             e.g. from your cluster's OIDC or exec login, or `kubectl create token`)",
+            answer.body.trim()
+        ),
         _ => bail!("{parent}: {}", answer.body.trim()),
     }
 }
@@ -174,10 +256,14 @@ fn records_from(answer: Answer, parent: &str) -> anyhow::Result<Vec<Record>> {
 async fn through_api_server(
     client: &Client,
     service: &str,
-    query: &str,
-    parent: &str,
-    history: usize,
+    ask: &Ask<'_>,
 ) -> anyhow::Result<Vec<Record>> {
+    let Ask {
+        query,
+        parent,
+        history,
+        token,
+    } = ask;
     let (service_namespace, service_name) = service
         .split_once('/')
         .with_context(|| format!("--service {service:?} is not NAMESPACE/NAME"))?;
@@ -191,12 +277,23 @@ async fn through_api_server(
         .filter(|s| !s.is_empty())
         .with_context(|| format!("Service {service} selects no pods"))?;
     // The pod proxy takes a port number: a named target port is resolved per pod.
-    let port = spec
+    let service_port = spec
         .ports
         .unwrap_or_default()
-        .first()
-        .map(|p| p.target_port.clone().unwrap_or(IntOrString::Int(p.port)))
+        .into_iter()
+        .next()
         .with_context(|| format!("Service {service} has no port"))?;
+    let port = service_port
+        .target_port
+        .clone()
+        .unwrap_or(IntOrString::Int(service_port.port));
+    let scheme = if service_port.name.as_deref() == Some("https")
+        || service_port.app_protocol.as_deref() == Some("https")
+    {
+        "https:"
+    } else {
+        ""
+    };
     let labels = selector
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
@@ -219,9 +316,15 @@ async fn through_api_server(
             continue;
         };
         let uri = format!(
-            "/api/v1/namespaces/{service_namespace}/pods/{pod_name}:{port}/proxy/explain?{query}"
+            "/api/v1/namespaces/{service_namespace}/pods/{scheme}{pod_name}:{port}/proxy/explain?{query}"
         );
-        let request = http::Request::get(&uri).body(kube::client::Body::empty())?;
+        let mut request = http::Request::get(&uri).body(kube::client::Body::empty())?;
+        if let Some(token) = token {
+            request.headers_mut().insert(
+                http::HeaderName::from_static(crate::server::FORWARDED_AUTHORIZATION),
+                (*token).clone(),
+            );
+        }
         let response = client
             .send(request)
             .await
@@ -244,7 +347,7 @@ async fn through_api_server(
         );
     }
     records.sort_by(|a, b| b.at.cmp(&a.at));
-    records.truncate(history.max(1));
+    records.truncate((*history).max(1));
     Ok(records)
 }
 

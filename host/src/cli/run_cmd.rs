@@ -1,5 +1,6 @@
 //! `wasmctrl run`: the operator host.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,6 +17,9 @@ use crate::explain::{Bounds, Explain, ExplainOptions, RecordOptions};
 use crate::leader::{LeaderElector, Leadership, LeaseConfig, WriteGate};
 use crate::metrics::Metrics;
 use crate::plugin::{ChildCompiler, Compiler, EngineOptions, PluginEngine};
+use crate::server::Access;
+use crate::server::access::Reviewer;
+use crate::server::tls::CertificateFiles;
 
 /// Run the operator host against a cluster.
 #[derive(Debug, Args)]
@@ -62,9 +66,22 @@ pub struct RunCommand {
     /// none acts as the host itself.
     #[arg(long, env = "WASMCTRL_REQUIRE_POLICY_IDENTITY")]
     require_policy_identity: bool,
-    /// Serve `/healthz`, `/readyz` and `/metrics` on this address; `off` serves none.
-    #[arg(long, env = "WASMCTRL_LISTEN", default_value = "0.0.0.0:8080")]
+    /// Serve `/healthz`, `/readyz`, `/metrics` and `/explain` on this address over TLS;
+    /// `/metrics` and `/explain` answer only callers whose bearer token the API server
+    /// accepts and whose own RBAC allows what they ask. `off` serves none.
+    #[arg(long, env = "WASMCTRL_LISTEN", default_value = "0.0.0.0:8443")]
     listen: String,
+    /// Serve the same endpoints on this address over plain HTTP to anyone who reaches it,
+    /// instead of `--listen`: for a host run on a developer's machine, never in a cluster.
+    #[arg(long, env = "WASMCTRL_INSECURE_LISTEN", value_name = "ADDRESS", conflicts_with_all = ["listen", "tls_cert_file", "tls_key_file"])]
+    insecure_listen: Option<SocketAddr>,
+    /// The listener's certificate chain (PEM), e.g. `tls.crt` of a mounted Secret; re-read
+    /// when it changes. Without it the host makes a self-signed certificate at start.
+    #[arg(long, env = "WASMCTRL_TLS_CERT_FILE", requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The private key of `--tls-cert-file` (PEM).
+    #[arg(long, env = "WASMCTRL_TLS_KEY_FILE", requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
     /// The largest memory limit any policy may give its plugin, in MiB.
     #[arg(long, env = "WASMCTRL_MAX_PLUGIN_MEMORY_MIB", default_value_t = 512)]
     max_plugin_memory_mib: usize,
@@ -212,7 +229,7 @@ impl RunCommand {
         };
         let (config, client, gated) = self.clients(&leadership).await?;
         let engine = self.engine(cache_dir)?;
-        let listener = self.bind_listener().await?;
+        let listener = self.bind_listener(&client).await?;
         let drain = Duration::from_secs(self.shutdown_timeout_seconds);
         let host = Host::elected(gated, engine, self.host_options()?, leadership.clone())
             .impersonating_from(config);
@@ -313,17 +330,38 @@ impl RunCommand {
         })
     }
 
-    /// The health and metrics listener, unless `--listen off`.
-    async fn bind_listener(&self) -> anyhow::Result<Option<tokio::net::TcpListener>> {
-        match self.listen.as_str() {
-            "off" => Ok(None),
-            address => Ok(Some(
-                crate::server::bind(address.parse().with_context(|| {
-                    format!("--listen {address:?} is not an address like 0.0.0.0:8080 (or `off`)")
-                })?)
-                .await?,
-            )),
+    /// The listener and who may read it, unless `--listen off`.
+    async fn bind_listener(
+        &self,
+        client: &kube::Client,
+    ) -> anyhow::Result<Option<(tokio::net::TcpListener, Access)>> {
+        if let Some(address) = self.insecure_listen {
+            return Ok(Some((crate::server::bind(address).await?, Access::Open)));
         }
+        let address = match self.listen.as_str() {
+            "off" => return Ok(None),
+            address => address.parse().with_context(|| {
+                format!("--listen {address:?} is not an address like 0.0.0.0:8443 (or `off`)")
+            })?,
+        };
+        let files = self
+            .tls_cert_file
+            .clone()
+            .zip(self.tls_key_file.clone())
+            .map(|(certificate, key)| CertificateFiles { certificate, key });
+        let names: Vec<String> = ["localhost".to_owned()]
+            .into_iter()
+            .chain(
+                std::env::var("HOSTNAME")
+                    .ok()
+                    .filter(|name| !name.is_empty()),
+            )
+            .collect();
+        let access = Access::Reviewed {
+            reviewer: Arc::new(Reviewer::new(client.clone())),
+            tls: crate::server::tls::server_config(files, &names)?,
+        };
+        Ok(Some((crate::server::bind(address).await?, access)))
     }
 
     async fn client_config(&self) -> anyhow::Result<kube::Config> {
@@ -355,26 +393,38 @@ impl RunCommand {
     }
 }
 
-/// Serve `/healthz`, `/readyz` and `/metrics` on `listener` until `stop`.
+/// Serve `/healthz`, `/readyz`, `/metrics` and `/explain` on `listener` until `stop`.
 fn serve(
-    listener: Option<tokio::net::TcpListener>,
+    listener: Option<(tokio::net::TcpListener, Access)>,
     host: &Host,
     stop: &CancellationToken,
 ) -> impl Future<Output = anyhow::Result<()>> + use<> {
-    let endpoints = crate::server::Endpoints {
-        readiness: host.readiness(),
-        metrics: host.metrics(),
-        explain: host.explain(),
-    };
+    let readiness = host.readiness();
+    let metrics = host.metrics();
+    let explain = host.explain();
     let stop = stop.clone();
     async move {
-        match listener {
-            Some(listener) => {
-                tracing::info!(address = ?listener.local_addr().ok(), "serving /healthz, /readyz, /metrics and /explain");
-                crate::server::serve(listener, endpoints, stop.cancelled_owned()).await
-            }
-            None => Ok(()),
+        let Some((listener, access)) = listener else {
+            return Ok(());
+        };
+        let address = listener.local_addr().ok();
+        match &access {
+            Access::Open => tracing::warn!(
+                ?address,
+                "serving /healthz, /readyz, /metrics and /explain over plain HTTP to anyone who reaches this address (--insecure-listen)"
+            ),
+            Access::Reviewed { .. } => tracing::info!(
+                ?address,
+                "serving /healthz and /readyz, and to callers the API server vouches for /metrics and /explain, over TLS"
+            ),
         }
+        let endpoints = crate::server::Endpoints {
+            readiness,
+            metrics,
+            explain,
+            access,
+        };
+        crate::server::serve(listener, endpoints, stop.cancelled_owned()).await
     }
 }
 

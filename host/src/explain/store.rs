@@ -82,11 +82,18 @@ struct ParentKind {
 }
 
 impl ParentKind {
+    /// The API group; empty for the core group.
+    fn group(&self) -> &str {
+        self.api_version
+            .rsplit_once('/')
+            .map_or("", |(group, _)| group)
+    }
+
     /// Whether `kind` names this kind the way `kubectl` accepts it: the kind or its plural,
     /// any case, optionally qualified by the API group (`myapps.example.com`).
     fn is_named(&self, kind: &str) -> bool {
         let kind = kind.to_ascii_lowercase();
-        let group = self.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        let group = self.group();
         [&self.kind, &self.plural].iter().any(|name| {
             let name = name.to_ascii_lowercase();
             kind == name || (!group.is_empty() && kind == format!("{name}.{group}"))
@@ -309,7 +316,14 @@ impl Packed {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup {
     /// The parent's records as JSON, newest first.
-    Found(Vec<String>),
+    Found {
+        /// The parent's API group (empty for the core group), for authorizing a reader.
+        group: String,
+        /// The parent's resource, plural.
+        resource: String,
+        /// The records.
+        records: Vec<String>,
+    },
     /// No record of such a parent.
     NotFound,
     /// The kind names more than one kind of parent with that name; these.
@@ -444,14 +458,16 @@ impl ExplainStore {
             [] => Lookup::NotFound,
             [(key, records)] => {
                 let dictionaries = inner.dictionaries(&key.kind);
-                Lookup::Found(
-                    records
+                Lookup::Found {
+                    group: key.kind.group().to_owned(),
+                    resource: key.kind.plural.to_string(),
+                    records: records
                         .iter()
                         .rev()
                         .take(history.max(1))
                         .map(|entry| entry.record(dictionaries))
                         .collect(),
-                )
+                }
             }
             several => Lookup::Ambiguous(
                 several
@@ -603,7 +619,7 @@ mod tests {
 
     fn found(lookup: Lookup) -> Vec<String> {
         match lookup {
-            Lookup::Found(records) => records.iter().map(ToString::to_string).collect(),
+            Lookup::Found { records, .. } => records.iter().map(ToString::to_string).collect(),
             other => panic!("expected records, got {other:?}"),
         }
     }
@@ -679,7 +695,7 @@ mod tests {
             assert!(store.bytes() <= store.bounds().max_bytes);
         }
         assert!(
-            matches!(store.lookup("MyApp", Some("ns"), "quiet", 5), Lookup::Found(r) if r.len() == 1)
+            matches!(store.lookup("MyApp", Some("ns"), "quiet", 5), Lookup::Found { records: r, .. } if r.len() == 1)
         );
         let busy = found(store.lookup("MyApp", Some("ns"), "busy", 5));
         assert!(

@@ -67,6 +67,20 @@ pub struct ReconcilePolicySpec {
     /// admin to confirm. Unset fields take the defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub safety: Option<SafetySpec>,
+    /// Fields whose values must never leave the host in an explain record, a recorded case or
+    /// a saved case: dot-separated paths (`spec.apiKey`, `data.token`, `status.adminPassword`)
+    /// replaced by `<redacted>` wherever they occur in the parent, its children and the
+    /// related objects (and, for `status.` paths, in the status written). Secret values are
+    /// always redacted; this is for what the policy knows to be sensitive elsewhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 64),
+        inner(
+            regex(pattern = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"),
+            length(max = 256)
+        )
+    )]
+    pub redact_fields: Vec<String>,
 }
 
 /// The prune guard's settings. After a change (a new plugin, config or generation, a restart
@@ -321,6 +335,11 @@ pub struct RelatedSpec {
         length(max = 256)
     )]
     pub name_from: Option<String>,
+    /// Redact every value of these objects (all but `apiVersion`, `kind` and `metadata`) in
+    /// explain records and cases, keeping the keys, as Secret values always are: for kinds
+    /// that carry credentials without being Secrets.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub redact: bool,
 }
 
 /// Per-call sandbox limits.

@@ -1167,6 +1167,7 @@ fn run_host(spec: &str) -> anyhow::Result<()> {
             readiness: host.readiness(),
             metrics: host.metrics(),
             explain: host.explain(),
+            access: wasmctrl::server::Access::Open,
         };
         tokio::spawn(wasmctrl::server::serve(
             listener,

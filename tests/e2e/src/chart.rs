@@ -100,6 +100,44 @@ pub async fn install_chart_rbac(
     Ok(format!("{release}-wasmctrl"))
 }
 
+/// Install the chart's explain-reader Role (release `release`, namespace `ns`) bound to
+/// `subject`, as `helm install --set explain.readers=…` would.
+pub async fn install_explain_reader(
+    client: &Client,
+    release: &str,
+    ns: &str,
+    subject: &Value,
+) -> anyhow::Result<()> {
+    let field = |name: &str| subject[name].as_str().unwrap_or_default().to_owned();
+    let readers = format!(
+        "explain.readers[0].kind={},explain.readers[0].name={},explain.readers[0].namespace={}",
+        field("kind"),
+        field("name"),
+        field("namespace")
+    );
+    let rendered = render(&[release, CHART, "--namespace", ns, "--set", &readers])?;
+    let mut installed = 0;
+    for object in documents(&rendered)? {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        if name.ends_with("-explain-reader")
+            && RBAC_KINDS.contains(&object["kind"].as_str().unwrap_or_default())
+        {
+            // One binding per reader: the chart names them all alike.
+            let mut object = object.clone();
+            if object["kind"] == "RoleBinding" {
+                object["metadata"]["name"] = json!(format!("{name}-{}", field("name")));
+            }
+            apply_object(client, &object).await?;
+            installed += 1;
+        }
+    }
+    anyhow::ensure!(
+        installed == 2,
+        "the chart rendered {installed} explain-reader objects, not a Role and its binding"
+    );
+    Ok(())
+}
+
 /// What `wasmctrl rbac FILES… --service-account SA --name NAME` prints.
 async fn rbac_for(
     files: &[std::path::PathBuf],

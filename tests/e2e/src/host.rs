@@ -242,6 +242,17 @@ async fn admin_config() -> anyhow::Result<kube::Config> {
 /// Connection settings that authenticate as ServiceAccount `namespace/name` with a token
 /// the API server issues for it (TokenRequest), as a pod's mounted token does.
 pub async fn service_account_config(namespace: &str, name: &str) -> anyhow::Result<kube::Config> {
+    let token = service_account_token(namespace, name).await?;
+    let mut config = admin_config().await?;
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..kube::config::AuthInfo::default()
+    };
+    Ok(config)
+}
+
+/// A bearer token for ServiceAccount `namespace/name`, valid for an hour.
+pub async fn service_account_token(namespace: &str, name: &str) -> anyhow::Result<String> {
     use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
     let admin = TestEnv::get().client().await?;
@@ -253,17 +264,11 @@ pub async fn service_account_config(namespace: &str, name: &str) -> anyhow::Resu
         }),
         ..TokenRequest::default()
     };
-    let token = accounts
+    accounts
         .create_token_request(name, &kube::api::PostParams::default(), &request)
         .await
         .with_context(|| format!("requesting a token for ServiceAccount {namespace}/{name}"))?
         .status
         .and_then(|status| status.token)
-        .context("the TokenRequest has no token")?;
-    let mut config = admin_config().await?;
-    config.auth_info = kube::config::AuthInfo {
-        token: Some(token.into()),
-        ..kube::config::AuthInfo::default()
-    };
-    Ok(config)
+        .context("the TokenRequest has no token")
 }

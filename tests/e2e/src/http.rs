@@ -78,3 +78,23 @@ pub fn serve_plugins(token: Option<&'static str>) -> anyhow::Result<std::net::So
     });
     Ok(address)
 }
+
+/// `GET https://ADDRESS/PATH` with `token` as the bearer, accepting the host's self-signed
+/// certificate: the status and body.
+pub async fn https_get(
+    address: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()?;
+    let mut request = client.get(format!("https://{address}{path}"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    Ok((status, response.text().await?))
+}

@@ -18,9 +18,11 @@ mod policies;
 mod process;
 mod rbac;
 
-pub use chart::{CHART, apply_policy_rbac, documents, helm, install_chart_rbac, render};
-pub use host::{HostBuilder, HostUnderTest, client_as};
-pub use http::{http_get, serve_plugins};
+pub use chart::{
+    CHART, apply_policy_rbac, documents, helm, install_chart_rbac, install_explain_reader, render,
+};
+pub use host::{HostBuilder, HostUnderTest, client_as, service_account_token};
+pub use http::{http_get, https_get, serve_plugins};
 pub use kinds::{
     TEST_GROUP, myapp, myapp_policy_in, myapp_policy_spec, myapps, test_crd, widget, widget_test,
     widgets,
@@ -30,7 +32,7 @@ pub use objects::{
     wait_gone,
 };
 pub use policies::{apply_policy, delete_namespace, file_source, policies, test_namespace};
-pub use process::{SelfProcess, impersonating_kubeconfig, spawn_self};
+pub use process::{SelfProcess, impersonating_kubeconfig, spawn_self, token_kubeconfig};
 pub use rbac::{account_subject, bind_cluster_role, bind_role, service_account};
 pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};
 

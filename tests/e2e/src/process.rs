@@ -127,3 +127,21 @@ pub fn impersonating_kubeconfig(
     std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
     Ok(path)
 }
+
+/// A copy of the admin kubeconfig `admin` in `dir` whose user signs in with `token` instead
+/// (as a person with an OIDC or exec login would), named `name`.
+pub fn token_kubeconfig(
+    admin: &std::path::Path,
+    token: &str,
+    name: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    let admin = std::fs::read_to_string(admin)?;
+    let mut config: serde_json::Value = serde_yaml_ng::from_str(&admin)?;
+    for user in config["users"].as_array_mut().context("kubeconfig users")? {
+        user["user"] = serde_json::json!({"token": token});
+    }
+    let path = dir.join(format!("{name}.kubeconfig"));
+    std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
+    Ok(path)
+}

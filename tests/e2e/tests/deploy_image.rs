@@ -103,7 +103,7 @@ fn start_replica(
 
 async fn wait_ready(replica: &Replica) -> anyhow::Result<()> {
     eventually(&format!("{} ready", replica.name), ACT, || async {
-        Ok(http_get(replica.address, "/readyz").await.ok() == Some((200, "ok".into())))
+        Ok(https_get(replica.address, "/readyz", None).await.ok() == Some((200, "ok".into())))
     })
     .await
     .with_context(|| format!("{} printed:\n{}", replica.name, replica.container.output()))
@@ -198,6 +198,22 @@ async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow
     service_account_files(&sa_dir, &token, &api_server()?.2, &ns)?;
     std::fs::set_permissions(&sa_dir, std::fs::Permissions::from_mode(0o755))?;
     apply_policy(&client, TEST, TEST, spec).await?;
+    // A scraper holding the chart's metrics-reader ClusterRole, as Prometheus would.
+    wasmctrl_e2e::service_account(&client, &ns, "scraper").await?;
+    let bindings = Api::<kube::api::DynamicObject>::all_with(
+        client.clone(),
+        &resource("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
+    );
+    apply(
+        &bindings,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": format!("{ns}-scraper")},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": format!("{service_account}-metrics-reader")},
+               "subjects": [account_subject(&ns, "scraper")]}),
+    )
+    .await?;
+    let scraper = service_account_token(&ns, "scraper").await?;
 
     // Two replicas: one leads, both are ready, the leader converges a MyApp.
     let mut replicas = vec![
@@ -243,14 +259,17 @@ async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow
         .iter()
         .position(|r| r.name == leader)
         .context("leader")?;
-    let (_, metrics) = http_get(replicas[leader_at].address, "/metrics").await?;
+    let (status, _) = https_get(replicas[leader_at].address, "/metrics", None).await?;
+    assert_eq!(status, 401, "the image's listener checks who asks");
+    let (_, metrics) = https_get(replicas[leader_at].address, "/metrics", Some(&scraper)).await?;
     assert!(
         metrics.contains(&format!(
             r#"leader_election_master_status{{name="{LEASE}"}} 1"#
         )),
         "{metrics}"
     );
-    let (_, standby_metrics) = http_get(replicas[1 - leader_at].address, "/metrics").await?;
+    let (_, standby_metrics) =
+        https_get(replicas[1 - leader_at].address, "/metrics", Some(&scraper)).await?;
     assert!(
         standby_metrics.contains(&format!(
             r#"leader_election_master_status{{name="{LEASE}"}} 0"#

@@ -18,13 +18,36 @@ use wasmctrl::cli::{CasesDiffer, Cli, Command};
 use wasmctrl::explain::{
     Bounds, ChildAction, Explain, ExplainOptions, Record, RecordOptions, RecordResult,
 };
+use wasmctrl::server::Access;
+use wasmctrl::server::access::Reviewer;
 use wasmctrl_e2e::*;
 use wasmctrl_testenv::TestEnv;
 
-/// Serve the host's endpoints on all interfaces (the API server's pod proxy will not dial
-/// loopback) until the returned sender fires.
+/// Serve the host's endpoints to anyone over plain HTTP (`--insecure-listen`), on all
+/// interfaces, until the returned sender fires.
 async fn serve(
     host: &HostUnderTest,
+) -> anyhow::Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
+    serve_with(host, Access::Open).await
+}
+
+/// Serve the host's endpoints as `wasmctrl run` does by default: over TLS with a self-signed
+/// certificate, `/metrics` and `/explain` to callers the API server vouches for.
+async fn serve_checked(
+    host: &HostUnderTest,
+) -> anyhow::Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
+    let access = Access::Reviewed {
+        reviewer: Arc::new(Reviewer::new(TestEnv::get().client().await?)),
+        tls: wasmctrl::server::tls::server_config(None, &["localhost".to_owned()])?,
+    };
+    serve_with(host, access).await
+}
+
+/// Serve on all interfaces (the API server's pod proxy will not dial loopback) until the
+/// returned sender fires.
+async fn serve_with(
+    host: &HostUnderTest,
+    access: Access,
 ) -> anyhow::Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
     let listener = wasmctrl::server::bind("0.0.0.0:0".parse()?).await?;
     let address = listener.local_addr()?;
@@ -33,6 +56,7 @@ async fn serve(
         readiness: host.readiness.clone(),
         metrics: host.metrics.clone(),
         explain: host.explain.clone(),
+        access,
     };
     tokio::spawn(wasmctrl::server::serve(listener, endpoints, async move {
         let _ = stopped.await;
@@ -308,7 +332,7 @@ async fn stand_in_replica(
         "spec": {"nodeName": node_name,
                  "tolerations": [{"operator": "Exists"}],
                  "containers": [{"name": "wasmctrl", "image": "wasmctrl",
-                                 "ports": [{"name": "metrics", "containerPort": address.port()}]}]},
+                                 "ports": [{"name": "https", "containerPort": address.port()}]}]},
     }))?;
     pods.create(&PostParams::default(), &pod).await?;
     let ip = address.ip().to_string();
@@ -325,10 +349,31 @@ async fn stand_in_replica(
     let service: Service = serde_json::from_value(json!({
         "metadata": {"name": "wasmctrl-metrics"},
         "spec": {"selector": {"app.kubernetes.io/name": "wasmctrl"},
-                 "ports": [{"name": "metrics", "port": 8080, "targetPort": "metrics"}]},
+                 "ports": [{"name": "https", "port": 8443, "targetPort": "https"}]},
     }))?;
     services.create(&PostParams::default(), &service).await?;
     Ok(())
+}
+
+/// `wasmctrl explain` as `kubeconfig`'s user, through the API server's pod proxy.
+async fn explain_through_api_server(
+    parent: &str,
+    ns: &str,
+    kubeconfig: &Path,
+    extra: &[&str],
+) -> anyhow::Result<String> {
+    let service = format!("{ns}/wasmctrl-metrics");
+    let mut args = vec![
+        parent,
+        "-n",
+        ns,
+        "--service",
+        &service,
+        "--kubeconfig",
+        path(kubeconfig),
+    ];
+    args.extend_from_slice(extra);
+    explain(&args).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -336,25 +381,34 @@ async fn a_failing_reconcile_is_explained_through_the_api_server() -> anyhow::Re
     const TEST: &str = "explain-failure";
     let (client, ns) = widget_test(TEST, json!({"behavior": "permanent"})).await?;
     let host = HostUnderTest::builder(TEST, &ns).start().await?;
-    let (address, _stop) = serve(&host).await?;
+    let (address, _stop) = serve_checked(&host).await?;
     apply(&widgets(&client, &ns), widget("broken", None)).await?;
 
     let replica = SocketAddr::new(routable_address()?, address.port());
     stand_in_replica(&client, &ns, replica).await?;
-    let kubeconfig = TestEnv::get().kubeconfig().to_string_lossy().into_owned();
-    let service = format!("{ns}/wasmctrl-metrics");
+    // Two people who hold the chart's explain-reader role; only one may read widgets.
+    let dir = tempfile::tempdir()?;
+    let admin = TestEnv::get().kubeconfig().to_path_buf();
+    let mut kubeconfigs = Vec::new();
+    for person in ["reader", "stranger"] {
+        service_account(&client, &ns, person).await?;
+        install_explain_reader(&client, "wasmctrl", &ns, &account_subject(&ns, person)).await?;
+        let token = service_account_token(&ns, person).await?;
+        kubeconfigs.push(token_kubeconfig(&admin, &token, person, dir.path())?);
+    }
+    bind_role(
+        &client,
+        &ns,
+        "read-widgets",
+        json!([{"apiGroups": ["e2e.wasmctrl.dev"], "resources": ["widgets"], "verbs": ["get"]}]),
+        account_subject(&ns, "reader"),
+    )
+    .await?;
+    let (reader, stranger) = (&kubeconfigs[0], &kubeconfigs[1]);
+
     let started = Instant::now();
     let text = loop {
-        let args = [
-            "widget/broken",
-            "-n",
-            &ns,
-            "--service",
-            &service,
-            "--kubeconfig",
-            &kubeconfig,
-        ];
-        match explain(&args).await {
+        match explain_through_api_server("widget/broken", &ns, reader, &[]).await {
             Ok(text) if text.contains("Failed") => break text,
             other => {
                 anyhow::ensure!(
@@ -375,17 +429,12 @@ async fn a_failing_reconcile_is_explained_through_the_api_server() -> anyhow::Re
         "the Event: {text}"
     );
 
-    let yaml = explain(&[
+    let yaml = explain_through_api_server(
         "widgets.e2e.wasmctrl.dev/broken",
-        "-n",
         &ns,
-        "--service",
-        &service,
-        "--kubeconfig",
-        &kubeconfig,
-        "-o",
-        "yaml",
-    ])
+        reader,
+        &["-o", "yaml"],
+    )
     .await?;
     let records: Vec<Value> = serde_yaml_ng::from_str(&yaml)?;
     assert_eq!(records[0]["result"], "Failed");
@@ -393,10 +442,115 @@ async fn a_failing_reconcile_is_explained_through_the_api_server() -> anyhow::Re
         records[0]["case"]["recorded"]["error"]["outcome"],
         "reported_error"
     );
+
+    // Reaching the host is not enough: the host asks whether the caller may get the parent.
+    let refused = explain_through_api_server("widget/broken", &ns, stranger, &[]).await;
+    let message = format!("{:#}", refused.expect_err("refused"));
+    assert!(
+        message.contains(&format!(
+            "system:serviceaccount:{ns}:stranger may not get widgets.e2e.wasmctrl.dev broken in namespace {ns}"
+        )),
+        "{message}"
+    );
+    assert!(!message.contains("can never work"), "{message}");
+    // A user who signs in with a client certificate has no token the host could review.
+    let refused = explain_through_api_server("widget/broken", &ns, &admin, &[]).await;
+    let message = format!("{:#}", refused.expect_err("refused"));
+    assert!(message.contains("client certificate"), "{message}");
+
     let nodes: kube::Api<Node> = kube::Api::all(client.clone());
     nodes
         .delete(&format!("explain-{ns}"), &Default::default())
         .await?;
+    host.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_answers_only_callers_the_api_server_vouches_for() -> anyhow::Result<()> {
+    const TEST: &str = "explain-access";
+    let (client, ns) = widget_test(TEST, json!({"behavior": "permanent"})).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let (address, _stop) = serve_checked(&host).await?;
+    apply(&widgets(&client, &ns), widget("broken", None)).await?;
+    for account in ["reader", "stranger", "scraper"] {
+        service_account(&client, &ns, account).await?;
+    }
+    bind_role(
+        &client,
+        &ns,
+        "read-widgets",
+        json!([{"apiGroups": ["e2e.wasmctrl.dev"], "resources": ["widgets"], "verbs": ["get"]}]),
+        account_subject(&ns, "reader"),
+    )
+    .await?;
+    // What the chart's metrics-reader ClusterRole grants a scraper.
+    bind_cluster_role(
+        &client,
+        &format!("{ns}-metrics-reader"),
+        json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]),
+        account_subject(&ns, "scraper"),
+    )
+    .await?;
+    let reader = service_account_token(&ns, "reader").await?;
+    let stranger = service_account_token(&ns, "stranger").await?;
+    let scraper = service_account_token(&ns, "scraper").await?;
+
+    let query = format!("/explain?kind=widget&namespace={ns}&name=broken");
+    let started = Instant::now();
+    let records = loop {
+        let (status, body) = https_get(address, &query, Some(&reader)).await?;
+        if status == 200 {
+            break body;
+        }
+        anyhow::ensure!(
+            started.elapsed() < ACT,
+            "no record for the reader: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(records.contains("broken can never work"), "{records}");
+
+    for token in [None, Some("not-a-token")] {
+        let (status, body) = https_get(address, &query, token).await?;
+        assert_eq!(status, 401, "{token:?}: {body}");
+        assert_eq!(https_get(address, "/metrics", token).await?.0, 401);
+    }
+    let (status, body) = https_get(address, &query, Some(&stranger)).await?;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains(&format!(
+            "may not get widgets.e2e.wasmctrl.dev broken in namespace {ns}"
+        )),
+        "{body}"
+    );
+    assert!(
+        !body.contains("can never work") && !body.contains("records"),
+        "nothing of the record in a refusal: {body}"
+    );
+
+    let (status, body) = https_get(address, "/metrics", Some(&reader)).await?;
+    assert_eq!(
+        status, 403,
+        "reading a parent is not reading metrics: {body}"
+    );
+    let (status, metrics) = https_get(address, "/metrics", Some(&scraper)).await?;
+    assert_eq!(status, 200, "{metrics}");
+    assert!(metrics.contains("wasmctrl_reconcile"), "{metrics}");
+    let (status, body) = https_get(address, &query, Some(&scraper)).await?;
+    assert_eq!(
+        status, 403,
+        "reading metrics is not reading parents: {body}"
+    );
+
+    // The kubelet's probes need no token.
+    assert_eq!(https_get(address, "/healthz", None).await?.0, 200);
+    assert_eq!(https_get(address, "/readyz", None).await?.0, 200);
+    // And nothing is served in clear text on the secure port.
+    let local = SocketAddr::from(([127, 0, 0, 1], address.port()));
+    assert!(
+        !matches!(http_get(local, "/metrics").await, Ok((200, _))),
+        "plain HTTP answered"
+    );
     host.stop().await
 }
 

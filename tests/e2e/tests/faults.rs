@@ -210,7 +210,7 @@ fn replica_process_for(
         &kubeconfig.to_string_lossy(),
         "--policy-selector",
         &format!("{TEST_LABEL}={test}"),
-        "--listen",
+        "--insecure-listen",
         &listen.to_string(),
         "--max-concurrent-calls",
         "16",

@@ -23,6 +23,7 @@ async fn serve(
         explain: Arc::new(wasmctrl::explain::Explain::in_memory(
             wasmctrl::explain::ExplainOptions::default().bounds,
         )),
+        access: wasmctrl::server::Access::Open,
     };
     tokio::spawn(wasmctrl::server::serve(listener, endpoints, async move {
         let _ = stopped.await;

@@ -47,7 +47,7 @@ impl Replica {
             ns,
             "--policy-selector",
             &format!("{TEST_LABEL}={TEST}"),
-            "--listen",
+            "--insecure-listen",
             &address.to_string(),
             "--leader-elect",
             "--leader-elect-namespace",

@@ -27,6 +27,7 @@ use kube::runtime::reflector::Store;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::case::Redaction;
 use crate::controller::cache::cached::CachedObject;
 use crate::controller::cache::related::RelatedBy;
 use crate::controller::kinds::ResolvedKind;
@@ -280,6 +281,7 @@ fn policy_context(
         prune_guard: Arc::new(starting_prune_guard(policy, parts.plugin.digest())),
         outcomes: Outcomes::new(options.backoff_base, options.backoff_max),
         explain: options.explain.clone(),
+        redaction: Arc::new(Redaction::of_policy(spec, options.explain.secret_data)),
     }
 }
 

@@ -53,6 +53,8 @@ pub(crate) struct PolicyContext {
     pub outcomes: Outcomes,
     /// Where each reconcile leaves its record.
     pub explain: Arc<crate::explain::Explain>,
+    /// What records and cases must not show.
+    pub redaction: Arc<crate::case::Redaction>,
 }
 
 /// The caches of a policy's children and related objects.

@@ -74,7 +74,7 @@ pub(crate) async fn reconcile(
     let identity = ParentIdentity::of(&parent, &ctx.parent);
     let window = ctx.prune_guard.epoch();
     let (result, mut trace): (Result<Done, ReconcileError>, Trace) = async {
-        let trace = Trace::new(ctx.explain.wanted());
+        let trace = Trace::new(ctx.explain.wanted(), ctx.redaction.clone());
         match &identity {
             Ok(identity) => {
                 let reconcile = Reconcile::new(&parent, identity, &ctx, trace);

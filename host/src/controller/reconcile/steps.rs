@@ -284,7 +284,7 @@ impl<'a> Reconcile<'a> {
         let ctx = self.ctx;
         let related = request::related(self.parent, self.identity, &ctx.caches.related).await?;
         let request = request::build(self.parent, observed, related, serving, finalizing);
-        lock(&self.trace).asked(&request, *serving.plugin.digest(), ctx.explain.secret_data);
+        lock(&self.trace).asked(&request, *serving.plugin.digest());
         Ok(request)
     }
 
@@ -295,7 +295,7 @@ impl<'a> Reconcile<'a> {
         request: ReconcileRequest,
     ) -> Result<ReconcileResponse, CallError> {
         let answer = self.call_plugin(plugin, request).await;
-        lock(&self.trace).answered(&answer, &self.ctx.policy, self.ctx.explain.secret_data);
+        lock(&self.trace).answered(&answer, &self.ctx.policy);
         answer
     }
 

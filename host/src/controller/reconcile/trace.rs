@@ -3,13 +3,14 @@
 //! [`explain::Record`](crate::explain::Record) in the host's store, and a case file when the
 //! recorder samples it. A host that keeps no records builds none of this.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::core::DynamicObject;
 use kube::runtime::events::EventType;
 use serde_json::Value;
 
-use crate::case::{Case, Recorded, RecordedError, RunOutput, redact_secret};
+use crate::case::{Case, Recorded, RecordedError, Redaction, RunOutput};
 use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::error::ReconcileError;
 use crate::explain::{
@@ -31,14 +32,17 @@ pub(crate) struct Trace {
     case: Option<Case>,
     plugin: Option<Digest>,
     shadow: Option<String>,
+    /// What the record must not show.
+    redaction: Arc<Redaction>,
 }
 
 impl Trace {
-    /// A trace that records only if `enabled`.
-    pub fn new(enabled: bool) -> Self {
+    /// A trace that records only if `enabled`, with what `redaction` names redacted.
+    pub fn new(enabled: bool, redaction: Arc<Redaction>) -> Self {
         let now = Instant::now();
         Self {
             enabled,
+            redaction,
             at: jiff::Timestamp::now(),
             started: now,
             lap: now,
@@ -65,33 +69,34 @@ impl Trace {
     }
 
     /// The plugin `plugin` is asked `request`.
-    pub fn asked(&mut self, request: &ReconcileRequest, plugin: Digest, secret_data: bool) {
+    pub fn asked(&mut self, request: &ReconcileRequest, plugin: Digest) {
         if self.enabled {
-            self.case = Some(Case::of(request, secret_data));
+            self.case = Some(Case::of(request, &self.redaction));
             self.plugin = Some(plugin);
         }
     }
 
     /// The plugin answered.
-    pub fn answered(
-        &mut self,
-        answer: &Result<ReconcileResponse, CallError>,
-        policy: &str,
-        secret_data: bool,
-    ) {
+    pub fn answered(&mut self, answer: &Result<ReconcileResponse, CallError>, policy: &str) {
         let (Some(case), Some(plugin)) = (&mut self.case, self.plugin) else {
             return;
         };
+        let redaction = &self.redaction;
         let (response, error) = match answer {
             Ok(response) => {
                 let mut output = RunOutput::from(response.clone());
-                if !secret_data {
-                    for child in &mut output.children {
-                        let mut value = Value::Object(std::mem::take(child));
-                        redact_secret(&mut value);
-                        if let Value::Object(object) = value {
-                            *child = object;
-                        }
+                for child in &mut output.children {
+                    let mut value = Value::Object(std::mem::take(child));
+                    redaction.object(&mut value);
+                    if let Value::Object(object) = value {
+                        *child = object;
+                    }
+                }
+                if let Some(status) = &mut output.status {
+                    let mut value = Value::Object(std::mem::take(status));
+                    redaction.status(&mut value);
+                    if let Value::Object(object) = value {
+                        *status = object;
                     }
                 }
                 (Some(output), None)
@@ -132,10 +137,9 @@ impl Trace {
     /// The status as desired, and whether it was written.
     pub fn status(&mut self, status: &Value, written: bool) {
         if self.enabled {
-            self.status = Some(StatusRecord {
-                written,
-                status: status.clone(),
-            });
+            let mut status = status.clone();
+            self.redaction.status(&mut status);
+            self.status = Some(StatusRecord { written, status });
         }
     }
 

@@ -1,0 +1,278 @@
+//! The listener's TLS: the certificate and key from files (a Secret the chart mounts, e.g.
+//! one cert-manager issues and renews; re-read when they change) or, without files, a
+//! self-signed certificate made at start, as controller-runtime's secure metrics serving
+//! does. Scrapers and `wasmctrl explain` reach the host through the API server or with
+//! `insecureSkipVerify`, so a self-signed certificate costs them nothing; what it buys is
+//! that a bearer token never crosses the network in clear text.
+//!
+//! Handshakes run beside the accept loop, each with a deadline and under a bound, so a
+//! client that stalls in its handshake holds up no other.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context as _;
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_rustls::server::TlsStream;
+
+/// How long a client may take over its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in flight at once; more wait for a slot.
+const MAX_HANDSHAKES: usize = 64;
+/// How often the certificate files are looked at for a change.
+const RELOAD_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A certificate and its private key, PEM files.
+#[derive(Debug, Clone)]
+pub struct CertificateFiles {
+    /// The certificate chain, leaf first (`tls.crt`).
+    pub certificate: PathBuf,
+    /// The private key (`tls.key`).
+    pub key: PathBuf,
+}
+
+/// The server side of the listener's TLS: `files` when given, else a self-signed certificate
+/// for `names` (DNS names or IP addresses).
+pub fn server_config(
+    files: Option<CertificateFiles>,
+    names: &[String],
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    ensure_crypto_provider();
+    let resolver: Arc<dyn ResolvesServerCert> = match files {
+        Some(files) => Arc::new(FromFiles::load(files)?),
+        None => Arc::new(Fixed(Arc::new(self_signed(names)?))),
+    };
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A self-signed certificate for `names`, valid from now for a year (a pod lives far less).
+fn self_signed(names: &[String]) -> anyhow::Result<CertifiedKey> {
+    let mut names = names.to_vec();
+    if names.is_empty() {
+        names.push("localhost".to_owned());
+    }
+    let generated = rcgen::generate_simple_self_signed(names)
+        .context("making the listener's self-signed certificate")?;
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        generated.signing_key.serialize_der(),
+    ));
+    certified(vec![generated.cert.der().clone()], &key)
+}
+
+fn certified(
+    chain: Vec<CertificateDer<'static>>,
+    key: &PrivateKeyDer<'_>,
+) -> anyhow::Result<CertifiedKey> {
+    let signing = rustls::crypto::ring::sign::any_supported_type(key)
+        .context("the private key is not of a supported type (RSA, ECDSA or Ed25519)")?;
+    Ok(CertifiedKey::new(chain, signing))
+}
+
+/// One certificate, for every client.
+#[derive(Debug)]
+struct Fixed(Arc<CertifiedKey>);
+
+impl ResolvesServerCert for Fixed {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+}
+
+/// The certificate in `files`, read again when they change (a renewed Secret), at most every
+/// [`RELOAD_INTERVAL`]. A change that does not load keeps the last good certificate.
+#[derive(Debug)]
+struct FromFiles {
+    files: CertificateFiles,
+    current: ArcSwap<CertifiedKey>,
+    /// When the files were last looked at, and their modification times then.
+    seen: Mutex<(Instant, Option<SystemTime>)>,
+}
+
+impl FromFiles {
+    fn load(files: CertificateFiles) -> anyhow::Result<Self> {
+        let key = read_pair(&files)?;
+        let modified = modified(&files);
+        Ok(Self {
+            files,
+            current: ArcSwap::from_pointee(key),
+            seen: Mutex::new((Instant::now(), modified)),
+        })
+    }
+
+    fn reload_if_changed(&self) {
+        let mut seen = match self.seen.lock() {
+            Ok(seen) => seen,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if seen.0.elapsed() < RELOAD_INTERVAL {
+            return;
+        }
+        let modified = modified(&self.files);
+        *seen = (Instant::now(), seen.1);
+        if modified == seen.1 {
+            return;
+        }
+        match read_pair(&self.files) {
+            Ok(key) => {
+                self.current.store(Arc::new(key));
+                seen.1 = modified;
+                tracing::info!(certificate = %self.files.certificate.display(), "the listener's certificate changed; serving the new one");
+            }
+            Err(error) => tracing::warn!(
+                error = format!("{error:#}"),
+                "the listener's certificate files changed but do not load; keeping the last good one"
+            ),
+        }
+    }
+}
+
+impl ResolvesServerCert for FromFiles {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.reload_if_changed();
+        Some(self.current.load_full())
+    }
+}
+
+/// The later of the two files' modification times (a Secret update swaps both).
+fn modified(files: &CertificateFiles) -> Option<SystemTime> {
+    let time = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    time(&files.certificate).max(time(&files.key))
+}
+
+fn read_pair(files: &CertificateFiles) -> anyhow::Result<CertifiedKey> {
+    let chain = CertificateDer::pem_file_iter(&files.certificate)
+        .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
+        .with_context(|| {
+            format!(
+                "reading the certificate {} (--tls-cert-file)",
+                files.certificate.display()
+            )
+        })?;
+    anyhow::ensure!(
+        !chain.is_empty(),
+        "{} holds no certificate (--tls-cert-file)",
+        files.certificate.display()
+    );
+    let key = PrivateKeyDer::from_pem_file(&files.key).with_context(|| {
+        format!(
+            "reading the private key {} (--tls-key-file)",
+            files.key.display()
+        )
+    })?;
+    certified(chain, &key).with_context(|| format!("loading {}", files.key.display()))
+}
+
+pub(crate) fn ensure_crypto_provider() {
+    // Another part of the host may have installed it first; either is the same provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A listener that hands axum connections whose TLS handshake has completed.
+pub struct TlsListener {
+    local: SocketAddr,
+    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    /// Accept on `tcp`, shaking hands with `config`.
+    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        let local = tcp.local_addr()?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let (send, accepted) = mpsc::channel(MAX_HANDSHAKES);
+        let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        let accepting = tokio::spawn(async move {
+            loop {
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                let (stream, peer) = match tcp.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        // Out of file descriptors and the like: wait, as axum's own loop does.
+                        tracing::debug!(%error, "accepting a connection");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let acceptor = acceptor.clone();
+                let send = send.clone();
+                tokio::spawn(async move {
+                    let _slot = slot;
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = send.send((tls, peer)).await;
+                        }
+                        Ok(Err(error)) => {
+                            tracing::debug!(%peer, %error, "a TLS handshake failed");
+                        }
+                        Err(_) => tracing::debug!(%peer, "a TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            local,
+            accepted,
+            accepting,
+        })
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.accepted.recv().await {
+            Some(connection) => connection,
+            // The accept loop ended (its task was aborted): nothing will come.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_pair_from_files_loads_and_a_broken_one_is_named() {
+        let dir = tempfile::tempdir().expect("dir");
+        let generated =
+            rcgen::generate_simple_self_signed(vec!["wasmctrl".to_owned()]).expect("cert");
+        let files = CertificateFiles {
+            certificate: dir.path().join("tls.crt"),
+            key: dir.path().join("tls.key"),
+        };
+        std::fs::write(&files.certificate, generated.cert.pem()).expect("write");
+        std::fs::write(&files.key, generated.signing_key.serialize_pem()).expect("write");
+        server_config(Some(files.clone()), &[]).expect("loads");
+
+        std::fs::write(&files.key, "not a key").expect("write");
+        let error = server_config(Some(files), &[]).expect_err("refused");
+        assert!(format!("{error:#}").contains("tls.key"), "{error:#}");
+    }
+}
