@@ -151,7 +151,7 @@ pub fn assemble(binary: &Path, out: &Path) -> anyhow::Result<Image> {
             "Cmd": ["run"],
             "Env": [format!("WASMCTRL_CACHE_DIR={CACHE_DIR}"), "PATH=/usr/local/bin".to_owned()],
             "WorkingDir": "/",
-            "ExposedPorts": {"8080/tcp": {}},
+            "ExposedPorts": {"8443/tcp": {}},
             "Labels": {
                 "org.opencontainers.image.title": "wasmctrl",
                 "org.opencontainers.image.source": "https://github.com/wasmctrl/wasmctrl",
