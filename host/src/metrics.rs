@@ -128,6 +128,7 @@ pub struct Metrics {
     child_operations: Family<ChildLabels, Counter>,
     events_dropped: Family<ControllerLabels, Counter>,
     prune_held: Family<ControllerLabels, Gauge>,
+    related_cache: Family<ControllerLabels, Gauge>,
     controller_restarts: Family<ControllerLabels, Counter>,
     explain_bytes: Gauge,
     explain_records: Gauge,
@@ -194,6 +195,7 @@ impl Metrics {
             child_operations: Family::default(),
             events_dropped: Family::default(),
             prune_held: Family::default(),
+            related_cache: Family::default(),
             controller_restarts: Family::default(),
             explain_bytes: Gauge::default(),
             explain_records: Gauge::default(),
@@ -301,6 +303,12 @@ impl Metrics {
             "wasmctrl_prune_held",
             "Child deletions the prune guard holds per policy, until an admin confirms the change or rolls it back",
             metrics.prune_held.clone(),
+        );
+        registry.register_with_unit(
+            "wasmctrl_related_cache",
+            "Memory held by the related objects read by name per policy (at most 16 MiB per related kind)",
+            Unit::Bytes,
+            metrics.related_cache.clone(),
         );
         registry.register(
             "wasmctrl_controller_restarts",
@@ -445,6 +453,7 @@ impl Metrics {
         self.plugin_call_time.remove(&controller);
         self.events_dropped.remove(&controller);
         self.prune_held.remove(&controller);
+        self.related_cache.remove(&controller);
         self.controller_restarts.remove(&controller);
         self.queue_depth.remove(&queue);
         self.queue_adds.remove(&queue);
@@ -545,6 +554,7 @@ struct PolicySeries {
     retries: OnceLock<Counter>,
     plugin_call_time: OnceLock<Histogram>,
     events_dropped: OnceLock<Counter>,
+    related_cache: OnceLock<Gauge>,
     /// Per call outcome, in the order of [`PLUGIN_OUTCOMES`].
     plugin_calls: [OnceLock<Counter>; PLUGIN_OUTCOMES.len()],
     /// Per child kind, per operation (in [`ChildOperation`]'s order).
@@ -723,6 +733,21 @@ impl PolicyMetrics {
         .inc_by(count);
     }
 
+    /// The related objects a policy's kind read by name went from `before` to `after` bytes
+    /// (each kind reports its own changes; the series is their sum).
+    pub fn related_cache_changed(&self, before: usize, after: usize) {
+        if before == after {
+            return;
+        }
+        let delta = |bytes: usize| i64::try_from(bytes).unwrap_or(i64::MAX);
+        first_use(
+            &self.series.related_cache,
+            &self.metrics.related_cache,
+            || self.controller(),
+        )
+        .inc_by(delta(after) - delta(before));
+    }
+
     /// A hot swap ended with `result`.
     pub fn swapped(&self, result: &str) {
         self.metrics.plugin_swapped(&self.policy, result);
@@ -811,6 +836,10 @@ mod tests {
         p.clone().children("ConfigMap", ChildOperation::Applied, 1);
         p.children("ConfigMap", ChildOperation::Unchanged, 0);
         p.plugin_called("ok", Duration::from_micros(40));
+        // Two related kinds of one policy report into one series.
+        p.related_cache_changed(0, 300);
+        p.clone().related_cache_changed(0, 200);
+        p.related_cache_changed(300, 100);
         assert!(
             !metrics
                 .encode()
@@ -826,6 +855,7 @@ mod tests {
             r#"wasmctrl_child_operations_total{controller="p",kind="ConfigMap",operation="applied"} 2"#,
             r#"wasmctrl_plugin_calls_total{controller="p",outcome="ok"} 1"#,
             r#"wasmctrl_plugin_call_duration_seconds_count{controller="p"} 1"#,
+            r#"wasmctrl_related_cache_bytes{controller="p"} 300"#,
         ] {
             assert!(text.contains(series), "{series} missing from\n{text}");
         }
@@ -877,6 +907,7 @@ mod tests {
             p.children("Secret", ChildOperation::Pruned, 1);
             p.events_dropped(1);
             p.set_prune_held(3);
+            p.related_cache_changed(0, 100);
             p.set_active_plugin(Some("sha256:aa"));
             p.swapped("swapped");
             metrics.plugin_loaded(name, "ok");

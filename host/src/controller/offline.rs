@@ -16,7 +16,7 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::Value;
 
 use crate::controller::cache::cached::CachedObject;
-use crate::controller::cache::related::RelatedBy;
+use crate::controller::cache::related::{self, RelatedBy, RelatedBytes};
 use crate::controller::labels;
 use crate::controller::reconcile::children::{self, AllowedKind, InvalidChild};
 use crate::controller::reconcile::parent::ParentIdentity;
@@ -38,6 +38,10 @@ pub enum OfflineError {
     /// A child or related object given is not a Kubernetes object.
     #[error("{0}")]
     Object(String),
+    /// The parent asks for more related objects than one request may carry, as a reconcile
+    /// in the cluster would refuse it.
+    #[error("{0}")]
+    RelatedTooLarge(String),
     /// The plugin's children are refused, as a reconcile in the cluster would refuse them.
     #[error("the host would refuse the plugin's children: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     InvalidChildren(Vec<InvalidChild>),
@@ -149,6 +153,13 @@ impl OfflinePolicy {
         finalizing: bool,
     ) -> Result<OfflineRequest, OfflineError> {
         let identity = self.parent(parent)?;
+        let too_large = |limit| OfflineError::RelatedTooLarge(format!("{identity}: {limit}"));
+        for (spec, by) in self.spec.related.iter().zip(&self.related) {
+            if let RelatedBy::Name(path) = by {
+                related::within_name_limit(&spec.kind, path, path.names(parent))
+                    .map_err(too_large)?;
+            }
+        }
         let mut left_out = Vec::new();
         let mut kept_children = Vec::new();
         for child in children {
@@ -213,11 +224,16 @@ impl OfflinePolicy {
             .to_dynamic();
         let parent = serde_json::to_string(&parent)
             .map_err(|e| OfflineError::Parent(format!("the parent does not serialize: {e}")))?;
+        let related = shown(kept_related);
+        let mut bytes = RelatedBytes::default();
+        for object in &related {
+            bytes.take(object).map_err(too_large)?;
+        }
         Ok(OfflineRequest {
             request: ReconcileRequest {
                 parent,
                 children: shown(kept_children),
-                related: shown(kept_related),
+                related,
                 config,
                 finalizing,
             },
@@ -404,9 +420,14 @@ mod tests {
         let identity = ParentIdentity::of(&cached_parent, &testing::myapps())
             .unwrap_or_else(|e| panic!("{e}"));
         let observed = request::observed_children(&identity, &child_caches);
-        let related = request::related(&cached_parent, &identity, &related_caches)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let related = request::related(
+            &cached_parent,
+            &identity,
+            &related_caches,
+            RelatedBytes::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         let serving = testing::serving(r#"{"greeting":"hi"}"#);
         let live = request::build(&cached_parent, &observed, related, &serving, false);
 
@@ -437,5 +458,39 @@ mod tests {
             }
         }
         assert_eq!(offline.left_out.len(), 4, "{:?}", offline.left_out);
+    }
+
+    #[test]
+    fn an_offline_run_refuses_a_parent_naming_more_objects_than_a_reconcile_reads() {
+        let spec: ReconcilePolicySpec = serde_json::from_value(json!({
+            "parent": {"apiVersion": "example.com/v1", "kind": "MyApp"},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+            "related": [{"apiVersion": "v1", "kind": "Secret", "nameFrom": "spec.secrets"}],
+            "plugin": {"source": {"file": {"path": "/p.wasm"}}},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let policy =
+            OfflinePolicy::new("p", spec, |_, _| Some(true)).unwrap_or_else(|e| panic!("{e}"));
+        let parent = |count: usize| {
+            let secrets: Vec<String> = (0..count).map(|i| format!("s{i}")).collect();
+            json!({
+                "apiVersion": "example.com/v1", "kind": "MyApp",
+                "metadata": {"name": "web", "namespace": "a", "uid": "uid-web"},
+                "spec": {"secrets": secrets},
+            })
+        };
+        let limit = related::MAX_NAMES_PER_FIELD;
+        assert!(
+            policy
+                .request(&parent(limit), vec![], vec![], None, false)
+                .is_ok()
+        );
+        let refused = policy.request(&parent(limit + 1), vec![], vec![], None, false);
+        assert!(
+            matches!(&refused, Err(OfflineError::RelatedTooLarge(message))
+                if message.starts_with("MyApp a/web: its spec.secrets names 65 Secret objects")),
+            "{:?}",
+            refused.err().map(|e| e.to_string())
+        );
     }
 }

@@ -2,7 +2,9 @@
 
 pub(crate) mod cached;
 pub(crate) mod field_ownership;
+pub(crate) mod named_objects;
 pub(crate) mod pending_writes;
+pub(crate) mod read_cache;
 pub(crate) mod related;
 pub(crate) mod store_index;
 pub(crate) mod stores;

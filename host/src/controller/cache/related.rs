@@ -1,23 +1,28 @@
 //! How a policy chooses the related objects a plugin reads: every object of the kind in the
 //! parent's namespace, those a label selector matches, or (`nameFrom`) only the objects a
-//! field of the parent names — "the Secret named in `spec.databaseSecret`".
+//! field of the parent names — "the Secret named in `spec.databaseSecret`" (read on demand:
+//! `named_objects`).
 //!
-//! Chosen by name, the host holds no object it was not asked for: it watches the kind's
-//! metadata only (what exists, at which resourceVersion: enough to trigger the parents that
-//! name a changed object), and reads a named object itself the first time a reconcile needs
-//! it, keeping it until its resourceVersion moves. A namespace full of Secrets costs a few
-//! hundred bytes each, and only the named ones' values are ever read or sent.
+//! And how much one parent may make the host read and send: a parent's author decides what
+//! it names, so without a bound a parent naming hundreds of large objects would have the host
+//! fetch, hold and copy each into every request. One field names at most
+//! [`MAX_NAMES_PER_FIELD`] objects, and one request carries at most [`MAX_RELATED_BYTES`] of
+//! related objects; past either the reconcile fails ([`RelatedLimit`]) before anything is
+//! written.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-use kube::api::Api;
-use kube::core::{ApiResource, DynamicObject, PartialObjectMeta, Selector, TypeMeta};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, ResourceExt as _};
+use kube::core::{DynamicObject, Selector};
 use serde_json::Value;
 
+use crate::plugin::ObservedObject;
 use crate::policy::RelatedSpec;
+
+/// Most objects one field of a parent may name. Each is read (once per version) and sent to
+/// the plugin on every reconcile; a parent that names more fails with [`RelatedLimit`].
+pub(crate) const MAX_NAMES_PER_FIELD: usize = 64;
+
+/// Most bytes of related objects (their JSON, summed) one request may carry. Every byte is
+/// copied into the request and into the plugin's memory on every reconcile of the parent.
+pub(crate) const MAX_RELATED_BYTES: usize = 8 << 20;
 
 /// How the related objects of one kind are chosen.
 #[derive(Debug, Clone)]
@@ -146,8 +151,26 @@ pub(crate) fn reference_key(position: usize, namespace: Option<&str>, name: &str
     format!("{position}/{}/{name}", namespace.unwrap_or_default())
 }
 
+/// The object a [`reference_key`] of related kind `position` stands for (`None` for a key
+/// of another kind): its namespace (none for a cluster-scoped kind) and name.
+pub(crate) fn referenced_object(
+    key: &str,
+    position: usize,
+    namespaced: bool,
+) -> Option<(Option<String>, String)> {
+    let (at, rest) = key.split_once('/')?;
+    if at.parse::<usize>().ok()? != position {
+        return None;
+    }
+    let (namespace, name) = rest.split_once('/')?;
+    let namespace = Some(namespace.to_owned()).filter(|ns| namespaced && !ns.is_empty());
+    Some((namespace, name.to_owned()))
+}
+
 /// The index keys of a parent: one per object it names through each by-name related kind
-/// (`position`, path, whether the kind is namespaced).
+/// (`position`, path, whether the kind is namespaced). A field naming more than
+/// [`MAX_NAMES_PER_FIELD`] adds none: its reconcile fails until the parent changes, which
+/// no change to a named object can help, and the index stays as small as the cap.
 pub(crate) fn parent_reference_keys(
     references: &[(usize, FieldPath, bool)],
     parent: &DynamicObject,
@@ -157,145 +180,88 @@ pub(crate) fn parent_reference_keys(
         .iter()
         .flat_map(|(position, path, namespaced)| {
             let namespace = namespace.filter(|_| *namespaced);
-            path.names_in(parent)
+            let mut names = path.names_in(parent);
+            if names.len() > MAX_NAMES_PER_FIELD {
+                names.clear();
+            }
+            names
                 .into_iter()
                 .map(move |name| reference_key(*position, namespace, &name))
         })
         .collect()
 }
 
-/// A read of a named object failed (not: the object does not exist).
+/// `names` (of `kind`, held at `path`), unless there are more than [`MAX_NAMES_PER_FIELD`].
+pub(crate) fn within_name_limit(
+    kind: &str,
+    path: &FieldPath,
+    names: Vec<String>,
+) -> Result<Vec<String>, RelatedLimit> {
+    if names.len() > MAX_NAMES_PER_FIELD {
+        return Err(RelatedLimit::TooManyNames {
+            kind: kind.to_owned(),
+            path: path.to_string(),
+            count: names.len(),
+        });
+    }
+    Ok(names)
+}
+
+/// A parent asks for more related objects than one request may carry. Retrying cannot help
+/// until the parent (or, for the bytes, a related object) changes.
 #[derive(Debug, thiserror::Error)]
-#[error("reading {kind} {name:?} (named by the parent's {path}): {source}")]
-pub(crate) struct ReadError {
-    kind: String,
-    name: String,
-    path: String,
-    #[source]
-    source: kube::Error,
-}
-
-/// An object's namespace (none for a cluster-scoped kind) and name.
-type ObjectKey = (Option<String>, String);
-
-/// The objects of one related kind that parents name: which exist (a metadata-only watch),
-/// and the ones read so far.
-pub(crate) struct NamedObjects {
-    pub path: FieldPath,
-    resource: ApiResource,
-    namespaced: bool,
-    client: Client,
-    metadata: Store<PartialObjectMeta<DynamicObject>>,
-    /// Objects read, by namespace and name; each is current while its resourceVersion is
-    /// the one the metadata watch shows.
-    read: Mutex<HashMap<ObjectKey, Arc<DynamicObject>>>,
-}
-
-impl NamedObjects {
-    /// Objects of `resource` chosen by `path`, whose existence `metadata` tracks.
-    pub fn new(
-        path: FieldPath,
-        resource: ApiResource,
-        namespaced: bool,
-        client: Client,
-        metadata: Store<PartialObjectMeta<DynamicObject>>,
-    ) -> Self {
-        Self {
-            path,
-            resource,
-            namespaced,
-            client,
-            metadata,
-            read: Mutex::default(),
-        }
-    }
-
-    /// The metadata store, for readiness.
-    pub fn metadata(&self) -> &Store<PartialObjectMeta<DynamicObject>> {
-        &self.metadata
-    }
-
-    /// Drop what was read of an object that is gone.
-    pub fn forget(&self, object: &PartialObjectMeta<DynamicObject>) {
-        let key = (object.namespace(), object.name_any());
-        crate::lock(&self.read).remove(&key);
-    }
-
-    /// The objects `parent` names that exist, in name order: from what was read when the
-    /// metadata watch shows no change since, read now otherwise. A failed read fails the
-    /// whole lookup: a plugin told "it does not exist" might delete what depends on it.
-    pub async fn named_by(
-        &self,
-        parent: &DynamicObject,
-    ) -> Result<Vec<Arc<DynamicObject>>, ReadError> {
-        let namespace = parent
-            .metadata
-            .namespace
-            .clone()
-            .filter(|_| self.namespaced);
-        let mut objects = Vec::new();
-        for name in self.path.names_in(parent) {
-            if let Some(object) = self.current(namespace.clone(), name).await? {
-                objects.push(object);
-            }
-        }
-        Ok(objects)
-    }
-
-    async fn current(
-        &self,
-        namespace: Option<String>,
+pub(crate) enum RelatedLimit {
+    #[error(
+        "its {path} names {count} {kind} objects, more than the {MAX_NAMES_PER_FIELD} one field may name: name fewer"
+    )]
+    TooManyNames {
+        kind: String,
+        path: String,
+        count: usize,
+    },
+    #[error(
+        "its related objects come to more than {limit} bytes, the most one request may carry ({total} bytes up to {kind} {name}): name or select fewer or smaller objects"
+    )]
+    TooLarge {
+        kind: String,
         name: String,
-    ) -> Result<Option<Arc<DynamicObject>>, ReadError> {
-        let mut reference = ObjectRef::new_with(&name, self.resource.clone());
-        if let Some(namespace) = &namespace {
-            reference = reference.within(namespace);
-        }
-        let key = (namespace, name);
-        let Some(exists) = self.metadata.get(&reference) else {
-            crate::lock(&self.read).remove(&key);
-            return Ok(None);
-        };
-        let version = exists.resource_version();
-        if let Some(read) = crate::lock(&self.read).get(&key)
-            && read.resource_version() == version
-        {
-            return Ok(Some(read.clone()));
-        }
-        let object = self.get(&key).await?;
-        let mut read = crate::lock(&self.read);
-        match &object {
-            Some(object) => read.insert(key, object.clone()),
-            None => read.remove(&key),
-        };
-        Ok(object)
+        /// The bytes counted when the limit was passed (the objects after are not read).
+        total: usize,
+        limit: usize,
+    },
+}
+
+/// The bytes of related objects one request has taken so far.
+#[derive(Debug)]
+pub(crate) struct RelatedBytes {
+    total: usize,
+    limit: usize,
+}
+
+impl Default for RelatedBytes {
+    fn default() -> Self {
+        Self::with_limit(MAX_RELATED_BYTES)
+    }
+}
+
+impl RelatedBytes {
+    /// A request that may carry `limit` bytes of related objects.
+    pub fn with_limit(limit: usize) -> Self {
+        Self { total: 0, limit }
     }
 
-    async fn get(
-        &self,
-        (namespace, name): &ObjectKey,
-    ) -> Result<Option<Arc<DynamicObject>>, ReadError> {
-        let api: Api<DynamicObject> = match namespace {
-            Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &self.resource),
-            None => Api::all_with(self.client.clone(), &self.resource),
-        };
-        let read = api.get_opt(name).await.map_err(|source| ReadError {
-            kind: self.resource.kind.clone(),
-            name: name.clone(),
-            path: self.path.to_string(),
-            source,
-        })?;
-        Ok(read.map(|mut object| {
-            // As the watched caches hold objects: no managedFields, apiVersion and kind set.
-            object.managed_fields_mut().clear();
-            if object.types.is_none() {
-                object.types = Some(TypeMeta {
-                    api_version: self.resource.api_version.clone(),
-                    kind: self.resource.kind.clone(),
-                });
-            }
-            Arc::new(object)
-        }))
+    /// Count `object` into the request, or say the request would carry too much.
+    pub fn take(&mut self, object: &ObservedObject) -> Result<(), RelatedLimit> {
+        self.total += object.json.len();
+        if self.total > self.limit {
+            return Err(RelatedLimit::TooLarge {
+                kind: object.kind.clone(),
+                name: object.name.clone(),
+                total: self.total,
+                limit: self.limit,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -396,5 +362,71 @@ mod tests {
         bad["nameFrom"] = json!("spec[0]");
         let error = RelatedBy::of(&spec(bad)).err().unwrap_or_default();
         assert!(error.contains("nameFrom"), "{error}");
+    }
+
+    #[test]
+    fn a_field_naming_more_than_the_limit_is_not_indexed_and_is_refused() {
+        let references = [(0, path("spec.refs"), true), (1, path("spec.one"), true)];
+        let at_limit: Vec<String> = (0..MAX_NAMES_PER_FIELD).map(|i| format!("n{i}")).collect();
+        let parent_at = parent(json!({"refs": at_limit, "one": "x"}));
+        assert_eq!(
+            parent_reference_keys(&references, &parent_at).len(),
+            MAX_NAMES_PER_FIELD + 1
+        );
+        let over: Vec<String> = (0..=MAX_NAMES_PER_FIELD).map(|i| format!("n{i}")).collect();
+        let parent_over = parent(json!({"refs": over, "one": "x"}));
+        assert_eq!(
+            parent_reference_keys(&references, &parent_over),
+            [reference_key(1, Some("a"), "x")],
+            "the field over the limit names nothing; the other still does"
+        );
+        let names = path("spec.refs").names_in(&parent_over);
+        let error = within_name_limit("ConfigMap", &path("spec.refs"), names)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            error.contains("spec.refs names 65 ConfigMap objects, more than the 64"),
+            "{error}"
+        );
+        let names = path("spec.refs").names_in(&parent_at);
+        assert!(within_name_limit("ConfigMap", &path("spec.refs"), names).is_ok());
+    }
+
+    #[test]
+    fn a_reference_key_reads_back_as_the_object_of_its_kind() {
+        let key = reference_key(3, Some("a"), "db");
+        assert_eq!(
+            referenced_object(&key, 3, true),
+            Some((Some("a".to_owned()), "db".to_owned()))
+        );
+        assert_eq!(referenced_object(&key, 2, true), None, "another kind's");
+        let cluster = reference_key(1, None, "fast");
+        assert_eq!(
+            referenced_object(&cluster, 1, false),
+            Some((None, "fast".to_owned()))
+        );
+    }
+
+    #[test]
+    fn a_request_carries_related_bytes_up_to_its_limit() {
+        let object = |name: &str, size: usize| ObservedObject {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: name.into(),
+            json: "x".repeat(size),
+        };
+        let mut bytes = RelatedBytes::with_limit(100);
+        assert!(bytes.take(&object("a", 60)).is_ok());
+        assert!(bytes.take(&object("b", 40)).is_ok(), "exactly the limit");
+        let error = bytes
+            .take(&object("c", 1))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            error.contains("more than 100 bytes") && error.contains("101 bytes up to ConfigMap c"),
+            "{error}"
+        );
     }
 }

@@ -14,6 +14,9 @@
 //! that are the same for every entry or not needed, held twice per entry and once per key.
 //! At 10,000 parents and 20,000 children that was some 30 MiB; the kind is added back when
 //! a reader asks.
+//!
+//! A key no object is indexed under any more is *vacated*; listeners hear of it after the
+//! event that emptied it (the named-object cache drops what no parent names).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -26,12 +29,16 @@ use kube::runtime::watcher;
 /// What an object is indexed under: no key, one, or several.
 type IndexKeys<K> = Box<dyn Fn(&K) -> Vec<String> + Send + Sync>;
 
+/// Told of each key that no object is indexed under any more.
+type VacatedListener = Box<dyn Fn(&str) + Send + Sync>;
+
 /// Objects of one cache by an index key (a controller's uid, a namespace, a name a field
 /// of the object holds).
 pub(crate) struct StoreIndex<K: Resource = DynamicObject> {
     resource: K::DynamicType,
     keys: IndexKeys<K>,
     inner: Mutex<Inner>,
+    vacated: Mutex<Vec<VacatedListener>>,
     _kind: std::marker::PhantomData<fn() -> K>,
 }
 
@@ -65,10 +72,11 @@ struct Entries {
 }
 
 impl Entries {
-    fn insert(&mut self, object: Entry, keys: Vec<String>) {
-        self.remove(&object);
+    /// Index `object` under `keys` instead of its old ones; returns the keys vacated.
+    fn insert(&mut self, object: Entry, keys: Vec<String>) -> Vec<Box<str>> {
+        let mut vacated = self.remove(&object);
         if keys.is_empty() {
-            return;
+            return vacated;
         }
         let keys: Box<[Box<str>]> = keys.into_iter().map(String::into_boxed_str).collect();
         for key in &keys {
@@ -77,18 +85,24 @@ impl Entries {
                 .or_default()
                 .insert(object.clone());
         }
+        vacated.retain(|key| !self.by_key.contains_key(key));
         self.keys_of.insert(object, keys);
+        vacated
     }
 
-    fn remove(&mut self, object: &Entry) {
+    /// Forget `object`; returns the keys it was the last one under.
+    fn remove(&mut self, object: &Entry) -> Vec<Box<str>> {
+        let mut vacated = Vec::new();
         for old in self.keys_of.remove(object).unwrap_or_default() {
             if let Some(set) = self.by_key.get_mut(&old) {
                 set.remove(object);
                 if set.is_empty() {
                     self.by_key.remove(&old);
+                    vacated.push(old);
                 }
             }
         }
+        vacated
     }
 }
 
@@ -111,30 +125,58 @@ where
                 current: Entries::default(),
                 relisting: None,
             }),
+            vacated: Mutex::default(),
             _kind: std::marker::PhantomData,
         }
     }
 
+    /// Call `listener` with each key that no object is indexed under any more, once the
+    /// event that vacated it is indexed (and outside the index's lock).
+    pub fn on_vacated(&self, listener: impl Fn(&str) + Send + Sync + 'static) {
+        crate::lock(&self.vacated).push(Box::new(listener));
+    }
+
     /// Take one watch event, as the store will.
     pub fn observe(&self, event: &watcher::Event<K>) {
-        let mut inner = crate::lock(&self.inner);
-        match event {
-            watcher::Event::Apply(object) => {
-                let keys = (self.keys)(object);
-                inner.current.insert(Entry::of(object), keys);
+        let vacated = {
+            let mut inner = crate::lock(&self.inner);
+            match event {
+                watcher::Event::Apply(object) => {
+                    let keys = (self.keys)(object);
+                    inner.current.insert(Entry::of(object), keys)
+                }
+                watcher::Event::Delete(object) => inner.current.remove(&Entry::of(object)),
+                watcher::Event::Init => {
+                    inner.relisting = Some(Entries::default());
+                    Vec::new()
+                }
+                watcher::Event::InitApply(object) => {
+                    let keys = (self.keys)(object);
+                    // Keys vacated within a re-list are found when it replaces the index.
+                    let _ = inner
+                        .relisting
+                        .get_or_insert_with(Entries::default)
+                        .insert(Entry::of(object), keys);
+                    Vec::new()
+                }
+                watcher::Event::InitDone => match inner.relisting.take() {
+                    Some(listed) => {
+                        let old = std::mem::replace(&mut inner.current, listed);
+                        let current = &inner.current.by_key;
+                        old.by_key
+                            .into_keys()
+                            .filter(|key| !current.contains_key(key))
+                            .collect()
+                    }
+                    None => Vec::new(),
+                },
             }
-            watcher::Event::Delete(object) => inner.current.remove(&Entry::of(object)),
-            watcher::Event::Init => inner.relisting = Some(Entries::default()),
-            watcher::Event::InitApply(object) => {
-                let keys = (self.keys)(object);
-                inner
-                    .relisting
-                    .get_or_insert_with(Entries::default)
-                    .insert(Entry::of(object), keys);
-            }
-            watcher::Event::InitDone => {
-                if let Some(listed) = inner.relisting.take() {
-                    inner.current = listed;
+        };
+        if !vacated.is_empty() {
+            let listeners = crate::lock(&self.vacated);
+            for key in &vacated {
+                for listener in listeners.iter() {
+                    listener(key);
                 }
             }
         }
@@ -177,6 +219,8 @@ pub(crate) fn namespace<K: Resource>(object: &K) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use serde_json::json;
 
     use super::*;
@@ -241,6 +285,37 @@ mod tests {
         assert_eq!(self::names(&index, "z"), ["p"]);
         index.observe(&watcher::Event::Apply(parent(&[])));
         assert!(self::names(&index, "y").is_empty() && self::names(&index, "z").is_empty());
+    }
+
+    #[test]
+    fn listeners_hear_of_each_key_no_object_is_under_any_more() {
+        let index = StoreIndex::new(config_maps(), controller_uid);
+        let vacated = Arc::new(Mutex::new(Vec::<String>::new()));
+        let heard = vacated.clone();
+        index.on_vacated(move |key| crate::lock(&heard).push(key.to_owned()));
+        let take = || std::mem::take(&mut *crate::lock(&vacated));
+
+        index.observe(&watcher::Event::Apply(child("x", "p")));
+        index.observe(&watcher::Event::Apply(child("y", "p")));
+        index.observe(&watcher::Event::Apply(child("z", "q")));
+        assert!(take().is_empty());
+        // `x` moves, but `y` still holds `p`; then `y` moves too.
+        index.observe(&watcher::Event::Apply(child("x", "q")));
+        assert!(take().is_empty());
+        index.observe(&watcher::Event::Apply(child("y", "r")));
+        assert_eq!(take(), ["p"]);
+        // Re-indexed under the same key: nothing is vacated.
+        index.observe(&watcher::Event::Apply(child("y", "r")));
+        assert!(take().is_empty());
+        index.observe(&watcher::Event::Delete(child("y", "r")));
+        assert_eq!(take(), ["r"]);
+        // A re-list that no longer shows `z`: `q` still has `x`; a key only the old index
+        // held is vacated when the list completes, not before.
+        index.observe(&watcher::Event::Init);
+        index.observe(&watcher::Event::InitApply(child("x", "s")));
+        assert!(take().is_empty());
+        index.observe(&watcher::Event::InitDone);
+        assert_eq!(take(), ["q"]);
     }
 
     #[test]

@@ -8,8 +8,8 @@ use kube::runtime::reflector::Store;
 
 use super::cached::CachedObject;
 use super::field_ownership::CreatedFields;
+use super::named_objects::NamedObjects;
 use super::pending_writes::PendingWrites;
-use super::related::NamedObjects;
 use super::store_index::StoreIndex;
 
 /// A child kind as one policy's reconciles see it: the cache of the children it already has.

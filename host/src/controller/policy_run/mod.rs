@@ -322,6 +322,7 @@ fn watch_setup(
             .or_else(|| shared.options.namespace.clone()),
         health: Arc::new(WatchHealth::default()),
         queue: Arc::new(QueueGauge::new(metrics.clone())),
+        metrics: metrics.clone(),
         field_manager: field_manager_for(&name),
         owned_selector: watches::owned_selector(&labels::policy_label_value(&name)),
     }

@@ -17,7 +17,8 @@ use kube::{Client, ResourceExt as _};
 
 use crate::controller::cache::cached::{CachedObject, HasTypes};
 use crate::controller::cache::field_ownership::CreatedFields;
-use crate::controller::cache::related::{self, FieldPath, NamedObjects};
+use crate::controller::cache::named_objects::{self, NamedKind, NamedObjects};
+use crate::controller::cache::related::{self, FieldPath};
 use crate::controller::cache::store_index::{self, StoreIndex};
 use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
 use crate::controller::kinds::ResolvedKind;
@@ -26,6 +27,7 @@ use crate::controller::policy_run::watch_health::WatchHealth;
 use crate::controller::reconcile::children::AllowedKind;
 use crate::controller::reconcile::context::Caches;
 use crate::controller::reconcile::queue::QueueGauge;
+use crate::metrics::PolicyMetrics;
 use crate::policy::KindRef;
 use crate::watch_backoff::WatchBackoff;
 
@@ -37,6 +39,8 @@ pub(crate) struct WatchSetup {
     pub namespace: Option<String>,
     pub health: Arc<WatchHealth>,
     pub queue: Arc<QueueGauge>,
+    /// The policy's series (the named objects' cache reports its bytes).
+    pub metrics: PolicyMetrics,
     /// The policy's field manager, whose create-time fields are handed over before applies.
     pub field_manager: String,
     /// Selects the children the policy owns.
@@ -121,7 +125,8 @@ impl WatchSetup {
 
     /// A watch of `kind`'s metadata in the policy's scope, each object kept as its name,
     /// namespace and resourceVersion only: what tells a named object exists and whether it
-    /// changed.
+    /// changed. What was read of a deleted object is dropped, and after a re-list what the
+    /// list no longer shows (seen after the store took the event, so it reads the list).
     fn metadata_watch(
         &self,
         kind: &ResolvedKind,
@@ -148,12 +153,12 @@ impl WatchSetup {
                 ..ObjectMeta::default()
             };
         })
-        .inspect(move |event| {
-            if let Ok(watcher::Event::Delete(object)) = event {
-                named.forget(object);
-            }
-        })
         .reflect(writer)
+        .inspect(move |event| match event {
+            Ok(watcher::Event::Delete(object)) => named.forget(object),
+            Ok(watcher::Event::InitDone) => named.relisted(),
+            _ => {}
+        })
     }
 }
 
@@ -310,7 +315,8 @@ impl Watches {
 
     /// Watch the metadata of one related kind chosen by name (`position` in the policy's
     /// `related`, the parents' field `path`): a change to an object triggers the parents that
-    /// name it, and only those; the objects themselves are read when a reconcile needs them.
+    /// name it, and only those; the objects themselves are read when a reconcile needs them,
+    /// and what was read of one no parent names any more is dropped.
     pub fn reads_named(
         mut self,
         setup: &WatchSetup,
@@ -320,12 +326,20 @@ impl Watches {
     ) -> Self {
         let writer = reflector::store::Writer::new(ApiResource::clone(&resolved.resource));
         let named = Arc::new(NamedObjects::new(
-            path,
-            ApiResource::clone(&resolved.resource),
-            resolved.namespaced,
+            NamedKind {
+                position,
+                path,
+                resource: ApiResource::clone(&resolved.resource),
+                namespaced: resolved.namespaced,
+            },
             setup.client.clone(),
             writer.as_reader(),
+            setup.metrics.clone(),
+            named_objects::READ_CACHE_BYTES,
         ));
+        let unnamed = named.clone();
+        self.parents_by_reference
+            .on_vacated(move |key| unnamed.unnamed(key));
         let stream = setup.metadata_watch(resolved, named.clone(), writer);
         let parents = parents_under(self.parents_by_reference.clone(), setup.queue.clone());
         let namespaced = resolved.namespaced;

@@ -1,7 +1,8 @@
 //! What can fail in one reconcile, as one value per cause: each variant is one condition
 //! reason, and its message says what to do next.
 
-use crate::controller::cache::related::ReadError;
+use crate::controller::cache::named_objects::ReadError;
+use crate::controller::cache::related::RelatedLimit;
 use crate::controller::reconcile::backoff::Retry;
 use crate::controller::reconcile::children::InvalidChild;
 use crate::plugin::{self, CallError};
@@ -64,6 +65,12 @@ pub(crate) enum ReconcileError {
     FinalizersNotReady,
     #[error("{0}")]
     Related(Box<ReadError>),
+    #[error("{parent}: {limit}; nothing was written or pruned")]
+    RelatedTooLarge {
+        /// The parent, as messages name it.
+        parent: String,
+        limit: RelatedLimit,
+    },
 }
 
 impl From<ReadError> for ReconcileError {
@@ -88,16 +95,22 @@ impl ReconcileError {
             Self::CachesNotReady => "CachesNotReady",
             Self::FinalizersNotReady => "FinalizersNotReady",
             Self::Related(_) => "RelatedReadFailed",
+            Self::RelatedTooLarge { .. } => "RelatedTooLarge",
         }
     }
 
     /// Whether to wait for a change rather than retry with backoff. For a failed plugin
     /// call the runtime's retry class decides ([`CallError::retry`]: only a permanent or
-    /// invalid-parent report waits), so the host and the runtime cannot disagree. Every
-    /// other failure (the API server, a refused answer, a child conflict) is retried with
-    /// backoff.
+    /// invalid-parent report waits), so the host and the runtime cannot disagree. A parent
+    /// that asks for more related objects than a request carries asks for the same until it
+    /// or a related object changes. Every other failure (the API server, a refused answer, a
+    /// child conflict) is retried with backoff.
     pub fn awaits_change(&self) -> bool {
-        matches!(self, Self::Plugin(error) if error.retry() == plugin::Retry::AfterChange)
+        match self {
+            Self::Plugin(error) => error.retry() == plugin::Retry::AfterChange,
+            Self::RelatedTooLarge { .. } => true,
+            _ => false,
+        }
     }
 }
 
@@ -140,6 +153,26 @@ mod tests {
                 timeout: Duration::from_secs(1)
             })
             .awaits_change()
+        );
+    }
+
+    #[test]
+    fn too_many_related_objects_wait_for_a_change_under_their_own_reason() {
+        let error = ReconcileError::RelatedTooLarge {
+            parent: "MyApp a/web".into(),
+            limit: RelatedLimit::TooManyNames {
+                kind: "ConfigMap".into(),
+                path: "spec.refs".into(),
+                count: 65,
+            },
+        };
+        assert_eq!(error.reason(), "RelatedTooLarge");
+        assert!(error.awaits_change());
+        let message = error.to_string();
+        assert!(
+            message.starts_with("MyApp a/web: its spec.refs names 65 ConfigMap objects")
+                && message.ends_with("nothing was written or pruned"),
+            "{message}"
         );
     }
 

@@ -23,6 +23,16 @@ pub struct ParentIdentity {
     pub uid: String,
 }
 
+impl std::fmt::Display for ParentIdentity {
+    /// `MyApp a/web`, as messages name a parent.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(namespace) => write!(f, "{} {namespace}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
 impl ParentIdentity {
     /// The identity of `parent`, an object of `kind`, or the field it lacks: a parent without
     /// a name or uid cannot be reconciled (nothing could be written to it safely).

@@ -8,8 +8,10 @@ use kube::ResourceExt as _;
 use kube::core::DynamicObject;
 
 use crate::controller::cache::cached::CachedObject;
-use crate::controller::cache::related::ReadError;
+use crate::controller::cache::named_objects::NamedError;
+use crate::controller::cache::related::{RelatedBytes, RelatedLimit};
 use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
+use crate::controller::reconcile::error::ReconcileError;
 use crate::controller::reconcile::parent::ParentIdentity;
 use crate::controller::reconcile::serving::ActivePlugin;
 use crate::controller::reconcile::visibility;
@@ -45,19 +47,34 @@ pub(crate) fn observed_children(parent: &ParentIdentity, caches: &[ChildCache]) 
 
 /// The related objects the plugin is shown for `parent`, in the policy's order of kinds, each
 /// kind in name order: from the caches for kinds chosen by selector, read (when not current)
-/// for kinds chosen by name.
+/// for kinds chosen by name. At most [`RelatedBytes`]' limit of them: the objects are
+/// counted as they are taken, and the first past the limit fails the request, before the
+/// rest are copied or read.
 pub(crate) async fn related(
     parent: &DynamicObject,
     identity: &ParentIdentity,
     related: &[Related],
-) -> Result<Vec<ObservedObject>, ReadError> {
+    mut bytes: RelatedBytes,
+) -> Result<Vec<ObservedObject>, ReconcileError> {
+    let too_large = |limit: RelatedLimit| ReconcileError::RelatedTooLarge {
+        parent: identity.to_string(),
+        limit,
+    };
     let mut objects = Vec::new();
     for kind in related {
         match kind {
-            Related::Selected(cache) => objects.extend(selected_objects(identity, cache)),
-            Related::Named(named) => {
-                objects.extend(named.named_by(parent).await?.iter().map(|o| read_object(o)))
+            Related::Selected(cache) => {
+                for object in selected_objects(identity, cache) {
+                    let object = observed_object(&object);
+                    bytes.take(&object).map_err(too_large)?;
+                    objects.push(object);
+                }
             }
+            Related::Named(named) => match named.named_by(parent, &mut bytes).await {
+                Ok(named) => objects.extend(named),
+                Err(NamedError::Read(error)) => return Err(error.into()),
+                Err(NamedError::Limit(limit)) => return Err(too_large(limit)),
+            },
         }
     }
     Ok(objects)
@@ -65,7 +82,7 @@ pub(crate) async fn related(
 
 /// Objects of a selected kind in the parent's namespace (the watch already applied the
 /// selector), in name order, found through the cache's namespace index.
-fn selected_objects(parent: &ParentIdentity, cache: &RelatedCache) -> Vec<ObservedObject> {
+fn selected_objects(parent: &ParentIdentity, cache: &RelatedCache) -> Vec<Arc<CachedObject>> {
     let namespace = parent.namespace.clone().unwrap_or_default();
     let mut objects: Vec<_> = cache
         .by_namespace
@@ -75,7 +92,7 @@ fn selected_objects(parent: &ParentIdentity, cache: &RelatedCache) -> Vec<Observ
         .filter(|o| visibility::related_in_scope(parent, o.metadata.namespace.as_deref()))
         .collect();
     objects.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    objects.iter().map(observed_object).collect()
+    objects
 }
 
 /// The request for `parent` with its `observed` children and `related` objects, served by
@@ -98,24 +115,16 @@ pub(crate) fn build(
 
 /// A cached object as the plugin is shown it.
 pub(crate) fn observed_object(object: &Arc<CachedObject>) -> ObservedObject {
-    observed(object.types.as_ref(), object.name_any(), object.to_json())
-}
-
-/// An object read for a reconcile (a related object chosen by name).
-fn read_object(object: &DynamicObject) -> ObservedObject {
-    let json = serde_json::to_string(object).unwrap_or_default();
-    observed(object.types.as_ref(), object.name_any(), json)
-}
-
-fn observed(types: Option<&kube::core::TypeMeta>, name: String, json: String) -> ObservedObject {
-    let (api_version, kind) = types
+    let (api_version, kind) = object
+        .types
+        .as_ref()
         .map(|t| (t.api_version.clone(), t.kind.clone()))
         .unwrap_or_default();
     ObservedObject {
         api_version,
         kind,
-        name,
-        json,
+        name: object.name_any(),
+        json: object.to_json(),
     }
 }
 
@@ -187,25 +196,64 @@ mod tests {
         );
     }
 
-    #[test]
-    fn related_objects_come_from_the_parents_namespace_only() {
-        let (store, by_namespace) = testing::indexed_store(
-            Arc::new(config_maps()),
-            vec![
-                object("a", "here-b", None),
-                object("a", "here-a", None),
-                object("b", "there", None),
-            ],
-            store_index::namespace,
-        );
-        let cache = RelatedCache {
+    /// A kind chosen by selector whose cache holds `objects`.
+    fn selected(objects: Vec<CachedObject>) -> Related {
+        let (store, by_namespace) =
+            testing::indexed_store(Arc::new(config_maps()), objects, store_index::namespace);
+        Related::Selected(RelatedCache {
             store,
             by_namespace,
-        };
-        let related = selected_objects(&parent(), &cache);
+        })
+    }
+
+    async fn related_of(
+        kinds: &[Related],
+        bytes: RelatedBytes,
+    ) -> Result<Vec<ObservedObject>, ReconcileError> {
+        related(&testing::parent("a", "p", &[]), &parent(), kinds, bytes).await
+    }
+
+    #[tokio::test]
+    async fn related_objects_come_from_the_parents_namespace_only() {
+        let kinds = [selected(vec![
+            object("a", "here-b", None),
+            object("a", "here-a", None),
+            object("b", "there", None),
+        ])];
+        let related = related_of(&kinds, RelatedBytes::default())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let names: Vec<_> = related.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(names, ["here-a", "here-b"]);
         assert_eq!(related[0].kind, "ConfigMap");
         assert!(related[0].json.contains(r#""name":"here-a""#));
+    }
+
+    #[tokio::test]
+    async fn related_objects_past_the_request_limit_fail_it_naming_the_parent() {
+        let kinds = [selected(vec![
+            object("a", "one", None),
+            object("a", "two", None),
+        ])];
+        let all = related_of(&kinds, RelatedBytes::default())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let total: usize = all.iter().map(|o| o.json.len()).sum();
+        assert!(
+            related_of(&kinds, RelatedBytes::with_limit(total))
+                .await
+                .is_ok()
+        );
+        let error = related_of(&kinds, RelatedBytes::with_limit(total - 1))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("one byte over the limit passed"));
+        assert_eq!(error.reason(), "RelatedTooLarge");
+        let message = error.to_string();
+        assert!(
+            message.starts_with("MyApp a/p: its related objects come to more than")
+                && message.contains(&format!("({total} bytes up to ConfigMap two)")),
+            "{message}"
+        );
     }
 }

@@ -29,6 +29,7 @@ use super::serving::ActivePlugin;
 use super::status::Outcome;
 use super::trace::Trace;
 use super::writes::{self, Applied};
+use crate::controller::cache::related::RelatedBytes;
 use crate::explain::{ChildAction, RecordResult};
 use crate::lock;
 use crate::metrics::ChildOperation;
@@ -282,7 +283,13 @@ impl<'a> Reconcile<'a> {
         finalizing: bool,
     ) -> Result<ReconcileRequest, ReconcileError> {
         let ctx = self.ctx;
-        let related = request::related(self.parent, self.identity, &ctx.caches.related).await?;
+        let related = request::related(
+            self.parent,
+            self.identity,
+            &ctx.caches.related,
+            RelatedBytes::default(),
+        )
+        .await?;
         let request = request::build(self.parent, observed, related, serving, finalizing);
         lock(&self.trace).asked(&request, *serving.plugin.digest());
         Ok(request)
