@@ -128,6 +128,10 @@ fn install_and_run(
             .arg(&plane.kubeconfig)
             // A workstation: health and metrics on loopback only.
             .args(["--listen", "127.0.0.1:8080"])
+            // The example policy's file source is where cargo built it, which may be
+            // outside the repository (CARGO_TARGET_DIR).
+            .arg("--plugin-dir")
+            .arg(plugins::plugin_dir())
             .current_dir(&root)
             .env(
                 "WASMCTRL_LOG",

@@ -20,7 +20,7 @@ mod rbac;
 
 pub use chart::{CHART, apply_policy_rbac, documents, helm, install_chart_rbac, render};
 pub use host::{HostBuilder, HostUnderTest, client_as};
-pub use http::{http_get, serve_plugins};
+pub use http::{PluginServer, http_get, serve_plugins};
 pub use kinds::{
     TEST_GROUP, myapp, myapp_policy_in, myapp_policy_spec, myapps, test_crd, widget, widget_test,
     widgets,
