@@ -124,6 +124,7 @@ pub struct Metrics {
     plugin_call_time: Family<ControllerLabels, Histogram>,
     plugin_loads: Family<PluginResultLabels, Counter>,
     plugin_swaps: Family<PluginResultLabels, Counter>,
+    loads_waiting: Gauge,
     active_plugin: Family<DigestLabels, Gauge>,
     child_operations: Family<ChildLabels, Counter>,
     events_dropped: Family<ControllerLabels, Counter>,
@@ -191,6 +192,7 @@ impl Metrics {
             plugin_call_time: histograms(),
             plugin_loads: Family::default(),
             plugin_swaps: Family::default(),
+            loads_waiting: Gauge::default(),
             active_plugin: Family::default(),
             child_operations: Family::default(),
             events_dropped: Family::default(),
@@ -283,6 +285,11 @@ impl Metrics {
             "wasmctrl_plugin_swaps",
             "Hot swaps per policy and result (swapped, rolled_back, refused)",
             metrics.plugin_swaps.clone(),
+        );
+        registry.register(
+            "wasmctrl_plugin_loads_waiting",
+            "Plugin loads (fetch and compile) waiting for one of the --max-concurrent-loads slots",
+            metrics.loads_waiting.clone(),
         );
         registry.register(
             "wasmctrl_plugin_active_info",
@@ -489,6 +496,11 @@ impl Metrics {
             }
         }
         self.set_active_plugin(policy, None);
+    }
+
+    /// One more (`1`) or one fewer (`-1`) plugin load waits for a slot.
+    pub fn load_waiting(&self, delta: i64) {
+        self.loads_waiting.inc_by(delta);
     }
 
     /// What the explain store holds now (set when metrics are scraped).

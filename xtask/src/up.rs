@@ -129,6 +129,10 @@ fn install_and_run(
             // A workstation: health, metrics and explain on loopback only, in clear text and
             // without checking who asks.
             .args(["--insecure-listen", "127.0.0.1:8080"])
+            // The example policy's file source is where cargo built it, which may be
+            // outside the repository (CARGO_TARGET_DIR).
+            .arg("--plugin-dir")
+            .arg(plugins::plugin_dir())
             .current_dir(&root)
             .env(
                 "WASMCTRL_LOG",

@@ -48,7 +48,7 @@ pub enum Command {
     #[command(subcommand)]
     Plugin(PluginCommand),
     /// Run the operator host: turn every ReconcilePolicy in the cluster into a controller.
-    Run(RunCommand),
+    Run(Box<RunCommand>),
     /// Print the Roles, ClusterRole and bindings that exactly the given policies need.
     Rbac(RbacCommand),
     /// Show why a parent looks the way it does: its last reconciles, as the host recorded them.

@@ -61,6 +61,20 @@ pub struct RunCommand {
     /// account's namespace in a pod); outside a cluster, none, so every `secretRef` is refused.
     #[arg(long, env = "WASMCTRL_CREDENTIALS_NAMESPACE")]
     credentials_namespace: Option<String>,
+    /// A directory `file` plugin sources may be in (symlinks followed); repeat it, or
+    /// separate directories with `:`. A file source anywhere else is refused. Default: the
+    /// working directory when the host runs outside a cluster (unless that is `/`); none in
+    /// a pod, so every file source is refused there.
+    #[arg(
+        long = "plugin-dir",
+        env = "WASMCTRL_PLUGIN_DIRS",
+        value_delimiter = ':'
+    )]
+    plugin_dirs: Vec<PathBuf>,
+    /// Plugins fetched and compiled at once, across all policies; more wait their turn. Each
+    /// may hold the plugin size limit (64 MiB) and a compile (`--max-compile-memory-mib`).
+    #[arg(long, env = "WASMCTRL_MAX_CONCURRENT_LOADS", default_value_t = 2)]
+    max_concurrent_loads: usize,
     /// Run only policies that name the ServiceAccount they act as (`spec.serviceAccount`);
     /// refuse the rest with `Ready=False, IdentityRequired`. Without it, a policy that names
     /// none acts as the host itself.
@@ -325,9 +339,37 @@ impl RunCommand {
             namespace: self.namespace.clone(),
             policy_selector: self.policy_selector.clone(),
             credentials_namespace: self.credentials_namespace.clone().or_else(own_namespace),
+            plugin_dirs: self.plugin_dirs()?,
+            max_concurrent_loads: self.max_concurrent_loads.max(1),
             explain: Arc::new(self.explain.explain()?),
             require_policy_identity: self.require_policy_identity,
         })
+    }
+
+    /// The directories file sources may be in: those given, each of which must be a
+    /// directory, or by default the working directory outside a pod. In a pod (and from `/`)
+    /// the default is none: a file there is the image's, or a mounted Secret's.
+    fn plugin_dirs(&self) -> anyhow::Result<Vec<PathBuf>> {
+        for dir in &self.plugin_dirs {
+            anyhow::ensure!(
+                dir.is_dir(),
+                "--plugin-dir {}: not a directory (or not readable)",
+                dir.display()
+            );
+        }
+        let dirs = if self.plugin_dirs.is_empty() {
+            default_plugin_dirs(own_namespace().is_some(), std::env::current_dir().ok())
+        } else {
+            self.plugin_dirs.clone()
+        };
+        match dirs.as_slice() {
+            [] => tracing::info!("no --plugin-dir: file plugin sources are refused"),
+            dirs => tracing::info!(
+                ?dirs,
+                "file plugin sources are read from these directories only"
+            ),
+        }
+        Ok(dirs)
     }
 
     /// The listener and who may read it, unless `--listen off`.
@@ -479,6 +521,16 @@ async fn report_leadership(leadership: Arc<Leadership>, metrics: Arc<Metrics>, l
     }
 }
 
+/// Where file sources may be when no `--plugin-dir` is given: the working directory of a
+/// host run by hand (where `cargo xtask build-plugins` leaves plugins under `target/`), and
+/// nowhere in a pod or from `/`, where that would be every file of the image.
+fn default_plugin_dirs(in_pod: bool, working_dir: Option<PathBuf>) -> Vec<PathBuf> {
+    match working_dir {
+        Some(dir) if !in_pod && dir.parent().is_some() => vec![dir],
+        _ => Vec::new(),
+    }
+}
+
 /// The namespace this host runs in, when it runs in a pod.
 fn own_namespace() -> Option<String> {
     std::env::var("POD_NAMESPACE")
@@ -508,4 +560,73 @@ async fn shutdown_signal() {
         () = terminate => {}
     }
     tracing::info!("shutdown requested");
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn run_command(args: &[&str]) -> RunCommand {
+        let cli = crate::cli::Cli::try_parse_from(["wasmctrl", "run"].iter().chain(args))
+            .expect("valid arguments");
+        match cli.command {
+            crate::cli::Command::Run(run) => *run,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn plugin_dirs_are_repeated_or_colon_separated_and_must_exist() {
+        let (a, b) = (
+            tempfile::tempdir().expect("tempdir"),
+            tempfile::tempdir().expect("tempdir"),
+        );
+        let (a, b) = (a.path().to_owned(), b.path().to_owned());
+        let joined = format!("{}:{}", a.display(), b.display());
+        let run = run_command(&[
+            "--plugin-dir",
+            &joined,
+            "--plugin-dir",
+            &a.display().to_string(),
+        ]);
+        assert_eq!(
+            run.plugin_dirs().expect("directories"),
+            vec![a.clone(), b, a.clone()]
+        );
+
+        let missing = a.join("missing").display().to_string();
+        let error = run_command(&["--plugin-dir", &missing]).plugin_dirs();
+        assert!(
+            error.is_err_and(|e| e.to_string().contains("not a directory")),
+            "a missing directory is refused at start"
+        );
+    }
+
+    #[test]
+    fn by_default_files_are_read_from_the_working_directory_only_outside_a_pod() {
+        let here = PathBuf::from("/home/dev/wasmctrl");
+        assert_eq!(
+            default_plugin_dirs(false, Some(here.clone())),
+            vec![here.clone()]
+        );
+        assert!(default_plugin_dirs(true, Some(here)).is_empty(), "in a pod");
+        assert!(
+            default_plugin_dirs(false, Some(PathBuf::from("/"))).is_empty(),
+            "from /"
+        );
+        assert!(default_plugin_dirs(false, None).is_empty());
+    }
+
+    #[test]
+    fn two_plugins_load_at_once_by_default_and_never_none() {
+        let loads = |args: &[&str]| {
+            let options = run_command(args).host_options().expect("options");
+            options.max_concurrent_loads
+        };
+        assert_eq!(loads(&[]), 2);
+        assert_eq!(loads(&["--max-concurrent-loads", "5"]), 5);
+        assert_eq!(loads(&["--max-concurrent-loads", "0"]), 1);
+    }
 }

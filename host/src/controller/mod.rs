@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::plugin::PluginEngine;
 use crate::policy::{ReconcilePolicy, ReconcilePolicySpec};
-use crate::registry::PluginRegistry;
+use crate::registry::{PluginRegistry, RegistryOptions};
 use policy_run::Shared;
 use policy_run::parent_claims::{self, Standing};
 
@@ -124,7 +124,11 @@ impl Host {
                 registry: Arc::new(PluginRegistry::new(
                     client.clone(),
                     engine,
-                    options.credentials_namespace.clone(),
+                    RegistryOptions {
+                        credentials_namespace: options.credentials_namespace.clone(),
+                        plugin_dirs: options.plugin_dirs.clone(),
+                        max_concurrent_loads: options.max_concurrent_loads,
+                    },
                     metrics.clone(),
                 )),
                 identities: policy_run::identity::Identities::new(

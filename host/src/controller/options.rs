@@ -1,6 +1,7 @@
-//! What the host's operator sets once for every policy: timings, scope, credentials, where
-//! records go.
+//! What the host's operator sets once for every policy: timings, scope, credentials, plugin
+//! sources and loads, where records go.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,13 @@ pub struct HostOptions {
     /// every `secretRef`. Editing policies is a privileged act, but it must not grant
     /// reading every Secret in the cluster.
     pub credentials_namespace: Option<String>,
+    /// The directories `file` plugin sources may be in (symlinks followed); empty refuses
+    /// every file source. A file source is read with the host's rights, so without this bound
+    /// a policy could name the host's own token.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Plugins fetched and compiled at once, across all policies: each may take up to the
+    /// plugin size limit and a compile's memory.
+    pub max_concurrent_loads: usize,
     /// Where the records of reconciles go, for `wasmctrl explain` and replay.
     pub explain: Arc<crate::explain::Explain>,
     /// Refuse a policy that names no ServiceAccount to act as (`IdentityRequired`) instead
@@ -42,6 +50,8 @@ impl Default for HostOptions {
             namespace: None,
             policy_selector: None,
             credentials_namespace: None,
+            plugin_dirs: Vec::new(),
+            max_concurrent_loads: crate::registry::RegistryOptions::default().max_concurrent_loads,
             explain: Arc::new(crate::explain::Explain::in_memory(
                 crate::explain::ExplainOptions::default().bounds,
             )),

@@ -255,7 +255,10 @@ pub struct OciSource {
     /// Talk plain HTTP to the registry (a registry on loopback or inside the cluster network).
     #[serde(default)]
     pub insecure: bool,
-    /// A Secret with credentials: `token`, or `username` and `password`.
+    /// A Secret with credentials for this registry, in the host's credentials namespace: a
+    /// `kubernetes.io/dockerconfigjson` Secret with an entry for the registry, or `token`
+    /// (or `username` and `password`) with the registry in its `wasmctrl.dev/registry-hosts`
+    /// annotation. Credentials go to no other host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<SecretRef>,
 }
@@ -267,8 +270,11 @@ pub struct HttpSource {
     /// `https://…` (or `http://…`).
     #[schemars(regex(pattern = r"^https?://"))]
     pub url: String,
-    /// A Secret with credentials: `token` (sent as a bearer token) or `username` and
-    /// `password` (basic auth).
+    /// A Secret with credentials for the URL's host, in the host's credentials namespace:
+    /// `token` (sent as a bearer token) or `username` and `password` (basic auth), with the
+    /// host in its `wasmctrl.dev/registry-hosts` annotation, or a
+    /// `kubernetes.io/dockerconfigjson` Secret with an entry for the host. Credentials go to
+    /// no other host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<SecretRef>,
 }
@@ -290,6 +296,8 @@ pub struct SecretRef {
 #[serde(rename_all = "camelCase")]
 pub struct FileSource {
     /// Path on the host; a relative path is resolved against the host's working directory.
+    /// It must lie (symlinks followed) in one of the host's plugin directories
+    /// (`--plugin-dir`).
     #[schemars(length(min = 1))]
     pub path: String,
 }

@@ -10,12 +10,17 @@
 //! - the swap and the policy controller ask the registry, not each other.
 //!
 //! The registry keeps a plugin alive while any policy serves it, plus the few most recently
-//! obtained ones, so swapping back and forth is a pointer swap.
+//! obtained ones, so swapping back and forth is a pointer swap. It also bounds how many
+//! plugins are fetched and compiled at once, for the whole process ([`load_budget`]).
 
+mod credentials;
+mod load_budget;
+mod plugin_dirs;
 mod source;
 mod source_watch;
 
 use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +29,7 @@ use kube::Client;
 use crate::metrics::Metrics;
 use crate::plugin::{self, Digest, Limits, Plugin, PluginEngine, WeakPlugin};
 use crate::policy::{CandidateSpec, PluginSource, PolicyLimits, ReconcilePolicy};
+pub use credentials::HOSTS_ANNOTATION;
 pub use source::MAX_PLUGIN_BYTES;
 pub(crate) use source_watch::SourceWatch;
 
@@ -37,8 +43,9 @@ pub enum LoadError {
     /// The pinned digest is not a `sha256:` digest.
     #[error("{0}")]
     InvalidDigest(#[from] crate::plugin::InvalidDigest),
-    /// The source is one this host refuses to read (credentials from another namespace, or
-    /// over plain HTTP to another machine; not exactly one source).
+    /// The source is one this host refuses to read (credentials from another namespace, over
+    /// plain HTTP to another machine, or for another host; a file outside the plugin
+    /// directories; not exactly one source).
     #[error("{0:#}")]
     InvalidSource(anyhow::Error),
     /// The source could not be read (file, ConfigMap, HTTP, OCI).
@@ -117,12 +124,34 @@ impl<'a> PluginRequest<'a> {
     }
 }
 
+/// What the operator of the host decides about plugin sources and loads.
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    /// The only namespace whose Secrets a source's `secretRef` may name; `None` refuses
+    /// every `secretRef`.
+    pub credentials_namespace: Option<String>,
+    /// The directories `file` sources may be in; empty refuses every file source.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Plugins fetched and compiled at once, across all policies.
+    pub max_concurrent_loads: usize,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        Self {
+            credentials_namespace: None,
+            plugin_dirs: Vec::new(),
+            max_concurrent_loads: 2,
+        }
+    }
+}
+
 /// The process-wide plugin registry. Cheap to share behind an `Arc`.
 pub struct PluginRegistry {
     client: Client,
     engine: PluginEngine,
-    /// The only namespace whose Secrets a source's `secretRef` may name.
-    credentials_namespace: Option<String>,
+    rules: source::SourceRules,
+    budget: load_budget::LoadBudget,
     metrics: Arc<Metrics>,
     loaded: Mutex<Loaded>,
 }
@@ -140,13 +169,17 @@ impl PluginRegistry {
     pub fn new(
         client: Client,
         engine: PluginEngine,
-        credentials_namespace: Option<String>,
+        options: RegistryOptions,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             client,
             engine,
-            credentials_namespace,
+            rules: source::SourceRules {
+                credentials_namespace: options.credentials_namespace,
+                plugin_dirs: plugin_dirs::PluginDirs::new(options.plugin_dirs),
+            },
+            budget: load_budget::LoadBudget::new(options.max_concurrent_loads),
             metrics,
             loaded: Mutex::default(),
         }
@@ -162,7 +195,7 @@ impl PluginRegistry {
         policy: &str,
         request: PluginRequest<'_>,
     ) -> Result<Obtained, LoadError> {
-        let obtained = self.obtain_uncounted(request).await;
+        let obtained = self.obtain_uncounted(policy, request).await;
         let result = obtained.as_ref().map_or_else(LoadError::reason, |_| "ok");
         self.metrics.plugin_loaded(policy, result);
         if let Ok(obtained) = &obtained {
@@ -172,13 +205,21 @@ impl PluginRegistry {
         obtained
     }
 
-    async fn obtain_uncounted(&self, request: PluginRequest<'_>) -> Result<Obtained, LoadError> {
-        let checked = source::check(
-            request.source,
-            request.digest.is_some(),
-            self.credentials_namespace.as_deref(),
-        )
-        .map_err(LoadError::InvalidSource)?;
+    async fn obtain_uncounted(
+        &self,
+        policy: &str,
+        request: PluginRequest<'_>,
+    ) -> Result<Obtained, LoadError> {
+        let checked = source::check(request.source, request.digest.is_some(), &self.rules)
+            .map_err(LoadError::InvalidSource)?;
+        // Credentials bound to another host refuse the source whatever the caches hold, as
+        // the checks above do.
+        let authorized = source::authorize(&self.client, checked)
+            .await
+            .map_err(|refused| match refused {
+                credentials::Refused::Unreadable(e) => LoadError::SourceUnavailable(e),
+                credentials::Refused::NotForHost(e) => LoadError::InvalidSource(e),
+            })?;
         let pinned = request.digest.map(str::parse::<Digest>).transpose()?;
         if let Some(digest) = pinned {
             if let Some(plugin) = self.find(&digest, &request.limits) {
@@ -193,7 +234,9 @@ impl PluginRegistry {
                 return Ok(self.keep(plugin, Origin::Disk));
             }
         }
-        let bytes = source::fetch(&self.client, checked)
+        // From the first byte fetched to the end of the compile, the load holds a permit.
+        let _permit = self.budget.acquire(policy, &self.metrics).await;
+        let bytes = source::fetch(&self.client, authorized)
             .await
             .map_err(LoadError::SourceUnavailable)?;
         let digest = Digest::of(&bytes);
@@ -276,7 +319,11 @@ mod tests {
             ..EngineOptions::default()
         })
         .expect("engine");
-        PluginRegistry::new(client, engine, None, Arc::new(Metrics::new()))
+        let options = RegistryOptions {
+            plugin_dirs: vec![cache.parent().expect("a workspace").to_owned()],
+            ..RegistryOptions::default()
+        };
+        PluginRegistry::new(client, engine, options, Arc::new(Metrics::new()))
     }
 
     fn file(path: &Path) -> PluginSource {
@@ -420,6 +467,58 @@ mod tests {
             assert_eq!(error.reason(), "InvalidSource", "{error}");
             assert!(error.to_string().contains(says), "{error}");
         }
+        // The same bytes, outside the plugin directories.
+        let elsewhere = tempfile::tempdir().expect("tempdir");
+        let copy = elsewhere.path().join("plugin.wasm");
+        std::fs::copy(dir.path().join("plugin.wasm"), &copy).expect("copy");
+        let outside = file(&copy);
+        let error = registry
+            .obtain("c", request(&outside, Some(&digest), 500))
+            .await
+            .expect_err("refused");
+        assert_eq!(error.reason(), "InvalidSource", "{error}");
+        assert!(
+            error.to_string().contains("outside the directories"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_load_waits_for_a_permit_while_others_fetch_and_compile() {
+        use futures::FutureExt as _;
+        let (dir, source, digest) = workspace();
+        let registry = registry(&dir.path().join("cache"));
+        let metrics = Metrics::new();
+        let first = registry.budget.acquire("x", &metrics).await;
+        let second = registry.budget.acquire("y", &metrics).await;
+
+        let mut load = std::pin::pin!(registry.obtain("a", request(&source, None, 500)));
+        // Polled until it can go no further: the fetch needs a permit.
+        for _ in 0..100 {
+            assert!(
+                (&mut load).now_or_never().is_none(),
+                "loaded without a permit"
+            );
+            tokio::task::yield_now().await;
+        }
+        drop((first, second));
+        let loaded = tokio::time::timeout(Duration::from_secs(60), load)
+            .await
+            .expect("the load proceeds once a permit is free")
+            .expect("loaded");
+        assert_eq!(loaded.origin, Origin::Fetched);
+
+        // What is loaded already needs no permit.
+        let _held = (
+            registry.budget.acquire("x", &metrics).await,
+            registry.budget.acquire("y", &metrics).await,
+        );
+        let again = registry
+            .obtain("b", request(&source, Some(&digest), 500))
+            .now_or_never()
+            .expect("served at once")
+            .expect("loaded");
+        assert_eq!(again.origin, Origin::Loaded);
     }
 
     #[tokio::test]

@@ -2,18 +2,23 @@
 //! sources that live in the cluster (ConfigMaps, credential Secrets) are read here and the
 //! component is handed over as bytes; the engine verifies the digest before compiling.
 //!
-//! Credentials are guarded: editing a policy must not be a way to read any Secret in the
-//! cluster or to send one to any server. A `secretRef` may only name a Secret in the host's
-//! credentials namespace, and credentials only travel over TLS (or to a loopback address,
-//! where they never leave the machine).
+//! Sources are guarded: editing a policy must not be a way to read any Secret or file the
+//! host can, or to send a credential to any server. A `secretRef` may only name a Secret in
+//! the host's credentials namespace, its credentials go only to the hosts the Secret names
+//! ([`super::credentials`]) and only over TLS (or to a loopback address, where they never
+//! leave the machine), and a `file` source must lie in one of the host's plugin directories
+//! ([`PluginDirs`]).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 
-use crate::policy::{HttpSource, OciSource, PluginSource};
+use super::credentials::{self, Credentials};
+use super::plugin_dirs::PluginDirs;
+use crate::policy::{HttpSource, OciSource, PluginSource, SecretRef};
 
 /// Largest component the host will read from any source.
 pub const MAX_PLUGIN_BYTES: usize = 64 << 20;
@@ -29,20 +34,30 @@ const HTTP_FIRST_RETRY: Duration = Duration::from_millis(500);
 /// policy (or its restart) for ever.
 const FETCH_DEADLINE: Duration = Duration::from_secs(180);
 
+/// What this host lets a source read, set once for the process.
+#[derive(Debug, Clone, Default)]
+pub struct SourceRules {
+    /// The only namespace whose Secrets a `secretRef` may name; `None` refuses every one.
+    pub credentials_namespace: Option<String>,
+    /// Where `file` sources may be.
+    pub plugin_dirs: PluginDirs,
+}
+
 /// Refuse a source this host must never read, before anything is fetched or taken from a
-/// cache: not exactly one kind of source, a `secretRef` outside `credentials_namespace`
-/// (`None` refuses every `secretRef`), credentials that would travel without TLS to
-/// another machine, or a source whose bytes others may replace (http, OCI, a ConfigMap)
+/// cache: not exactly one kind of source, a `secretRef` outside the credentials namespace,
+/// credentials that would travel without TLS to another machine, a `file` outside the
+/// plugin directories, or a source whose bytes others may replace (http, OCI, a ConfigMap)
 /// without a `pinned` digest: whoever may edit a ConfigMap must not be able to swap the
-/// plugin (the schema says so too; this holds for a policy applied before it did). A policy naming such a source is refused even when the digest it pins is
-/// loaded already, so it cannot work on one replica and fail on another.
+/// plugin (the schema says so too; this holds for a policy applied before it did). A policy
+/// naming such a source is refused even when the digest it pins is loaded already, so it
+/// cannot work on one replica and fail on another.
 ///
-/// The [`Checked`] source is what [`fetch`] takes, so nothing is read unchecked and nothing
-/// is checked twice.
+/// The [`Checked`] source is what [`authorize`] takes, and its answer what [`fetch`] takes,
+/// so nothing is read unchecked and nothing is checked twice.
 pub fn check<'a>(
     source: &'a PluginSource,
     pinned: bool,
-    credentials_namespace: Option<&'a str>,
+    rules: &SourceRules,
 ) -> anyhow::Result<Checked<'a>> {
     if !pinned {
         let unpinned = [
@@ -54,29 +69,49 @@ pub fn check<'a>(
             bail!("a plugin {what} needs a pinned digest");
         }
     }
-    check_source(source, credentials_namespace)?;
-    Ok(Checked { source })
+    check_source(source, rules)
 }
 
-/// A source [`check`] let through: any `secretRef` in it names the credentials namespace.
-#[derive(Debug, Clone, Copy)]
+/// A source [`check`] let through: any `secretRef` in it names the credentials namespace,
+/// and a file source is resolved inside the plugin directories.
+#[derive(Debug)]
 pub struct Checked<'a> {
     source: &'a PluginSource,
+    /// The file a `file` source names, resolved: what is read, whatever the path points at
+    /// by then.
+    file: Option<PathBuf>,
+    /// The `secretRef`, and the host its credentials would go to.
+    secret: Option<(&'a SecretRef, String)>,
 }
 
-fn check_source(source: &PluginSource, credentials_namespace: Option<&str>) -> anyhow::Result<()> {
+fn check_source<'a>(source: &'a PluginSource, rules: &SourceRules) -> anyhow::Result<Checked<'a>> {
+    let checked = |file: Option<PathBuf>,
+                   secret: Option<(&'a SecretRef, String)>|
+     -> anyhow::Result<Checked<'a>> {
+        Ok(Checked {
+            source,
+            file,
+            secret,
+        })
+    };
     match (&source.file, &source.config_map, &source.http, &source.oci) {
-        (Some(_), None, None, None) | (None, Some(_), None, None) => Ok(()),
+        (Some(file), None, None, None) => {
+            checked(Some(rules.plugin_dirs.resolve(&file.path)?), None)
+        }
+        (None, Some(_), None, None) => checked(None, None),
         (None, None, Some(http), None) => {
             let Some(secret) = &http.secret_ref else {
-                return Ok(());
+                return checked(None, None);
             };
             let url = reqwest::Url::parse(&http.url)
                 .with_context(|| format!("invalid plugin URL {:?}", http.url))?;
             let encrypted = url.scheme() == "https";
             let loopback = url.host().is_some_and(|host| is_loopback(&host));
             check_credentials_transport(&http.url, encrypted || loopback)?;
-            check_secret_namespace(&secret.namespace, credentials_namespace)
+            check_secret_namespace(&secret.namespace, rules.credentials_namespace.as_deref())?;
+            let host = credentials::host_of_url(&url)
+                .with_context(|| format!("plugin URL {:?} names no host", http.url))?;
+            checked(None, Some((secret, host)))
         }
         (None, None, None, Some(oci)) => {
             let reference: oci_client::Reference = oci
@@ -84,19 +119,45 @@ fn check_source(source: &PluginSource, credentials_namespace: Option<&str>) -> a
                 .parse()
                 .with_context(|| format!("invalid OCI reference {:?}", oci.reference))?;
             let Some(secret) = &oci.secret_ref else {
-                return Ok(());
+                return checked(None, None);
             };
             let loopback = registry_is_loopback(reference.resolve_registry());
             check_credentials_transport(&oci.reference, !oci.insecure || loopback)?;
-            check_secret_namespace(&secret.namespace, credentials_namespace)
+            check_secret_namespace(&secret.namespace, rules.credentials_namespace.as_deref())?;
+            checked(
+                None,
+                Some((secret, credentials::host_of_registry(&reference))),
+            )
         }
         _ => bail!("the plugin source must name exactly one of file, configMap, http or oci"),
     }
 }
 
-/// Read the component a checked source points at.
-pub async fn fetch(client: &Client, checked: Checked<'_>) -> anyhow::Result<Vec<u8>> {
-    tokio::time::timeout(FETCH_DEADLINE, fetch_now(client, checked.source))
+/// A checked source with the credentials for its host, if it names a Secret.
+pub struct Authorized<'a> {
+    checked: Checked<'a>,
+    credentials: Option<Credentials>,
+}
+
+/// Read the credentials a checked source names, refusing them unless the Secret binds them
+/// to the source's host. Nothing has been sent to the source yet.
+pub async fn authorize<'a>(
+    client: &Client,
+    checked: Checked<'a>,
+) -> Result<Authorized<'a>, credentials::Refused> {
+    let credentials = match &checked.secret {
+        Some((secret, host)) => Some(credentials::read(client, secret, host).await?),
+        None => None,
+    };
+    Ok(Authorized {
+        checked,
+        credentials,
+    })
+}
+
+/// Read the component an authorized source points at.
+pub async fn fetch(client: &Client, authorized: Authorized<'_>) -> anyhow::Result<Vec<u8>> {
+    tokio::time::timeout(FETCH_DEADLINE, fetch_now(client, authorized))
         .await
         .unwrap_or_else(|_| {
             bail!(
@@ -106,10 +167,15 @@ pub async fn fetch(client: &Client, checked: Checked<'_>) -> anyhow::Result<Vec<
         })
 }
 
-async fn fetch_now(client: &Client, source: &PluginSource) -> anyhow::Result<Vec<u8>> {
-    match (&source.file, &source.config_map, &source.http) {
-        (Some(file), None, None) => read_file_capped(&file.path).await,
-        (None, Some(cm), None) => {
+async fn fetch_now(client: &Client, authorized: Authorized<'_>) -> anyhow::Result<Vec<u8>> {
+    let Authorized {
+        checked,
+        credentials,
+    } = authorized;
+    let source = checked.source;
+    match (&checked.file, &source.config_map, &source.http, &source.oci) {
+        (Some(file), None, None, None) => read_file_capped(file).await,
+        (None, Some(cm), None, None) => {
             let where_ = format!("ConfigMap {}/{} key {}", cm.namespace, cm.name, cm.key);
             let config_map = Api::<ConfigMap>::namespaced(client.clone(), &cm.namespace)
                 .get(&cm.name)
@@ -123,14 +189,8 @@ async fn fetch_now(client: &Client, source: &PluginSource) -> anyhow::Result<Vec
             check_size(bytes.len(), &where_)?;
             Ok(bytes)
         }
-        (None, None, Some(http)) if source.oci.is_none() => {
-            let credentials = match &http.secret_ref {
-                Some(secret) => Some(credentials(client, secret).await?),
-                None => None,
-            };
-            fetch_http(http, credentials).await
-        }
-        (None, None, None) if let Some(oci) = &source.oci => fetch_oci(client, oci).await,
+        (None, None, Some(http), None) => fetch_http(http, credentials).await,
+        (None, None, None, Some(oci)) => fetch_oci(oci, credentials).await,
         _ => bail!("the plugin source must name exactly one of file, configMap, http or oci"),
     }
 }
@@ -166,15 +226,14 @@ const WASM_LAYER: &str = "application/wasm";
 /// Pull a Wasm artifact: its manifest, then the `application/wasm` layer, which the client
 /// checks against the layer digest. The component digest the policy pins is checked after,
 /// by the engine.
-async fn fetch_oci(client: &Client, source: &OciSource) -> anyhow::Result<Vec<u8>> {
+async fn fetch_oci(
+    source: &OciSource,
+    credentials: Option<Credentials>,
+) -> anyhow::Result<Vec<u8>> {
     let reference: oci_client::Reference = source
         .reference
         .parse()
         .with_context(|| format!("invalid OCI reference {:?}", source.reference))?;
-    let credentials = match &source.secret_ref {
-        Some(secret) => Some(credentials(client, secret).await?),
-        None => None,
-    };
     let auth = match credentials {
         Some(credentials) => match credentials {
             Credentials::Bearer(token) => oci_client::secrets::RegistryAuth::Bearer(token),
@@ -301,11 +360,6 @@ enum Failure {
     Final(anyhow::Error),
 }
 
-enum Credentials {
-    Bearer(String),
-    Basic(String, String),
-}
-
 async fn download(
     http: &reqwest::Client,
     source: &HttpSource,
@@ -349,29 +403,6 @@ async fn download(
         check_size(bytes.len(), url).map_err(Failure::Final)?;
     }
     Ok(bytes)
-}
-
-/// Read `token`, or `username` and `password`, from a Secret in the credentials namespace
-/// (which [`check`] made sure the `secretRef` names).
-async fn credentials(
-    client: &Client,
-    secret: &crate::policy::SecretRef,
-) -> anyhow::Result<Credentials> {
-    let (namespace, name) = (&secret.namespace, &secret.name);
-    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
-        .get(name)
-        .await
-        .with_context(|| format!("reading credentials Secret {namespace}/{name}"))?;
-    let data = secret.data.unwrap_or_default();
-    let text = |key: &str| {
-        data.get(key)
-            .map(|v| String::from_utf8_lossy(&v.0).trim().to_owned())
-    };
-    match (text("token"), text("username"), text("password")) {
-        (Some(token), _, _) => Ok(Credentials::Bearer(token)),
-        (None, Some(user), Some(password)) => Ok(Credentials::Basic(user, password)),
-        _ => bail!("Secret {namespace}/{name} has neither `token` nor `username` and `password`"),
-    }
 }
 
 /// A `secretRef` may name only the host's credentials namespace: otherwise anyone who may
@@ -421,17 +452,18 @@ fn is_loopback(host: &url::Host<&str>) -> bool {
 
 /// Read a plugin file, refusing it as soon as it passes the size limit (a path such as
 /// `/dev/zero` must not make the host read without end).
-async fn read_file_capped(path: &str) -> anyhow::Result<Vec<u8>> {
+async fn read_file_capped(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     use tokio::io::AsyncReadExt as _;
+    let shown = path.display();
     let file = tokio::fs::File::open(path)
         .await
-        .with_context(|| format!("reading plugin file {path}"))?;
+        .with_context(|| format!("reading plugin file {shown}"))?;
     let mut bytes = Vec::new();
     file.take(MAX_PLUGIN_BYTES as u64 + 1)
         .read_to_end(&mut bytes)
         .await
-        .with_context(|| format!("reading plugin file {path}"))?;
-    check_size(bytes.len(), path)?;
+        .with_context(|| format!("reading plugin file {shown}"))?;
+    check_size(bytes.len(), &shown.to_string())?;
     Ok(bytes)
 }
 
@@ -482,27 +514,79 @@ mod tests {
         let source = |json: serde_json::Value| -> PluginSource {
             serde_json::from_value(json).expect("a source")
         };
+        let rules = SourceRules::default();
         let config_map =
             source(serde_json::json!({"configMap": {"namespace": "n", "name": "p", "key": "k"}}));
-        let refused = check(&config_map, false, None).expect_err("unpinned");
+        let refused = check(&config_map, false, &rules).expect_err("unpinned");
         assert!(
             refused
                 .to_string()
                 .contains("from a ConfigMap needs a pinned digest"),
             "{refused}"
         );
-        assert!(check(&config_map, true, None).is_ok());
+        assert!(check(&config_map, true, &rules).is_ok());
         let http = source(serde_json::json!({"http": {"url": "https://example.com/p.wasm"}}));
-        assert!(check(&http, false, None).is_err());
+        assert!(check(&http, false, &rules).is_err());
         let oci = source(serde_json::json!({"oci": {"reference": "example.com/p:1"}}));
-        assert!(check(&oci, false, None).is_err());
-        let file = source(serde_json::json!({"file": {"path": "/p.wasm"}}));
-        assert!(check(&file, false, None).is_ok(), "the host's own files");
+        assert!(check(&oci, false, &rules).is_err());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.wasm");
+        let file = source(serde_json::json!({"file": {"path": path}}));
+        let rules = SourceRules {
+            plugin_dirs: PluginDirs::new(vec![dir.path().to_owned()]),
+            ..SourceRules::default()
+        };
+        assert!(check(&file, false, &rules).is_ok(), "the host's own files");
+    }
+
+    #[test]
+    fn credentials_are_bound_to_the_host_the_source_names() {
+        let source = |json: serde_json::Value| -> PluginSource {
+            serde_json::from_value(json).expect("a source")
+        };
+        let rules = SourceRules {
+            credentials_namespace: Some("wasmctrl".into()),
+            ..SourceRules::default()
+        };
+        let secret = serde_json::json!({"namespace": "wasmctrl", "name": "registry"});
+        let host = |source: &PluginSource| {
+            let checked = check(source, true, &rules).expect("checked");
+            checked.secret.map(|(_, host)| host)
+        };
+        let http = source(serde_json::json!({"http": {
+            "url": "https://Plugins.Example.com:8443/p.wasm", "secretRef": secret}}));
+        assert_eq!(host(&http).as_deref(), Some("plugins.example.com:8443"));
+        let oci = source(serde_json::json!({"oci": {
+            "reference": "ghcr.io/example/p:1", "secretRef": secret}}));
+        assert_eq!(host(&oci).as_deref(), Some("ghcr.io"));
+        let anonymous = source(serde_json::json!({"oci": {"reference": "ghcr.io/example/p:1"}}));
+        assert_eq!(host(&anonymous), None, "no Secret, nothing to bind");
+    }
+
+    #[test]
+    fn a_file_source_outside_the_plugin_dirs_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file: PluginSource =
+            serde_json::from_value(serde_json::json!({"file": {"path": "/etc/hostname"}}))
+                .expect("a source");
+        let rules = SourceRules {
+            plugin_dirs: PluginDirs::new(vec![dir.path().to_owned()]),
+            ..SourceRules::default()
+        };
+        let refused = check(&file, true, &rules).expect_err("outside");
+        assert!(
+            refused.to_string().contains("outside the directories"),
+            "{refused}"
+        );
+        let refused = check(&file, true, &SourceRules::default()).expect_err("no dirs");
+        assert!(refused.to_string().contains("--plugin-dir"), "{refused}");
     }
 
     #[tokio::test]
     async fn a_plugin_file_is_cut_off_at_the_size_limit() {
-        let error = read_file_capped("/dev/zero").await.expect_err("endless");
+        let error = read_file_capped(std::path::Path::new("/dev/zero"))
+            .await
+            .expect_err("endless");
         assert!(error.to_string().contains("size limit"), "{error}");
     }
 }

@@ -1151,6 +1151,8 @@ fn run_host(spec: &str) -> anyhow::Result<()> {
         let options = wasmctrl::controller::HostOptions {
             namespace: Some(namespace.to_owned()),
             policy_selector: Some(selector.to_owned()),
+            // The bench's policies name the built plugins.
+            plugin_dirs: vec![wasmctrl_testenv::plugins::plugin_dir()],
             explain: Arc::new(wasmctrl::explain::Explain::in_memory(
                 wasmctrl::explain::Bounds {
                     max_bytes: explain_mib << 20,

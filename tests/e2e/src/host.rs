@@ -34,8 +34,8 @@ impl HostUnderTest {
     /// `TEST_LABEL=test`, watches only `namespace`, takes plugin credentials only from it, and
     /// records an Event at most every 30 s per parent and reason. Unless the builder is told
     /// otherwise, it acts as the test cluster's admin, keeps precompiled plugins in the
-    /// suite's disk cache, lets 8 plugin calls run at once, and keeps its reconciles' records
-    /// as a host does by default.
+    /// suite's disk cache, reads file sources from the built plugins' directory only, lets 8
+    /// plugin calls run at once, and keeps its reconciles' records as a host does by default.
     pub fn builder(test: &str, namespace: &str) -> HostBuilder {
         HostBuilder {
             namespace: Some(namespace.to_owned()),
@@ -93,6 +93,8 @@ pub struct HostBuilder {
     event_interval: Option<Duration>,
     credentials: Credentials,
     disk_cache: bool,
+    /// `--plugin-dir`: where file sources may be.
+    plugin_dirs: Vec<PathBuf>,
     max_concurrent_calls: u32,
     explain: Option<Arc<Explain>>,
     require_policy_identity: bool,
@@ -106,6 +108,7 @@ impl HostBuilder {
             event_interval: None,
             credentials: Credentials::Admin,
             disk_cache: true,
+            plugin_dirs: vec![wasmctrl_testenv::plugins::plugin_dir()],
             max_concurrent_calls: 8,
             explain: None,
             require_policy_identity: false,
@@ -137,6 +140,13 @@ impl HostBuilder {
     /// compiled afresh.
     pub fn without_disk_cache(mut self) -> Self {
         self.disk_cache = false;
+        self
+    }
+
+    /// Let file sources be read from `dir` too (a test's own plugin files), as
+    /// `--plugin-dir` does.
+    pub fn plugin_dir(mut self, dir: &std::path::Path) -> Self {
+        self.plugin_dirs.push(dir.to_owned());
         self
     }
 
@@ -175,6 +185,7 @@ impl HostBuilder {
             backoff_max: Duration::from_secs(8),
             event_interval: self.event_interval.unwrap_or(defaults.event_interval),
             credentials_namespace: self.namespace,
+            plugin_dirs: self.plugin_dirs,
             explain: self.explain.unwrap_or(defaults.explain),
             require_policy_identity: self.require_policy_identity,
             ..defaults

@@ -27,13 +27,30 @@ pub async fn http_get(address: std::net::SocketAddr, path: &str) -> anyhow::Resu
     .await?
 }
 
+/// A plugin server from [`serve_plugins`].
+pub struct PluginServer {
+    /// Where it listens, `127.0.0.1:<port>`.
+    pub address: std::net::SocketAddr,
+    with_token: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl PluginServer {
+    /// How many requests so far carried the server's token.
+    pub fn requests_with_token(&self) -> usize {
+        self.with_token.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// A loopback HTTP server for plugin downloads: `GET /<file>` (with `Authorization: Bearer
 /// <token>` when a token is given) serves the built plugin `<file>` (without `.wasm`). The
-/// first request it ever gets is answered 503, so the host's retry is exercised.
-pub fn serve_plugins(token: Option<&'static str>) -> anyhow::Result<std::net::SocketAddr> {
+/// first request it ever gets is answered 503, so the host's retry is exercised. It counts
+/// the requests that carried the token, so a test can tell whether a credential reached it.
+pub fn serve_plugins(token: Option<&'static str>) -> anyhow::Result<PluginServer> {
     use std::io::{BufRead as _, BufReader, Write as _};
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?;
+    let with_token = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
+    let counter = with_token.clone();
     std::thread::spawn(move || {
         let mut first = true;
         for stream in listener.incoming().flatten() {
@@ -49,6 +66,9 @@ pub fn serve_plugins(token: Option<&'static str>) -> anyhow::Result<std::net::So
                 authorized |= token.is_some_and(|token| {
                     line.eq_ignore_ascii_case(&format!("authorization: Bearer {token}\r\n"))
                 });
+            }
+            if authorized && token.is_some() {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             let path = request_line
                 .split_whitespace()
@@ -76,7 +96,10 @@ pub fn serve_plugins(token: Option<&'static str>) -> anyhow::Result<std::net::So
             let _ = stream.write_all(&body);
         }
     });
-    Ok(address)
+    Ok(PluginServer {
+        address,
+        with_token,
+    })
 }
 
 /// `GET https://ADDRESS/PATH` with `token` as the bearer, accepting the host's self-signed

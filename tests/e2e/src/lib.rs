@@ -22,7 +22,7 @@ pub use chart::{
     CHART, apply_policy_rbac, documents, helm, install_chart_rbac, install_explain_reader, render,
 };
 pub use host::{HostBuilder, HostUnderTest, client_as, service_account_token};
-pub use http::{http_get, https_get, serve_plugins};
+pub use http::{PluginServer, http_get, https_get, serve_plugins};
 pub use kinds::{
     TEST_GROUP, myapp, myapp_policy_in, myapp_policy_spec, myapps, test_crd, widget, widget_test,
     widgets,

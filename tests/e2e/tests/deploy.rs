@@ -11,7 +11,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use serde_json::json;
+use serde_json::{Value, json};
 use wasmctrl_e2e::*;
 use wasmctrl_testenv::repo_root;
 
@@ -126,6 +126,29 @@ fn the_chart_lints_renders_the_committed_manifests_and_refuses_nonsense() -> any
         "{container}"
     );
     assert_eq!(pod["volumes"][0]["emptyDir"]["sizeLimit"], "1Gi");
+    // One plugin fetched and compiled at a time, within the memory limit; no file sources.
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .context("args")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(args.contains(&"--max-concurrent-loads=1"), "{args:?}");
+    assert!(
+        !args.iter().any(|a| a.starts_with("--plugin-dir")),
+        "{args:?}"
+    );
+    let with_dirs = render(&[
+        "wasmctrl",
+        CHART,
+        "--set",
+        "pluginSources.fileDirs={/plugins,/more-plugins}",
+    ])?;
+    assert!(
+        with_dirs.contains("- --plugin-dir=/plugins\n")
+            && with_dirs.contains("- --plugin-dir=/more-plugins\n"),
+        "{with_dirs}"
+    );
 
     // Values that make no sense fail at render, saying why.
     let two_writers = render(&["wasmctrl", CHART, "--set", "leaderElection.enabled=false"]);

@@ -59,7 +59,8 @@ fn start_replica(
 ) -> anyhow::Result<Replica> {
     let (host, port, _) = api_server()?;
     let address = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    // The chart's container arguments, plus this test's policy selector.
+    // The chart's container arguments, plus this test's policy selector and the directory
+    // its plugin is mounted in (the chart's `pluginSources.fileDirs`).
     let args = [
         image::ENTRYPOINT,
         "run",
@@ -69,6 +70,7 @@ fn start_replica(
         &format!("--leader-elect-lease-name={LEASE}"),
         "--require-policy-identity",
         &format!("--policy-selector={TEST_LABEL}={TEST}"),
+        "--plugin-dir=/plugins",
     ]
     .map(str::to_owned)
     .to_vec();

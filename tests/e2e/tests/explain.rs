@@ -631,11 +631,14 @@ async fn reconciles_are_exported_as_traces_with_their_steps() -> anyhow::Result<
     let (collector, bodies) = collector().await?;
     let kubeconfig = TestEnv::get().kubeconfig().to_string_lossy().into_owned();
     let selector = format!("{TEST_LABEL}={TEST}");
+    let plugins = wasmctrl_testenv::plugins::plugin_dir();
     let args = [
         "wasmctrl",
         "run",
         "--kubeconfig",
         &kubeconfig,
+        "--plugin-dir",
+        &plugins.to_string_lossy(),
         "--namespace",
         &ns,
         "--policy-selector",

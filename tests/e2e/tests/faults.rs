@@ -208,6 +208,8 @@ fn replica_process_for(
         "run",
         "--kubeconfig",
         &kubeconfig.to_string_lossy(),
+        "--plugin-dir",
+        &wasmctrl_testenv::plugins::plugin_dir().to_string_lossy(),
         "--policy-selector",
         &format!("{TEST_LABEL}={test}"),
         "--insecure-listen",

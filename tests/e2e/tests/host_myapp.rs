@@ -218,7 +218,12 @@ async fn a_converged_host_writes_nothing_on_restart_or_on_a_swap_to_the_same_dec
     host.stop().await?;
 
     let before = writes_in(audit_log, &ns)?;
-    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    // Where the swap below puts its plugin: a directory the restarted host may read from.
+    let dir = tempfile::tempdir()?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .plugin_dir(dir.path())
+        .start()
+        .await?;
     // The restarted host lists everything and reconciles every parent at once; give it
     // ample time to write, if it were going to.
     tokio::time::sleep(std::time::Duration::from_secs(6)).await;
@@ -231,7 +236,6 @@ async fn a_converged_host_writes_nothing_on_restart_or_on_a_swap_to_the_same_dec
 
     // A swap to a plugin that decides the same (the same component with a custom section
     // added: another digest) is rolled out to every parent without a single write.
-    let dir = tempfile::tempdir()?;
     let same = dir.path().join("myapp-same.wasm");
     let mut bytes = std::fs::read(wasmctrl_testenv::plugins::guest("myapp_plugin"))?;
     bytes.extend_from_slice(&custom_section(

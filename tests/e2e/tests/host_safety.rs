@@ -385,6 +385,120 @@ async fn plugin_credentials_come_only_from_the_hosts_namespace_and_only_over_tls
     delete_namespace(&client, &ns).await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_credentials_go_only_to_the_hosts_their_secret_names() -> anyhow::Result<()> {
+    const TEST: &str = "safety-credential-hosts";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let digest = wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
+        "misbehave_plugin",
+    ))?)
+    .to_string();
+    // A plugin server on loopback (no TLS needed there) that counts requests bearing the token.
+    let server = serve_plugins(Some("s3cret"))?;
+    let here = server.address.to_string();
+    let with_secret = |secret: &str| {
+        json!({
+            "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
+            "children": [],
+            "plugin": {
+                "source": {"http": {
+                    "url": format!("http://{here}/misbehave_plugin.wasm"),
+                    "secretRef": {"namespace": ns, "name": secret},
+                }},
+                "digest": digest,
+            },
+        })
+    };
+    let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
+    let token_secret = |name: &str, hosts: Option<&str>| {
+        let mut secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"token": "s3cret"}});
+        if let Some(hosts) = hosts {
+            secret["metadata"]["annotations"] =
+                json!({wasmctrl::registry::HOSTS_ANNOTATION: hosts});
+        }
+        secret
+    };
+    apply(
+        &secrets,
+        token_secret("for-another-host", Some("registry.example.com, ghcr.io")),
+    )
+    .await?;
+    apply(&secrets, token_secret("for-no-host", None)).await?;
+    // What `kubectl create secret docker-registry --docker-server=registry.example.com` makes.
+    let docker_config = json!({"auths": {"registry.example.com": {"registrytoken": "s3cret"}}});
+    apply(
+        &secrets,
+        json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+            "metadata": {"name": "docker-for-another-host"},
+            "stringData": {".dockerconfigjson": docker_config.to_string()},
+        }),
+    )
+    .await?;
+    apply_policy(&client, TEST, TEST, with_secret("for-another-host")).await?;
+    // No disk cache: a digest the host has not loaded itself must be fetched.
+    let host = HostUnderTest::builder(TEST, &ns)
+        .without_disk_cache()
+        .start()
+        .await?;
+    let policy_api = policies(&client);
+    let current = |p: &Value, c: &Value| c["observedGeneration"] == p["metadata"]["generation"];
+
+    for (secret, says) in [
+        ("for-another-host", format!("not for \"{here}\"")),
+        (
+            "for-no-host",
+            format!("annotate it with {}", wasmctrl::registry::HOSTS_ANNOTATION),
+        ),
+        (
+            "docker-for-another-host",
+            format!("no credentials for registry \"{here}\""),
+        ),
+    ] {
+        apply_policy(&client, TEST, TEST, with_secret(secret)).await?;
+        let refused = wait_for_object(&policy_api, TEST, &format!("{secret} refused"), |p| {
+            condition(p, "PluginLoaded")
+                .is_some_and(|c| current(p, c) && c["reason"] == "InvalidSource")
+        })
+        .await?;
+        let message = condition(&refused, "PluginLoaded")
+            .and_then(|c| c["message"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        assert!(message.contains(&says), "{secret}: {message}");
+        assert_eq!(
+            condition(&refused, "Ready").map(|c| (c["status"].clone(), c["reason"].clone())),
+            Some((json!("False"), json!("PluginNotLoaded"))),
+            "{secret}"
+        );
+    }
+    assert_eq!(
+        server.requests_with_token(),
+        0,
+        "a credential reached a host its Secret does not name"
+    );
+
+    // Bound to this server, the same token fetches the plugin.
+    apply(&secrets, token_secret("for-this-host", Some(&here))).await?;
+    apply_policy(&client, TEST, TEST, with_secret("for-this-host")).await?;
+    wait_for_object(
+        &policy_api,
+        TEST,
+        "the plugin fetched with the token",
+        |p| condition(p, "PluginLoaded").is_some_and(|c| current(p, c) && c["status"] == "True"),
+    )
+    .await?;
+    assert!(
+        server.requests_with_token() > 0,
+        "the token went to its host"
+    );
+
+    host.stop().await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    delete_namespace(&client, &ns).await
+}
+
 /// Grant ServiceAccount `host` of `ns` a ClusterRole with `rules`, bound cluster-wide.
 async fn grant(client: &kube::Client, ns: &str, name: &str, rules: Value) -> anyhow::Result<()> {
     bind_cluster_role(client, name, rules, account_subject(ns, "host")).await

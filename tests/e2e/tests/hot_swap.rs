@@ -13,6 +13,7 @@ use kube::ResourceExt as _;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::{Value, json};
 use wasmctrl::plugin::Digest;
+use wasmctrl::registry::HOSTS_ANNOTATION;
 use wasmctrl_e2e::*;
 use wasmctrl_testenv::plugins::guest;
 
@@ -291,7 +292,12 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
         policy(file_source("myapp_plugin"), None, json!({})),
     )
     .await?;
-    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    // A directory of this test's own plugin files, one the host may read from.
+    let dir = tempfile::tempdir()?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .plugin_dir(dir.path())
+        .start()
+        .await?;
     let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let services = api(&client, &resource("", "v1", "Service"), &ns);
@@ -305,8 +311,39 @@ async fn plugins_that_cannot_load_are_refused_and_one_that_traps_deletes_nothing
                 .is_some_and(|c| c["status"] == "False" && c["reason"] == reason)
         }
     };
+    // A file outside the host's plugin directories is not read, whatever it holds.
+    let elsewhere = tempfile::tempdir()?;
+    let outside = elsewhere.path().join("plugin.wasm");
+    std::fs::copy(guest("myapp_v2_plugin"), &outside)?;
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(json!({"file": {"path": outside}}), None, json!({})),
+    )
+    .await?;
+    let refused = wait_for_object(
+        &policy_api,
+        TEST,
+        "a file outside the plugin directories refused",
+        plugin_loaded("InvalidSource"),
+    )
+    .await?;
+    let message = condition(&refused, "PluginLoaded")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("outside the directories")
+            && message.contains(&dir.path().display().to_string()),
+        "{message}"
+    );
+    assert_eq!(
+        refused["status"]["activeDigest"],
+        v1.as_str(),
+        "v1 keeps serving"
+    );
     // Bytes that do not compile.
-    let dir = tempfile::tempdir()?;
     let garbage = dir.path().join("garbage.wasm");
     std::fs::write(&garbage, b"\0asm\x0d\0\x01\0 this is not a component")?;
     apply_policy(
@@ -438,7 +475,10 @@ async fn new_bytes_behind_a_file_swap_by_themselves_and_behind_a_config_map_only
         policy(json!({"file": {"path": file}}), None, json!({})),
     )
     .await?;
-    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .plugin_dir(dir.path())
+        .start()
+        .await?;
     apply(&myapps, myapp("web", 1, "nginx:1.27", None)).await?;
     wait_served(&myapps, &deployments, "web", Built::V1).await?;
     active(&file_policy, &v1).await?;
@@ -643,9 +683,10 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
-    let address = serve_plugins(Some("s3cret"))?;
+    let address = serve_plugins(Some("s3cret"))?.address;
     let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
-    apply(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry"}, "stringData": {"token": "s3cret"}})).await?;
+    // The token is for this server only (see host_safety.rs for one bound elsewhere).
+    apply(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry", "annotations": {HOSTS_ANNOTATION: address.to_string()}}, "stringData": {"token": "s3cret"}})).await?;
     let http = |file: &str, secret: bool| {
         let mut source = json!({"http": {"url": format!("http://{address}/{file}.wasm")}});
         if secret {

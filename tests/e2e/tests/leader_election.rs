@@ -45,6 +45,8 @@ impl Replica {
             ns,
             "--credentials-namespace",
             ns,
+            "--plugin-dir",
+            &wasmctrl_testenv::plugins::plugin_dir().to_string_lossy(),
             "--policy-selector",
             &format!("{TEST_LABEL}={TEST}"),
             "--insecure-listen",

@@ -337,7 +337,7 @@ async fn teams_with_only_namespace_rights_run_their_own_operators_for_one_parent
         .await?;
 
     // Each team, as a user with rights in its namespace only, runs the MyApp operator.
-    let address = serve_plugins(None)?;
+    let address = serve_plugins(None)?.address;
     let url = format!("http://{address}/myapp_plugin.wasm");
     let digest = wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
         "myapp_plugin",
