@@ -221,6 +221,12 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
         None,
         "a standby reconciles nothing"
     );
+    // The standby saw w1 and its child too; what it queued does not stay counted.
+    let depth = format!(r#"workqueue_depth{{name="{TEST}"}} "#);
+    eventually("the standby's queue drains", ACT, || async {
+        Ok(replicas[standby_at].metric(&depth).await? == Some(0.0))
+    })
+    .await?;
     let standby = replicas[standby_at].name.clone();
     let written = writers(&ns)?;
     assert!(

@@ -2,7 +2,9 @@
 //! plugin receives exactly the objects its parent names (an unlabelled ConfigMap named in
 //! `spec.configMap`, the Secret named like the parent) and no other object of those kinds; a
 //! change to a named object re-reconciles the parent; renaming follows; a named object that
-//! goes away is reported by the plugin and nothing is deleted.
+//! goes away is reported by the plugin and nothing is deleted. A parent that names more
+//! objects, or more bytes of them, than one request carries fails with `RelatedTooLarge` and
+//! keeps its children as they were.
 
 use std::sync::Arc;
 
@@ -138,6 +140,122 @@ async fn a_plugin_receives_exactly_the_objects_its_parent_names() -> anyhow::Res
     );
     let related = related_in_last_request(&explain, &ns).context("a recorded request")?;
     assert_eq!(related, ["Secret/web"]);
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+/// The `Reconciled` condition's message once it is `False` for `reason` with a message
+/// that says `saying`.
+async fn failed_with(
+    widgets: &kube::Api<kube::api::DynamicObject>,
+    name: &str,
+    reason: &str,
+    saying: &str,
+) -> anyhow::Result<String> {
+    let failed = wait_for_object(widgets, name, &format!("{reason} on {name}"), |w| {
+        condition(w, "Reconciled").is_some_and(|c| {
+            c["status"] == "False"
+                && c["reason"] == reason
+                && c["message"].as_str().is_some_and(|m| m.contains(saying))
+        })
+    })
+    .await?;
+    Ok(condition(&failed, "Reconciled")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned())
+}
+
+fn widget_naming(name: &str, refs: &[String]) -> Value {
+    json!({"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget",
+           "metadata": {"name": name}, "spec": {"refs": refs}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_naming_too_much_fails_and_keeps_its_children() -> anyhow::Result<()> {
+    const TEST: &str = "related-too-large";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
+    // The misbehave plugin desires `<widget>-own` holding the widget's spec as its data.
+    let spec = json!({
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "related": [{"apiVersion": "v1", "kind": "ConfigMap", "nameFrom": "spec.refs"}],
+        "plugin": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
+    });
+    apply_policy(&client, TEST, TEST, spec).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    let widgets = widgets(&client, &ns);
+
+    apply(&config_maps, config_map("small", "EUR", false)).await?;
+    apply(&widgets, widget_naming("w", &["small".to_owned()])).await?;
+    wait_for_object(&widgets, "w", "Reconciled=True", |w| {
+        condition(w, "Reconciled").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    let child_refs = |child: &Value| child["data"]["refs"].as_str().unwrap_or("").to_owned();
+    let child = get(&config_maps, "w-own")
+        .await?
+        .context("the widget's child")?;
+    assert_eq!(child_refs(&child), r#"["small"]"#);
+
+    // More names than one field may name: refused before any of them is read.
+    let many: Vec<String> = (0..65).map(|i| format!("cm-{i}")).collect();
+    apply(&widgets, widget_naming("w", &many)).await?;
+    let message = failed_with(&widgets, "w", "RelatedTooLarge", "names 65").await?;
+    assert!(
+        message.contains(&format!(
+            "Widget {ns}/w: its spec.refs names 65 ConfigMap objects"
+        )) && message.contains("not retried until"),
+        "{message}"
+    );
+    let child = get(&config_maps, "w-own")
+        .await?
+        .context("the child stays")?;
+    assert_eq!(child_refs(&child), r#"["small"]"#, "nothing was written");
+
+    // Few names, but more bytes than one request carries (9 × 950 kB over 8 MiB).
+    let big: Vec<String> = (0..9).map(|i| format!("big-{i}")).collect();
+    for name in &big {
+        let filler = "x".repeat(950_000);
+        apply(
+            &config_maps,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+                   "data": {"filler": filler}}),
+        )
+        .await?;
+    }
+    apply(&widgets, widget_naming("w", &big)).await?;
+    let message = failed_with(&widgets, "w", "RelatedTooLarge", "bytes").await?;
+    assert!(
+        message.contains(&format!(
+            "Widget {ns}/w: its related objects come to more than 8388608 bytes"
+        )) && message.contains("bytes up to ConfigMap big-8)"),
+        "{message}"
+    );
+    let child = get(&config_maps, "w-own")
+        .await?
+        .context("the child stays")?;
+    assert_eq!(child_refs(&child), r#"["small"]"#, "nothing was written");
+    let reasons = event_reasons(&client, &ns, "w").await?;
+    assert!(
+        reasons
+            .iter()
+            .any(|(_, reason)| reason == "RelatedTooLarge"),
+        "{reasons:?}"
+    );
+
+    // Back within the limits: reconciled again.
+    apply(&widgets, widget_naming("w", &big[..2])).await?;
+    wait_for_object(&config_maps, "w-own", "the child follows the spec", |c| {
+        child_refs(c) == r#"["big-0","big-1"]"#
+    })
+    .await?;
 
     host.stop().await?;
     delete_namespace(&client, &ns).await?;

@@ -15,7 +15,7 @@
 
 use anyhow::Context as _;
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::core::DynamicObject;
+use kube::core::{DynamicObject, PartialObjectMeta};
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::json;
 
@@ -26,11 +26,18 @@ use crate::controller::labels::{
 use crate::controller::policy_run::scopes;
 use crate::policy::{FinalizedScope, KindRef, ReconcilePolicy};
 
+/// How many parents one list request of [`release_parents`] asks for.
+const RELEASE_PAGE: u32 = 500;
+
 /// Remove `finalizer` from every parent of `parent` kind (in `namespace`, if the host is
 /// restricted to one), except those in `except` (a namespace the policy still holds). Each
 /// removal tests the parent's uid and the finalizer's position, so it never edits a
 /// different object or a list that changed meanwhile (a conflict is an error, and the caller
 /// tries again). Returns how many parents were released.
+///
+/// The parents are listed as metadata only (the finalizers are all it needs) and
+/// [`RELEASE_PAGE`] at a time, so a kind with many large parents costs neither the API
+/// server nor the host one response holding them all.
 pub(crate) async fn release_parents(
     client: &Client,
     parent: &ResolvedKind,
@@ -38,50 +45,75 @@ pub(crate) async fn release_parents(
     except: Option<&str>,
     finalizer: &str,
 ) -> anyhow::Result<usize> {
+    release_parents_paged(client, parent, (namespace, except), finalizer, RELEASE_PAGE).await
+}
+
+/// [`release_parents`], listing `page` parents at a time.
+async fn release_parents_paged(
+    client: &Client,
+    parent: &ResolvedKind,
+    (namespace, except): (Option<&str>, Option<&str>),
+    finalizer: &str,
+    page: u32,
+) -> anyhow::Result<usize> {
     let api: Api<DynamicObject> = match namespace.filter(|_| parent.namespaced) {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, &*parent.resource),
         None => Api::all_with(client.clone(), &*parent.resource),
     };
-    let parents = api
-        .list(&ListParams::default())
-        .await
-        .with_context(|| format!("listing {} to release finalizers", parent.resource.kind))?;
     let mut released = 0;
-    for object in parents.items {
-        if except.is_some() && object.metadata.namespace.as_deref() == except {
-            continue;
-        }
-        let Some(index) = object.finalizers().iter().position(|f| f == finalizer) else {
-            continue;
-        };
-        let name = object.name_any();
-        let api: Api<DynamicObject> = match &object.metadata.namespace {
-            Some(namespace) => Api::namespaced_with(client.clone(), namespace, &*parent.resource),
-            None => Api::all_with(client.clone(), &*parent.resource),
-        };
-        let path = format!("/metadata/finalizers/{index}");
-        let patch: json_patch::Patch = serde_json::from_value(json!([
-            {"op": "test", "path": "/metadata/uid", "value": object.metadata.uid},
-            {"op": "test", "path": path, "value": finalizer},
-            {"op": "remove", "path": path},
-        ]))?;
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+    let mut params = ListParams::default().limit(page);
+    loop {
+        let listed = api
+            .list_metadata(&params)
             .await
-        {
-            Ok(_) => released += 1,
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(error) => {
-                return Err(error).with_context(|| {
-                    format!(
-                        "removing finalizer {finalizer} from {} {name}",
-                        parent.resource.kind
-                    )
-                });
+            .with_context(|| format!("listing {} to release finalizers", parent.resource.kind))?;
+        for object in &listed.items {
+            if except.is_some() && object.metadata.namespace.as_deref() == except {
+                continue;
             }
+            released += release_one(client, parent, object, finalizer).await?;
+        }
+        match listed.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(released),
         }
     }
-    Ok(released)
+}
+
+/// Remove `finalizer` from one listed parent, if it holds it: 1 if it was released.
+async fn release_one(
+    client: &Client,
+    parent: &ResolvedKind,
+    object: &PartialObjectMeta<DynamicObject>,
+    finalizer: &str,
+) -> anyhow::Result<usize> {
+    let Some(index) = object.finalizers().iter().position(|f| f == finalizer) else {
+        return Ok(0);
+    };
+    let name = object.name_any();
+    let api: Api<DynamicObject> = match &object.metadata.namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &*parent.resource),
+        None => Api::all_with(client.clone(), &*parent.resource),
+    };
+    let path = format!("/metadata/finalizers/{index}");
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": object.metadata.uid},
+        {"op": "test", "path": path, "value": finalizer},
+        {"op": "remove", "path": path},
+    ]))?;
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => Ok(1),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(0),
+        Err(error) => Err(error).with_context(|| {
+            format!(
+                "removing finalizer {finalizer} from {} {name}",
+                parent.resource.kind
+            )
+        }),
+    }
 }
 
 /// The JSON patch that adds `finalizer` to an object with `metadata` (`present`) or removes
@@ -364,4 +396,93 @@ pub(crate) async fn release_left_scopes(
         tracing::info!(policy = %name, api_version = %scope.api_version, kind = %scope.kind, namespace = ?scope.namespace, released, "the policy no longer finalizes these parents; released");
     }
     scopes::record(host, &name, uid, &kept).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::Value;
+
+    use super::*;
+    use crate::controller::testing;
+
+    /// Parent `name` in `namespace`, holding `finalizers`, as a metadata list shows it.
+    fn listed(namespace: &str, name: &str, finalizers: &[&str]) -> Value {
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+               "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}"),
+                            "finalizers": finalizers}})
+    }
+
+    /// The value of `key` in `uri`'s query.
+    fn query<'a>(uri: &'a http::Uri, key: &str) -> Option<&'a str> {
+        uri.query()?
+            .split('&')
+            .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+    }
+
+    #[tokio::test]
+    async fn parents_are_released_over_every_page_of_a_metadata_list() {
+        const FINALIZER: &str = "wasmctrl.dev/p";
+        let parents = [
+            listed("a", "p0", &[FINALIZER]),
+            listed("a", "p1", &["other", FINALIZER]),
+            listed("a", "p2", &["other"]),
+            listed("kept", "p3", &[FINALIZER]),
+            listed("b", "p4", &[FINALIZER]),
+        ];
+        let (client, log) = testing::fake_api(move |method, uri| {
+            if *method == http::Method::PATCH {
+                return (
+                    200,
+                    json!({"apiVersion": "example.com/v1", "kind": "MyApp"}),
+                );
+            }
+            // A list: `limit` items from the position the continue token holds.
+            let from: usize = query(uri, "continue")
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0);
+            let limit: usize = query(uri, "limit")
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(usize::MAX);
+            let to = from.saturating_add(limit).min(parents.len());
+            let next = if to < parents.len() {
+                to.to_string()
+            } else {
+                String::new()
+            };
+            (
+                200,
+                json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                       "metadata": {"continue": next}, "items": parents[from..to]}),
+            )
+        });
+        let kind = ResolvedKind {
+            resource: Arc::new(testing::myapps()),
+            namespaced: true,
+        };
+        let released =
+            release_parents_paged(&client, &kind, (None, Some("kept")), FINALIZER, 2).await;
+        assert_eq!(released.ok(), Some(3));
+        let log = crate::lock(&log).clone();
+        let lists: Vec<_> = log.iter().filter(|r| r.starts_with("GET ")).collect();
+        assert_eq!(lists.len(), 3, "three pages of two: {log:?}");
+        assert!(
+            lists.iter().all(|r| r.contains("limit=2")),
+            "every page is limited: {lists:?}"
+        );
+        let patched: Vec<_> = log
+            .iter()
+            .filter_map(|r| r.strip_prefix("PATCH ")?.split('?').next())
+            .collect();
+        assert_eq!(
+            patched,
+            [
+                "/apis/example.com/v1/namespaces/a/myapps/p0",
+                "/apis/example.com/v1/namespaces/a/myapps/p1",
+                "/apis/example.com/v1/namespaces/b/myapps/p4",
+            ],
+            "the parents holding the finalizer, outside the kept namespace"
+        );
+    }
 }

@@ -26,7 +26,7 @@ use crate::controller::labels::POLICY_LABEL;
 use crate::controller::policy_run::watch_health::WatchHealth;
 use crate::controller::reconcile::children::AllowedKind;
 use crate::controller::reconcile::context::Caches;
-use crate::controller::reconcile::queue::QueueGauge;
+use crate::controller::reconcile::queue::{ParentKey, QueueGauge};
 use crate::metrics::PolicyMetrics;
 use crate::policy::KindRef;
 use crate::watch_backoff::WatchBackoff;
@@ -214,6 +214,22 @@ impl Watches {
             vec![parents_by_namespace.clone(), parents_by_reference.clone()],
         );
         let queue = setup.queue.clone();
+        let gone = setup.queue.clone();
+        let listed = parents.clone();
+        let resource = parent.resource.clone();
+        // A parent that is gone is not reconciled: it no longer waits. (After the store
+        // took the event, so a re-list's check reads the list.)
+        let stream = stream.inspect(move |event| match event {
+            Ok(watcher::Event::Delete(parent)) => {
+                gone.started(&(parent.metadata.namespace.clone(), parent.name_any()));
+            }
+            Ok(watcher::Event::InitDone) => gone.retain(|(namespace, name)| {
+                listed
+                    .get(&parent_ref(&resource, namespace.as_deref(), name))
+                    .is_some()
+            }),
+            _ => {}
+        });
         let controller = Controller::for_stream_with(
             stream
                 .applied_objects()
@@ -251,14 +267,11 @@ impl Watches {
             vec![by_controller.clone()],
         );
         let queue = setup.queue.clone();
-        let parent_kind = self.parent.kind.clone();
+        let parents = self.parents.clone();
+        let parent = self.parent.clone();
         let stream = stream.touched_objects().inspect_ok(move |child| {
-            let owner = child
-                .owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true) && o.kind == parent_kind);
-            if let Some(owner) = owner {
-                queue.added([(child.metadata.namespace.clone(), owner.name.clone())]);
+            if let Some(key) = controlling_parent(child, &parent, &parents) {
+                queue.added([key]);
             }
         });
         self.controller = self
@@ -428,6 +441,37 @@ impl Watches {
     }
 }
 
+/// The parent a child's event queues, as kube-runtime finds it (the owner's name in the
+/// child's namespace): the child's controller of the parent kind, if the parents' cache
+/// holds it. An owner reference to a parent that does not exist queues nothing (kube-runtime
+/// drops it), so it is not counted.
+fn controlling_parent(
+    child: &CachedObject,
+    parent: &Arc<ApiResource>,
+    parents: &Store<CachedObject>,
+) -> Option<ParentKey> {
+    let owner = child
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == parent.kind)?;
+    let namespace = child.metadata.namespace.clone();
+    parents.get(&parent_ref(parent, namespace.as_deref(), &owner.name))?;
+    Some((namespace, owner.name.clone()))
+}
+
+/// The reference to the parent `name` in `namespace`, to look it up in the parents' cache.
+fn parent_ref(
+    parent: &Arc<ApiResource>,
+    namespace: Option<&str>,
+    name: &str,
+) -> ObjectRef<CachedObject> {
+    let reference = ObjectRef::new_with(name, parent.clone());
+    match namespace {
+        Some(namespace) => reference.within(namespace),
+        None => reference,
+    }
+}
+
 /// What a related event triggers: the parents `index` holds under a key, counted as queued.
 fn parents_under(
     index: Arc<StoreIndex<CachedObject>>,
@@ -464,4 +508,45 @@ fn parent_changed(parent: &CachedObject) -> Option<u64> {
 /// The children label selector of a policy's owned children.
 pub(crate) fn owned_selector(policy_label: &str) -> String {
     format!("{}={policy_label}", POLICY_LABEL)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::testing;
+
+    fn child(namespace: &str, owner: Option<(&str, &str, bool)>) -> CachedObject {
+        let owners: Vec<_> = owner
+            .map(|(kind, name, controller)| {
+                json!({"apiVersion": "example.com/v1", "kind": kind, "name": name,
+                       "uid": format!("uid-{name}"), "controller": controller})
+            })
+            .into_iter()
+            .collect();
+        CachedObject::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": namespace, "ownerReferences": owners},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_child_queues_only_a_parent_that_exists() {
+        let kind = Arc::new(testing::myapps());
+        let parents = testing::store(testing::myapps(), vec![testing::parent("a", "web", &[])]);
+        let queued = |child: CachedObject| controlling_parent(&child, &kind, &parents);
+        assert_eq!(
+            queued(child("a", Some(("MyApp", "web", true)))),
+            Some((Some("a".to_owned()), "web".to_owned()))
+        );
+        // An owner reference naming no parent would wait in the count for ever.
+        assert_eq!(queued(child("a", Some(("MyApp", "ghost", true)))), None);
+        assert_eq!(queued(child("b", Some(("MyApp", "web", true)))), None);
+        // Not the controller, or not of the parent kind.
+        assert_eq!(queued(child("a", Some(("MyApp", "web", false)))), None);
+        assert_eq!(queued(child("a", Some(("Other", "web", true)))), None);
+        assert_eq!(queued(child("a", None)), None);
+    }
 }

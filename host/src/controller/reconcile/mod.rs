@@ -58,6 +58,9 @@ pub(crate) async fn reconcile(
     cached: Arc<CachedObject>,
     ctx: Arc<PolicyContext>,
 ) -> Result<Action, Failure> {
+    // Off the queue first: a standby's reconcile ends here too.
+    ctx.queue
+        .started(&(cached.metadata.namespace.clone(), cached.name_any()));
     if !ctx.leadership.is_leader() {
         // Taking over re-enqueues every parent, so nothing waits on this.
         return Ok(Action::await_change());
@@ -66,8 +69,6 @@ pub(crate) async fn reconcile(
     // Parents are cached compactly; this reconcile reads the whole object.
     let parent = cached.to_dynamic();
     drop(cached);
-    ctx.queue
-        .started(&(parent.metadata.namespace.clone(), parent.name_any()));
     let started = std::time::Instant::now();
     ctx.metrics.worker(1);
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);

@@ -4,6 +4,12 @@
 //! watch event, swap or takeover that reaches the controller adds its parent, and the start
 //! of a reconcile takes it out. A parent asked for twice before it runs waits once, as in
 //! client-go's queue. Timed requeues (resync, backoff) are not seen until they run.
+//!
+//! What kube-runtime drops without a reconcile must leave the count too, or it grows for
+//! ever: a parent deleted while it waited (taken out on its delete, and by a re-list that
+//! no longer shows it), and a child's owner reference to a parent that does not exist (not
+//! counted at all). A standby's reconciles start like the leader's and end at once, so they
+//! take their parents out as well.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -38,10 +44,21 @@ impl QueueGauge {
         self.metrics.queued(added, waiting.len());
     }
 
-    /// A reconcile of this parent started.
+    /// A reconcile of this parent started, or the parent is gone: it no longer waits.
     pub fn started(&self, parent: &ParentKey) {
         let mut waiting = crate::lock(&self.waiting);
         if waiting.remove(parent) {
+            self.metrics.set_queue_depth(waiting.len());
+        }
+    }
+
+    /// The parents' watch re-listed: only the parents for which `exists` holds can still
+    /// be reconciled.
+    pub fn retain(&self, exists: impl Fn(&ParentKey) -> bool) {
+        let mut waiting = crate::lock(&self.waiting);
+        let before = waiting.len();
+        waiting.retain(|parent| exists(parent));
+        if waiting.len() != before {
             self.metrics.set_queue_depth(waiting.len());
         }
     }
@@ -71,6 +88,18 @@ mod tests {
         queue.started(&a);
         assert!(metrics.encode().contains(r#"workqueue_depth{name="p"} 1"#));
         queue.started(&b);
+        assert!(metrics.encode().contains(r#"workqueue_depth{name="p"} 0"#));
+    }
+
+    #[test]
+    fn a_relist_takes_out_the_parents_that_are_gone() {
+        let metrics = Arc::new(Metrics::new());
+        let queue = QueueGauge::new(metrics.policy("p"));
+        let key = |name: &str| -> ParentKey { (Some("ns".into()), name.into()) };
+        queue.added([key("kept"), key("gone")]);
+        queue.retain(|parent| parent.1 == "kept");
+        assert!(metrics.encode().contains(r#"workqueue_depth{name="p"} 1"#));
+        queue.started(&key("kept"));
         assert!(metrics.encode().contains(r#"workqueue_depth{name="p"} 0"#));
     }
 }
