@@ -73,7 +73,7 @@ pub struct RunCommand {
     plugin_dirs: Vec<PathBuf>,
     /// Plugins fetched and compiled at once, across all policies; more wait their turn. Each
     /// may hold the plugin size limit (64 MiB) and a compile (`--max-compile-memory-mib`).
-    #[arg(long, env = "WASMCTRL_MAX_CONCURRENT_LOADS", default_value_t = 2)]
+    #[arg(long, env = "WASMCTRL_MAX_CONCURRENT_LOADS", default_value_t = crate::registry::RegistryOptions::default().max_concurrent_loads)]
     max_concurrent_loads: usize,
     /// Run only policies that name the ServiceAccount they act as (`spec.serviceAccount`);
     /// refuse the rest with `Ready=False, IdentityRequired`. Without it, a policy that names
