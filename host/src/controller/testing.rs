@@ -154,33 +154,3 @@ pub fn deployment(name: &str) -> crate::plugin::JsonObject {
         "spec": {"replicas": 3},
     }))
 }
-
-/// A kube client whose API server is `answer`: each request is logged (as `METHOD
-/// path?query`) and answered with the status and JSON body `answer` gives for its method
-/// and URI. The log is for asserting which reads and writes a piece of the host makes.
-pub fn fake_api(
-    answer: impl Fn(&http::Method, &http::Uri) -> (u16, serde_json::Value) + Send + Sync + 'static,
-) -> (kube::Client, Arc<std::sync::Mutex<Vec<String>>>) {
-    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let logged = log.clone();
-    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-        let uri = request.uri();
-        crate::lock(&logged).push(format!("{} {uri}", request.method()));
-        let (status, body) = answer(request.method(), uri);
-        std::future::ready(
-            http::Response::builder()
-                .status(status)
-                .body(kube::client::Body::from(body.to_string().into_bytes())),
-        )
-    });
-    (kube::Client::new(service, "default"), log)
-}
-
-/// The API server's answer for an object that does not exist.
-pub fn not_found() -> (u16, serde_json::Value) {
-    (
-        404,
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-               "reason": "NotFound", "code": 404}),
-    )
-}

@@ -535,7 +535,10 @@ async fn the_listener_answers_only_callers_the_api_server_vouches_for() -> anyho
     );
     let (status, metrics) = https_get(address, "/metrics", Some(&scraper)).await?;
     assert_eq!(status, 200, "{metrics}");
-    assert!(metrics.contains("wasmctrl_reconcile"), "{metrics}");
+    assert!(
+        metrics.contains("controller_runtime_reconcile_total"),
+        "{metrics}"
+    );
     let (status, body) = https_get(address, &query, Some(&scraper)).await?;
     assert_eq!(
         status, 403,
