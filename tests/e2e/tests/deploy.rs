@@ -86,8 +86,14 @@ fn the_chart_lints_renders_the_committed_manifests_and_refuses_nonsense() -> any
         .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
     {
         for rule in role["rules"].as_array().context("rules")? {
-            for field in ["apiGroups", "resources", "verbs"] {
-                let values = rule[field].as_array().context("a rule field")?;
+            // A rule names resources, or (the metrics reader) non-resource URLs.
+            let fields: &[&str] = if rule.get("nonResourceURLs").is_some() {
+                &["nonResourceURLs", "verbs"]
+            } else {
+                &["apiGroups", "resources", "verbs"]
+            };
+            for field in fields {
+                let values = rule[*field].as_array().context("a rule field")?;
                 assert!(
                     values.iter().all(|v| v != "*"),
                     "wildcard in {}: {rule}",
@@ -317,7 +323,14 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
 fn the_hosts_own_role_has_no_rule_on_policy_kinds_and_impersonates_only_whom_it_is_told()
 -> anyhow::Result<()> {
     let defaults = documents(&render(&["wasmctrl", CHART, "--namespace", "wasmctrl"])?)?;
-    let host_kinds = ["wasmctrl.dev", "events.k8s.io", "authorization.k8s.io"];
+    // Its own kinds, Events, and the reviews that check a policy's rights and an endpoint's
+    // caller.
+    let host_kinds = [
+        "wasmctrl.dev",
+        "events.k8s.io",
+        "authorization.k8s.io",
+        "authentication.k8s.io",
+    ];
     for role in defaults.iter().filter(|o| o["kind"] == "ClusterRole") {
         if role["metadata"]["name"] != "wasmctrl" {
             continue;
