@@ -9,8 +9,11 @@
 //! The host answers only a caller who may `get` the parent, and it must see who that is: the
 //! pod proxy keeps the caller's `Authorization` for itself, so the command sends the bearer
 //! token of the kubeconfig's user again in `X-Wasmctrl-Authorization`, for the host to
-//! review with the API server. Reaching the pods takes `get` on `pods/proxy` (and reading the
-//! Service and listing its pods) in the host's namespace: the chart's explain-reader role.
+//! review with the API server, and only over TLS. Reaching the pods takes `get` on
+//! `pods/proxy` (and reading the Service and listing its pods) in the host's namespace: the
+//! chart's explain-reader role. The token reaches whichever pods the host's Service selects,
+//! so the host's namespace is trusted as the host is (whoever may create pods there may
+//! already run them as the host's ServiceAccount).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -319,7 +322,8 @@ async fn through_api_server(
             "/api/v1/namespaces/{service_namespace}/pods/{scheme}{pod_name}:{port}/proxy/explain?{query}"
         );
         let mut request = http::Request::get(&uri).body(kube::client::Body::empty())?;
-        if let Some(token) = token {
+        // The token goes only over TLS: a port in clear text is a host that checks no one.
+        if let Some(token) = token.filter(|_| !scheme.is_empty()) {
             request.headers_mut().insert(
                 http::HeaderName::from_static(crate::server::FORWARDED_AUTHORIZATION),
                 (*token).clone(),

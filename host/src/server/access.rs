@@ -5,7 +5,10 @@
 //! caller's. This is controller-runtime's secure metrics serving, extended to records.
 //!
 //! Answers are kept for [`REVIEW_TTL`], so a scraper every few seconds costs the API server
-//! one review a half-minute; a token revoked or a binding removed takes effect within it.
+//! two reviews (its token, its access) a half-minute; a token revoked or a binding removed
+//! takes effect within it. At most [`MAX_REVIEWS`] reviews are in flight at once, each within
+//! [`REVIEW_TIMEOUT`], so callers with made-up tokens cannot turn the host into a flood of
+//! requests on the API server (which would count against the host's own fair share).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -22,6 +25,21 @@ use sha2::{Digest as _, Sha256};
 pub const REVIEW_TTL: Duration = Duration::from_secs(30);
 /// Answers kept at most, per kind of review; the oldest half goes when it is full.
 const MAX_CACHED: usize = 4096;
+/// Reviews in flight at once; more wait.
+pub const MAX_REVIEWS: usize = 8;
+/// The longest one review may take.
+pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a caller could not be reviewed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// The API server answered with an error.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// The API server did not answer in time, or too many reviews were waiting.
+    #[error("the API server did not answer the review within {0:?}")]
+    TimedOut(Duration),
+}
 
 /// An identity the API server vouched for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -81,6 +99,7 @@ impl std::fmt::Display for Needs {
 /// on `tokenreviews` and `subjectaccessreviews`, and nothing about the callers).
 pub struct Reviewer {
     client: kube::Client,
+    in_flight: tokio::sync::Semaphore,
     tokens: Mutex<Cache<[u8; 32], Option<Caller>>>,
     decisions: Mutex<Cache<(Caller, Needs), bool>>,
 }
@@ -90,13 +109,14 @@ impl Reviewer {
     pub fn new(client: kube::Client) -> Self {
         Self {
             client,
+            in_flight: tokio::sync::Semaphore::new(MAX_REVIEWS),
             tokens: Mutex::new(Cache::default()),
             decisions: Mutex::new(Cache::default()),
         }
     }
 
     /// Who `token` belongs to; `None` when the API server does not accept it.
-    pub async fn caller(&self, token: &str) -> Result<Option<Caller>, kube::Error> {
+    pub async fn caller(&self, token: &str) -> Result<Option<Caller>, ReviewError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some(known) = lock(&self.tokens).get(&key) {
             return Ok(known);
@@ -108,8 +128,9 @@ impl Reviewer {
             },
             ..TokenReview::default()
         };
-        let answer = Api::<TokenReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
+        let api = Api::<TokenReview>::all(self.client.clone());
+        let answer = self
+            .bounded(async move { api.create(&PostParams::default(), &review).await })
             .await?;
         let status = answer.status.unwrap_or_default();
         let caller = match (status.authenticated, status.user) {
@@ -126,7 +147,7 @@ impl Reviewer {
     }
 
     /// Whether `caller` may do what `needs` names.
-    pub async fn allows(&self, caller: &Caller, needs: &Needs) -> Result<bool, kube::Error> {
+    pub async fn allows(&self, caller: &Caller, needs: &Needs) -> Result<bool, ReviewError> {
         let key = (caller.clone(), needs.clone());
         if let Some(known) = lock(&self.decisions).get(&key) {
             return Ok(known);
@@ -165,12 +186,27 @@ impl Reviewer {
             spec,
             ..SubjectAccessReview::default()
         };
-        let answer = Api::<SubjectAccessReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
+        let api = Api::<SubjectAccessReview>::all(self.client.clone());
+        let answer = self
+            .bounded(async move { api.create(&PostParams::default(), &review).await })
             .await?;
         let allowed = answer.status.is_some_and(|status| status.allowed);
         lock(&self.decisions).put(key, allowed);
         Ok(allowed)
+    }
+
+    /// Run `review` within the in-flight bound and the deadline (waiting counts).
+    async fn bounded<T>(
+        &self,
+        review: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ReviewError> {
+        tokio::time::timeout(REVIEW_TIMEOUT, async {
+            let _slot = self.in_flight.acquire().await;
+            review.await
+        })
+        .await
+        .map_err(|_| ReviewError::TimedOut(REVIEW_TIMEOUT))?
+        .map_err(ReviewError::Api)
     }
 }
 

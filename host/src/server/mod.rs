@@ -148,10 +148,11 @@ async fn caller(access: &Access, headers: &HeaderMap) -> Result<Option<Caller>, 
             "the API server does not accept this token",
         )),
         Err(error) => {
+            // The caller is not known yet: the cause goes to the log, not to them.
             tracing::warn!(%error, "cannot review a caller's token");
-            Err(Refusal::Unavailable(format!(
-                "cannot check the caller's token with the API server: {error}"
-            )))
+            Err(Refusal::Unavailable(
+                "cannot check the caller's token with the API server now; try again".to_owned(),
+            ))
         }
     }
 }

@@ -5,8 +5,10 @@
 //! `insecureSkipVerify`, so a self-signed certificate costs them nothing; what it buys is
 //! that a bearer token never crosses the network in clear text.
 //!
-//! Handshakes run beside the accept loop, each with a deadline and under a bound, so a
-//! client that stalls in its handshake holds up no other.
+//! Handshakes run beside the accept loop, each with a deadline, at most [`MAX_HANDSHAKES`] at
+//! once and [`MAX_HANDSHAKES_PER_PEER`] per client address; a connection past either bound is
+//! closed at once instead of waiting, so clients that stall in their handshakes hold up
+//! neither the loop nor the kubelet's probes from its own address.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,13 +22,15 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 
 /// How long a client may take over its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes in flight at once; more wait for a slot.
-const MAX_HANDSHAKES: usize = 64;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Handshakes in flight at once; a connection past it is closed.
+const MAX_HANDSHAKES: usize = 256;
+/// Handshakes in flight from one client address; a connection past it is closed.
+const MAX_HANDSHAKES_PER_PEER: usize = 8;
 /// How often the certificate files are looked at for a change.
 const RELOAD_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -192,12 +196,9 @@ impl TlsListener {
         let local = tcp.local_addr()?;
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let (send, accepted) = mpsc::channel(MAX_HANDSHAKES);
-        let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        let handshakes = Arc::new(Mutex::new(Handshakes::default()));
         let accepting = tokio::spawn(async move {
             loop {
-                let Ok(slot) = slots.clone().acquire_owned().await else {
-                    return;
-                };
                 let (stream, peer) = match tcp.accept().await {
                     Ok(accepted) => accepted,
                     Err(error) => {
@@ -206,6 +207,10 @@ impl TlsListener {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
+                };
+                let Some(slot) = Handshakes::admit(&handshakes, peer.ip()) else {
+                    tracing::debug!(%peer, "too many TLS handshakes in flight; connection closed");
+                    continue;
                 };
                 let acceptor = acceptor.clone();
                 let send = send.clone();
@@ -228,6 +233,54 @@ impl TlsListener {
             accepted,
             accepting,
         })
+    }
+}
+
+/// The handshakes in flight, in all and per client address.
+#[derive(Default)]
+struct Handshakes {
+    total: usize,
+    per_peer: std::collections::HashMap<std::net::IpAddr, usize>,
+}
+
+impl Handshakes {
+    /// A slot for a handshake from `peer`, or `None` past a bound.
+    fn admit(this: &Arc<Mutex<Self>>, peer: std::net::IpAddr) -> Option<HandshakeSlot> {
+        let mut handshakes = this
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let from_peer = handshakes.per_peer.get(&peer).copied().unwrap_or(0);
+        if handshakes.total >= MAX_HANDSHAKES || from_peer >= MAX_HANDSHAKES_PER_PEER {
+            return None;
+        }
+        handshakes.total += 1;
+        handshakes.per_peer.insert(peer, from_peer + 1);
+        Some(HandshakeSlot {
+            handshakes: this.clone(),
+            peer,
+        })
+    }
+}
+
+/// One handshake's place in [`Handshakes`], given back when dropped.
+struct HandshakeSlot {
+    handshakes: Arc<Mutex<Handshakes>>,
+    peer: std::net::IpAddr,
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut handshakes = self
+            .handshakes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        handshakes.total = handshakes.total.saturating_sub(1);
+        if let Some(count) = handshakes.per_peer.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                handshakes.per_peer.remove(&self.peer);
+            }
+        }
     }
 }
 
@@ -257,6 +310,22 @@ impl axum::serve::Listener for TlsListener {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_client_cannot_take_every_handshake_slot() {
+        let handshakes = Arc::new(Mutex::new(Handshakes::default()));
+        let attacker: std::net::IpAddr = [10, 0, 0, 9].into();
+        let kubelet: std::net::IpAddr = [10, 0, 0, 1].into();
+        let held: Vec<_> = std::iter::from_fn(|| Handshakes::admit(&handshakes, attacker))
+            .take(MAX_HANDSHAKES)
+            .collect();
+        assert_eq!(held.len(), MAX_HANDSHAKES_PER_PEER);
+        assert!(Handshakes::admit(&handshakes, kubelet).is_some());
+        drop(held);
+        let handshakes = handshakes.lock().expect("lock");
+        assert_eq!(handshakes.total, 0);
+        assert!(handshakes.per_peer.is_empty());
+    }
 
     #[test]
     fn a_certificate_pair_from_files_loads_and_a_broken_one_is_named() {

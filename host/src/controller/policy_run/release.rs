@@ -397,3 +397,71 @@ pub(crate) async fn release_left_scopes(
     }
     scopes::record(host, &name, uid, &kept).await
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::PostParams;
+    use kube::core::ApiResource;
+
+    use super::*;
+
+    /// Against the real API server, ConfigMaps standing in for parents: four of ours hold
+    /// the finalizer, one of them in a namespace the policy keeps, and every ConfigMap of
+    /// the cluster is listed two at a time. Stopping after the first page would miss them.
+    #[tokio::test]
+    async fn parents_are_released_over_every_page_of_a_metadata_list() -> anyhow::Result<()> {
+        const FINALIZER: &str = "wasmctrl.dev/release-paged";
+        const OTHER: &str = "example.com/other";
+        let env = wasmctrl_testenv::TestEnv::get();
+        let (client, ns) = env.namespace("release-paged").await?;
+        let (_, kept) = env.namespace("release-paged-kept").await?;
+        let maps = |ns: &str| Api::<ConfigMap>::namespaced(client.clone(), ns);
+        let parents = [
+            (&ns, "p0", vec![FINALIZER]),
+            (&ns, "p1", vec![OTHER, FINALIZER]),
+            (&ns, "p2", vec![OTHER]),
+            (&kept, "p3", vec![FINALIZER]),
+            (&ns, "p4", vec![FINALIZER]),
+        ];
+        for (namespace, name, finalizers) in &parents {
+            let map: ConfigMap = serde_json::from_value(
+                json!({"metadata": {"name": name, "finalizers": finalizers}}),
+            )?;
+            maps(namespace).create(&PostParams::default(), &map).await?;
+        }
+        let kind = ResolvedKind {
+            resource: Arc::new(ApiResource::erase::<ConfigMap>(&())),
+            namespaced: true,
+        };
+
+        let released =
+            release_parents_paged(&client, &kind, (None, Some(&kept)), FINALIZER, 2).await?;
+
+        assert_eq!(released, 3);
+        for (namespace, name, finalizers) in &parents {
+            let now = maps(namespace).get(name).await?.finalizers().to_vec();
+            let expected: Vec<&str> = if *namespace == &kept {
+                finalizers.clone()
+            } else {
+                finalizers
+                    .iter()
+                    .copied()
+                    .filter(|f| *f != FINALIZER)
+                    .collect()
+            };
+            assert_eq!(now, expected, "{namespace}/{name}");
+            // Let the namespaces go when the cluster is cleaned.
+            maps(namespace)
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+}

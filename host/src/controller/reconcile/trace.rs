@@ -113,10 +113,16 @@ impl Trace {
     }
 
     /// The candidate's shadow verdict, in words.
+    /// The detail quotes the values that differ, which may be a Secret's or a field the
+    /// policy marks; it is kept only when nothing is to be redacted.
     pub fn shadowed(&mut self, verdict: &crate::plugin::Verdict) {
         if self.enabled {
             self.shadow = Some(match verdict.detail() {
                 "" => verdict.name().to_owned(),
+                _ if self.redaction.hides_anything() => format!(
+                    "{} (the difference may quote redacted values; the policy's status shows it)",
+                    verdict.name()
+                ),
                 detail => format!("{}: {detail}", verdict.name()),
             });
         }
