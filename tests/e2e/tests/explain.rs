@@ -355,6 +355,18 @@ async fn stand_in_replica(
     Ok(())
 }
 
+/// Let ServiceAccount `account` of `ns` get the widgets there.
+async fn may_get_widgets(client: &kube::Client, ns: &str, account: &str) -> anyhow::Result<()> {
+    bind_role(
+        client,
+        ns,
+        "read-widgets",
+        json!([{"apiGroups": ["e2e.wasmctrl.dev"], "resources": ["widgets"], "verbs": ["get"]}]),
+        account_subject(ns, account),
+    )
+    .await
+}
+
 /// `wasmctrl explain` as `kubeconfig`'s user, through the API server's pod proxy.
 async fn explain_through_api_server(
     parent: &str,
@@ -396,14 +408,7 @@ async fn a_failing_reconcile_is_explained_through_the_api_server() -> anyhow::Re
         let token = service_account_token(&ns, person).await?;
         kubeconfigs.push(token_kubeconfig(&admin, &token, person, dir.path())?);
     }
-    bind_role(
-        &client,
-        &ns,
-        "read-widgets",
-        json!([{"apiGroups": ["e2e.wasmctrl.dev"], "resources": ["widgets"], "verbs": ["get"]}]),
-        account_subject(&ns, "reader"),
-    )
-    .await?;
+    may_get_widgets(&client, &ns, "reader").await?;
     let (reader, stranger) = (&kubeconfigs[0], &kubeconfigs[1]);
 
     let started = Instant::now();
@@ -475,14 +480,7 @@ async fn the_listener_answers_only_callers_the_api_server_vouches_for() -> anyho
     for account in ["reader", "stranger", "scraper"] {
         service_account(&client, &ns, account).await?;
     }
-    bind_role(
-        &client,
-        &ns,
-        "read-widgets",
-        json!([{"apiGroups": ["e2e.wasmctrl.dev"], "resources": ["widgets"], "verbs": ["get"]}]),
-        account_subject(&ns, "reader"),
-    )
-    .await?;
+    may_get_widgets(&client, &ns, "reader").await?;
     // What the chart's metrics-reader ClusterRole grants a scraper.
     bind_cluster_role(
         &client,
