@@ -262,3 +262,64 @@ async fn a_parent_naming_too_much_fails_and_keeps_its_children() -> anyhow::Resu
     policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())
 }
+
+/// `wasmctrl_related_cache_bytes` of policy `policy`, as the host's metrics show it.
+fn related_cache_bytes(host: &HostUnderTest, policy: &str) -> Option<u64> {
+    let series = format!("wasmctrl_related_cache_bytes{{controller=\"{policy}\"}} ");
+    host.metrics
+        .encode()
+        .lines()
+        .find_map(|line| line.strip_prefix(&series)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_no_parent_names_any_more_leaves_the_cache() -> anyhow::Result<()> {
+    const TEST: &str = "related-unnamed";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    let mut spec = myapp_policy_spec(file_source("myapp_plugin"), json!({"service": false}));
+    spec["related"] = json!([
+        {"apiVersion": "v1", "kind": "ConfigMap", "nameFrom": "spec.configMap"},
+    ]);
+    apply_policy(&client, TEST, TEST, spec).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    let myapps = myapps(&client, &ns);
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
+    let mut big = config_map("big", "EUR", false);
+    big["data"]["PADDING"] = json!("x".repeat(64 << 10));
+    apply(&config_maps, big).await?;
+    apply(&config_maps, config_map("small", "GBP", false)).await?;
+
+    apply(&myapps, myapp("web", 1, "nginx:1.25", Some("big"))).await?;
+    wait_for_object(&deployments, "web", "env from big", |d| {
+        env_currency(d) == "EUR"
+    })
+    .await?;
+    let held = related_cache_bytes(&host, TEST).context("the cache's gauge")?;
+    assert!(held > 64 << 10, "the big ConfigMap is held: {held} bytes");
+
+    // The parent names another object: nothing names the big one any more, so it goes.
+    apply(&myapps, myapp("web", 1, "nginx:1.25", Some("small"))).await?;
+    wait_for_object(&deployments, "web", "env from small", |d| {
+        env_currency(d) == "GBP"
+    })
+    .await?;
+    let started = std::time::Instant::now();
+    loop {
+        let held = related_cache_bytes(&host, TEST).context("the cache's gauge")?;
+        if held < 4 << 10 {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < ACT,
+            "the ConfigMap no parent names is still held: {held} bytes"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
+}
