@@ -194,12 +194,9 @@ impl Host {
         let mut shutdown = std::pin::pin!(shutdown);
         // NamespacedReconcilePolicies become ReconcilePolicies, which this loop then runs.
         let namespaced_stop = CancellationToken::new();
-        let namespaced = tokio::spawn(namespaced_policies::run(
-            self.shared.client.clone(),
-            self.shared.leadership.clone(),
-            self.shared.options.namespace.clone(),
-            self.shared.options.policy_selector.clone(),
-            namespaced_stop.clone().cancelled_owned(),
+        let namespaced = tokio::spawn(run_namespaced_policies(
+            self.shared.clone(),
+            namespaced_stop.clone(),
         ));
         loop {
             let event = tokio::select! {
@@ -490,6 +487,26 @@ impl Running {
         self.stop.cancel();
         self.forget.deleted(metrics, policy);
     }
+}
+
+/// Turn NamespacedReconcilePolicies into ReconcilePolicies until `stop`; a panic restarts
+/// the loop, as it restarts a policy's controller.
+async fn run_namespaced_policies(shared: Arc<Shared>, stop: CancellationToken) {
+    supervise::supervise(
+        "namespaced policies",
+        &stop,
+        || {
+            namespaced_policies::run(
+                shared.client.clone(),
+                shared.leadership.clone(),
+                shared.options.namespace.clone(),
+                shared.options.policy_selector.clone(),
+                stop.clone().cancelled_owned(),
+            )
+        },
+        |_crash| std::future::ready(()),
+    )
+    .await;
 }
 
 /// Count a policy controller's panic and say on the policy that it is down until its restart.
