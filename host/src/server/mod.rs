@@ -159,8 +159,13 @@ async fn caller(access: &Access, headers: &HeaderMap) -> Result<Option<Caller>, 
 
 /// Refuse unless `caller` (when access is reviewed) may do what `needs` names.
 async fn authorize(access: &Access, caller: Option<&Caller>, needs: Needs) -> Result<(), Refusal> {
-    let (Access::Reviewed { reviewer, .. }, Some(caller)) = (access, caller) else {
-        return Ok(());
+    let (reviewer, caller) = match (access, caller) {
+        (Access::Open, _) => return Ok(()),
+        (Access::Reviewed { reviewer, .. }, Some(caller)) => (reviewer, caller),
+        // Reviewed access never grants a caller nobody vouched for.
+        (Access::Reviewed { .. }, None) => {
+            return Err(Refusal::Unauthenticated("a bearer token is required"));
+        }
     };
     match reviewer.allows(caller, &needs).await {
         Ok(true) => Ok(()),
