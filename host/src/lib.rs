@@ -54,6 +54,17 @@ macro_rules! host_allocator {
     };
 }
 
+/// Pick rustls' ring provider for every TLS client and server of the host. Both ring and
+/// aws-lc-rs end up in the dependency graph (kube uses ring, the OCI client brings
+/// aws-lc-rs), and rustls refuses to guess between them.
+pub(crate) fn ensure_crypto_provider() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // An error means another provider was installed first, which works just as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// Lock a mutex that only holds plain bookkeeping: a panic elsewhere cannot leave it
 /// inconsistent, so poisoning is ignored.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -219,7 +219,7 @@ async fn direct(
     token: Option<http::HeaderValue>,
     insecure: bool,
 ) -> anyhow::Result<Answer> {
-    crate::server::tls::ensure_crypto_provider();
+    crate::ensure_crypto_provider();
     let client = reqwest::Client::builder()
         .danger_accept_invalid_certs(insecure)
         .build()

@@ -243,7 +243,7 @@ async fn fetch_oci(
         },
         None => oci_client::secrets::RegistryAuth::Anonymous,
     };
-    ensure_crypto_provider();
+    crate::ensure_crypto_provider();
     let registry = oci_client::Client::new(oci_client::client::ClientConfig {
         protocol: if source.insecure {
             oci_client::client::ClientProtocol::Http
@@ -325,24 +325,13 @@ impl tokio::io::AsyncWrite for LimitedBuffer {
     }
 }
 
-/// Pick rustls' ring provider for the download clients. Both ring and aws-lc-rs end up in
-/// the dependency graph (kube uses ring, the OCI client brings aws-lc-rs), and rustls refuses
-/// to guess between them.
-fn ensure_crypto_provider() {
-    static INSTALLED: std::sync::Once = std::sync::Once::new();
-    INSTALLED.call_once(|| {
-        // An error means another provider was installed first, which works just as well.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
 /// Download over HTTP(S) with timeouts, a size cap, and retries with backoff for failures
 /// that may clear (connection errors, timeouts, 5xx, 429).
 async fn fetch_http(
     source: &HttpSource,
     credentials: Option<Credentials>,
 ) -> anyhow::Result<Vec<u8>> {
-    ensure_crypto_provider();
+    crate::ensure_crypto_provider();
     let http = reqwest::Client::builder()
         .connect_timeout(HTTP_CONNECT_TIMEOUT)
         .timeout(HTTP_TIMEOUT)

@@ -118,7 +118,7 @@ impl Reviewer {
     /// Who `token` belongs to; `None` when the API server does not accept it.
     pub async fn caller(&self, token: &str) -> Result<Option<Caller>, ReviewError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        if let Some(known) = lock(&self.tokens).get(&key) {
+        if let Some(known) = crate::lock(&self.tokens).get(&key) {
             return Ok(known);
         }
         let review = TokenReview {
@@ -142,14 +142,14 @@ impl Reviewer {
             }),
             _ => None,
         };
-        lock(&self.tokens).put(key, caller.clone());
+        crate::lock(&self.tokens).put(key, caller.clone());
         Ok(caller)
     }
 
     /// Whether `caller` may do what `needs` names.
     pub async fn allows(&self, caller: &Caller, needs: &Needs) -> Result<bool, ReviewError> {
         let key = (caller.clone(), needs.clone());
-        if let Some(known) = lock(&self.decisions).get(&key) {
+        if let Some(known) = crate::lock(&self.decisions).get(&key) {
             return Ok(known);
         }
         let mut spec = SubjectAccessReviewSpec {
@@ -191,7 +191,7 @@ impl Reviewer {
             .bounded(async move { api.create(&PostParams::default(), &review).await })
             .await?;
         let allowed = answer.status.is_some_and(|status| status.allowed);
-        lock(&self.decisions).put(key, allowed);
+        crate::lock(&self.decisions).put(key, allowed);
         Ok(allowed)
     }
 
@@ -208,12 +208,6 @@ impl Reviewer {
         .map_err(|_| ReviewError::TimedOut(REVIEW_TIMEOUT))?
         .map_err(ReviewError::Api)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Answers kept for [`REVIEW_TTL`], at most [`MAX_CACHED`].

@@ -49,7 +49,7 @@ pub fn server_config(
     files: Option<CertificateFiles>,
     names: &[String],
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    ensure_crypto_provider();
+    crate::ensure_crypto_provider();
     let resolver: Arc<dyn ResolvesServerCert> = match files {
         Some(files) => Arc::new(FromFiles::load(files)?),
         None => Arc::new(Fixed(Arc::new(self_signed(names)?))),
@@ -116,10 +116,7 @@ impl FromFiles {
     }
 
     fn reload_if_changed(&self) {
-        let mut seen = match self.seen.lock() {
-            Ok(seen) => seen,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut seen = crate::lock(&self.seen);
         if seen.0.elapsed() < RELOAD_INTERVAL {
             return;
         }
@@ -176,11 +173,6 @@ fn read_pair(files: &CertificateFiles) -> anyhow::Result<CertifiedKey> {
         )
     })?;
     certified(chain, &key).with_context(|| format!("loading {}", files.key.display()))
-}
-
-pub(crate) fn ensure_crypto_provider() {
-    // Another part of the host may have installed it first; either is the same provider.
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// A listener that hands axum connections whose TLS handshake has completed.
@@ -246,9 +238,7 @@ struct Handshakes {
 impl Handshakes {
     /// A slot for a handshake from `peer`, or `None` past a bound.
     fn admit(this: &Arc<Mutex<Self>>, peer: std::net::IpAddr) -> Option<HandshakeSlot> {
-        let mut handshakes = this
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut handshakes = crate::lock(this);
         let from_peer = handshakes.per_peer.get(&peer).copied().unwrap_or(0);
         if handshakes.total >= MAX_HANDSHAKES || from_peer >= MAX_HANDSHAKES_PER_PEER {
             return None;
@@ -270,10 +260,7 @@ struct HandshakeSlot {
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
-        let mut handshakes = self
-            .handshakes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut handshakes = crate::lock(&self.handshakes);
         handshakes.total = handshakes.total.saturating_sub(1);
         if let Some(count) = handshakes.per_peer.get_mut(&self.peer) {
             *count -= 1;
