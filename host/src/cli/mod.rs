@@ -7,6 +7,7 @@ mod kinds;
 mod locate;
 mod plugin_cmd;
 mod plugin_new;
+mod plugin_oci;
 mod rbac_cmd;
 mod run_cmd;
 

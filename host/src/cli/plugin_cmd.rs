@@ -1,4 +1,5 @@
-//! `wasmctrl plugin run | diff | replay | test | new | inspect`: the plugin runtime without a cluster.
+//! `wasmctrl plugin run | diff | replay | test | new | inspect | push | pull`: the plugin runtime
+//! without a cluster, and plugins in a registry.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -115,14 +116,27 @@ pub enum PluginCommand {
     /// a reconciler with one child, native tests, golden cases, a ReconcilePolicy, a README
     /// and the script its CI runs.
     New(super::plugin_new::NewArgs),
-    /// Show a plugin's digest, size, contract version, imports, exports and compile time.
+    /// Show a plugin's digest, size, contract version, imports, exports and compile time; of
+    /// a file, or of a plugin in a registry (`REGISTRY/REPOSITORY:TAG`), with its manifest's
+    /// digest.
     Inspect {
-        /// The plugin component (.wasm).
-        plugin: PathBuf,
+        /// The plugin component (.wasm), or a registry reference.
+        plugin: String,
+        /// How to reach the registry, for a reference.
+        #[command(flatten)]
+        registry: super::plugin_oci::RegistryArgs,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = Format::Yaml)]
         output: Format,
     },
+    /// Publish a plugin to an OCI registry as a Wasm artifact that `oras`, `wkg` and `crane`
+    /// read too, with the credentials `docker login` (or `oras login`) stored. Prints the
+    /// reference pinned by the manifest's digest, the component's digest, and the policy
+    /// lines that pin them.
+    Push(super::plugin_oci::PushArgs),
+    /// Download a plugin from an OCI registry; the manifest's and the component's digests
+    /// are checked on the way.
+    Pull(super::plugin_oci::PullArgs),
 }
 
 /// What the plugin is asked: the parent and what the cluster holds for it, or a case file.
@@ -408,6 +422,13 @@ pub enum Format {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct InspectOutput {
+    /// From a registry: the reference pinned by the manifest's digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reference: Option<String>,
+    /// From a registry: the manifest's digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    manifest_digest: Option<String>,
+    /// The component's digest (what `spec.plugin.digest` takes).
     digest: String,
     size_bytes: usize,
     /// The contract the plugin was built for.
@@ -510,7 +531,13 @@ impl PluginCommand {
                 print!("{}", super::plugin_new::scaffold(&args)?);
                 Ok(())
             }
-            Self::Inspect { plugin, output } => inspect(&plugin, output),
+            Self::Inspect {
+                plugin,
+                registry,
+                output,
+            } => print(&inspect(&plugin, &registry).await?, output),
+            Self::Push(args) => args.run().await,
+            Self::Pull(args) => args.run().await,
         }
     }
 }
@@ -575,28 +602,43 @@ fn engine(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginEngine> {
     .context("starting the plugin engine")
 }
 
-fn inspect(plugin: &Path, output: Format) -> anyhow::Result<()> {
-    let bytes = std::fs::read(plugin)
-        .with_context(|| format!("cannot read plugin {}", plugin.display()))?;
+/// What `inspect` shows of a file, or of a registry reference (with its manifest).
+async fn inspect(
+    plugin: &str,
+    registry: &super::plugin_oci::RegistryArgs,
+) -> anyhow::Result<InspectOutput> {
+    if super::plugin_oci::is_remote(plugin) {
+        let pulled = super::plugin_oci::fetch(plugin, registry).await?;
+        let mut found = inspection(&pulled.bytes, plugin)?;
+        found.reference = Some(pulled.pinned_reference);
+        found.manifest_digest = Some(pulled.manifest_digest);
+        Ok(found)
+    } else {
+        let bytes =
+            std::fs::read(plugin).with_context(|| format!("cannot read plugin {plugin}"))?;
+        inspection(&bytes, plugin)
+    }
+}
+
+fn inspection(bytes: &[u8], what: &str) -> anyhow::Result<InspectOutput> {
     // No cache: the point is to show what compiling costs.
     let engine = PluginEngine::new(EngineOptions::default())?;
     let found = engine
-        .inspect(&bytes)
-        .with_context(|| format!("inspecting plugin {}", plugin.display()))?;
-    print(
-        &InspectOutput {
-            digest: found.digest.to_string(),
-            size_bytes: found.size_bytes,
-            contract_version: found.contract_version,
-            host_contract_versions: CONTRACT_VERSIONS,
-            compatible: found.refusal.is_none(),
-            refused: found.refusal,
-            compile_ms: found.compile_time.as_secs_f64() * 1e3,
-            imports: found.imports,
-            exports: found.exports,
-        },
-        output,
-    )
+        .inspect(bytes)
+        .with_context(|| format!("inspecting plugin {what}"))?;
+    Ok(InspectOutput {
+        reference: None,
+        manifest_digest: None,
+        digest: found.digest.to_string(),
+        size_bytes: found.size_bytes,
+        contract_version: found.contract_version,
+        host_contract_versions: CONTRACT_VERSIONS,
+        compatible: found.refusal.is_none(),
+        refused: found.refusal,
+        compile_ms: found.compile_time.as_secs_f64() * 1e3,
+        imports: found.imports,
+        exports: found.exports,
+    })
 }
 
 /// Some replayed cases would change or fail: `wasmctrl` exits 1, as `diff` does.

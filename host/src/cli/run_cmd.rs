@@ -75,6 +75,11 @@ pub struct RunCommand {
     /// may hold the plugin size limit (64 MiB) and a compile (`--max-compile-memory-mib`).
     #[arg(long, env = "WASMCTRL_MAX_CONCURRENT_LOADS", default_value_t = crate::registry::RegistryOptions::default().max_concurrent_loads)]
     max_concurrent_loads: usize,
+    /// A PEM file of certificate authorities to trust for plugin sources over TLS (an
+    /// `https` URL, a registry), besides the Mozilla roots compiled into the binary: a
+    /// registry behind a private CA. Read at start.
+    #[arg(long, env = "WASMCTRL_EXTRA_CA_FILE", value_name = "PEM")]
+    extra_ca_file: Option<PathBuf>,
     /// Run only policies that name the ServiceAccount they act as (`spec.serviceAccount`);
     /// refuse the rest with `Ready=False, IdentityRequired`. Without it, a policy that names
     /// none acts as the host itself.
@@ -343,6 +348,10 @@ impl RunCommand {
             max_concurrent_loads: self.max_concurrent_loads.max(1),
             explain: Arc::new(self.explain.explain()?),
             require_policy_identity: self.require_policy_identity,
+            trust: match &self.extra_ca_file {
+                Some(path) => crate::registry::TrustRoots::with_extra_file(path)?,
+                None => crate::registry::TrustRoots::default(),
+            },
         })
     }
 

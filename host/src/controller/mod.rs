@@ -128,6 +128,7 @@ impl Host {
                         credentials_namespace: options.credentials_namespace.clone(),
                         plugin_dirs: options.plugin_dirs.clone(),
                         max_concurrent_loads: options.max_concurrent_loads,
+                        trust: options.trust.clone(),
                     },
                     metrics.clone(),
                 )),

@@ -38,6 +38,8 @@ pub struct HostOptions {
     /// Refuse a policy that names no ServiceAccount to act as (`IdentityRequired`) instead
     /// of acting as the host for it.
     pub require_policy_identity: bool,
+    /// The certificate authorities plugin sources over TLS are checked against.
+    pub trust: crate::registry::TrustRoots,
 }
 
 impl Default for HostOptions {
@@ -56,6 +58,7 @@ impl Default for HostOptions {
                 crate::explain::ExplainOptions::default().bounds,
             )),
             require_policy_identity: false,
+            trust: crate::registry::TrustRoots::default(),
         }
     }
 }

@@ -176,7 +176,7 @@ pub struct KindRef {
 /// Where the plugin comes from, and how it is configured.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci) || has(self.source.configMap)) || has(self.digest)").message("a plugin fetched over http, from a registry or from a ConfigMap needs a digest"))]
+#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.configMap) || (has(self.source.oci) && !self.source.oci.reference.contains('@sha256:'))) || has(self.digest)").message("a plugin fetched over http, from a registry or from a ConfigMap needs a digest (from a registry, a reference by @sha256: does too)"))]
 pub struct PluginSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -199,7 +199,7 @@ pub struct PluginSpec {
 /// The candidate plugin.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.oci) || has(self.source.configMap)) || has(self.digest)").message("a plugin fetched over http, from a registry or from a ConfigMap needs a digest"))]
+#[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.configMap) || (has(self.source.oci) && !self.source.oci.reference.contains('@sha256:'))) || has(self.digest)").message("a plugin fetched over http, from a registry or from a ConfigMap needs a digest (from a registry, a reference by @sha256: does too)"))]
 pub struct CandidateSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -240,7 +240,9 @@ pub struct PluginSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpSource>,
     /// A component in an OCI registry, as a Wasm artifact (a layer of media type
-    /// `application/wasm`). The `digest` (of the component) is mandatory with this source.
+    /// `application/wasm`). It must be pinned: by the `digest` of the component, or by a
+    /// reference by digest (`REGISTRY/REPOSITORY@sha256:…`, the manifest's), or both;
+    /// `wasmctrl plugin push` prints both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oci: Option<OciSource>,
 }
@@ -249,7 +251,8 @@ pub struct PluginSource {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct OciSource {
-    /// `registry/repository:tag` or `registry/repository@sha256:…`.
+    /// `registry/repository:tag`, or `registry/repository@sha256:…` to pin the manifest (it
+    /// is checked on every pull).
     #[schemars(length(min = 1))]
     pub reference: String,
     /// Talk plain HTTP to the registry (a registry on loopback or inside the cluster network).
@@ -261,6 +264,16 @@ pub struct OciSource {
     /// annotation. Credentials go to no other host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<SecretRef>,
+}
+
+impl OciSource {
+    /// Whether the reference pins a manifest by digest (`…@sha256:…`), so the registry
+    /// cannot hand out other bytes under it.
+    pub fn pins_manifest(&self) -> bool {
+        self.reference
+            .parse::<oci_client::Reference>()
+            .is_ok_and(|reference| reference.digest().is_some())
+    }
 }
 
 /// A component at an HTTP(S) URL.

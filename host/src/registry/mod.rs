@@ -18,6 +18,7 @@ mod load_budget;
 mod plugin_dirs;
 mod source;
 mod source_watch;
+mod trust;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -30,8 +31,9 @@ use crate::metrics::Metrics;
 use crate::plugin::{self, Digest, Limits, Plugin, PluginEngine, WeakPlugin};
 use crate::policy::{CandidateSpec, PluginSource, PolicyLimits, ReconcilePolicy};
 pub use credentials::HOSTS_ANNOTATION;
-pub use source::MAX_PLUGIN_BYTES;
+pub use source::{MAX_PLUGIN_BYTES, WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE};
 pub(crate) use source_watch::SourceWatch;
+pub use trust::TrustRoots;
 
 /// Plugins held after their last user let go, so a swap back to one is a pointer swap.
 const RECENT_PLUGINS: usize = 8;
@@ -54,6 +56,17 @@ pub enum LoadError {
     /// The bytes are not a plugin this host can run under these limits.
     #[error("{0}")]
     Plugin(#[from] plugin::LoadError),
+    /// `spec.plugin.digest` names the registry manifest, not the component in it: the
+    /// digest `oras push` prints, pasted where the component's belongs.
+    #[error(
+        "spec.plugin.digest is {manifest}, the digest of the artifact's manifest; it wants the component's own ({component}). Pin the component by that, or the manifest by oci.reference: REGISTRY/REPOSITORY@{manifest}"
+    )]
+    ManifestDigestPinned {
+        /// The manifest's digest, as the policy has it.
+        manifest: String,
+        /// The digest of the component the manifest holds.
+        component: Digest,
+    },
 }
 
 impl LoadError {
@@ -63,7 +76,8 @@ impl LoadError {
             Self::InvalidDigest(_) => "InvalidDigest",
             Self::InvalidSource(_) => "InvalidSource",
             Self::SourceUnavailable(_) => "SourceUnavailable",
-            Self::Plugin(plugin::LoadError::DigestMismatch { .. }) => "DigestMismatch",
+            Self::Plugin(plugin::LoadError::DigestMismatch { .. })
+            | Self::ManifestDigestPinned { .. } => "DigestMismatch",
             Self::Plugin(plugin::LoadError::ContractVersion { .. }) => "ContractVersionMismatch",
             Self::Plugin(plugin::LoadError::InvalidLimits(_)) => "InvalidLimits",
             Self::Plugin(plugin::LoadError::CompileLimitExceeded(_)) => "CompileLimitExceeded",
@@ -134,6 +148,8 @@ pub struct RegistryOptions {
     pub plugin_dirs: Vec<PathBuf>,
     /// Plugins fetched and compiled at once, across all policies.
     pub max_concurrent_loads: usize,
+    /// The certificate authorities TLS sources are checked against.
+    pub trust: TrustRoots,
 }
 
 impl Default for RegistryOptions {
@@ -142,6 +158,7 @@ impl Default for RegistryOptions {
             credentials_namespace: None,
             plugin_dirs: Vec::new(),
             max_concurrent_loads: 2,
+            trust: TrustRoots::default(),
         }
     }
 }
@@ -178,6 +195,7 @@ impl PluginRegistry {
             rules: source::SourceRules {
                 credentials_namespace: options.credentials_namespace,
                 plugin_dirs: plugin_dirs::PluginDirs::new(options.plugin_dirs),
+                trust: options.trust,
             },
             budget: load_budget::LoadBudget::new(options.max_concurrent_loads),
             metrics,
@@ -236,10 +254,22 @@ impl PluginRegistry {
         }
         // From the first byte fetched to the end of the compile, the load holds a permit.
         let _permit = self.budget.acquire(policy, &self.metrics).await;
-        let bytes = source::fetch(&self.client, authorized)
+        let source::Fetched {
+            bytes,
+            manifest_digest,
+        } = source::fetch(&self.client, authorized, &self.rules.trust)
             .await
             .map_err(LoadError::SourceUnavailable)?;
         let digest = Digest::of(&bytes);
+        if let (Some(pinned), Some(manifest)) = (pinned, manifest_digest)
+            && pinned != digest
+            && pinned.to_string() == manifest
+        {
+            return Err(LoadError::ManifestDigestPinned {
+                manifest,
+                component: digest,
+            });
+        }
         if pinned.is_none_or(|pinned| pinned == digest)
             && let Some(plugin) = self.find(&digest, &request.limits)
         {

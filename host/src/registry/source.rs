@@ -18,6 +18,7 @@ use kube::{Api, Client};
 
 use super::credentials::{self, Credentials};
 use super::plugin_dirs::PluginDirs;
+use super::trust::TrustRoots;
 use crate::policy::{HttpSource, OciSource, PluginSource, SecretRef};
 
 /// Largest component the host will read from any source.
@@ -41,6 +42,8 @@ pub struct SourceRules {
     pub credentials_namespace: Option<String>,
     /// Where `file` sources may be.
     pub plugin_dirs: PluginDirs,
+    /// The certificate authorities HTTPS and registry sources are checked against.
+    pub trust: TrustRoots,
 }
 
 /// Refuse a source this host must never read, before anything is fetched or taken from a
@@ -59,6 +62,8 @@ pub fn check<'a>(
     pinned: bool,
     rules: &SourceRules,
 ) -> anyhow::Result<Checked<'a>> {
+    // A reference by `@sha256:` pins the manifest, and the manifest pins the layer.
+    let pinned = pinned || source.oci.as_ref().is_some_and(OciSource::pins_manifest);
     if !pinned {
         let unpinned = [
             (source.config_map.is_some(), "from a ConfigMap"),
@@ -66,7 +71,14 @@ pub fn check<'a>(
             (source.oci.is_some(), "from a registry"),
         ];
         if let Some((_, what)) = unpinned.iter().find(|(named, _)| *named) {
-            bail!("a plugin {what} needs a pinned digest");
+            bail!(
+                "a plugin {what} needs a pinned digest (spec.plugin.digest{})",
+                if source.oci.is_some() {
+                    ", or a reference by digest: REGISTRY/REPOSITORY@sha256:…"
+                } else {
+                    ""
+                }
+            );
         }
     }
     check_source(source, rules)
@@ -155,9 +167,23 @@ pub async fn authorize<'a>(
     })
 }
 
-/// Read the component an authorized source points at.
-pub async fn fetch(client: &Client, authorized: Authorized<'_>) -> anyhow::Result<Vec<u8>> {
-    tokio::time::timeout(FETCH_DEADLINE, fetch_now(client, authorized))
+/// What a fetch read.
+pub struct Fetched {
+    /// The component.
+    pub bytes: Vec<u8>,
+    /// From a registry: the digest of the manifest the component was found through, which
+    /// is what `oras push` and most registries print, and not the component's own.
+    pub manifest_digest: Option<String>,
+}
+
+/// Read the component an authorized source points at; TLS sources must present a
+/// certificate `trust` vouches for.
+pub async fn fetch(
+    client: &Client,
+    authorized: Authorized<'_>,
+    trust: &TrustRoots,
+) -> anyhow::Result<Fetched> {
+    tokio::time::timeout(FETCH_DEADLINE, fetch_now(client, authorized, trust))
         .await
         .unwrap_or_else(|_| {
             bail!(
@@ -167,13 +193,17 @@ pub async fn fetch(client: &Client, authorized: Authorized<'_>) -> anyhow::Resul
         })
 }
 
-async fn fetch_now(client: &Client, authorized: Authorized<'_>) -> anyhow::Result<Vec<u8>> {
+async fn fetch_now(
+    client: &Client,
+    authorized: Authorized<'_>,
+    trust: &TrustRoots,
+) -> anyhow::Result<Fetched> {
     let Authorized {
         checked,
         credentials,
     } = authorized;
     let source = checked.source;
-    match (&checked.file, &source.config_map, &source.http, &source.oci) {
+    let bytes = match (&checked.file, &source.config_map, &source.http, &source.oci) {
         (Some(file), None, None, None) => read_file_capped(file).await,
         (None, Some(cm), None, None) => {
             let where_ = format!("ConfigMap {}/{} key {}", cm.namespace, cm.name, cm.key);
@@ -189,17 +219,21 @@ async fn fetch_now(client: &Client, authorized: Authorized<'_>) -> anyhow::Resul
             check_size(bytes.len(), &where_)?;
             Ok(bytes)
         }
-        (None, None, Some(http), None) => fetch_http(http, credentials).await,
-        (None, None, None, Some(oci)) => fetch_oci(oci, credentials).await,
+        (None, None, Some(http), None) => fetch_http(http, credentials, trust).await,
+        (None, None, None, Some(oci)) => return fetch_oci(oci, credentials, trust).await,
         _ => bail!("the plugin source must name exactly one of file, configMap, http or oci"),
-    }
+    }?;
+    Ok(Fetched {
+        bytes,
+        manifest_digest: None,
+    })
 }
 
 /// Run `attempt` up to `HTTP_ATTEMPTS` times, doubling the delay after each retryable failure.
-async fn with_retries<F, Fut>(what: &str, mut attempt: F) -> anyhow::Result<Vec<u8>>
+async fn with_retries<T, F, Fut>(what: &str, mut attempt: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Vec<u8>, Failure>>,
+    Fut: Future<Output = Result<T, Failure>>,
 {
     let mut delay = HTTP_FIRST_RETRY;
     let mut tries = 1;
@@ -220,16 +254,21 @@ where
     }
 }
 
-/// The media type of the component layer in a Wasm OCI artifact.
-const WASM_LAYER: &str = "application/wasm";
+/// The media type of the component layer in a Wasm OCI artifact (the CNCF TAG-Runtime
+/// layout that `oras`, `wkg` and `crane` read).
+pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
+/// The media type of a Wasm OCI artifact's config.
+pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
+const WASM_LAYER: &str = WASM_LAYER_MEDIA_TYPE;
 
 /// Pull a Wasm artifact: its manifest, then the `application/wasm` layer, which the client
-/// checks against the layer digest. The component digest the policy pins is checked after,
-/// by the engine.
+/// checks against the layer digest. A reference by digest pins the manifest, which the
+/// client checks too; the component digest a policy pins is checked after, by the engine.
 async fn fetch_oci(
     source: &OciSource,
     credentials: Option<Credentials>,
-) -> anyhow::Result<Vec<u8>> {
+    trust: &TrustRoots,
+) -> anyhow::Result<Fetched> {
     let reference: oci_client::Reference = source
         .reference
         .parse()
@@ -252,17 +291,24 @@ async fn fetch_oci(
         },
         connect_timeout: Some(HTTP_CONNECT_TIMEOUT),
         read_timeout: Some(HTTP_TIMEOUT),
+        tls_certs_only: trust.for_registry(),
         ..Default::default()
     });
     let what = source.reference.as_str();
     with_retries(what, || async {
-        let retryable = |e: oci_client::errors::OciDistributionError| {
-            Failure::Retryable(anyhow::Error::new(e).context(format!("pulling {what}")))
+        let failure = |e: oci_client::errors::OciDistributionError| match e {
+            // Bytes that do not match their digest will not match on a retry either.
+            oci_client::errors::OciDistributionError::DigestError(
+                oci_client::errors::DigestError::VerificationError { expected, actual },
+            ) if reference.digest() == Some(expected.as_str()) => Failure::Final(anyhow::anyhow!(
+                "the manifest of {what} hashes to {actual}, not to the {expected} the reference (oci.reference) pins"
+            )),
+            e => Failure::Retryable(anyhow::Error::new(e).context(format!("pulling {what}"))),
         };
-        let (manifest, _) = registry
+        let (manifest, manifest_digest) = registry
             .pull_image_manifest(&reference, &auth)
             .await
-            .map_err(retryable)?;
+            .map_err(failure)?;
         let layer = manifest
             .layers
             .iter()
@@ -282,8 +328,11 @@ async fn fetch_oci(
         registry
             .pull_blob(&reference, layer, &mut out)
             .await
-            .map_err(retryable)?;
-        Ok(out.bytes)
+            .map_err(failure)?;
+        Ok(Fetched {
+            bytes: out.bytes,
+            manifest_digest: Some(manifest_digest),
+        })
     })
     .await
 }
@@ -330,12 +379,15 @@ impl tokio::io::AsyncWrite for LimitedBuffer {
 async fn fetch_http(
     source: &HttpSource,
     credentials: Option<Credentials>,
+    trust: &TrustRoots,
 ) -> anyhow::Result<Vec<u8>> {
     crate::ensure_crypto_provider();
-    let http = reqwest::Client::builder()
+    let builder = reqwest::Client::builder()
         .connect_timeout(HTTP_CONNECT_TIMEOUT)
         .timeout(HTTP_TIMEOUT)
-        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")))
+        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")));
+    let http = trust
+        .apply_to_http(builder)?
         .build()
         .context("building the HTTP client")?;
     with_retries(&source.url, || {
@@ -577,5 +629,73 @@ mod tests {
             .await
             .expect_err("endless");
         assert!(error.to_string().contains("size limit"), "{error}");
+    }
+
+    /// An HTTPS server on loopback whose certificate a private CA issued, answering every
+    /// request with `body`; the CA's PEM and the URL.
+    async fn private_ca_server(body: &'static [u8]) -> (String, String) {
+        crate::ensure_crypto_provider();
+        let ca_key = rcgen::KeyPair::generate().expect("CA key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).expect("CA cert");
+        let key = rcgen::KeyPair::generate().expect("server key");
+        let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .expect("server params")
+            .signed_by(&key, &ca)
+            .expect("server cert");
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![server.der().clone()],
+                rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key"),
+            )
+            .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    // A client that refuses the certificate ends the handshake here.
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut request = [0u8; 4096];
+                    let _ = tls.read(&mut request).await;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = tls.write_all(head.as_bytes()).await;
+                    let _ = tls.write_all(body).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        (ca.pem(), format!("https://{address}/plugin.wasm"))
+    }
+
+    #[tokio::test]
+    async fn an_https_source_behind_a_private_ca_is_trusted_only_with_that_ca_added() {
+        let (ca, url) = private_ca_server(b"component bytes").await;
+        let source = HttpSource {
+            url: url.clone(),
+            secret_ref: None,
+        };
+        let refused = fetch_http(&source, None, &TrustRoots::default())
+            .await
+            .expect_err("the private CA is not among the compiled-in roots");
+        assert!(
+            format!("{refused:#}").contains("certificate"),
+            "{refused:#}"
+        );
+        let trust = TrustRoots::with_extra_pem(ca.as_bytes()).expect("the CA");
+        let bytes = fetch_http(&source, None, &trust).await.expect("trusted");
+        assert_eq!(bytes, b"component bytes");
     }
 }

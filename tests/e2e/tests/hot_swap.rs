@@ -790,35 +790,79 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
     Ok(())
 }
 
-/// Push a built plugin to `registry` as a Wasm OCI artifact (config
-/// `application/vnd.wasm.config.v0+json`, one `application/wasm` layer).
+/// `wasmctrl plugin push` of a built plugin to `registry` (plain HTTP, no credentials); the
+/// reference it was pushed to.
 async fn push_plugin(registry: &str, repository: &str, plugin: &str) -> anyhow::Result<String> {
-    use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
     let reference = format!("{registry}/{repository}:{}", plugin.replace('_', "-"));
+    let file = guest(plugin).display().to_string();
+    wasmctrl_cli(&["plugin", "push", &file, &reference, "--plain-http"]).await?;
+    Ok(reference)
+}
+
+/// Run `wasmctrl ARGS…` as the binary would (output goes to this test's stdout).
+async fn wasmctrl_cli(args: &[&str]) -> anyhow::Result<()> {
+    let mut all = vec!["wasmctrl"];
+    all.extend_from_slice(args);
+    <wasmctrl::cli::Cli as clap::Parser>::try_parse_from(all)?
+        .run()
+        .await
+}
+
+/// Read `reference`'s manifest and config back with another client than the one that
+/// pushed them, as `oras pull` would: the Wasm artifact layout, and the manifest's digest.
+async fn read_back_layout(reference: &str, plugin: &str) -> anyhow::Result<String> {
+    use oci_client::client::{ClientConfig, ClientProtocol};
     let client = oci_client::Client::new(ClientConfig {
         protocol: ClientProtocol::Http,
         ..Default::default()
     });
-    let layer = ImageLayer::new(
-        std::fs::read(guest(plugin))?,
-        "application/wasm".into(),
-        None,
-    );
-    let config = Config::new(
-        b"{}".to_vec(),
-        "application/vnd.wasm.config.v0+json".into(),
-        None,
-    );
-    client
-        .push(
-            &reference.parse()?,
-            &[layer],
-            config,
-            &oci_client::secrets::RegistryAuth::Anonymous,
-            None,
+    let reference: oci_client::Reference = reference.parse()?;
+    let anonymous = oci_client::secrets::RegistryAuth::Anonymous;
+    let (raw, digest) = client
+        .pull_manifest_raw(
+            &reference,
+            &anonymous,
+            &["application/vnd.oci.image.manifest.v1+json"],
         )
         .await?;
-    Ok(reference)
+    let manifest: Value = serde_json::from_slice(&raw)?;
+    assert_eq!(
+        manifest["mediaType"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.wasm.config.v0+json"
+    );
+    let layers = manifest["layers"].as_array().cloned().unwrap_or_default();
+    assert_eq!(layers.len(), 1, "one layer: {manifest}");
+    assert_eq!(layers[0]["mediaType"], "application/wasm");
+    assert_eq!(
+        layers[0]["digest"].as_str(),
+        Some(digest_of(plugin).as_str())
+    );
+    let mut config = Vec::new();
+    let descriptor: oci_client::manifest::OciDescriptor =
+        serde_json::from_value(manifest["config"].clone())?;
+    client
+        .pull_blob(&reference, &descriptor, &mut config)
+        .await?;
+    let config: Value = serde_json::from_slice(&config)?;
+    assert_eq!(config["architecture"], "wasm", "{config}");
+    assert_eq!(
+        config["layerDigests"],
+        json!([digest_of(plugin)]),
+        "{config}"
+    );
+    assert!(
+        config["component"]["exports"]
+            .as_array()
+            .is_some_and(|exports| exports.iter().any(|e| e
+                .as_str()
+                .is_some_and(|e| e.starts_with("wasmctrl:plugin/")))),
+        "the config names the plugin contract it exports: {config}"
+    );
+    Ok(digest)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -831,6 +875,33 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
     let v1_ref = push_plugin(&registry.address, "plugins/myapp", "myapp_plugin").await?;
     let v2_ref = push_plugin(&registry.address, "plugins/myapp", "myapp_v2_plugin").await?;
+    // What `plugin push` wrote is the layout other tools read; `pull` gives the bytes back,
+    // and pushing the same component again gives the same manifest.
+    let v1_manifest = read_back_layout(&v1_ref, "myapp_plugin").await?;
+    let v2_manifest = read_back_layout(&v2_ref, "myapp_v2_plugin").await?;
+    let again = push_plugin(&registry.address, "plugins/again", "myapp_plugin").await?;
+    assert_eq!(
+        read_back_layout(&again, "myapp_plugin").await?,
+        v1_manifest,
+        "reproducible"
+    );
+    assert_ne!(v1_manifest, v2_manifest);
+    let pulled = tempfile::tempdir()?;
+    let pulled_file = pulled.path().join("myapp.wasm").display().to_string();
+    wasmctrl_cli(&[
+        "plugin",
+        "pull",
+        &v1_ref,
+        "-o",
+        &pulled_file,
+        "--plain-http",
+    ])
+    .await?;
+    assert_eq!(
+        std::fs::read(&pulled_file)?,
+        std::fs::read(guest("myapp_plugin"))?
+    );
+    wasmctrl_cli(&["plugin", "inspect", &v1_ref, "--plain-http"]).await?;
     let oci = |reference: &str| json!({"oci": {"reference": reference, "insecure": true}});
     let policy_api = policies(&client);
 
@@ -875,6 +946,53 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
     )
     .await?;
     wait_served(&myapps, &deployments, "web", Built::V2).await?;
+
+    // The manifest's digest pasted where the component's belongs is named as such; v2 keeps
+    // serving.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(oci(&v1_ref), Some(&v1_manifest), json!({})),
+    )
+    .await?;
+    let wrong = wait_for_object(&policy_api, TEST, "manifest digest refused", |p| {
+        condition(p, "PluginLoaded").is_some_and(|c| c["reason"] == "DigestMismatch")
+    })
+    .await?;
+    let message = condition(&wrong, "PluginLoaded").map(|c| c["message"].to_string());
+    assert!(
+        message
+            .as_ref()
+            .is_some_and(|m| m.contains("digest of the artifact's manifest") && m.contains(&v1)),
+        "{message:?}"
+    );
+    wait_served(&myapps, &deployments, "web", Built::V2).await?;
+
+    // Pinned by the manifest alone (a reference by digest, no component digest): v1 again.
+    let by_manifest = |manifest: &str| format!("{}/plugins/myapp@{manifest}", registry.address);
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(oci(&by_manifest(&v1_manifest)), None, json!({})),
+    )
+    .await?;
+    wait_served(&myapps, &deployments, "web", Built::V1).await?;
+    // A manifest digest the repository does not hold is reported; v1 keeps serving.
+    let absent = format!("sha256:{}", "0".repeat(64));
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy(oci(&by_manifest(&absent)), None, json!({})),
+    )
+    .await?;
+    wait_for_object(&policy_api, TEST, "absent manifest reported", |p| {
+        condition(p, "PluginLoaded").is_some_and(|c| c["reason"] == "SourceUnavailable")
+    })
+    .await?;
+    wait_served(&myapps, &deployments, "web", Built::V1).await?;
 
     host.stop().await?;
     delete_namespace(&client, &ns).await?;
