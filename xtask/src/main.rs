@@ -35,15 +35,17 @@ enum Command {
     /// Build the host's OCI image (static binary, no base image, non-root) as an OCI layout in
     /// target/image, and push it when asked.
     Image {
-        /// Push to this reference, e.g. `127.0.0.1:5000/wasmctrl:dev` (plain HTTP with
-        /// `--insecure`).
+        /// Push to this reference, e.g. `ghcr.io/acme/wasmctrl:1.0` or, with `--insecure`,
+        /// `127.0.0.1:5000/wasmctrl:dev`, with the credentials `docker login` stored for the
+        /// registry (`$DOCKER_CONFIG` or `~/.docker/config.json`, credential helpers too).
         #[arg(long)]
         push: Option<String>,
         /// Push over plain HTTP.
         #[arg(long)]
         insecure: bool,
-        /// Cargo profile of the binary.
-        #[arg(long, default_value = "release")]
+        /// Cargo profile of the binary (the e2e suite sets `image-test`, which builds
+        /// faster).
+        #[arg(long, env = "WASMCTRL_IMAGE_PROFILE", default_value = "release")]
         profile: String,
     },
     /// Run the whole test suite: formatting, lints, unit, plugin and end-to-end tests.

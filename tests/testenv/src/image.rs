@@ -248,51 +248,117 @@ fn layer_tar(executable: &[u8]) -> anyhow::Result<Vec<u8>> {
 }
 
 /// A registry client; `oci-client` is built without a TLS crypto provider, so install ring's
-/// (as the host does) unless one is installed already.
-fn registry_client(insecure: bool) -> oci_client::Client {
-    use oci_client::client::{ClientConfig, ClientProtocol};
+/// (as the host does) unless one is installed already. `ca_pem` is trusted besides the
+/// system's roots.
+fn registry_client(insecure: bool, ca_pem: Option<&str>) -> anyhow::Result<oci_client::Client> {
+    use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
     let _ = rustls::crypto::ring::default_provider().install_default();
-    oci_client::Client::new(ClientConfig {
+    Ok(oci_client::Client::new(ClientConfig {
         protocol: if insecure {
             ClientProtocol::Http
         } else {
             ClientProtocol::Https
         },
+        extra_root_certificates: ca_pem
+            .map(|pem| Certificate {
+                encoding: CertificateEncoding::Pem,
+                data: pem.as_bytes().to_vec(),
+            })
+            .into_iter()
+            .collect(),
         ..ClientConfig::default()
-    })
+    }))
 }
 
-/// Push `image` to `reference` (`host:port/repository:tag`) over plain HTTP when `insecure`.
+/// Push `image` to `reference` (`host:port/repository:tag`) over plain HTTP when `insecure`,
+/// with the credentials `docker login` stored for its registry (anonymously without).
 pub async fn push(image: &Image, reference: &str, insecure: bool) -> anyhow::Result<String> {
     use oci_client::client::{Config, ImageLayer};
     use oci_client::manifest::OciImageManifest;
-    let client = registry_client(insecure);
+    let client = registry_client(insecure, None)?;
     let layer = ImageLayer::new(image.layer.clone(), LAYER_MEDIA_TYPE.into(), None);
     let config = Config::new(image.config.clone(), CONFIG_MEDIA_TYPE.into(), None);
     let manifest: OciImageManifest = serde_json::from_slice(&image.manifest)?;
+    let reference: oci_client::Reference = reference.parse()?;
+    let auth = docker_auth(&reference)?;
     let response = client
-        .push(
-            &reference.parse()?,
-            &[layer],
-            config,
-            &oci_client::secrets::RegistryAuth::Anonymous,
-            Some(manifest),
-        )
+        .push(&reference, &[layer], config, &auth, Some(manifest))
         .await
         .with_context(|| format!("pushing the image to {reference}"))?;
     Ok(response.manifest_url)
 }
 
+/// The credentials the docker configuration (`$DOCKER_CONFIG`, else `~/.docker`, with its
+/// credential helpers) holds for `reference`'s registry; anonymous when it holds none.
+fn docker_auth(
+    reference: &oci_client::Reference,
+) -> anyhow::Result<oci_client::secrets::RegistryAuth> {
+    use docker_credential::{CredentialRetrievalError as Error, DockerCredential};
+    use oci_client::secrets::RegistryAuth;
+    let registry = reference.resolve_registry();
+    let server = match registry {
+        "index.docker.io" | "registry-1.docker.io" => "https://index.docker.io/v1/",
+        other => other,
+    };
+    // A missing configuration is no login, not an error (the crate would call it one).
+    let Some(config) = std::env::var_os("DOCKER_CONFIG")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(".docker"))
+        })
+        .map(|dir| dir.join("config.json"))
+        .filter(|config| config.exists())
+    else {
+        return Ok(RegistryAuth::Anonymous);
+    };
+    let file = std::fs::File::open(&config)
+        .with_context(|| format!("reading the docker configuration {}", config.display()))?;
+    match docker_credential::get_credential_from_reader(std::io::BufReader::new(file), server) {
+        Ok(DockerCredential::UsernamePassword(user, password)) => {
+            Ok(RegistryAuth::Basic(user, password))
+        }
+        Ok(DockerCredential::IdentityToken(token)) => Ok(RegistryAuth::Bearer(token)),
+        Err(Error::NoCredentialConfigured) => Ok(RegistryAuth::Anonymous),
+        Err(error) => Err(anyhow::anyhow!("{error}")).with_context(|| {
+            format!(
+                "reading the docker credentials for {registry} from {}",
+                config.display()
+            )
+        }),
+    }
+}
+
 /// Pull `reference` over plain HTTP and unpack its layers into `rootfs`: what a container
 /// runtime does before it starts the image.
 pub async fn pull_into(reference: &str, rootfs: &Path) -> anyhow::Result<()> {
-    let client = registry_client(true);
+    pull_with(
+        reference,
+        rootfs,
+        &Access {
+            insecure: true,
+            ca_pem: None,
+            auth: oci_client::secrets::RegistryAuth::Anonymous,
+        },
+    )
+    .await
+}
+
+/// How to reach a registry: what a kubelet knows from its trust store and a pod's
+/// `imagePullSecrets`.
+pub struct Access<'a> {
+    /// Plain HTTP.
+    pub insecure: bool,
+    /// A CA to trust besides the system's.
+    pub ca_pem: Option<&'a str>,
+    /// The login.
+    pub auth: oci_client::secrets::RegistryAuth,
+}
+
+/// [`pull_into`] with `access`.
+pub async fn pull_with(reference: &str, rootfs: &Path, access: &Access<'_>) -> anyhow::Result<()> {
+    let client = registry_client(access.insecure, access.ca_pem)?;
     let image = client
-        .pull(
-            &reference.parse()?,
-            &oci_client::secrets::RegistryAuth::Anonymous,
-            vec![LAYER_MEDIA_TYPE],
-        )
+        .pull(&reference.parse()?, &access.auth, vec![LAYER_MEDIA_TYPE])
         .await
         .with_context(|| format!("pulling {reference}"))?;
     std::fs::create_dir_all(rootfs)?;
