@@ -91,7 +91,19 @@ pub async fn install_chart_rbac(
     release: &str,
     ns: &str,
 ) -> anyhow::Result<String> {
-    let rendered = render(&[release, CHART, "--namespace", ns])?;
+    install_chart_rbac_with(client, release, ns, &[]).await
+}
+
+/// [`install_chart_rbac`] with chart values set by `values` (`--set` arguments and the like).
+pub async fn install_chart_rbac_with(
+    client: &Client,
+    release: &str,
+    ns: &str,
+    values: &[&str],
+) -> anyhow::Result<String> {
+    let mut args = vec![release, CHART, "--namespace", ns];
+    args.extend_from_slice(values);
+    let rendered = render(&args)?;
     for object in documents(&rendered)? {
         if RBAC_KINDS.contains(&object["kind"].as_str().unwrap_or_default()) {
             apply_object(client, &object).await?;

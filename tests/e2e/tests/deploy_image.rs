@@ -26,6 +26,8 @@ const TEST: &str = "deploy-image";
 const RELEASE: &str = "image-e2e";
 const LEASE: &str = "wasmctrl-leader";
 const PLUGIN_IN_IMAGE: &str = "/plugins/myapp_plugin.wasm";
+/// The label `myapp-v2` puts on every child it makes.
+const VERSION_LABEL: &str = "example.com/plugin-version";
 
 /// The API server as a Pod sees it: `KUBERNETES_SERVICE_HOST`/`PORT` and the cluster CA.
 fn api_server() -> anyhow::Result<(String, String, Vec<u8>)> {
@@ -57,6 +59,19 @@ fn start_replica(
     service_account: &Path,
     with_cache: bool,
 ) -> anyhow::Result<Replica> {
+    start_replica_with(name, rootfs, service_account, with_cache, &[], Vec::new())
+}
+
+/// A replica with `extra_args` after the chart's and `extra_binds` mounted read-only (the
+/// chart's `extraArgs` and `extraVolumes`).
+fn start_replica_with(
+    name: &str,
+    rootfs: &Path,
+    service_account: &Path,
+    with_cache: bool,
+    extra_args: &[String],
+    extra_binds: Vec<(std::path::PathBuf, String)>,
+) -> anyhow::Result<Replica> {
     let (host, port, _) = api_server()?;
     let address = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     // The chart's container arguments, plus this test's policy selector and the directory
@@ -73,7 +88,9 @@ fn start_replica(
         "--plugin-dir=/plugins",
     ]
     .map(str::to_owned)
-    .to_vec();
+    .into_iter()
+    .chain(extra_args.iter().cloned())
+    .collect();
     let spec = ContainerSpec {
         rootfs: rootfs.to_owned(),
         args,
@@ -90,10 +107,13 @@ fn start_replica(
         } else {
             Vec::new()
         },
-        binds: vec![(
+        binds: [(
             wasmctrl_testenv::plugins::guest("myapp_plugin"),
             PLUGIN_IN_IMAGE.to_owned(),
-        )],
+        )]
+        .into_iter()
+        .chain(extra_binds)
+        .collect(),
     };
     let container = Container::start(&format!("{name}-{}", std::process::id()), &spec)?;
     Ok(Replica {
@@ -323,7 +343,186 @@ async fn the_image_runs_as_a_pod_with_the_charts_rbac_and_fails_over() -> anyhow
         term_failover.as_secs_f64()
     );
     drop(uncached);
-    drop(replicas);
+    // The leader steps down, so the next replica leads at once.
+    let mut last = replicas.remove(0);
+    last.container.signal("TERM")?;
+    tokio::task::spawn_blocking(move || last.container.wait(ACT)).await??;
+
+    from_a_private_registry(
+        &client,
+        &ns,
+        &rootfs,
+        &sa_dir,
+        work.path(),
+        &service_account,
+    )
+    .await?;
     policies(&client).delete(TEST, &Default::default()).await?;
     delete_namespace(&client, &ns).await
+}
+
+/// The path a team takes: the plugin published with the image's own `wasmctrl plugin push`
+/// (credentials from a docker config, as `docker login` leaves them) to a private registry
+/// (TLS from a CA of its own, a login required), the CA given to the host the chart's way
+/// (`extraCA`: mounted, `--extra-ca-file`), the login in a `kubernetes.io/dockerconfigjson`
+/// Secret the chart lets the host read; a MyApp reconciled from there, then a swap to
+/// `myapp-v2`, published the same way, that its children follow.
+async fn from_a_private_registry(
+    client: &kube::Client,
+    ns: &str,
+    rootfs: &Path,
+    sa_dir: &Path,
+    work: &Path,
+    service_account: &str,
+) -> anyhow::Result<()> {
+    use wasmctrl_testenv::registry::{Login, Registry};
+    const SECRET: &str = "registry-login";
+    const CA_IN_POD: &str = "/etc/wasmctrl/extra-ca/ca.crt";
+    let login = Login {
+        username: "publisher",
+        password: "s3cret-for-the-test",
+    };
+    let auth = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        format!("{}:{}", login.username, login.password),
+    );
+    let registry = tokio::task::spawn_blocking(move || Registry::start_secured(login)).await??;
+    let ca_file = work.join("registry-ca.crt");
+    std::fs::write(&ca_file, registry.ca_pem.as_deref().context("a CA")?)?;
+    std::fs::set_permissions(&ca_file, std::fs::Permissions::from_mode(0o644))?;
+    let docker_config = json!({"auths": {registry.address.clone(): {"auth": auth}}});
+    let docker_dir = work.join("docker");
+    std::fs::create_dir_all(&docker_dir)?;
+    std::fs::write(docker_dir.join("config.json"), docker_config.to_string())?;
+
+    // `wasmctrl plugin push`, the binary in the image, run as a publisher would.
+    let cli = rootfs.join(image::ENTRYPOINT.trim_start_matches('/'));
+    let publish = |plugin: &str, tag: &str| -> anyhow::Result<Value> {
+        let reference = format!("{}/plugins/myapp:{tag}", registry.address);
+        let output = std::process::Command::new(&cli)
+            .args(["plugin", "push"])
+            .arg(wasmctrl_testenv::plugins::guest(plugin))
+            .arg(&reference)
+            .arg("--ca-file")
+            .arg(&ca_file)
+            .args(["--output", "json"])
+            .env("DOCKER_CONFIG", &docker_dir)
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "plugin push failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(serde_json::from_slice(&output.stdout)?)
+    };
+    // Without the login the registry refuses the push.
+    let anonymous = std::process::Command::new(&cli)
+        .args(["plugin", "push"])
+        .arg(wasmctrl_testenv::plugins::guest("myapp_plugin"))
+        .arg(format!("{}/plugins/myapp:anonymous", registry.address))
+        .arg("--ca-file")
+        .arg(&ca_file)
+        .env("DOCKER_CONFIG", work.join("no-docker-config"))
+        .output()?;
+    assert!(!anonymous.status.success(), "an anonymous push is refused");
+    let v1 = publish("myapp_plugin", "v1")?;
+    assert_eq!(
+        v1["componentDigest"].as_str(),
+        Some(
+            wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
+                "myapp_plugin"
+            ))?)
+            .to_string()
+            .as_str()
+        )
+    );
+
+    // The login as `kubectl create secret docker-registry` makes it, and the chart told
+    // which Secret the host may read.
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns);
+    secrets
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": SECRET},
+                "type": "kubernetes.io/dockerconfigjson",
+                "stringData": {".dockerconfigjson": docker_config.to_string()},
+            }))?,
+        )
+        .await?;
+    let chart_account = install_chart_rbac_with(
+        client,
+        RELEASE,
+        ns,
+        &["--set", &format!("pluginSources.secretNames={{{SECRET}}}")],
+    )
+    .await?;
+    assert_eq!(chart_account, service_account);
+
+    let replica = start_replica_with(
+        &format!("{RELEASE}-oci"),
+        rootfs,
+        sa_dir,
+        true,
+        &[format!("--extra-ca-file={CA_IN_POD}")],
+        vec![(ca_file.clone(), CA_IN_POD.to_owned())],
+    )?;
+    wait_ready(&replica).await?;
+    let from_registry = |pushed: &Value, digest: bool| {
+        // A merge patch keeps keys it does not name: clear the other sources.
+        let mut plugin = json!({"source": {
+            "file": null, "configMap": null, "http": null,
+            "oci": {
+                "reference": pushed["pinnedReference"],
+                "secretRef": {"namespace": ns, "name": SECRET},
+            },
+        }});
+        plugin["digest"] = if digest {
+            pushed["componentDigest"].clone()
+        } else {
+            Value::Null
+        };
+        plugin
+    };
+    let policy_api = policies(client);
+    let patch = |plugin: Value| {
+        let policy_api = policy_api.clone();
+        async move {
+            policy_api
+                .patch(
+                    TEST,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({"spec": {"plugin": plugin}})),
+                )
+                .await
+        }
+    };
+    patch(from_registry(&v1, true)).await?;
+    wait_for_object(&policy_api, TEST, "v1 from the private registry", |p| {
+        p["status"]["activeDigest"] == v1["componentDigest"]
+            && condition(p, "PluginLoaded").is_some_and(|c| c["status"] == "True")
+    })
+    .await
+    .with_context(|| format!("the replica printed:\n{}", replica.container.output()))?;
+    let apps = myapps(client, ns);
+    let deployments = api(client, &resource("apps", "v1", "Deployment"), ns);
+    apply(&apps, myapp("api", 1, "nginx:1.27", None)).await?;
+    wait_for_object(&deployments, "api", "api built by v1", |d| {
+        d["metadata"]["labels"][VERSION_LABEL].is_null()
+    })
+    .await?;
+
+    // Swap: v2 published the same way, pinned by its manifest alone; every child follows.
+    let v2 = publish("myapp_v2_plugin", "v2")?;
+    patch(from_registry(&v2, false)).await?;
+    for name in ["web", "api"] {
+        wait_for_object(&deployments, name, &format!("{name} built by v2"), |d| {
+            d["metadata"]["labels"][VERSION_LABEL] == "v2"
+        })
+        .await
+        .with_context(|| format!("the replica printed:\n{}", replica.container.output()))?;
+    }
+    drop(replica);
+    drop(registry);
+    Ok(())
 }
