@@ -1,0 +1,410 @@
+//! README's "Deploy to a cluster" section, run as written: every `sh` block of it, in order,
+//! by bash, against a control plane of its own (the example policy claims MyApp in every
+//! namespace, which the shared test cluster's tests must keep) and a private registry (TLS
+//! from a CA of its own, a login required). The only changes are the placeholders a reader
+//! replaces too: the registry's name, the login, the CA file, and where cargo puts the
+//! plugins. The workstation's state is what the section asks for: a `docker login` (a docker
+//! config), and the CA trusted system-wide (`SSL_CERT_FILE`).
+//!
+//! A kubelet is the one thing this control plane lacks, so between the blocks the test does
+//! what one would with the chart's Deployment: pull its image with its `imagePullSecrets`,
+//! and run it (with runc, as `deploy_image` does) with the pod's arguments, environment,
+//! volumes and ServiceAccount token.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use kube::Api;
+use serde_json::Value;
+use wasmctrl_e2e::*;
+use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime};
+use wasmctrl_testenv::container::{Container, ContainerSpec, service_account_files};
+use wasmctrl_testenv::image;
+use wasmctrl_testenv::registry::{Login, Registry};
+use wasmctrl_testenv::repo_root;
+
+/// The namespace and release the section installs into.
+const NAMESPACE: &str = "wasmctrl";
+/// The label `myapp-v2` puts on every child it makes.
+const VERSION_LABEL: &str = "example.com/plugin-version";
+const LOGIN: Login<'static> = Login {
+    username: "platform-bot",
+    password: "readme-test-password",
+};
+
+/// The `sh` blocks of the README's "Deploy to a cluster" section, in order.
+fn deploy_blocks() -> anyhow::Result<Vec<String>> {
+    let readme = std::fs::read_to_string(repo_root().join("README.md"))?;
+    let section = readme
+        .split_once("\n## Deploy to a cluster\n")
+        .context("README has a \"Deploy to a cluster\" section")?
+        .1;
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut blocks = Vec::new();
+    let mut rest = section;
+    while let Some((_, after)) = rest.split_once("```sh\n") {
+        let (block, after) = after.split_once("\n```").context("an unclosed block")?;
+        blocks.push(block.to_owned());
+        rest = after;
+    }
+    Ok(blocks)
+}
+
+/// A reader's own values for the section's placeholders.
+struct Placeholders {
+    registry: String,
+    ca_file: PathBuf,
+    plugin_dir: PathBuf,
+}
+
+impl Placeholders {
+    fn fill(&self, block: &str) -> String {
+        block
+            .replace("registry.example.com", &self.registry)
+            .replace(
+                "--docker-username=BOT",
+                &format!("--docker-username={}", LOGIN.username),
+            )
+            .replace(
+                "--docker-password=TOKEN",
+                &format!("--docker-password={}", LOGIN.password),
+            )
+            .replace("=registry-ca.pem", &format!("={}", self.ca_file.display()))
+            .replace(
+                "target/wasm32-wasip2/plugin/",
+                &format!("{}/", self.plugin_dir.display()),
+            )
+    }
+}
+
+/// Run `block` with bash in the repository root, as a reader would paste it.
+fn run_block(block: &str, env: &[(&str, String)]) -> anyhow::Result<()> {
+    eprintln!("--- README block:\n{block}\n---");
+    let output = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", block])
+        .current_dir(repo_root())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .context("running bash")?;
+    if !output.status.success() {
+        bail!(
+            "the README block failed ({}):\n{block}\nstdout:\n{}\nstderr:\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_deploy_section_works_as_written() -> anyhow::Result<()> {
+    let blocks = deploy_blocks()?;
+    assert_eq!(
+        blocks.len(),
+        4,
+        "publish, install, policy, swap: the test plays a kubelet after the second"
+    );
+    let binaries = tokio::task::spawn_blocking(|| Binaries::build(&repo_root())).await??;
+    let state = tempfile::Builder::new()
+        .prefix("readme-cluster-")
+        .tempdir_in(repo_root().join("target"))?;
+    let cluster = ControlPlane::start(state.path(), &binaries, Lifetime::TiedToStarter).await?;
+    let client = cluster.client().await?;
+    let registry = tokio::task::spawn_blocking(|| Registry::start_secured(LOGIN)).await??;
+
+    // The workstation: logged in to the registry, trusting its CA, with kubectl, helm and
+    // wasmctrl on its PATH (the binary the image holds, which `cargo xtask image` builds).
+    let work = tempfile::tempdir()?;
+    let ca_file = work.path().join("registry-ca.pem");
+    let ca_pem = registry.ca_pem.clone().context("a CA")?;
+    std::fs::write(&ca_file, &ca_pem)?;
+    let docker_dir = work.path().join("docker");
+    std::fs::create_dir_all(&docker_dir)?;
+    let auth = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        format!("{}:{}", LOGIN.username, LOGIN.password),
+    );
+    std::fs::write(
+        docker_dir.join("config.json"),
+        serde_json::json!({"auths": {registry.address.clone(): {"auth": auth}}}).to_string(),
+    )?;
+    let profile = std::env::var("WASMCTRL_IMAGE_PROFILE").unwrap_or_else(|_| "image-test".into());
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let cli_dir = target_dir.join(image::TARGET).join(&profile);
+    let helm = wasmctrl_testenv::tools::helm()?;
+    let path = [
+        cli_dir.clone(),
+        binaries.dir().to_owned(),
+        helm.parent().context("helm's directory")?.to_owned(),
+    ]
+    .into_iter()
+    .chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ))
+    .collect::<Vec<_>>();
+    let env = [
+        (
+            "PATH",
+            std::env::join_paths(path)?.to_string_lossy().into_owned(),
+        ),
+        ("KUBECONFIG", cluster.kubeconfig.display().to_string()),
+        ("DOCKER_CONFIG", docker_dir.display().to_string()),
+        ("SSL_CERT_FILE", ca_file.display().to_string()),
+        ("WASMCTRL_IMAGE_PROFILE", profile.clone()),
+        (
+            "HELM_CACHE_HOME",
+            work.path().join("helm-cache").display().to_string(),
+        ),
+        (
+            "HELM_CONFIG_HOME",
+            work.path().join("helm-config").display().to_string(),
+        ),
+        (
+            "HELM_DATA_HOME",
+            work.path().join("helm-data").display().to_string(),
+        ),
+    ];
+    let placeholders = Placeholders {
+        registry: registry.address.clone(),
+        ca_file: ca_file.clone(),
+        plugin_dir: wasmctrl_testenv::plugins::plugin_dir(),
+    };
+    let mut blocks = blocks.iter().map(|block| placeholders.fill(block));
+    let mut next_block = || blocks.next().context("another README block");
+
+    // Publish the image and build the plugins; install the chart.
+    run_block(&next_block()?, &env)?;
+    run_block(&next_block()?, &env)?;
+
+    // The kubelet's part: the Deployment's pod, run from the registry.
+    let host = run_chart_pod(&client, &cluster, &ca_pem, work.path()).await?;
+
+    // Publish the plugin and apply the policy and the MyApps; they are reconciled from the
+    // plugin in the registry.
+    run_block(&next_block()?, &env)?;
+    let apps = api(&client, &resource("example.com", "v1", "MyApp"), "default");
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), "default");
+    for name in ["web", "api"] {
+        wait_for_object(&apps, name, &format!("{name} reconciled"), |app| {
+            condition(app, "Reconciled").is_some_and(|c| c["status"] == "True")
+        })
+        .await
+        .with_context(|| format!("the host printed:\n{}", host.output()))?;
+        wait_for_object(&deployments, name, &format!("{name} built by v1"), |d| {
+            d["metadata"]["labels"][VERSION_LABEL].is_null()
+        })
+        .await?;
+    }
+
+    // The swap: every child follows the new build.
+    run_block(&next_block()?, &env)?;
+    for name in ["web", "api"] {
+        wait_for_object(&deployments, name, &format!("{name} built by v2"), |d| {
+            d["metadata"]["labels"][VERSION_LABEL] == "v2"
+        })
+        .await
+        .with_context(|| format!("the host printed:\n{}", host.output()))?;
+    }
+    drop(host);
+    cluster.stop();
+    Ok(())
+}
+
+/// Run the chart's Deployment as a kubelet would run one of its pods: its image pulled with
+/// its `imagePullSecrets`, its arguments and environment, its `emptyDir` and ConfigMap
+/// volumes, its ServiceAccount's token. Only the listener moves to a free loopback port (the
+/// container shares the test machine's network).
+async fn run_chart_pod(
+    client: &kube::Client,
+    cluster: &ControlPlane,
+    registry_ca: &str,
+    work: &Path,
+) -> anyhow::Result<Container> {
+    let deployments = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
+        .list(&Default::default())
+        .await?;
+    let [deployment] = deployments.items.as_slice() else {
+        bail!(
+            "the chart installs one Deployment, not {}",
+            deployments.items.len()
+        );
+    };
+    let pod = serde_json::to_value(deployment)?["spec"]["template"]["spec"].clone();
+    let container = &pod["containers"][0];
+
+    // Pull with the pod's imagePullSecrets, trusting the registry's CA as the node would.
+    let reference = container["image"].as_str().context("an image")?;
+    let registry = reference.split('/').next().unwrap_or_default();
+    let pull_secret = pod["imagePullSecrets"][0]["name"]
+        .as_str()
+        .context("the pod names an imagePullSecret")?;
+    let secret = Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        .get(pull_secret)
+        .await?;
+    let docker_config: Value = serde_json::from_slice(
+        &secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get(".dockerconfigjson"))
+            .context(".dockerconfigjson")?
+            .0,
+    )?;
+    let login = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        docker_config["auths"][registry]["auth"]
+            .as_str()
+            .context("a login for the image's registry")?,
+    )?;
+    let (user, password) = std::str::from_utf8(&login)?
+        .split_once(':')
+        .context("user:password")?;
+    let rootfs = work.join("rootfs");
+    image::pull_with(
+        reference,
+        &rootfs,
+        &image::Access {
+            insecure: false,
+            ca_pem: Some(registry_ca),
+            auth: oci_client::secrets::RegistryAuth::Basic(user.into(), password.into()),
+        },
+    )
+    .await?;
+    std::fs::set_permissions(&rootfs, std::fs::Permissions::from_mode(0o755))?;
+
+    // Arguments, with the listener on a free port.
+    let address = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let mut args = vec![image::ENTRYPOINT.to_owned()];
+    for arg in container["args"].as_array().context("args")? {
+        let arg = arg.as_str().context("a string argument")?;
+        args.push(if arg.starts_with("--listen=") {
+            format!("--listen={address}")
+        } else {
+            arg.to_owned()
+        });
+    }
+
+    // Environment: values and the pod's own fields; the in-cluster API server address.
+    let pod_name = "wasmctrl-readme-0";
+    let (host, port) = cluster
+        .server
+        .trim_start_matches("https://")
+        .rsplit_once(':')
+        .context("server host:port")?;
+    let mut env = vec![
+        ("KUBERNETES_SERVICE_HOST".to_owned(), host.to_owned()),
+        ("KUBERNETES_SERVICE_PORT".to_owned(), port.to_owned()),
+    ];
+    for var in container["env"].as_array().into_iter().flatten() {
+        let name = var["name"].as_str().context("a name")?.to_owned();
+        let value = match (
+            &var["value"],
+            var["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        ) {
+            (Value::String(value), _) => value.clone(),
+            (_, Some("metadata.name")) => pod_name.to_owned(),
+            (_, Some("metadata.namespace")) => NAMESPACE.to_owned(),
+            _ => bail!("an environment variable this test cannot fill: {var}"),
+        };
+        env.push((name, value));
+    }
+
+    // Volumes: emptyDirs as scratch space, ConfigMaps as read-only files.
+    let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
+    let mut scratch = Vec::new();
+    let mut binds = Vec::new();
+    for mount in container["volumeMounts"].as_array().into_iter().flatten() {
+        let name = mount["name"].as_str().context("a volume name")?;
+        let at = mount["mountPath"]
+            .as_str()
+            .context("a mount path")?
+            .to_owned();
+        let volume = volumes
+            .iter()
+            .find(|v| v["name"] == name)
+            .with_context(|| format!("volume {name}"))?;
+        if volume.get("emptyDir").is_some() {
+            scratch.push(at);
+        } else if let Some(config_map) = volume["configMap"]["name"].as_str() {
+            let data = Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
+                .get(config_map)
+                .await?
+                .data
+                .unwrap_or_default();
+            let dir = work.join("volumes").join(name);
+            std::fs::create_dir_all(&dir)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+            for (key, value) in data {
+                std::fs::write(dir.join(&key), value)?;
+                std::fs::set_permissions(dir.join(&key), std::fs::Permissions::from_mode(0o644))?;
+            }
+            binds.push((dir, at));
+        } else {
+            bail!("a volume this test cannot provide: {volume}");
+        }
+    }
+
+    // The ServiceAccount's token.
+    let account = pod["serviceAccountName"]
+        .as_str()
+        .context("a ServiceAccount")?;
+    let token = Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
+        .create_token_request(
+            account,
+            &Default::default(),
+            &TokenRequest {
+                spec: Some(TokenRequestSpec {
+                    expiration_seconds: Some(3600),
+                    ..TokenRequestSpec::default()
+                }),
+                ..TokenRequest::default()
+            },
+        )
+        .await?
+        .status
+        .and_then(|status| status.token)
+        .context("a token")?;
+    let kubeconfig: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&cluster.kubeconfig)?)?;
+    let cluster_ca = std::fs::read(
+        kubeconfig["clusters"][0]["cluster"]["certificate-authority"]
+            .as_str()
+            .context("the cluster's CA file")?,
+    )?;
+    let sa_dir = work.join("serviceaccount");
+    service_account_files(&sa_dir, &token, &cluster_ca, NAMESPACE)?;
+    std::fs::set_permissions(&sa_dir, std::fs::Permissions::from_mode(0o755))?;
+
+    let user = pod["securityContext"]["runAsUser"]
+        .as_u64()
+        .and_then(|uid| u32::try_from(uid).ok())
+        .unwrap_or(image::USER);
+    let started = Container::start(
+        &format!("readme-{}", std::process::id()),
+        &ContainerSpec {
+            rootfs,
+            args,
+            env,
+            user,
+            service_account: sa_dir,
+            scratch,
+            binds,
+        },
+    )?;
+    wasmctrl_testenv::cluster::eventually(
+        "the chart's pod ready",
+        Duration::from_secs(60),
+        || async { Ok(https_get(address, "/readyz", None).await.ok() == Some((200, "ok".into()))) },
+    )
+    .await
+    .with_context(|| format!("the pod printed:\n{}", started.output()))?;
+    Ok(started)
+}
