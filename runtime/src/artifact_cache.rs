@@ -172,8 +172,8 @@ fn process_runs(pid: u32) -> bool {
         return false;
     }
     // SAFETY: signal 0 sends nothing; kill only checks that `pid` exists and may be signalled.
-    unsafe { libc::kill(pid, 0) == 0 }
-    || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let asked = unsafe { libc::kill(pid, 0) };
+    asked == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// A stable name for the engine's compatibility hash. wasmtime only promises that the hash
