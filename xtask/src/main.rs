@@ -1,6 +1,7 @@
 //! Developer automation: `cargo xtask <command>`. Every command installs what it needs
 //! (the wasm32-wasip2 target, the control plane binaries) before it runs.
 
+mod check_macos;
 mod cluster_cmd;
 mod tasks;
 mod up;
@@ -46,6 +47,9 @@ enum Command {
         #[arg(long, default_value = "release")]
         profile: String,
     },
+    /// Type-check the host and the runtime for macOS (aarch64-apple-darwin): the Rust code
+    /// only, the C of dependencies stubbed out.
+    CheckMacos,
     /// Run the whole test suite: formatting, lints, unit, plugin and end-to-end tests.
     Test,
     /// Run the benchmarks and print their tables for BENCHMARKS.md.
@@ -65,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Command::Crds => tasks::crds(),
         Command::Manifests => tasks::manifests(),
         Command::Cluster { command } => cluster_cmd::run(command),
+        Command::CheckMacos => check_macos::check_macos(),
         Command::Test => tasks::test(),
         Command::Image {
             push,
