@@ -3,6 +3,7 @@
 
 mod check_macos;
 mod cluster_cmd;
+mod dist;
 mod tasks;
 mod up;
 
@@ -47,6 +48,9 @@ enum Command {
         #[arg(long, default_value = "release")]
         profile: String,
     },
+    /// Build the release archive of the `wasmctrl` CLI: the image's static binary (release
+    /// profile) as dist/wasmctrl-<version>-x86_64-unknown-linux-musl.tar.gz, with a .sha256.
+    Dist,
     /// Type-check the host and the runtime for macOS (aarch64-apple-darwin): the Rust code
     /// only, the C of dependencies stubbed out.
     CheckMacos,
@@ -69,6 +73,7 @@ fn main() -> anyhow::Result<()> {
         Command::Crds => tasks::crds(),
         Command::Manifests => tasks::manifests(),
         Command::Cluster { command } => cluster_cmd::run(command),
+        Command::Dist => dist::dist(),
         Command::CheckMacos => check_macos::check_macos(),
         Command::Test => tasks::test(),
         Command::Image {
