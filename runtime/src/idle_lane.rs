@@ -74,13 +74,15 @@ fn lower_own_priority() {
     });
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
 mod tests {
-    use super::*;
-
+    /// What it checks is Linux's scheduling class.
+    #[cfg(target_os = "linux")]
     #[tokio::test]
     #[allow(unsafe_code)] // see the SAFETY comment inside
     async fn work_runs_on_a_thread_of_idle_priority() {
+        use super::run_at_idle_priority;
+
         let policy = run_at_idle_priority(|| {
             // SAFETY: sched_getscheduler(0) only reads the calling thread's policy.
             unsafe { libc::sched_getscheduler(0) }
