@@ -508,11 +508,25 @@ pub fn default_identity() -> String {
     {
         return pod;
     }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .unwrap_or_else(|_| "wasmctrl".into());
+    let host = host_name().unwrap_or_else(|| "wasmctrl".into());
     let random = RandomState::new().hash_one(std::process::id());
     format!("{host}_{random:016x}")
+}
+
+/// This machine's name, as the kernel knows it.
+#[cfg(target_os = "linux")]
+fn host_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    Some(name.trim().to_owned()).filter(|name| !name.is_empty())
+}
+
+/// Outside Linux (a workstation; pods have `POD_NAME`) there is no `/proc`: the shell's
+/// `HOSTNAME` if exported, else none, and the identity is `wasmctrl_<random>`.
+#[cfg(not(target_os = "linux"))]
+fn host_name() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|name| !name.is_empty())
 }
 
 #[cfg(test)]

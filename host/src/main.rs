@@ -4,7 +4,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
 use wasmctrl::cli::{CasesDiffer, Cli};
 
 wasmctrl::host_allocator!();
@@ -20,7 +19,7 @@ fn main() -> ExitCode {
 
 #[tokio::main]
 async fn run() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_invoked();
     let telemetry = match wasmctrl::telemetry::init(cli.log_format) {
         Ok(telemetry) => telemetry,
         Err(error) => {

@@ -255,3 +255,55 @@ fn inside_a_workspace_the_plugin_becomes_a_member_and_the_root_gets_the_profile(
         .collect();
     assert_eq!(members, ["widget"]);
 }
+
+/// Without `wasmctrl` on PATH, the crate's CI stops before building anything and says how to
+/// install it, naming the version that made the crate.
+#[test]
+fn ci_without_wasmctrl_on_path_says_how_to_install_it() {
+    let parent = tempfile::tempdir().expect("temp dir");
+    let dir = scaffold_outside_a_workspace(parent.path());
+    // A PATH holding only what the script itself needs: no wasmctrl, no cargo.
+    let bin = parent.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin dir");
+    for tool in ["bash", "dirname", "cat"] {
+        let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|dir| dir.join(tool))
+            .find(|path| path.is_file())
+            .unwrap_or_else(|| panic!("{tool} on PATH"));
+        std::os::unix::fs::symlink(found, bin.join(tool)).expect("symlink");
+    }
+    let ci = Command::new("./ci.sh")
+        .current_dir(&dir)
+        .env("PATH", &bin)
+        .env_remove("WASMCTRL")
+        .output()
+        .expect("run ci.sh");
+    let stderr = text(&ci.stderr);
+    assert_eq!(ci.status.code(), Some(127), "{stderr}");
+    assert!(
+        stderr.contains("the wasmctrl CLI was not found"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("made by wasmctrl {}", env!("CARGO_PKG_VERSION"))),
+        "{stderr}"
+    );
+    assert!(stderr.contains("cargo install --locked"), "{stderr}");
+    assert!(
+        !dir.join("target").exists(),
+        "nothing was built before the check"
+    );
+
+    // WASMCTRL names one off PATH: the check passes, and the script goes on to `cargo test`
+    // (which this PATH lacks).
+    let named = Command::new("./ci.sh")
+        .current_dir(&dir)
+        .env("PATH", &bin)
+        .env("WASMCTRL", env!("CARGO_BIN_EXE_wasmctrl"))
+        .output()
+        .expect("run ci.sh");
+    let stderr = text(&named.stderr);
+    assert!(!named.status.success());
+    assert!(!stderr.contains("wasmctrl CLI was not found"), "{stderr}");
+    assert!(stderr.contains("cargo"), "{stderr}");
+}

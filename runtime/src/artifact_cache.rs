@@ -140,9 +140,7 @@ fn remove_abandoned_temporaries(dir: &Path) {
         else {
             continue;
         };
-        let writer_alive = writer
-            .parse::<u32>()
-            .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        let writer_alive = writer.parse::<u32>().is_ok_and(process_runs);
         let old = entry
             .metadata()
             .and_then(|m| m.modified())
@@ -153,6 +151,29 @@ fn remove_abandoned_temporaries(dir: &Path) {
             tracing::info!(path = %path.display(), "removed an abandoned temporary artifact");
         }
     }
+}
+
+/// Whether process `pid` still runs, so that a temporary it writes may yet be renamed.
+#[cfg(target_os = "linux")]
+fn process_runs(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Outside Linux there is no `/proc` to look in: `kill(pid, 0)` asks the same question without
+/// sending anything (`EPERM`: it runs, as another user).
+#[cfg(all(unix, not(target_os = "linux")))]
+#[allow(unsafe_code)] // see the SAFETY comment inside
+fn process_runs(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        // 0 and below name process groups, not a writer.
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; kill only checks that `pid` exists and may be signalled.
+    let asked = unsafe { libc::kill(pid, 0) };
+    asked == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// A stable name for the engine's compatibility hash. wasmtime only promises that the hash

@@ -5,6 +5,11 @@
 //! that call runs on a thread of its own at the kernel's idle priority (`SCHED_IDLE`), which
 //! gets CPU only when nothing else wants it. The deadline is wall-clock, so a starved call
 //! still ends on time; a call that succeeds lifts the penalty.
+//!
+//! `SCHED_IDLE` is Linux's; the host runs in production on Linux. Elsewhere (macOS, for
+//! trying the host on a workstation) the penalized call still runs one at a time on a thread
+//! of its own, at normal priority: the penalty bounds how many cores a looping plugin takes,
+//! not how much of the one it has.
 
 use std::sync::Once;
 
@@ -31,6 +36,7 @@ where
 /// Put the calling thread in the `SCHED_IDLE` class. An unprivileged thread may always lower
 /// its own priority; if the kernel or a seccomp profile refuses, the call still runs (one at
 /// a time), and the refusal is logged once.
+#[cfg(target_os = "linux")]
 #[allow(unsafe_code)] // see the SAFETY comment inside
 fn lower_own_priority() {
     // SAFETY: `sched_param` is plain data; all zeroes is priority 0, what SCHED_IDLE needs.
@@ -56,13 +62,27 @@ fn lower_own_priority() {
     }
 }
 
+/// No idle scheduling class outside Linux: the call runs at normal priority, still one at a
+/// time (see the module docs). Said once, so that a workstation's logs do not claim more.
+#[cfg(not(target_os = "linux"))]
+fn lower_own_priority() {
+    static SAID: Once = Once::new();
+    SAID.call_once(|| {
+        tracing::info!(
+            "penalized plugin calls run one at a time at normal priority: idle priority (SCHED_IDLE) is Linux's"
+        );
+    });
+}
+
 #[cfg(test)]
 mod tests {
-    use super::*;
-
+    /// What it checks is Linux's scheduling class.
+    #[cfg(target_os = "linux")]
     #[tokio::test]
     #[allow(unsafe_code)] // see the SAFETY comment inside
     async fn work_runs_on_a_thread_of_idle_priority() {
+        use super::run_at_idle_priority;
+
         let policy = run_at_idle_priority(|| {
             // SAFETY: sched_getscheduler(0) only reads the calling thread's policy.
             unsafe { libc::sched_getscheduler(0) }

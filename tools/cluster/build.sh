@@ -32,19 +32,31 @@ ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version \
  -X k8s.io/component-base/version.gitTreeState=clean \
  -X k8s.io/client-go/pkg/version.gitVersion=$k8s_version"
 
-build() { # module package binary
-  local start=$SECONDS
-  echo "cluster: building $3 (from tools/cluster/$1) ..." >&2
-  (cd "$here/$1" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/bin/$3.tmp" "$2")
-  mv "$out/bin/$3.tmp" "$out/bin/$3"
-  echo "cluster: built $3 in $((SECONDS - start))s" >&2
-}
-
-[ -x "$out/bin/etcd" ] || build etcd go.etcd.io/etcd/server/v3 etcd
+# What is missing, in build order: module, package, binary.
+todo=()
+[ -x "$out/bin/etcd" ] || todo+=("etcd go.etcd.io/etcd/server/v3 etcd")
 for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-  [ -x "$out/bin/$c" ] || build kubernetes "k8s.io/kubernetes/cmd/$c" "$c"
+  [ -x "$out/bin/$c" ] || todo+=("kubernetes k8s.io/kubernetes/cmd/$c $c")
 done
-[ -x "$out/bin/kwok" ] || build kwok sigs.k8s.io/kwok/cmd/kwok kwok
+[ -x "$out/bin/kwok" ] || todo+=("kwok sigs.k8s.io/kwok/cmd/kwok kwok")
+
+# Each step says what it builds and, when done, how long it took: the whole takes about 15
+# minutes on 2 cores (kube-apiserver alone about half), once per machine.
+if [ ${#todo[@]} -gt 0 ]; then
+  echo "cluster: building the control plane from the Go modules pinned in tools/cluster, once per" >&2
+  echo "cluster: machine, into $out/bin: ${#todo[@]} of ${#bins[@]} binaries (all of them take about 15 min on 2 cores)" >&2
+fi
+started=$SECONDS
+step=0
+for item in "${todo[@]}"; do
+  read -r module package binary <<<"$item"
+  step=$((step + 1))
+  start=$SECONDS
+  echo "cluster: [$step/${#todo[@]}] building $binary (from tools/cluster/$module) ..." >&2
+  (cd "$here/$module" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/bin/$binary.tmp" "$package")
+  mv "$out/bin/$binary.tmp" "$out/bin/$binary"
+  echo "cluster: [$step/${#todo[@]}] built $binary in $((SECONDS - start))s ($((SECONDS - started))s so far)" >&2
+done
 
 # kwok needs "stages" saying how simulated nodes and pods progress: take the fast ones shipped
 # in the pinned kwok module (nodes Ready at once with heartbeats, pods Running/Ready at once).

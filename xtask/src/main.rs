@@ -1,7 +1,9 @@
 //! Developer automation: `cargo xtask <command>`. Every command installs what it needs
 //! (the wasm32-wasip2 target, the control plane binaries) before it runs.
 
+mod check_macos;
 mod cluster_cmd;
+mod dist;
 mod tasks;
 mod up;
 
@@ -48,6 +50,12 @@ enum Command {
         #[arg(long, env = "WASMCTRL_IMAGE_PROFILE", default_value = "release")]
         profile: String,
     },
+    /// Build the release archive of the `wasmctrl` CLI: the image's static binary (release
+    /// profile) as dist/wasmctrl-<version>-x86_64-unknown-linux-musl.tar.gz, with a .sha256.
+    Dist,
+    /// Type-check the host and the runtime for macOS (aarch64-apple-darwin): the Rust code
+    /// only, the C of dependencies stubbed out.
+    CheckMacos,
     /// Run the whole test suite: formatting, lints, unit, plugin and end-to-end tests.
     Test,
     /// Run the benchmarks and print their tables for BENCHMARKS.md.
@@ -67,6 +75,8 @@ fn main() -> anyhow::Result<()> {
         Command::Crds => tasks::crds(),
         Command::Manifests => tasks::manifests(),
         Command::Cluster { command } => cluster_cmd::run(command),
+        Command::Dist => dist::dist(),
+        Command::CheckMacos => check_macos::check_macos(),
         Command::Test => tasks::test(),
         Command::Image {
             push,

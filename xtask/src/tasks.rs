@@ -76,26 +76,32 @@ pub fn setup() -> anyhow::Result<()> {
     bail!("the wasm32-wasip2 target is missing and rustup could not install it")
 }
 
-/// One cargo invocation per plugin: building them together would unify their features, and
-/// myapp-v2 needs MyApp's logic without MyApp's component export.
+/// Every plugin: the Rust ones, one cargo invocation each (building them together would
+/// unify their features, and myapp-v2 needs MyApp's logic without MyApp's component export),
+/// then the Python ones.
 pub fn build_plugins() -> anyhow::Result<()> {
     setup()?;
     for plugin in wasmctrl_testenv::plugins::GUESTS {
-        run(
-            &format!("building plugin {plugin}"),
-            cargo().args([
-                "build",
-                "--target",
-                "wasm32-wasip2",
-                "--profile",
-                "plugin",
-                "-p",
-                plugin,
-            ]),
-        )?;
+        build_plugin(plugin)?;
     }
     eprintln!("xtask: building the Python plugins");
     wasmctrl_testenv::plugins::build_python_guests()
+}
+
+/// One Rust plugin crate, as a component with the `plugin` profile (after [`setup`]).
+pub fn build_plugin(plugin: &str) -> anyhow::Result<()> {
+    run(
+        &format!("building plugin {plugin}"),
+        cargo().args([
+            "build",
+            "--target",
+            "wasm32-wasip2",
+            "--profile",
+            "plugin",
+            "-p",
+            plugin,
+        ]),
+    )
 }
 
 pub fn crds() -> anyhow::Result<()> {

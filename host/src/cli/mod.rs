@@ -11,9 +11,10 @@ mod plugin_oci;
 mod rbac_cmd;
 mod run_cmd;
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 pub use explain_cmd::ExplainCommand;
 pub use plugin_cmd::{CasesDiffer, PluginCommand, RunOutput};
@@ -73,7 +74,30 @@ struct VersionOutput {
     plugin_contracts: Vec<String>,
 }
 
+/// The file name under which kubectl finds this binary as a plugin: with a link
+/// `kubectl-wasmctrl` on `PATH`, `kubectl wasmctrl …` runs it.
+pub const KUBECTL_PLUGIN_FILE: &str = "kubectl-wasmctrl";
+
 impl Cli {
+    /// Parse this process's command line, exiting with clap's message on an error or for
+    /// `--help`.
+    pub fn parse_invoked() -> Self {
+        Self::parse_invoked_from(std::env::args_os())
+    }
+
+    /// Parse `args`, the first being how the program was invoked. Run as
+    /// [`KUBECTL_PLUGIN_FILE`] (by kubectl, or by hand), help, usage and errors name the
+    /// command as the user typed it, `kubectl wasmctrl`; the commands are the same.
+    pub fn parse_invoked_from(args: impl IntoIterator<Item = impl Into<OsString>>) -> Self {
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let mut command = Self::command();
+        if args.first().is_some_and(is_kubectl_plugin) {
+            command = command.bin_name("kubectl wasmctrl");
+        }
+        let matches = command.get_matches_from(args);
+        Self::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+    }
+
     /// Run the parsed command.
     pub async fn run(self) -> anyhow::Result<()> {
         let cache_dir = self.cache_dir.or_else(default_cache_dir);
@@ -83,7 +107,6 @@ impl Cli {
             Command::Rbac(command) => command.run().await,
             Command::Explain(command) => command.run().await,
             Command::Completion { shell } => {
-                use clap::CommandFactory as _;
                 clap_complete::generate(
                     shell,
                     &mut Cli::command(),
@@ -107,6 +130,14 @@ impl Cli {
             }
         }
     }
+}
+
+/// Whether `argv0` names the kubectl plugin (`kubectl-wasmctrl`, `.exe` or not), wherever
+/// the link lives.
+fn is_kubectl_plugin(argv0: &OsString) -> bool {
+    Path::new(argv0)
+        .file_stem()
+        .is_some_and(|stem| stem == KUBECTL_PLUGIN_FILE)
 }
 
 /// `$XDG_CACHE_HOME/wasmctrl/artifacts`, else `~/.cache/wasmctrl/artifacts`.

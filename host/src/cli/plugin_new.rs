@@ -419,6 +419,7 @@ pub fn scaffold(args: &NewArgs) -> anyhow::Result<String> {
         ("wasm_path", wasm_path.as_str()),
         ("sdk_dependency", sdk_dependency.as_str()),
         ("workspace_tables", workspace_tables.as_str()),
+        ("wasmctrl_version", env!("CARGO_PKG_VERSION")),
     ];
 
     let mut files: Vec<(PathBuf, String)> = TEMPLATES
@@ -613,6 +614,7 @@ mod tests {
             ("wasm_path", "w"),
             ("sdk_dependency", "d"),
             ("workspace_tables", "t"),
+            ("wasmctrl_version", "0"),
         ];
         for (path, text) in TEMPLATES {
             let rendered = render(text, &values);

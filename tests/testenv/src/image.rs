@@ -55,9 +55,16 @@ fn sha256(bytes: &[u8]) -> String {
 
 /// Build the static binary with cargo `profile` and assemble the image in `out`.
 pub fn build(profile: &str, out: &Path) -> anyhow::Result<Image> {
-    ensure_toolchain()?;
-    let binary = build_binary(profile)?;
+    let binary = build_static_binary(profile)?;
     assemble(&binary, out)
+}
+
+/// Build the static `wasmctrl` ([`TARGET`]) with cargo `profile`, installing the target and
+/// a musl C compiler first if they are missing, and return where cargo put it. The image and
+/// `cargo xtask dist`'s archive both hold this binary.
+pub fn build_static_binary(profile: &str) -> anyhow::Result<PathBuf> {
+    ensure_toolchain()?;
+    build_binary(profile)
 }
 
 /// The musl target and a musl C compiler (ring compiles C), installed if missing.
@@ -117,24 +124,30 @@ fn build_binary(profile: &str) -> anyhow::Result<PathBuf> {
     Ok(target_dir.join(TARGET).join(dir).join("wasmctrl"))
 }
 
-/// Assemble the image from a static `binary` into the OCI layout `out`.
-pub fn assemble(binary: &Path, out: &Path) -> anyhow::Result<Image> {
-    let stripped = out.with_extension("wasmctrl.stripped");
-    if let Some(parent) = stripped.parent() {
+/// The bytes of `binary` without its symbols when `strip` exists (as they are otherwise):
+/// symbols are a third of the binary and no use in a container or a release archive.
+/// `scratch` is a file path the stripped copy may be written to (and is removed from).
+pub fn stripped(binary: &Path, scratch: &Path) -> anyhow::Result<Vec<u8>> {
+    if let Some(parent) = scratch.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    // Symbols are a third of the binary and no use in a container: strip when `strip` exists.
     let strip = Command::new("strip")
         .arg("-o")
-        .arg(&stripped)
+        .arg(scratch)
         .arg(binary)
         .status();
     let executable = if strip.is_ok_and(|s| s.success()) {
-        std::fs::read(&stripped)?
+        std::fs::read(scratch)?
     } else {
         std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?
     };
-    let _ = std::fs::remove_file(&stripped);
+    let _ = std::fs::remove_file(scratch);
+    Ok(executable)
+}
+
+/// Assemble the image from a static `binary` into the OCI layout `out`.
+pub fn assemble(binary: &Path, out: &Path) -> anyhow::Result<Image> {
+    let executable = stripped(binary, &out.with_extension("wasmctrl.stripped"))?;
 
     let tar = layer_tar(&executable)?;
     let diff_id = sha256(&tar);
