@@ -47,6 +47,27 @@ pub fn documents(yaml: &str) -> anyhow::Result<Vec<Value>> {
 /// Server-side apply `object` (a JSON manifest of any kind, namespaced or not) as the test's
 /// own field manager.
 async fn apply_object(client: &kube::Client, object: &Value) -> anyhow::Result<()> {
+    apply_with(client, object, PatchParams::apply("wasmctrl-e2e").force()).await
+}
+
+/// Ask the API server to apply each of `objects` without storing anything (`dryRun=All`,
+/// unknown fields refused): every admission and validation step runs, so an object the API
+/// server would refuse fails here, naming it and why.
+pub async fn dry_run_apply(client: &Client, objects: &[Value]) -> anyhow::Result<()> {
+    let mut params = PatchParams::apply("wasmctrl-e2e").force();
+    params.dry_run = true;
+    params.field_validation = Some(kube::api::ValidationDirective::Strict);
+    for object in objects {
+        apply_with(client, object, params.clone()).await?;
+    }
+    Ok(())
+}
+
+async fn apply_with(
+    client: &kube::Client,
+    object: &Value,
+    params: PatchParams,
+) -> anyhow::Result<()> {
     let (group, version) = match object["apiVersion"]
         .as_str()
         .context("apiVersion")?
@@ -65,13 +86,9 @@ async fn apply_object(client: &kube::Client, object: &Value) -> anyhow::Result<(
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
         None => Api::all_with(client.clone(), &resource),
     };
-    api.patch(
-        name,
-        &PatchParams::apply("wasmctrl-e2e").force(),
-        &Patch::Apply(object),
-    )
-    .await
-    .with_context(|| format!("applying {kind} {name}"))?;
+    api.patch(name, &params, &Patch::Apply(object))
+        .await
+        .with_context(|| format!("applying {kind} {name}"))?;
     Ok(())
 }
 
@@ -94,7 +111,8 @@ pub async fn install_chart_rbac(
     install_chart_rbac_with(client, release, ns, &[]).await
 }
 
-/// [`install_chart_rbac`] with chart values set by `values` (`--set` arguments and the like).
+/// [`install_chart_rbac`] with `values` (`KEY=VALUE`, as `--set` takes them); the
+/// ServiceAccount the Deployment runs as.
 pub async fn install_chart_rbac_with(
     client: &Client,
     release: &str,
@@ -102,14 +120,21 @@ pub async fn install_chart_rbac_with(
     values: &[&str],
 ) -> anyhow::Result<String> {
     let mut args = vec![release, CHART, "--namespace", ns];
-    args.extend_from_slice(values);
-    let rendered = render(&args)?;
-    for object in documents(&rendered)? {
+    for value in values {
+        args.extend(["--set", value]);
+    }
+    let objects = documents(&render(&args)?)?;
+    for object in &objects {
         if RBAC_KINDS.contains(&object["kind"].as_str().unwrap_or_default()) {
-            apply_object(client, &object).await?;
+            apply_object(client, object).await?;
         }
     }
-    Ok(format!("{release}-wasmctrl"))
+    objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .and_then(|d| d["spec"]["template"]["spec"]["serviceAccountName"].as_str())
+        .map(str::to_owned)
+        .context("the chart's Deployment names no ServiceAccount")
 }
 
 /// Install the chart's explain-reader Role (release `release`, namespace `ns`) bound to

@@ -19,8 +19,8 @@ mod process;
 mod rbac;
 
 pub use chart::{
-    CHART, apply_policy_rbac, documents, helm, install_chart_rbac, install_chart_rbac_with,
-    install_explain_reader, render,
+    CHART, apply_policy_rbac, documents, dry_run_apply, helm, install_chart_rbac,
+    install_chart_rbac_with, install_explain_reader, render,
 };
 pub use host::{HostBuilder, HostUnderTest, client_as, service_account_token};
 pub use http::{PluginServer, http_get, https_get, serve_plugins};

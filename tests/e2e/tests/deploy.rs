@@ -77,6 +77,7 @@ fn the_chart_lints_renders_the_committed_manifests_and_refuses_nonsense() -> any
         "RoleBinding",
         "Service",
         "PodDisruptionBudget",
+        "NetworkPolicy",
         "Deployment",
     ] {
         assert!(kinds.contains(&kind), "no {kind} in {kinds:?}");
@@ -427,4 +428,827 @@ fn the_hosts_own_role_has_no_rule_on_policy_kinds_and_impersonates_only_whom_it_
         "policyIdentity.require=false drops the flag"
     );
     Ok(())
+}
+
+/// The chart rendered as release `wasmctrl` in namespace `wasmctrl` with `values` (each as
+/// `--set` takes it), as objects.
+fn rendered_with(values: &[&str]) -> anyhow::Result<Vec<Value>> {
+    let mut args = vec!["wasmctrl", CHART, "--namespace", "wasmctrl"];
+    for value in values {
+        args.extend(["--set", value]);
+    }
+    documents(&render(&args)?)
+}
+
+/// The one object of `kind` named `name`.
+fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> anyhow::Result<&'a Value> {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .with_context(|| format!("no {kind} {name}"))
+}
+
+/// The Deployment's pod spec.
+fn pod(objects: &[Value]) -> anyhow::Result<&Value> {
+    Ok(&object(objects, "Deployment", "wasmctrl")?["spec"]["template"]["spec"])
+}
+
+/// The host container's args, as strings.
+fn args(objects: &[Value]) -> anyhow::Result<Vec<String>> {
+    Ok(pod(objects)?["containers"][0]["args"]
+        .as_array()
+        .context("args")?
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect())
+}
+
+/// What a refused render said.
+fn refusal(values: &[&str]) -> String {
+    match rendered_with(values) {
+        Ok(_) => format!("{values:?} rendered"),
+        Err(error) => error.to_string(),
+    }
+}
+
+const DIGEST: &str = "sha256:0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+#[test]
+fn the_image_can_be_pinned_by_digest_and_pulled_with_secrets() -> anyhow::Result<()> {
+    let defaults = rendered_with(&[])?;
+    assert_eq!(pod(&defaults)?["containers"][0]["image"], "wasmctrl:0.1.0");
+    assert!(pod(&defaults)?.get("imagePullSecrets").is_none());
+
+    let pinned = rendered_with(&[
+        "image.repository=registry.example.com/wasmctrl",
+        "image.tag=0.2.0",
+        &format!("image.digest={DIGEST}"),
+        "imagePullSecrets[0].name=regcred",
+    ])?;
+    let pod = pod(&pinned)?;
+    assert_eq!(
+        pod["containers"][0]["image"],
+        format!("registry.example.com/wasmctrl@{DIGEST}"),
+        "the digest wins over the tag"
+    );
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
+
+    let message = refusal(&["image.digest=latest"]);
+    assert!(message.contains("/image/digest"), "{message}");
+    Ok(())
+}
+
+#[test]
+fn the_host_runs_as_its_own_annotated_account_or_an_existing_one_every_binding_names()
+-> anyhow::Result<()> {
+    let annotated = rendered_with(&[
+        "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/wasmctrl",
+    ])?;
+    let account = object(&annotated, "ServiceAccount", "wasmctrl")?;
+    assert_eq!(
+        account["metadata"]["annotations"],
+        json!({"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/wasmctrl"})
+    );
+    assert_eq!(pod(&annotated)?["serviceAccountName"], "wasmctrl");
+
+    // Every binding the chart can render, for an account the chart does not make.
+    let existing = rendered_with(&[
+        "serviceAccount.create=false",
+        "serviceAccount.name=platform-operator",
+        "watchNamespace=shop",
+        "pluginSources.secretNames={ghcr}",
+        "policyIdentity.serviceAccounts[0].namespace=shop",
+        "policyIdentity.serviceAccounts[0].name=operator",
+        "policyIdentity.namespaces={team-a}",
+    ])?;
+    assert!(
+        !existing.iter().any(|o| o["kind"] == "ServiceAccount"),
+        "no ServiceAccount is made"
+    );
+    assert_eq!(pod(&existing)?["serviceAccountName"], "platform-operator");
+    let bindings: Vec<&Value> = existing
+        .iter()
+        .filter(|o| o["kind"] == "RoleBinding" || o["kind"] == "ClusterRoleBinding")
+        .collect();
+    assert_eq!(
+        bindings.len(),
+        5,
+        "host, own namespace, watched, two impersonations"
+    );
+    for binding in bindings {
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "platform-operator", "namespace": "wasmctrl"}]),
+            "{binding}"
+        );
+    }
+
+    let message = refusal(&["serviceAccount.create=false"]);
+    assert!(
+        message.contains("serviceAccount.name is required"),
+        "{message}"
+    );
+    Ok(())
+}
+
+#[test]
+fn extra_args_env_volumes_and_mounts_come_after_the_charts_own() -> anyhow::Result<()> {
+    let defaults = rendered_with(&[])?;
+    let extended = rendered_with(&[
+        "extraArgs={--resync-seconds=600,--backoff-max-seconds=60}",
+        "extraEnv[0].name=HTTPS_PROXY",
+        "extraEnv[0].value=http://proxy:3128",
+        "extraVolumes[0].name=plugins",
+        "extraVolumes[0].configMap.name=plugins",
+        "extraVolumeMounts[0].name=plugins",
+        "extraVolumeMounts[0].mountPath=/plugins",
+    ])?;
+    let (before, after) = (args(&defaults)?, args(&extended)?);
+    assert_eq!(after[..before.len()], before[..], "the chart's args first");
+    assert_eq!(
+        after[before.len()..],
+        ["--resync-seconds=600", "--backoff-max-seconds=60"]
+    );
+    let (pod_before, pod_after) = (pod(&defaults)?, pod(&extended)?);
+    let last = |list: &Value| list.as_array().and_then(|l| l.last()).cloned();
+    let len = |list: &Value| list.as_array().map_or(0, Vec::len);
+    let container = &pod_after["containers"][0];
+    assert_eq!(
+        last(&container["env"]),
+        Some(json!({"name": "HTTPS_PROXY", "value": "http://proxy:3128"}))
+    );
+    assert_eq!(
+        len(&container["env"]),
+        len(&pod_before["containers"][0]["env"]) + 1
+    );
+    assert_eq!(
+        last(&pod_after["volumes"]),
+        Some(json!({"name": "plugins", "configMap": {"name": "plugins"}}))
+    );
+    assert_eq!(len(&pod_after["volumes"]), len(&pod_before["volumes"]) + 1);
+    assert_eq!(
+        last(&container["volumeMounts"]),
+        Some(json!({"name": "plugins", "mountPath": "/plugins"}))
+    );
+    Ok(())
+}
+
+/// The pod's and the container's security contexts as the chart sets them by default.
+fn default_security() -> (Value, Value) {
+    (
+        json!({"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+               "seccompProfile": {"type": "RuntimeDefault"}}),
+        json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+               "capabilities": {"drop": ["ALL"]}}),
+    )
+}
+
+#[test]
+fn security_contexts_are_overridable_and_an_openshift_render_fixes_no_uid() -> anyhow::Result<()> {
+    let (pod_default, container_default) = default_security();
+    let defaults = rendered_with(&[])?;
+    assert_eq!(pod(&defaults)?["securityContext"], pod_default);
+    assert_eq!(
+        pod(&defaults)?["containers"][0]["securityContext"],
+        container_default
+    );
+
+    let changed = rendered_with(&[
+        "podSecurityContext.fsGroupChangePolicy=OnRootMismatch",
+        "securityContext.runAsNonRoot=true",
+    ])?;
+    assert_eq!(
+        pod(&changed)?["securityContext"]["fsGroupChangePolicy"],
+        "OnRootMismatch"
+    );
+    assert_eq!(pod(&changed)?["securityContext"]["runAsUser"], 65532);
+    assert_eq!(
+        pod(&changed)?["containers"][0]["securityContext"]["runAsNonRoot"],
+        true
+    );
+    assert_eq!(
+        pod(&changed)?["containers"][0]["securityContext"]["readOnlyRootFilesystem"],
+        true
+    );
+
+    let openshift_file = format!("{CHART}/values-openshift.yaml");
+    let by_file = documents(&render(&[
+        "wasmctrl",
+        CHART,
+        "--namespace",
+        "wasmctrl",
+        "-f",
+        &openshift_file,
+    ])?)?;
+    let by_set = rendered_with(&[
+        "podSecurityContext.runAsUser=null",
+        "podSecurityContext.runAsGroup=null",
+        "podSecurityContext.fsGroup=null",
+    ])?;
+    for openshift in [&by_file, &by_set] {
+        let pod = pod(openshift)?;
+        assert_eq!(
+            pod["securityContext"],
+            json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}})
+        );
+        assert_eq!(pod["containers"][0]["securityContext"], container_default);
+        let text = serde_json::to_string(pod)?;
+        assert!(
+            !text.contains("65532") && !text.contains("runAsUser"),
+            "{text}"
+        );
+    }
+    let lint = helm(&["lint", "--strict", CHART, "-f", &openshift_file])?;
+    assert!(
+        lint.status.success(),
+        "helm lint: {}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+    Ok(())
+}
+
+#[test]
+fn replicas_prefer_different_nodes_unless_told_where_to_run() -> anyhow::Result<()> {
+    let defaults = rendered_with(&[])?;
+    let pod_labels =
+        &object(&defaults, "Deployment", "wasmctrl")?["spec"]["template"]["metadata"]["labels"];
+    let preferred = &pod(&defaults)?["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(
+        preferred,
+        &json!([{"weight": 100, "podAffinityTerm": {
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": pod_labels},
+        }}])
+    );
+    assert!(pod(&defaults)?.get("priorityClassName").is_none());
+    assert!(pod(&defaults)?.get("topologySpreadConstraints").is_none());
+
+    let placed = rendered_with(&[
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=In",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values={system}",
+        "topologySpreadConstraints[0].maxSkew=1",
+        "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+        "topologySpreadConstraints[0].labelSelector.matchLabels.app\\.kubernetes\\.io/name=wasmctrl",
+        "priorityClassName=system-cluster-critical",
+    ])?;
+    let pod = pod(&placed)?;
+    assert!(
+        pod["affinity"].get("podAntiAffinity").is_none(),
+        "a given affinity replaces the default: {}",
+        pod["affinity"]
+    );
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["values"],
+        json!(["system"])
+    );
+    assert_eq!(
+        pod["topologySpreadConstraints"][0]["topologyKey"],
+        "topology.kubernetes.io/zone"
+    );
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    Ok(())
+}
+
+#[test]
+fn the_network_policy_admits_the_listener_from_monitoring_and_the_api_server_only()
+-> anyhow::Result<()> {
+    let defaults = rendered_with(&[])?;
+    let policy = object(&defaults, "NetworkPolicy", "wasmctrl")?;
+    let pod_labels =
+        &object(&defaults, "Deployment", "wasmctrl")?["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(policy["spec"]["podSelector"]["matchLabels"], *pod_labels);
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        json!(["Ingress"]),
+        "egress open"
+    );
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{
+            "ports": [{"port": 8443, "protocol": "TCP"}],
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        }])
+    );
+
+    let api_server = rendered_with(&[
+        "networkPolicy.apiServerCidrs={10.0.0.1/32,10.0.0.2/32}",
+        "networkPolicy.metricsNamespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=prometheus",
+        "networkPolicy.egress[0].to[0].ipBlock.cidr=10.0.0.0/8",
+    ])?;
+    let policy = object(&api_server, "NetworkPolicy", "wasmctrl")?;
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"],
+        json!([
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "prometheus"}}},
+            {"ipBlock": {"cidr": "10.0.0.1/32"}},
+            {"ipBlock": {"cidr": "10.0.0.2/32"}},
+        ])
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(
+        policy["spec"]["egress"],
+        json!([{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}])
+    );
+
+    // No peer admits nothing: a rule without `from` would admit everyone.
+    let closed = rendered_with(&["networkPolicy.metricsNamespaceSelector=null"])?;
+    assert_eq!(
+        object(&closed, "NetworkPolicy", "wasmctrl")?["spec"]["ingress"],
+        json!([])
+    );
+    let off = rendered_with(&["networkPolicy.enabled=false"])?;
+    assert!(!off.iter().any(|o| o["kind"] == "NetworkPolicy"));
+    Ok(())
+}
+
+#[test]
+fn extra_trust_roots_are_mounted_read_only_and_passed_to_the_host() -> anyhow::Result<()> {
+    let defaults = rendered_with(&[])?;
+    assert!(
+        !args(&defaults)?
+            .iter()
+            .any(|a| a.starts_with("--extra-ca-file"))
+    );
+    for (values, source) in [
+        (
+            ["extraCA.configMapName=registry-ca", "extraCA.key=ca.crt"],
+            json!({"configMap": {"name": "registry-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}),
+        ),
+        (
+            ["extraCA.secretName=registry-ca", "extraCA.key=roots.pem"],
+            json!({"secret": {"secretName": "registry-ca", "items": [{"key": "roots.pem", "path": "roots.pem"}]}}),
+        ),
+    ] {
+        let objects = rendered_with(&values)?;
+        let pod = pod(&objects)?;
+        let key = source
+            .pointer("/configMap/items/0/key")
+            .or_else(|| source.pointer("/secret/items/0/key"))
+            .and_then(Value::as_str)
+            .context("key")?;
+        let mut volume = source.clone();
+        volume["name"] = json!("extra-ca");
+        let volumes = pod["volumes"].as_array().context("volumes")?;
+        assert!(volumes.contains(&volume), "{volumes:?}");
+        let mounts = pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .context("mounts")?;
+        assert!(
+            mounts.contains(&json!({"name": "extra-ca", "mountPath": "/etc/wasmctrl/extra-ca", "readOnly": true})),
+            "{mounts:?}"
+        );
+        assert!(
+            args(&objects)?.contains(&format!("--extra-ca-file=/etc/wasmctrl/extra-ca/{key}")),
+            "{:?}",
+            args(&objects)?
+        );
+    }
+    let message = refusal(&["extraCA.configMapName=a", "extraCA.secretName=b"]);
+    assert!(message.contains("not both"), "{message}");
+    Ok(())
+}
+
+#[test]
+fn the_schema_refuses_a_misspelt_or_mistyped_value_and_passes_the_defaults() -> anyhow::Result<()> {
+    rendered_with(&[])?;
+    for (values, named) in [
+        (&["replicaCont=3"][..], "replicaCont"),
+        (&["image.tga=0.2.0"][..], "tga"),
+        (&["networkPolicy.enable=false"][..], "enable"),
+        (&["replicaCount=two"][..], "replicaCount"),
+    ] {
+        let message = refusal(values);
+        assert!(message.contains(named), "{values:?}: {message}");
+    }
+    let lint = helm(&["lint", "--strict", CHART, "--set", "replicaCont=3"])?;
+    assert!(!lint.status.success(), "helm lint passed a misspelt value");
+    Ok(())
+}
+
+/// Each value's dotted path, down to where the chart's schema stops spelling out the object:
+/// one of Kubernetes' own (resources, affinity, a label selector, …) is one value.
+fn value_paths(values: &Value, schema: &Value, prefix: &str, paths: &mut Vec<String>) {
+    let Some(map) = values.as_object() else {
+        return;
+    };
+    for (key, value) in map {
+        let path = format!("{prefix}{key}");
+        let described = &schema["properties"][key];
+        if value.is_object() && described.get("properties").is_some() {
+            value_paths(value, described, &format!("{path}."), paths);
+        } else {
+            paths.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_value_is_in_the_schema_and_the_charts_readme() -> anyhow::Result<()> {
+    let chart = repo_root().join(CHART);
+    let values: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(chart.join("values.yaml"))?)?;
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(chart.join("values.schema.json"))?)?;
+    let readme = std::fs::read_to_string(chart.join("README.md"))?;
+    let mut paths = Vec::new();
+    value_paths(&values, &schema, "", &mut paths);
+    assert!(paths.len() > 50, "{paths:?}");
+    let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `")).collect();
+    for path in &paths {
+        let row = format!("| `{path}` |");
+        assert!(
+            rows.iter().any(|r| r.starts_with(&row)),
+            "{path} is not in the values table of {CHART}/README.md"
+        );
+    }
+    Ok(())
+}
+
+/// The Kubernetes version the tests run against, from the pin in `tools/cluster`.
+fn tested_kubernetes() -> anyhow::Result<(u64, u64)> {
+    let go_mod = std::fs::read_to_string(repo_root().join("tools/cluster/kubernetes/go.mod"))?;
+    let version = go_mod
+        .lines()
+        .find_map(|l| l.strip_prefix("require k8s.io/kubernetes v"))
+        .context("the k8s.io/kubernetes pin")?;
+    let mut parts = version.split('.').map(str::parse::<u64>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => Ok((major, minor)),
+        _ => anyhow::bail!("the pin {version} is not MAJOR.MINOR.PATCH"),
+    }
+}
+
+#[test]
+fn the_chart_installs_on_the_kubernetes_the_tests_run_and_not_on_older_ones() -> anyhow::Result<()>
+{
+    let (major, minor) = tested_kubernetes()?;
+    let chart: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(
+        repo_root().join(CHART).join("Chart.yaml"),
+    )?)?;
+    assert_eq!(
+        chart["kubeVersion"],
+        format!(">={major}.{minor}.0-0"),
+        "kubeVersion is the range the tests cover"
+    );
+    let tested = format!("{major}.{minor}.0");
+    render(&["wasmctrl", CHART, "--kube-version", &tested])?;
+    let older = format!("{major}.{}.0", minor.checked_sub(1).context("minor 0")?);
+    let message = render(&["wasmctrl", CHART, "--kube-version", &older])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(message.contains("kubeVersion"), "{older}: {message}");
+    Ok(())
+}
+
+/// `helm install --dry-run` renders NOTES.txt only against a cluster it can reach (it reads
+/// the cluster's version and releases), so this one asks the test cluster; nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_notes_say_what_runs_how_to_check_it_and_how_to_upgrade_the_crds() -> anyhow::Result<()>
+{
+    let (client, ns) = test_namespace("deploy-notes").await?;
+    let kubeconfig = wasmctrl_testenv::TestEnv::get().kubeconfig().to_owned();
+    let install = helm(&[
+        "install",
+        "wasmctrl",
+        CHART,
+        "--namespace",
+        &ns,
+        "--dry-run=client",
+        "--kubeconfig",
+        &kubeconfig.to_string_lossy(),
+    ])?;
+    let out = String::from_utf8_lossy(&install.stdout);
+    assert!(
+        install.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&install.stderr)
+    );
+    let notes = out.split_once("NOTES:").map(|(_, n)| n).context("NOTES")?;
+    for expected in [
+        "2 replica(s) of wasmctrl:0.1.0".to_owned(),
+        format!("ServiceAccount {ns}/wasmctrl"),
+        format!("kubectl -n {ns} rollout status deployment/wasmctrl"),
+        "kubectl get reconcilepolicies".to_owned(),
+        format!("kubectl -n {ns} port-forward service/wasmctrl-metrics 8443"),
+        format!("wasmctrl explain KIND/NAME -n NAMESPACE --service {ns}/wasmctrl-metrics"),
+        "kubectl apply --server-side -f deploy/chart/wasmctrl/crds/".to_owned(),
+        "networkPolicy.apiServerCidrs is empty".to_owned(),
+        "docs/deploy.md".to_owned(),
+    ] {
+        assert!(
+            notes.contains(&expected),
+            "{expected:?} not in the notes:\n{notes}"
+        );
+    }
+    // The same step, where admins read before upgrading.
+    for doc in [format!("{CHART}/README.md"), "docs/deploy.md".to_owned()] {
+        let text = std::fs::read_to_string(repo_root().join(&doc))?;
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            text.contains("kubectl apply --server-side -f deploy/chart/wasmctrl/crds/")
+                && text.contains("never upgrade"),
+            "{doc} does not say how the CRDs are upgraded"
+        );
+    }
+    delete_namespace(&client, &ns).await
+}
+
+#[test]
+fn with_watch_namespace_the_hosts_rules_on_that_namespace_are_a_role_there() -> anyhow::Result<()> {
+    let namespaced_kinds = [
+        "namespacedreconcilepolicies",
+        "namespacedreconcilepolicies/status",
+        "events",
+    ];
+    let resources = |role: &Value| -> Vec<String> {
+        role["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|r| r["resources"].as_array().cloned().unwrap_or_default())
+            .filter_map(|r| r.as_str().map(str::to_owned))
+            .collect()
+    };
+    let extra = [
+        "rbac.extraRules[0].apiGroups={example.com}",
+        "rbac.extraRules[0].resources={myapps}",
+        "rbac.extraRules[0].verbs={get,list,watch}",
+    ];
+    let cluster_wide = rendered_with(&extra)?;
+    let role = object(&cluster_wide, "ClusterRole", "wasmctrl")?;
+    for kind in namespaced_kinds.iter().chain(&["myapps"]) {
+        assert!(
+            resources(role).contains(&(*kind).to_owned()),
+            "{kind}: {role}"
+        );
+    }
+    assert!(
+        !cluster_wide
+            .iter()
+            .any(|o| o["metadata"]["name"] == "wasmctrl-watch")
+    );
+
+    let mut values = extra.to_vec();
+    values.push("watchNamespace=shop");
+    let confined = rendered_with(&values)?;
+    let cluster_role = object(&confined, "ClusterRole", "wasmctrl")?;
+    assert_eq!(
+        resources(cluster_role),
+        [
+            "reconcilepolicies",
+            "reconcilepolicies/status",
+            "selfsubjectaccessreviews",
+            "tokenreviews",
+            "subjectaccessreviews"
+        ],
+        "only what is cluster-scoped stays cluster-wide"
+    );
+    let role = object(&confined, "Role", "wasmctrl-watch")?;
+    assert_eq!(role["metadata"]["namespace"], "shop");
+    let mut expected: Vec<String> = namespaced_kinds.iter().map(|k| (*k).to_owned()).collect();
+    expected.push("myapps".to_owned());
+    assert_eq!(resources(role), expected);
+    let binding = object(&confined, "RoleBinding", "wasmctrl-watch")?;
+    assert_eq!(binding["metadata"]["namespace"], "shop");
+    assert_eq!(binding["roleRef"]["name"], "wasmctrl-watch");
+    assert_eq!(binding["subjects"][0]["name"], "wasmctrl");
+    Ok(())
+}
+
+/// Every option the chart has, set at once, for release `wasmctrl` in `ns` (which the host
+/// also watches and impersonates in).
+fn every_option(ns: &str) -> Vec<String> {
+    [
+        format!("image.digest={DIGEST}"),
+        "imagePullSecrets[0].name=regcred".into(),
+        "serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=wasmctrl@p.iam.gserviceaccount.com".into(),
+        format!("watchNamespace={ns}"),
+        "pluginSources.secretNames={ghcr}".into(),
+        "pluginSources.configMapNames={plugins}".into(),
+        "pluginSources.fileDirs={/plugins}".into(),
+        format!("policyIdentity.serviceAccounts[0].namespace={ns}"),
+        "policyIdentity.serviceAccounts[0].name=operator".into(),
+        format!("policyIdentity.namespaces={{{ns}}}"),
+        "rbac.extraRules[0].apiGroups={example.com}".into(),
+        "rbac.extraRules[0].resources={myapps}".into(),
+        "rbac.extraRules[0].verbs={get,list,watch}".into(),
+        "metrics.tlsSecretName=wasmctrl-tls".into(),
+        "metrics.readers[0].kind=ServiceAccount".into(),
+        "metrics.readers[0].name=prometheus".into(),
+        format!("metrics.readers[0].namespace={ns}"),
+        "explain.readers[0].kind=Group".into(),
+        "explain.readers[0].name=platform-team".into(),
+        "explain.readers[0].apiGroup=rbac.authorization.k8s.io".into(),
+        "extraCA.secretName=registry-ca".into(),
+        "extraArgs={--resync-seconds=600}".into(),
+        "extraEnv[0].name=HTTPS_PROXY".into(),
+        "extraEnv[0].value=http://proxy:3128".into(),
+        "extraVolumes[0].name=plugins".into(),
+        "extraVolumes[0].configMap.name=plugins".into(),
+        "extraVolumeMounts[0].name=plugins".into(),
+        "extraVolumeMounts[0].mountPath=/plugins".into(),
+        "podAnnotations.example\\.com/team=platform".into(),
+        "nodeSelector.kubernetes\\.io/os=linux".into(),
+        "tolerations[0].key=dedicated".into(),
+        "tolerations[0].operator=Exists".into(),
+        "topologySpreadConstraints[0].maxSkew=1".into(),
+        "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone".into(),
+        "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway".into(),
+        "topologySpreadConstraints[0].labelSelector.matchLabels.app\\.kubernetes\\.io/name=wasmctrl".into(),
+        "priorityClassName=system-cluster-critical".into(),
+        "networkPolicy.apiServerCidrs={10.0.0.1/32}".into(),
+        "networkPolicy.egress[0].to[0].ipBlock.cidr=10.0.0.0/8".into(),
+        "networkPolicy.egress[0].ports[0].port=443".into(),
+        "createNamespace=false".into(),
+    ]
+    .into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_option_and_the_openshift_values_render_objects_the_api_server_accepts()
+-> anyhow::Result<()> {
+    const TEST: &str = "deploy-options";
+    let (client, ns) = test_namespace(TEST).await?;
+    let openshift = format!("{CHART}/values-openshift.yaml");
+    let everything = every_option(&ns);
+    let mut renders: Vec<Vec<&str>> = vec![vec!["-f", &openshift]];
+    renders.push(
+        everything
+            .iter()
+            .flat_map(|v| ["--set", v.as_str()])
+            .collect(),
+    );
+    for values in renders {
+        let mut args = vec!["wasmctrl", CHART, "--namespace", &ns];
+        args.extend(values.iter().copied());
+        let objects = documents(&render(&args)?)?;
+        // The Prometheus Operator's CRD is not the chart's to install.
+        let objects: Vec<Value> = objects
+            .into_iter()
+            .filter(|o| o["kind"] != "ServiceMonitor")
+            .collect();
+        assert!(objects.len() >= 10, "{values:?}: {} objects", objects.len());
+        dry_run_apply(&client, &objects)
+            .await
+            .with_context(|| format!("the API server refused the render with {values:?}"))?;
+    }
+    delete_namespace(&client, &ns).await
+}
+
+/// Whether ServiceAccount `account` of `ns` may `verb` `resource` (of `group`) in `namespace`
+/// (`None`: cluster-wide), as the API server's authorizer says.
+async fn may(
+    client: &kube::Client,
+    (ns, account): (&str, &str),
+    verb: &str,
+    (group, resource): (&str, &str),
+    namespace: Option<&str>,
+) -> anyhow::Result<bool> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(format!("system:serviceaccount:{ns}:{account}")),
+            groups: Some(vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{ns}"),
+                "system:authenticated".into(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                group: Some(group.into()),
+                resource: Some(resource.into()),
+                namespace: namespace.map(str::to_owned),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let reviewed = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&Default::default(), &review)
+        .await
+        .context("a SubjectAccessReview")?;
+    Ok(reviewed.status.is_some_and(|s| s.allowed))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_watching_one_namespace_runs_on_the_charts_namespaced_rbac_and_holds_no_more()
+-> anyhow::Result<()> {
+    const TEST: &str = "deploy-rbac-ns";
+    const RELEASE: &str = "rbac-ns-e2e";
+    let (client, host_ns) = test_namespace(TEST).await?;
+    let (_, watched) = test_namespace("deploy-rbac-ns-team").await?;
+    install_repo_crds(&client).await?;
+    let host_account = install_chart_rbac_with(
+        &client,
+        RELEASE,
+        &host_ns,
+        &[
+            &format!("watchNamespace={watched}"),
+            &format!("policyIdentity.namespaces={{{watched}}}"),
+        ],
+    )
+    .await?;
+
+    // A team's NamespacedReconcilePolicy in the watched namespace, acting as the team's
+    // account, whose rules (and nothing of the host's) `wasmctrl rbac` prints.
+    let server = serve_plugins(None)?;
+    let plugin = std::fs::read(wasmctrl_testenv::plugins::guest("myapp_plugin"))?;
+    let mut spec = myapp_policy_spec(
+        json!({"http": {"url": format!("http://{}/myapp_plugin.wasm", server.address)}}),
+        json!({"service": true}),
+    );
+    spec["plugin"]["digest"] = json!(wasmctrl::plugin::Digest::of(&plugin).to_string());
+    spec["serviceAccount"] = json!({"namespace": watched, "name": "operator"});
+    let mut confined = spec.clone();
+    confined["parent"]["namespace"] = json!(watched);
+    apply_policy_rbac(
+        &client,
+        TEST,
+        &confined,
+        &format!("{host_ns}/{host_account}"),
+        &format!("{RELEASE}-operator"),
+    )
+    .await?;
+    let team_policies = api(
+        &client,
+        &resource("wasmctrl.dev", "v1alpha1", "NamespacedReconcilePolicy"),
+        &watched,
+    );
+    apply(
+        &team_policies,
+        json!({"apiVersion": "wasmctrl.dev/v1alpha1", "kind": "NamespacedReconcilePolicy",
+               "metadata": {"name": "myapp", "labels": {TEST_LABEL: TEST}},
+               "spec": spec}),
+    )
+    .await?;
+    let apps = myapps(&client, &watched);
+    apply(&apps, myapp("web", 1, "nginx:1.27", None)).await?;
+
+    // The host, with a token of the chart's account, confined to the watched namespace.
+    let host = HostUnderTest::builder(TEST, &watched)
+        .as_service_account(&host_ns, &host_account)
+        .require_policy_identity()
+        .start()
+        .await?;
+    wait_for_object(&team_policies, "myapp", "the team's policy Ready", |p| {
+        condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    wait_for_object(&apps, "web", "web reconciled", |app| {
+        condition(app, "Reconciled").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &watched);
+    assert!(get(&deployments, "web").await?.is_some());
+
+    // What it was granted in the watched namespace it holds there only.
+    let account = (host_ns.as_str(), host_account.as_str());
+    let namespaced = ("wasmctrl.dev", "namespacedreconcilepolicies");
+    let events = ("events.k8s.io", "events");
+    assert!(may(&client, account, "list", namespaced, Some(&watched)).await?);
+    assert!(may(&client, account, "create", events, Some(&watched)).await?);
+    assert!(!may(&client, account, "list", namespaced, None).await?);
+    assert!(!may(&client, account, "list", namespaced, Some(&host_ns)).await?);
+    assert!(!may(&client, account, "create", events, None).await?);
+    assert!(!may(&client, account, "create", events, Some(&host_ns)).await?);
+    assert!(
+        may(
+            &client,
+            account,
+            "watch",
+            ("wasmctrl.dev", "reconcilepolicies"),
+            None
+        )
+        .await?,
+        "ReconcilePolicies are cluster-scoped: watched cluster-wide"
+    );
+
+    // The team's policy goes, and the policy the host made with it, while the host runs.
+    team_policies.delete("myapp", &Default::default()).await?;
+    wait_gone(&team_policies, "myapp", "the team's policy").await?;
+    wait_gone(
+        &policies(&client),
+        &format!("{watched}.myapp"),
+        "the policy made from it",
+    )
+    .await?;
+    host.stop().await?;
+    for kind in ["ClusterRoleBinding", "ClusterRole"] {
+        Api::<DynamicObject>::all_with(
+            client.clone(),
+            &resource("rbac.authorization.k8s.io", "v1", kind),
+        )
+        .delete(&format!("{RELEASE}-wasmctrl"), &Default::default())
+        .await?;
+    }
+    delete_namespace(&client, &watched).await?;
+    delete_namespace(&client, &host_ns).await
 }

@@ -454,7 +454,7 @@ async fn from_a_private_registry(
         client,
         RELEASE,
         ns,
-        &["--set", &format!("pluginSources.secretNames={{{SECRET}}}")],
+        &[&format!("pluginSources.secretNames={{{SECRET}}}")],
     )
     .await?;
     assert_eq!(chart_account, service_account);

@@ -21,3 +21,54 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-%s" .Release.Name (include "wasmctrl.name" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The host's ServiceAccount: the chart's, or an existing one named in values. */ -}}
+{{- define "wasmctrl.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "wasmctrl.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false: name the existing ServiceAccount the host runs as" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The host's ServiceAccount as a binding's subject. */ -}}
+{{- define "wasmctrl.subject" -}}
+- kind: ServiceAccount
+  name: {{ include "wasmctrl.serviceAccountName" . }}
+  namespace: {{ .Release.Namespace }}
+{{- end -}}
+
+{{- /* The image: pinned by digest when one is given, else by tag (default: appVersion). */ -}}
+{{- define "wasmctrl.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /*
+The host's rules on what lives beside the parents: cluster-wide (clusterrole.yaml) when it
+watches every namespace, in watchNamespace only (watch-role.yaml) when it does not.
+*/ -}}
+{{- define "wasmctrl.watchedRules" -}}
+# A team's NamespacedReconcilePolicies: watched, finalizers patched, status copied back.
+- apiGroups: ["wasmctrl.dev"]
+  resources: ["namespacedreconcilepolicies"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["wasmctrl.dev"]
+  resources: ["namespacedreconcilepolicies/status"]
+  verbs: ["get", "patch"]
+# Events on the parents of policies that act as the host.
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- with .Values.rbac.extraRules }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- /* Non-empty when extraCA names a ConfigMap or a Secret. */ -}}
+{{- define "wasmctrl.extraCA" -}}
+{{- if or .Values.extraCA.configMapName .Values.extraCA.secretName -}}true{{- end -}}
+{{- end -}}
