@@ -367,12 +367,11 @@ fn parse_reference(reference: &str) -> anyhow::Result<Reference> {
 }
 
 fn client(registry: &RegistryArgs) -> anyhow::Result<oci_client::Client> {
-    crate::ensure_crypto_provider();
     let extra_root_certificates = match &registry.ca_file {
         Some(path) => crate::registry::TrustRoots::with_extra_file(path)?.extra_for_registry(),
         None => Vec::new(),
     };
-    Ok(oci_client::Client::new(ClientConfig {
+    crate::registry::oci_client(ClientConfig {
         protocol: if registry.plain_http {
             ClientProtocol::Http
         } else {
@@ -380,7 +379,7 @@ fn client(registry: &RegistryArgs) -> anyhow::Result<oci_client::Client> {
         },
         extra_root_certificates,
         ..ClientConfig::default()
-    }))
+    })
 }
 
 /// The credentials the docker configuration holds for `reference`'s registry; anonymous

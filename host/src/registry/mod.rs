@@ -34,6 +34,7 @@ pub use credentials::HOSTS_ANNOTATION;
 pub use source::{MAX_PLUGIN_BYTES, WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE};
 pub(crate) use source_watch::SourceWatch;
 pub use trust::TrustRoots;
+pub(crate) use trust::oci_client;
 
 /// Plugins held after their last user let go, so a swap back to one is a pointer swap.
 const RECENT_PLUGINS: usize = 8;

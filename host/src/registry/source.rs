@@ -282,8 +282,7 @@ async fn fetch_oci(
         },
         None => oci_client::secrets::RegistryAuth::Anonymous,
     };
-    crate::ensure_crypto_provider();
-    let registry = oci_client::Client::new(oci_client::client::ClientConfig {
+    let registry = super::trust::oci_client(oci_client::client::ClientConfig {
         protocol: if source.insecure {
             oci_client::client::ClientProtocol::Http
         } else {
@@ -293,7 +292,7 @@ async fn fetch_oci(
         read_timeout: Some(HTTP_TIMEOUT),
         tls_certs_only: trust.for_registry(),
         ..Default::default()
-    });
+    })?;
     let what = source.reference.as_str();
     with_retries(what, || async {
         let failure = |e: oci_client::errors::OciDistributionError| match e {

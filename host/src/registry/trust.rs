@@ -1,9 +1,10 @@
 //! The certificate authorities plugin fetches trust: the Mozilla roots compiled into the
 //! binary, plus any the operator adds (`--extra-ca-file`, the chart's `extraCA`).
 //!
-//! Compiled-in roots, not the system store, because the shipped image is `FROM scratch`:
-//! there is no `/etc/ssl` to read, and a client that looks for one finds no roots at all.
-//! A registry behind a private CA is then trusted by mounting that CA, nothing else.
+//! Compiled-in roots, not the system store, so that what the host trusts is the same on
+//! every node and in every image, whatever `/etc/ssl` holds (the shipped image carries the
+//! same roots as a bundle only for libraries that insist on a system store). A registry
+//! behind a private CA is then trusted by mounting that CA, nothing else.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -97,6 +98,35 @@ impl TrustRoots {
         }
         Ok(builder)
     }
+}
+
+/// An OCI registry client for `config`, or why there can be none.
+///
+/// `oci_client::Client::new` falls back to a default configuration when `config` is
+/// refused, which would drop the roots chosen here; `try_from` reports the error instead.
+/// Both also build a default HTTP client beside the configured one, and that one panics
+/// where the system store holds no certificate at all (an image without a CA bundle), so
+/// that is checked first and reported as an error.
+pub(crate) fn oci_client(
+    config: oci_client::client::ClientConfig,
+) -> anyhow::Result<oci_client::Client> {
+    crate::ensure_crypto_provider();
+    static SYSTEM_ROOTS: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    SYSTEM_ROOTS
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .build()
+                .map(drop)
+                .map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "the OCI client needs a system CA bundle (SSL_CERT_FILE, or \
+                 /etc/ssl/certs/ca-certificates.crt), and this system has none: {e}"
+            )
+        })?;
+    oci_client::Client::try_from(config).context("configuring the OCI registry client")
 }
 
 fn registry_certificates(roots: &[CertificateDer<'_>]) -> Vec<oci_client::client::Certificate> {

@@ -20,6 +20,8 @@ pub const USER: u32 = 65532;
 pub const ENTRYPOINT: &str = "/usr/local/bin/wasmctrl";
 /// The precompiled-plugin cache directory (mount an emptyDir there).
 pub const CACHE_DIR: &str = "/var/cache/wasmctrl";
+/// The system CA bundle, where Debian and OpenSSL look for it.
+pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
@@ -162,7 +164,11 @@ pub fn assemble(binary: &Path, out: &Path) -> anyhow::Result<Image> {
             "User": format!("{USER}:{USER}"),
             "Entrypoint": [ENTRYPOINT],
             "Cmd": ["run"],
-            "Env": [format!("WASMCTRL_CACHE_DIR={CACHE_DIR}"), "PATH=/usr/local/bin".to_owned()],
+            "Env": [
+                format!("WASMCTRL_CACHE_DIR={CACHE_DIR}"),
+                format!("SSL_CERT_FILE={CA_BUNDLE}"),
+                "PATH=/usr/local/bin".to_owned(),
+            ],
             "WorkingDir": "/",
             "ExposedPorts": {"8443/tcp": {}},
             "Labels": {
@@ -208,6 +214,18 @@ pub fn assemble(binary: &Path, out: &Path) -> anyhow::Result<Image> {
     })
 }
 
+/// The Mozilla roots the binary compiles in, as the PEM bundle libraries look for in the
+/// system store. The host's own fetches never read it; a library that builds a default TLS
+/// client does (`oci-client` builds one beside the configured one, and that one panics on
+/// a system with no roots at all).
+fn ca_bundle() -> String {
+    let certificates: Vec<pem::Pem> = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+        .iter()
+        .map(|der| pem::Pem::new("CERTIFICATE", der.to_vec()))
+        .collect();
+    pem::encode_many(&certificates)
+}
+
 /// The layer: every entry owned by root except the cache directory, times at zero, so the
 /// same binary always gives the same digest.
 fn layer_tar(executable: &[u8]) -> anyhow::Result<Vec<u8>> {
@@ -250,6 +268,14 @@ fn layer_tar(executable: &[u8]) -> anyhow::Result<Vec<u8>> {
     entry("home/nonroot", 0o700, USER, None)?;
     entry(CACHE_DIR.trim_start_matches('/'), 0o700, USER, None)?;
     entry("etc/passwd", 0o644, 0, Some(passwd.as_bytes()))?;
+    entry("etc/ssl", 0o755, 0, None)?;
+    entry("etc/ssl/certs", 0o755, 0, None)?;
+    entry(
+        CA_BUNDLE.trim_start_matches('/'),
+        0o644,
+        0,
+        Some(ca_bundle().as_bytes()),
+    )?;
     entry("etc/group", 0o644, 0, Some(group.as_bytes()))?;
     entry(
         ENTRYPOINT.trim_start_matches('/'),
