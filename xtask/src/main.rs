@@ -23,8 +23,13 @@ enum Command {
     Up,
     /// Install the wasm32-wasip2 target if it is missing.
     Setup,
-    /// Build every plugin component (target/wasm32-wasip2/plugin/*.wasm).
-    BuildPlugins,
+    /// Build plugin components (target/wasm32-wasip2/plugin/*.wasm): every one, or only the
+    /// Rust plugin crates named (no Python toolchain needed then).
+    BuildPlugins {
+        /// Plugin crates to build, e.g. `myapp-plugin myapp-v2-plugin`; none: all of them,
+        /// the Python plugins too.
+        plugins: Vec<String>,
+    },
     /// Regenerate the CRD YAML in crds/ from the Rust types.
     Crds,
     /// Regenerate deploy/manifests/ (and the chart's CRD copy) from the Helm chart.
@@ -71,7 +76,8 @@ fn main() -> anyhow::Result<()> {
     match Xtask::parse().command {
         Command::Up => up::up(),
         Command::Setup => tasks::setup(),
-        Command::BuildPlugins => tasks::build_plugins(),
+        Command::BuildPlugins { plugins } if plugins.is_empty() => tasks::build_plugins(),
+        Command::BuildPlugins { plugins } => tasks::build_named_plugins(&plugins),
         Command::Crds => tasks::crds(),
         Command::Manifests => tasks::manifests(),
         Command::Cluster { command } => cluster_cmd::run(command),

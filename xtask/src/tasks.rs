@@ -88,6 +88,23 @@ pub fn build_plugins() -> anyhow::Result<()> {
     wasmctrl_testenv::plugins::build_python_guests()
 }
 
+/// Only the Rust plugin crates named, each as [`build_plugin`] builds it. A name that is no
+/// plugin of this repository is refused before anything is built.
+pub fn build_named_plugins(plugins: &[String]) -> anyhow::Result<()> {
+    let known = wasmctrl_testenv::plugins::GUESTS;
+    if let Some(unknown) = plugins.iter().find(|name| !known.contains(&name.as_str())) {
+        bail!(
+            "{unknown} is not a plugin crate of this repository (they are: {})",
+            known.join(", ")
+        );
+    }
+    setup()?;
+    for plugin in plugins {
+        build_plugin(plugin)?;
+    }
+    Ok(())
+}
+
 /// One Rust plugin crate, as a component with the `plugin` profile (after [`setup`]).
 pub fn build_plugin(plugin: &str) -> anyhow::Result<()> {
     run(

@@ -49,14 +49,7 @@ pub struct Container {
 /// runc, installed from Debian's packages if missing.
 fn runc() -> anyhow::Result<&'static str> {
     if Command::new("runc").arg("--version").output().is_err() {
-        eprintln!("container: installing runc from Debian's packages");
-        let status = Command::new("apt-get")
-            .args(["install", "-y", "-q", "runc"])
-            .status()
-            .context("running apt-get")?;
-        if !status.success() {
-            bail!("installing runc failed ({status}); install it: apt-get install runc");
-        }
+        crate::tools::debian_package("runc", "the OCI runtime the image tests run it with")?;
     }
     Ok("runc")
 }

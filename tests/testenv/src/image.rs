@@ -85,10 +85,7 @@ fn ensure_toolchain() -> anyhow::Result<()> {
             .with_context(|| format!("installing the {TARGET} target"))?;
     }
     if Command::new("musl-gcc").arg("--version").output().is_err() {
-        eprintln!("image: installing musl-tools (a musl C compiler) from Debian's packages");
-        run(Command::new("apt-get").args(["install", "-y", "-q", "musl-tools"])).context(
-            "installing musl-tools (run as root, or install it: apt-get install musl-tools)",
-        )?;
+        crate::tools::debian_package("musl-tools", "a musl C compiler: ring compiles C")?;
     }
     Ok(())
 }

@@ -41,3 +41,30 @@ pub fn build_in(repo_root: &Path, name: &str) -> anyhow::Result<PathBuf> {
 pub fn helm() -> anyhow::Result<PathBuf> {
     build("helm")
 }
+
+/// Install Debian package `package` (for what `why` needs), refreshing the package lists
+/// once if the install fails: a machine image's lists can be older than the mirror.
+pub fn debian_package(package: &str, why: &str) -> anyhow::Result<()> {
+    eprintln!("installing {package} ({why}) from Debian's packages");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", package])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .context("running apt-get")
+    };
+    if install()?.success() {
+        return Ok(());
+    }
+    let update = Command::new("apt-get")
+        .args(["update", "-q"])
+        .status()
+        .context("running apt-get update")?;
+    let status = install()?;
+    if !update.success() || !status.success() {
+        bail!(
+            "installing {package} failed ({status}); run as root, or install it: apt-get install {package}"
+        );
+    }
+    Ok(())
+}
