@@ -593,6 +593,21 @@ fn extra_args_env_volumes_and_mounts_come_after_the_charts_own() -> anyhow::Resu
     Ok(())
 }
 
+/// JSON lines by default, for the cluster's log pipeline; text when asked.
+#[test]
+fn logs_are_json_lines_unless_text_is_asked_for() -> anyhow::Result<()> {
+    let format = |values: &[&str]| -> anyhow::Result<Value> {
+        let env = pod(&rendered_with(values)?)?["containers"][0]["env"].clone();
+        env.as_array()
+            .and_then(|env| env.iter().find(|e| e["name"] == "WASMCTRL_LOG_FORMAT"))
+            .map(|e| e["value"].clone())
+            .context("WASMCTRL_LOG_FORMAT in the container's environment")
+    };
+    assert_eq!(format(&[])?, "json");
+    assert_eq!(format(&["logFormat=text"])?, "text");
+    Ok(())
+}
+
 /// The pod's and the container's security contexts as the chart sets them by default.
 fn default_security() -> (Value, Value) {
     (
@@ -765,6 +780,77 @@ fn the_network_policy_admits_the_listener_from_monitoring_and_the_api_server_onl
     Ok(())
 }
 
+/// With `apiServerCidrs` left empty, an install reads the API server's addresses from the
+/// `kubernetes` Service's EndpointSlices (the test control plane runs no endpoint reconciler,
+/// so the test writes the slice a real API server keeps); an address given in the values
+/// replaces them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_network_policy_admits_the_api_server_addresses_the_cluster_shows() -> anyhow::Result<()>
+{
+    let (client, ns) = test_namespace("deploy-netpol").await?;
+    let slices = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        "default",
+        &kube::discovery::ApiResource::erase::<k8s_openapi::api::discovery::v1::EndpointSlice>(&()),
+    );
+    let slice_name = "kubernetes-e2e-network-policy";
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": slice_name,
+            "labels": {"kubernetes.io/service-name": "kubernetes"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["192.0.2.10"]}, {"addresses": ["192.0.2.11"]}],
+        "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
+    });
+    slices
+        .patch(
+            slice_name,
+            &PatchParams::apply("wasmctrl-e2e").force(),
+            &Patch::Apply(&slice),
+        )
+        .await?;
+    let kubeconfig = wasmctrl_testenv::TestEnv::get().kubeconfig().to_owned();
+    let kubeconfig = kubeconfig.to_string_lossy();
+    let installed = |extra: &[&str]| -> anyhow::Result<Vec<Value>> {
+        let mut args = vec![
+            "--namespace",
+            &ns,
+            "--dry-run=server",
+            "--kubeconfig",
+            &kubeconfig,
+        ];
+        args.extend_from_slice(extra);
+        let mut all = vec!["wasmctrl", CHART];
+        all.extend_from_slice(&args);
+        documents(&render(&all)?)
+    };
+    let looked_up = installed(&[]);
+    let given = installed(&["--set", "networkPolicy.apiServerCidrs={198.51.100.7/32}"]);
+    slices.delete(slice_name, &Default::default()).await?;
+    let peers = |objects: &[Value]| -> anyhow::Result<Value> {
+        Ok(object(objects, "NetworkPolicy", "wasmctrl")?["spec"]["ingress"][0]["from"].clone())
+    };
+    assert_eq!(
+        peers(&looked_up?)?,
+        json!([
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+            {"ipBlock": {"cidr": "192.0.2.10/32"}},
+            {"ipBlock": {"cidr": "192.0.2.11/32"}},
+        ])
+    );
+    assert_eq!(
+        peers(&given?)?,
+        json!([
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+            {"ipBlock": {"cidr": "198.51.100.7/32"}},
+        ])
+    );
+    delete_namespace(&client, &ns).await
+}
+
 #[test]
 fn extra_trust_roots_are_mounted_read_only_and_passed_to_the_host() -> anyhow::Result<()> {
     let defaults = rendered_with(&[])?;
@@ -820,6 +906,7 @@ fn the_schema_refuses_a_misspelt_or_mistyped_value_and_passes_the_defaults() -> 
         (&["image.tga=0.2.0"][..], "tga"),
         (&["networkPolicy.enable=false"][..], "enable"),
         (&["replicaCount=two"][..], "replicaCount"),
+        (&["logFormat=yaml"][..], "logFormat"),
     ] {
         let message = refusal(values);
         assert!(message.contains(named), "{values:?}: {message}");
@@ -936,7 +1023,7 @@ async fn the_notes_say_what_runs_how_to_check_it_and_how_to_upgrade_the_crds() -
         "kubectl get reconcilepolicies".to_owned(),
         format!("kubectl -n {ns} port-forward service/wasmctrl-metrics 8443"),
         format!("wasmctrl explain KIND/NAME -n NAMESPACE --service {ns}/wasmctrl-metrics"),
-        "kubectl apply --server-side -f deploy/chart/wasmctrl/crds/".to_owned(),
+        "helm show crds CHART | kubectl apply --server-side -f -".to_owned(),
         "networkPolicy.apiServerCidrs is empty".to_owned(),
         "docs/deploy.md".to_owned(),
     ] {
@@ -950,8 +1037,9 @@ async fn the_notes_say_what_runs_how_to_check_it_and_how_to_upgrade_the_crds() -
         let text = std::fs::read_to_string(repo_root().join(&doc))?;
         let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
         assert!(
-            text.contains("kubectl apply --server-side -f deploy/chart/wasmctrl/crds/")
-                && text.contains("never upgrade"),
+            text.contains(
+                "helm show crds deploy/chart/wasmctrl | kubectl apply --server-side -f -"
+            ) && text.contains("never upgrade"),
             "{doc} does not say how the CRDs are upgraded"
         );
     }

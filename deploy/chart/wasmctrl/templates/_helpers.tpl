@@ -72,3 +72,28 @@ watches every namespace, in watchNamespace only (watch-role.yaml) when it does n
 {{- define "wasmctrl.extraCA" -}}
 {{- if or .Values.extraCA.configMapName .Values.extraCA.secretName -}}true{{- end -}}
 {{- end -}}
+
+{{- /*
+The addresses the NetworkPolicy admits as the API server's, one CIDR a line: those given in
+networkPolicy.apiServerCidrs, else the `kubernetes` Service's endpoints as the cluster has them
+when Helm installs or upgrades (`lookup`; `helm template` without `--dry-run=server` finds
+none). A control plane whose addresses change later needs a `helm upgrade`, or the values set.
+*/ -}}
+{{- define "wasmctrl.apiServerCidrs" -}}
+{{- $cidrs := .Values.networkPolicy.apiServerCidrs -}}
+{{- if not $cidrs -}}
+{{- $slices := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "" | default dict -}}
+{{- range ($slices.items | default list) -}}
+{{- if eq (index (.metadata.labels | default dict) "kubernetes.io/service-name" | default "") "kubernetes" -}}
+{{- range (.endpoints | default list) -}}
+{{- range (.addresses | default list) -}}
+{{- $cidrs = append $cidrs (printf "%s/%s" . (ternary "128" "32" (contains ":" .))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range ($cidrs | uniq) }}
+{{ . }}
+{{- end -}}
+{{- end -}}
