@@ -247,6 +247,30 @@ pub struct PluginSource {
     pub oci: Option<OciSource>,
 }
 
+impl std::fmt::Display for PluginSource {
+    /// Where the plugin is read from, as a message names it: `file plugins/x.wasm`,
+    /// `ConfigMap ns/name key k`, `http https://…`, `oci REGISTRY/REPOSITORY:TAG`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(file) = &self.file {
+            write!(f, "file {}", file.path)?;
+        }
+        if let Some(map) = &self.config_map {
+            write!(
+                f,
+                "ConfigMap {}/{} key {}",
+                map.namespace, map.name, map.key
+            )?;
+        }
+        if let Some(http) = &self.http {
+            write!(f, "http {}", http.url)?;
+        }
+        if let Some(oci) = &self.oci {
+            write!(f, "oci {}", oci.reference)?;
+        }
+        Ok(())
+    }
+}
+
 /// A Wasm artifact in an OCI registry.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -60,13 +60,29 @@ pub enum LoadError {
     /// `spec.plugin.digest` names the registry manifest, not the component in it: the
     /// digest `oras push` prints, pasted where the component's belongs.
     #[error(
-        "spec.plugin.digest is {manifest}, the digest of the artifact's manifest; it wants the component's own ({component}). Pin the component by that, or the manifest by oci.reference: REGISTRY/REPOSITORY@{manifest}"
+        "{field} is {manifest}, the digest of the artifact's manifest; it wants the component's own ({component}). Pin the component by that, or the manifest by oci.reference: REGISTRY/REPOSITORY@{manifest}"
     )]
     ManifestDigestPinned {
+        /// The policy field that pins the digest.
+        field: &'static str,
         /// The manifest's digest, as the policy has it.
         manifest: String,
         /// The digest of the component the manifest holds.
         component: Digest,
+    },
+    /// The component the source serves is not the one the policy pins.
+    #[error(
+        "{field} pins the component {pinned}, but the component {served_by} serves hashes to {actual}"
+    )]
+    ComponentDigestMismatch {
+        /// The policy field that pins the digest.
+        field: &'static str,
+        /// The digest the policy pins.
+        pinned: Digest,
+        /// The digest of the bytes the source served.
+        actual: Digest,
+        /// The source, as the policy names it.
+        served_by: String,
     },
 }
 
@@ -78,7 +94,8 @@ impl LoadError {
             Self::InvalidSource(_) => "InvalidSource",
             Self::SourceUnavailable(_) => "SourceUnavailable",
             Self::Plugin(plugin::LoadError::DigestMismatch { .. })
-            | Self::ManifestDigestPinned { .. } => "DigestMismatch",
+            | Self::ManifestDigestPinned { .. }
+            | Self::ComponentDigestMismatch { .. } => "DigestMismatch",
             Self::Plugin(plugin::LoadError::ContractVersion { .. }) => "ContractVersionMismatch",
             Self::Plugin(plugin::LoadError::InvalidLimits(_)) => "InvalidLimits",
             Self::Plugin(plugin::LoadError::CompileLimitExceeded(_)) => "CompileLimitExceeded",
@@ -114,6 +131,8 @@ pub struct PluginRequest<'a> {
     pub source: &'a PluginSource,
     /// The pinned digest, as the policy spells it.
     pub digest: Option<&'a str>,
+    /// The policy field `digest` comes from, for messages.
+    pub digest_field: &'static str,
     /// What every call may consume.
     pub limits: Limits,
 }
@@ -125,6 +144,7 @@ impl<'a> PluginRequest<'a> {
         Self {
             source: &spec.source,
             digest: spec.digest.as_deref(),
+            digest_field: "spec.plugin.digest",
             limits: limits(policy.spec.limits.as_ref()),
         }
     }
@@ -134,6 +154,7 @@ impl<'a> PluginRequest<'a> {
         Self {
             source: &candidate.source,
             digest: candidate.digest.as_deref(),
+            digest_field: "spec.plugin.candidate.digest",
             limits: limits(policy.spec.limits.as_ref()),
         }
     }
@@ -232,16 +253,23 @@ impl PluginRegistry {
         let checked = source::check(request.source, request.digest.is_some(), &self.rules)
             .map_err(LoadError::InvalidSource)?;
         // Credentials bound to another host refuse the source whatever the caches hold, as
-        // the checks above do.
-        let authorized = source::authorize(&self.client, checked)
-            .await
-            .map_err(|refused| match refused {
-                credentials::Refused::Unreadable(e) => LoadError::SourceUnavailable(e),
-                credentials::Refused::NotForHost(e) => LoadError::InvalidSource(e),
-            })?;
+        // the checks above do. A Secret that cannot be read (deleted, rotated away, the API
+        // server unreachable) stops only a fetch: a pinned digest the host already holds sends
+        // nothing anywhere, so a rollback to it works without the credentials.
+        let authorized = match source::authorize(&self.client, checked).await {
+            Ok(authorized) => Ok(authorized),
+            Err(credentials::Refused::NotForHost(e)) => return Err(LoadError::InvalidSource(e)),
+            Err(credentials::Refused::Unreadable(e)) => Err(LoadError::SourceUnavailable(e)),
+        };
         let pinned = request.digest.map(str::parse::<Digest>).transpose()?;
+        let unreadable = |origin: Origin| {
+            if let Err(error) = &authorized {
+                tracing::info!(policy, ?origin, %error, "the source's credentials cannot be read; serving the pinned digest the host holds");
+            }
+        };
         if let Some(digest) = pinned {
             if let Some(plugin) = self.find(&digest, &request.limits) {
+                unreadable(Origin::Loaded);
                 return Ok(self.keep(plugin, Origin::Loaded));
             }
             let engine = self.engine.clone();
@@ -250,9 +278,11 @@ impl PluginRegistry {
                 .await
                 .map_err(|e| plugin::LoadError::Sandbox(format!("plugin load task failed: {e}")))?;
             if let Some(plugin) = cached? {
+                unreadable(Origin::Disk);
                 return Ok(self.keep(plugin, Origin::Disk));
             }
         }
+        let authorized = authorized?;
         // From the first byte fetched to the end of the compile, the load holds a permit.
         let _permit = self.budget.acquire(policy, &self.metrics).await;
         let source::Fetched {
@@ -267,8 +297,19 @@ impl PluginRegistry {
             && pinned.to_string() == manifest
         {
             return Err(LoadError::ManifestDigestPinned {
+                field: request.digest_field,
                 manifest,
                 component: digest,
+            });
+        }
+        if let Some(pinned) = pinned
+            && pinned != digest
+        {
+            return Err(LoadError::ComponentDigestMismatch {
+                field: request.digest_field,
+                pinned,
+                actual: digest,
+                served_by: request.source.to_string(),
             });
         }
         if pinned.is_none_or(|pinned| pinned == digest)
@@ -376,6 +417,7 @@ mod tests {
         PluginRequest {
             source,
             digest,
+            digest_field: "spec.plugin.digest",
             limits: Limits {
                 timeout: Duration::from_millis(timeout_ms),
                 ..Limits::default()
@@ -459,11 +501,92 @@ mod tests {
             .await
             .expect_err("mismatch");
         assert_eq!(error.reason(), "DigestMismatch", "{error}");
+        let message = error.to_string();
+        assert!(
+            message.starts_with(&format!("spec.plugin.digest pins the component {wrong}"))
+                && message.contains(
+                    &Digest::of(
+                        &std::fs::read(dir.path().join("plugin.wasm")).expect("the plugin")
+                    )
+                    .to_string()
+                ),
+            "the message names the field, the pin and what the bytes hash to: {message}"
+        );
         let error = registry
             .obtain("a", request(&source, Some("md5:abc"), 500))
             .await
             .expect_err("not a digest");
         assert_eq!(error.reason(), "InvalidDigest", "{error}");
+    }
+
+    /// The source of a rollback: an HTTPS URL whose credentials Secret can no longer be read
+    /// (this registry's client reaches no API server at all).
+    fn with_unreadable_secret() -> PluginSource {
+        PluginSource {
+            file: None,
+            config_map: None,
+            http: Some(crate::policy::HttpSource {
+                url: "https://plugins.example/p.wasm".into(),
+                secret_ref: Some(crate::policy::SecretRef {
+                    namespace: "wasmctrl".into(),
+                    name: "deleted".into(),
+                }),
+            }),
+            oci: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pinned_digest_the_host_holds_is_served_though_its_secret_cannot_be_read() {
+        let (dir, file_source, digest) = workspace();
+        let cache = dir.path().join("cache");
+        let mut options = RegistryOptions {
+            plugin_dirs: vec![dir.path().to_owned()],
+            credentials_namespace: Some("wasmctrl".into()),
+            ..RegistryOptions::default()
+        };
+        let registry = |options: RegistryOptions| {
+            let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
+            let client = Client::try_from(config).expect("a client needs no server");
+            let engine = PluginEngine::new(EngineOptions {
+                cache_dir: Some(cache.clone()),
+                ..EngineOptions::default()
+            })
+            .expect("engine");
+            PluginRegistry::new(client, engine, options, Arc::new(Metrics::new()))
+        };
+        let first = registry(options.clone());
+        let held = first
+            .obtain("a", request(&file_source, Some(&digest), 500))
+            .await
+            .expect("loaded from the file");
+        let source = with_unreadable_secret();
+
+        let loaded = first
+            .obtain("a", request(&source, Some(&digest), 500))
+            .await;
+        assert_eq!(loaded.expect("held in memory").origin, Origin::Loaded);
+        drop(held);
+
+        // Another process (a restart) holds it only on disk.
+        options.plugin_dirs.clear();
+        let restarted = registry(options);
+        let from_disk = restarted
+            .obtain("a", request(&source, Some(&digest), 500))
+            .await;
+        assert_eq!(from_disk.expect("on disk").origin, Origin::Disk);
+
+        // A digest the host does not hold must be fetched, and that needs the credentials.
+        let other = Digest::of(b"not held").to_string();
+        let error = restarted
+            .obtain("a", request(&source, Some(&other), 500))
+            .await
+            .expect_err("nothing to serve without a fetch");
+        assert_eq!(error.reason(), "SourceUnavailable", "{error}");
+        assert!(
+            error.to_string().contains("deleted"),
+            "names the Secret: {error}"
+        );
     }
 
     #[tokio::test]
