@@ -16,7 +16,7 @@ pub use record::{
     StatusRecord, StepTime,
 };
 pub use recorder::{RecordOptions, Recorder};
-pub use store::{Bounds, ExplainStore, Lookup};
+pub use store::{Bounds, ExplainStore, Lookup, ParentResource};
 
 /// What the host keeps of its reconciles.
 #[derive(Debug, Clone)]

@@ -312,7 +312,36 @@ impl Packed {
     }
 }
 
-/// What a look-up found.
+/// A kind of parent, as a reader's right to see its parents is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParentResource {
+    /// The API group (empty for the core group).
+    pub group: String,
+    /// The resource, plural.
+    pub resource: String,
+    /// The API version the records were written at.
+    pub api_version: String,
+}
+
+impl std::fmt::Display for ParentResource {
+    /// As a reader names the kind to tell it from another: `myapps.example.com/v1`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.resource, self.api_version)
+    }
+}
+
+impl From<&ParentKind> for ParentResource {
+    fn from(kind: &ParentKind) -> Self {
+        Self {
+            group: kind.group().to_owned(),
+            resource: kind.plural.to_string(),
+            api_version: kind.api_version.to_string(),
+        }
+    }
+}
+
+/// What a look-up found. Only [`Lookup::Found`] holds anything of a parent; the others name
+/// kinds, so that whoever answers can first check the caller may see such a parent at all.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup {
     /// The parent's records as JSON, newest first.
@@ -324,10 +353,11 @@ pub enum Lookup {
         /// The records.
         records: Vec<String>,
     },
-    /// No record of such a parent.
-    NotFound,
+    /// No record of such a parent under any of these kinds: those the asked kind names among
+    /// the kinds the store has seen (none: it has seen no such kind).
+    NotFound(Vec<ParentResource>),
     /// The kind names more than one kind of parent with that name; these.
-    Ambiguous(Vec<String>),
+    Ambiguous(Vec<ParentResource>),
 }
 
 impl std::fmt::Debug for ExplainStore {
@@ -455,7 +485,14 @@ impl ExplainStore {
             })
             .collect();
         match matches.as_slice() {
-            [] => Lookup::NotFound,
+            [] => Lookup::NotFound(
+                inner
+                    .kinds
+                    .iter()
+                    .filter(|k| k.names.is_named(kind))
+                    .map(|k| ParentResource::from(&*k.names))
+                    .collect(),
+            ),
             [(key, records)] => {
                 let dictionaries = inner.dictionaries(&key.kind);
                 Lookup::Found {
@@ -472,7 +509,7 @@ impl ExplainStore {
             several => Lookup::Ambiguous(
                 several
                     .iter()
-                    .map(|(key, _)| format!("{}.{}", key.kind.plural, key.kind.api_version))
+                    .map(|(key, _)| ParentResource::from(&*key.kind))
                     .collect(),
             ),
         }
@@ -652,11 +689,20 @@ mod tests {
             found(store.lookup("myapps.example.com", Some("ns"), "b", 5)),
             [r#"{"case":{}}"#]
         );
+        // No record there, under the one kind "myapps" names: the caller's right to see
+        // MyApps is what decides whether it may learn that much.
         assert_eq!(
             store.lookup("myapps", Some("other"), "a", 1),
-            Lookup::NotFound
+            Lookup::NotFound(vec![ParentResource {
+                group: "example.com".into(),
+                resource: "myapps".into(),
+                api_version: "example.com/v1".into(),
+            }])
         );
-        assert_eq!(store.lookup("widget", Some("ns"), "a", 1), Lookup::NotFound);
+        assert_eq!(
+            store.lookup("widget", Some("ns"), "a", 1),
+            Lookup::NotFound(vec![])
+        );
         assert_eq!(store.len(), 3);
     }
 
@@ -897,7 +943,10 @@ mod tests {
             found(store.lookup("MyApp", Some("ns"), "p499", 3)),
             [noise(2499, 1000)]
         );
-        assert_eq!(store.lookup("MyApp", Some("ns"), "p0", 3), Lookup::NotFound);
+        assert!(matches!(
+            store.lookup("MyApp", Some("ns"), "p0", 3),
+            Lookup::NotFound(_)
+        ));
     }
 
     #[test]

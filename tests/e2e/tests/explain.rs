@@ -525,6 +525,15 @@ async fn the_listener_answers_only_callers_the_api_server_vouches_for() -> anyho
         !body.contains("can never work") && !body.contains("records"),
         "nothing of the record in a refusal: {body}"
     );
+    // Nor does a refusal tell whether the host holds a record at all: a parent it has never
+    // seen is refused the same way, and only a caller who may get it learns there is none.
+    let ghost = format!("/explain?kind=widget&namespace={ns}&name=ghost");
+    let (status, ghost_body) = https_get(address, &ghost, Some(&stranger)).await?;
+    assert_eq!(status, 403, "{ghost_body}");
+    assert_eq!(ghost_body, body.replace(" broken ", " ghost "));
+    let (status, body) = https_get(address, &ghost, Some(&reader)).await?;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no record of widget"), "{body}");
 
     let (status, body) = https_get(address, "/metrics", Some(&reader)).await?;
     assert_eq!(
