@@ -7,12 +7,17 @@
 //! status is copied back, so the team sees its policy's state where it made it. A
 //! finalizer on the source lets the ReconcilePolicy — and the parents it releases — go first
 //! when the source is deleted. Only the leader writes.
+//!
+//! A ReconcilePolicy whose source is gone without it (its finalizer removed by hand, or
+//! while no host ran) or was made anew under the same name is collected: by the leader's
+//! sweep, and at once when the new source comes, instead of the name counting as taken. A
+//! cluster-scoped object cannot have a namespaced owner, so garbage collection cannot do it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions};
 use kube::core::ApiResource;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -32,6 +37,8 @@ pub const SOURCE_UID_LABEL: &str = "wasmctrl.dev/namespaced-policy-uid";
 /// On each ReconcilePolicy made from one: the source, as `namespace/name`.
 pub const SOURCE_ANNOTATION: &str = "wasmctrl.dev/namespaced-policy";
 const FIELD_MANAGER: &str = "wasmctrl-namespaced-policies";
+/// How often the leader looks for ReconcilePolicies whose source is gone.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 struct Context {
     client: Client,
@@ -74,6 +81,7 @@ pub(crate) async fn run(
         resource: resource.clone(),
         leadership,
     });
+    let sweeper = sweep_while_leading(ctx.clone(), namespace, selector);
     let controller = Controller::new_with(sources, config, resource)
         .watches(
             Api::<ReconcilePolicy>::all(client),
@@ -94,7 +102,105 @@ pub(crate) async fn run(
     // watch that cannot list (a host without rights to the kind) must not hold a shutdown.
     tokio::select! {
         () = controller => {}
+        () = sweeper => {}
         () = stop => {}
+    }
+}
+
+/// Sweep for orphans as soon as this host leads, then every [`SWEEP_EVERY`]; never returns.
+async fn sweep_while_leading(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    selector: Option<String>,
+) {
+    loop {
+        if !ctx.leadership.is_leader() {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            continue;
+        }
+        match sweep(&ctx, namespace.as_deref(), selector.as_deref()).await {
+            Ok(0) => {}
+            Ok(collected) => tracing::info!(
+                collected,
+                "collected ReconcilePolicies whose NamespacedReconcilePolicy is gone"
+            ),
+            Err(error) => {
+                tracing::warn!(%error, "could not look for ReconcilePolicies whose NamespacedReconcilePolicy is gone")
+            }
+        }
+        tokio::time::sleep(SWEEP_EVERY).await;
+    }
+}
+
+/// Whether a ReconcilePolicy made from the source of uid `made_from` has lost it: no source
+/// of that name is there (`live` is `None`), or one made anew with another uid.
+fn orphaned(made_from: &str, live: Option<&str>) -> bool {
+    live != Some(made_from)
+}
+
+/// Delete every made ReconcilePolicy this host is responsible for (its namespace and
+/// selector) whose source is gone; how many. A source the host cannot read is left alone.
+async fn sweep(
+    ctx: &Context,
+    namespace: Option<&str>,
+    selector: Option<&str>,
+) -> Result<usize, Error> {
+    let policies: Api<ReconcilePolicy> = Api::all(ctx.client.clone());
+    let labels = match selector {
+        Some(selector) => format!("{SOURCE_UID_LABEL},{selector}"),
+        None => SOURCE_UID_LABEL.to_owned(),
+    };
+    let mut collected = 0;
+    for made in policies
+        .list(&ListParams::default().labels(&labels))
+        .await?
+    {
+        let (Some((source_namespace, source_name)), Some(made_from)) =
+            (source_of(&made), made.labels().get(SOURCE_UID_LABEL))
+        else {
+            continue;
+        };
+        if made.metadata.deletion_timestamp.is_some()
+            || namespace.is_some_and(|watched| watched != source_namespace)
+        {
+            continue;
+        }
+        let sources: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), source_namespace, &ctx.resource);
+        let live = match sources.get_opt(source_name).await {
+            Ok(live) => live,
+            Err(error) => {
+                tracing::debug!(%error, policy = %made.name_any(), "cannot read the NamespacedReconcilePolicy it was made from; leaving it");
+                continue;
+            }
+        };
+        let live_uid = live
+            .as_ref()
+            .and_then(|source| source.metadata.uid.as_deref());
+        if orphaned(made_from, live_uid) {
+            tracing::info!(policy = %made.name_any(), source = %format!("{source_namespace}/{source_name}"), "the NamespacedReconcilePolicy this ReconcilePolicy was made from is gone; deleting it");
+            delete_made(&policies, &made).await?;
+            collected += 1;
+        }
+    }
+    Ok(collected)
+}
+
+/// Delete `made`, and no other object that took its name meanwhile. Its own finalizer
+/// releases its parents first.
+async fn delete_made(policies: &Api<ReconcilePolicy>, made: &ReconcilePolicy) -> Result<(), Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: made.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match policies.delete(&made.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        // Gone already, or another object under that name now.
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+        Err(error) => Err(error.into()),
     }
 }
 
@@ -139,6 +245,19 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
         return Ok(Action::await_change());
     }
     set_finalizer(&sources, &source, true).await?;
+    // Made from an earlier source of this name, whose finalizer did not hold it: that
+    // policy goes (releasing its parents), then this one is made.
+    if let Some(made) = &made
+        && !ours
+        && made.labels().contains_key(SOURCE_UID_LABEL)
+        && source_of(made) == Some((namespace.as_str(), name.as_str()))
+    {
+        if made.metadata.deletion_timestamp.is_none() {
+            tracing::info!(policy = %made_name, "replacing the ReconcilePolicy made from an earlier NamespacedReconcilePolicy of this name");
+            delete_made(&policies, made).await?;
+        }
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
 
     let confined = serde_json::from_value::<ReconcilePolicySpec>(source.data["spec"].clone())
         .map_err(|error| Refusal {
@@ -281,5 +400,20 @@ fn gone_is_done(result: Result<DynamicObject, kube::Error>) -> Result<(), Error>
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(error) => Err(error.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::orphaned;
+
+    #[test]
+    fn a_made_policy_is_orphaned_when_its_source_is_gone_or_made_anew() {
+        assert!(orphaned("uid-1", None), "no source of that name");
+        assert!(
+            orphaned("uid-1", Some("uid-2")),
+            "a new source under the name"
+        );
+        assert!(!orphaned("uid-1", Some("uid-1")), "its own source");
     }
 }

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use wasmctrl_e2e::*;
@@ -279,6 +280,7 @@ async fn team_runs_myapp(
     user: &str,
     plugin_url: &str,
     digest: &str,
+    label: &str,
 ) -> anyhow::Result<kube::Client> {
     let team = client_as(user).await?;
     service_account(&team, ns, "operator").await?;
@@ -297,7 +299,7 @@ async fn team_runs_myapp(
     spec["serviceAccount"] = json!({"namespace": ns, "name": "operator"});
     let policy = json!({
         "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "NamespacedReconcilePolicy",
-        "metadata": {"name": "myapp", "labels": {TEST_LABEL: TEAMS}},
+        "metadata": {"name": "myapp", "labels": {TEST_LABEL: label}},
         "spec": spec,
     });
     apply(&namespaced_policies(&team, ns), policy).await?;
@@ -337,16 +339,11 @@ async fn teams_with_only_namespace_rights_run_their_own_operators_for_one_parent
         .await?;
 
     // Each team, as a user with rights in its namespace only, runs the MyApp operator.
-    let address = serve_plugins(None)?.address;
-    let url = format!("http://{address}/myapp_plugin.wasm");
-    let digest = wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
-        "myapp_plugin",
-    ))?)
-    .to_string();
+    let (url, digest) = myapp_plugin_url(serve_plugins(None)?.address)?;
     let mut teams = Vec::new();
     for team in [&team_a, &team_b] {
         let user = format!("{team}-user");
-        let team_client = team_runs_myapp(team, &user, &url, &digest).await?;
+        let team_client = team_runs_myapp(team, &user, &url, &digest, TEAMS).await?;
         // It could not have made a cluster-wide policy.
         let denied = policies(&team_client)
             .create(
@@ -440,6 +437,115 @@ async fn teams_with_only_namespace_rights_run_their_own_operators_for_one_parent
     host.stop().await?;
     delete_cluster_rbac(&client, &host_ns).await?;
     for ns in [&team_a, &team_b, &host_ns] {
+        delete_namespace(&client, ns).await?;
+    }
+    Ok(())
+}
+
+/// The plugin server's URL of the MyApp plugin, and its digest.
+fn myapp_plugin_url(address: std::net::SocketAddr) -> anyhow::Result<(String, String)> {
+    let digest = wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
+        "myapp_plugin",
+    ))?);
+    Ok((
+        format!("http://{address}/myapp_plugin.wasm"),
+        digest.to_string(),
+    ))
+}
+
+/// Remove `name`'s finalizers by hand, as an admin does when a host is gone, and delete it.
+async fn delete_past_its_finalizer(
+    sources: &kube::Api<DynamicObject>,
+    name: &str,
+) -> anyhow::Result<()> {
+    sources
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+    sources.delete(name, &Default::default()).await?;
+    wait_gone(sources, name, "the team's policy, its finalizer removed").await
+}
+
+const ORPHANS: &str = "tenancy-orphans";
+
+/// A team policy that went without the host seeing it (its finalizer removed while no host
+/// ran) leaves a ReconcilePolicy no owner reference can collect: the host collects it, and a
+/// new team policy of the same name runs instead of being refused as `NameTaken`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_made_from_a_team_policy_that_is_gone_is_collected() -> anyhow::Result<()> {
+    let (client, host_ns) = test_namespace(ORPHANS).await?;
+    let (_, team) = test_namespace("tenancy-orphans-team").await?;
+    install_repo_crds(&client).await?;
+    service_account(&client, &host_ns, "host").await?;
+    host_rights(&client, &host_ns).await?;
+    may_impersonate(&client, &host_ns, &team, None).await?;
+    let user = format!("{team}-user");
+    onboard_team(&client, &team, &user).await?;
+    let host = || {
+        HostUnderTest::cluster_wide(ORPHANS)
+            .as_service_account(&host_ns, "host")
+            .require_policy_identity()
+            .start()
+    };
+    let (url, digest) = myapp_plugin_url(serve_plugins(None)?.address)?;
+    let sources = namespaced_policies(&client, &team);
+    let cluster_policies = policies(&client);
+    let made_name = format!("{team}.myapp");
+    let runs = |phase: &'static str| {
+        let sources = sources.clone();
+        async move {
+            wait_for_object(&sources, "myapp", phase, |p| {
+                ready(p).is_some_and(|c| c["status"] == "True")
+            })
+            .await
+        }
+    };
+    let made_from =
+        |policy: &Value| policy["metadata"]["labels"]["wasmctrl.dev/namespaced-policy-uid"].clone();
+
+    let running = host().await?;
+    team_runs_myapp(&team, &user, &url, &digest, ORPHANS).await?;
+    runs("the team's policy runs").await?;
+    running.stop().await?;
+
+    // Gone while no host ran: the next host collects what was made from it.
+    delete_past_its_finalizer(&sources, "myapp").await?;
+    assert!(get(&cluster_policies, &made_name).await?.is_some());
+    let running = host().await?;
+    wait_gone(
+        &cluster_policies,
+        &made_name,
+        "the orphaned ReconcilePolicy",
+    )
+    .await?;
+
+    // Made anew under the same name while no host ran: it replaces the old one.
+    team_runs_myapp(&team, &user, &url, &digest, ORPHANS).await?;
+    let first = runs("the team's policy runs again").await?;
+    running.stop().await?;
+    delete_past_its_finalizer(&sources, "myapp").await?;
+    team_runs_myapp(&team, &user, &url, &digest, ORPHANS).await?;
+    let second = get(&sources, "myapp").await?.context("the new policy")?;
+    assert_ne!(first["metadata"]["uid"], second["metadata"]["uid"]);
+    let running = host().await?;
+    let made = wait_for_object(
+        &cluster_policies,
+        &made_name,
+        "the ReconcilePolicy made from the new team policy",
+        |p| made_from(p) == second["metadata"]["uid"],
+    )
+    .await?;
+    let policy = runs("the new team policy runs, not refused as NameTaken").await?;
+    assert_eq!(made_from(&made), policy["metadata"]["uid"]);
+
+    sources.delete("myapp", &Default::default()).await?;
+    wait_gone(&cluster_policies, &made_name, "the policy made from it").await?;
+    running.stop().await?;
+    delete_cluster_rbac(&client, &host_ns).await?;
+    for ns in [&team, &host_ns] {
         delete_namespace(&client, ns).await?;
     }
     Ok(())
