@@ -236,3 +236,85 @@ impl Drop for NamedObjects {
         self.metrics.related_cache_changed(read.bytes(), 0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher::Event;
+
+    fn config_maps() -> ApiResource {
+        ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
+    }
+
+    fn meta(name: &str, version: &str) -> PartialObjectMeta<DynamicObject> {
+        PartialObjectMeta {
+            types: None,
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            _phantom: std::marker::PhantomData,
+        }
+    }
+
+    fn read(name: &str, version: &str) -> Arc<ReadObject> {
+        Arc::new(ReadObject {
+            resource_version: Some(version.into()),
+            object: ObservedObject {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: name.into(),
+                json: format!(
+                    r#"{{"metadata":{{"name":"{name}"}},"data":{{"x":"{}"}}}}"#,
+                    "x".repeat(1000)
+                ),
+            },
+        })
+    }
+
+    /// What a reconcile read, and the metadata a watch shows: after a re-list, only what it
+    /// still shows at the version read is kept, and the policy's gauge follows.
+    #[tokio::test]
+    async fn a_relist_keeps_only_what_it_still_shows_at_the_version_read() {
+        let mut writer = Writer::new(config_maps());
+        for (name, version) in [("kept", "1"), ("deleted", "1"), ("changed", "1")] {
+            writer.apply_watcher_event(&Event::Apply(meta(name, version)));
+        }
+        let metrics = Arc::new(crate::metrics::Metrics::new()).policy("p");
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
+        let named = NamedObjects::new(
+            NamedKind {
+                position: 0,
+                path: FieldPath::parse("spec.configMap").expect("a path"),
+                resource: config_maps(),
+                namespaced: true,
+            },
+            Client::try_from(config).expect("a client needs no server"),
+            writer.as_reader(),
+            metrics,
+            READ_CACHE_BYTES,
+        );
+        for name in ["kept", "deleted", "changed"] {
+            named.cache(|cache| cache.insert((Some("ns".into()), name.into()), read(name, "1")));
+        }
+
+        // The watch was down: "deleted" went and "changed" moved on, with no event for either.
+        writer.apply_watcher_event(&Event::Init);
+        writer.apply_watcher_event(&Event::InitApply(meta("kept", "1")));
+        writer.apply_watcher_event(&Event::InitApply(meta("changed", "2")));
+        writer.apply_watcher_event(&Event::InitDone);
+        named.relisted();
+
+        let key = |name: &str| (Some("ns".to_owned()), name.to_owned());
+        named.cache(|cache| {
+            assert!(cache.get(&key("kept"), Some("1")).is_some());
+            assert!(cache.get(&key("deleted"), Some("1")).is_none());
+            assert!(cache.get(&key("changed"), Some("1")).is_none());
+            assert_eq!(cache.bytes(), read("kept", "1").bytes());
+        });
+    }
+}
