@@ -84,7 +84,10 @@ fn push_prints_the_pins_a_policy_needs_and_inspect_reads_them_back() -> anyhow::
         assert_eq!(inspected["digest"], component.as_str(), "{inspected}");
         assert_eq!(inspected["compatible"], true, "{inspected}");
         let exports = inspected["exports"].to_string();
-        assert!(exports.contains("wasmctrl:plugin/reconciler@"), "{inspected}");
+        assert!(
+            exports.contains("wasmctrl:plugin/reconciler@"),
+            "{inspected}"
+        );
     }
     Ok(())
 }

@@ -75,6 +75,11 @@ pub struct RunCommand {
     /// may hold the plugin size limit (64 MiB) and a compile (`--max-compile-memory-mib`).
     #[arg(long, env = "WASMCTRL_MAX_CONCURRENT_LOADS", default_value_t = crate::registry::RegistryOptions::default().max_concurrent_loads)]
     max_concurrent_loads: usize,
+    /// Memory for related objects read by name (`nameFrom`), kept while unchanged so they
+    /// need not be read again, in MiB over all policies; 0 keeps none (each reconcile reads
+    /// what its parent names).
+    #[arg(long, env = "WASMCTRL_RELATED_CACHE_MIB", default_value_t = 64)]
+    related_cache_mib: usize,
     /// A PEM file of certificate authorities to trust for plugin sources over TLS (an
     /// `https` URL, a registry), besides the Mozilla roots compiled into the binary: a
     /// registry behind a private CA. Read at start.
@@ -352,6 +357,7 @@ impl RunCommand {
                 Some(path) => crate::registry::TrustRoots::with_extra_file(path)?,
                 None => crate::registry::TrustRoots::default(),
             },
+            related_cache_bytes: self.related_cache_mib << 20,
         })
     }
 

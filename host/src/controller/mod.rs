@@ -138,6 +138,9 @@ impl Host {
                     options.require_policy_identity,
                 ),
                 client,
+                related_budget: Arc::new(cache::read_cache::ReadBudget::new(
+                    options.related_cache_bytes,
+                )),
                 options,
                 metrics,
                 readiness: Arc::new(crate::health::Readiness::default()),

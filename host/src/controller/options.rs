@@ -40,6 +40,9 @@ pub struct HostOptions {
     pub require_policy_identity: bool,
     /// The certificate authorities plugin sources over TLS are checked against.
     pub trust: crate::registry::TrustRoots,
+    /// Bytes of related objects read by name that the host keeps, over all policies and
+    /// kinds, so a read need not be repeated while the object is unchanged.
+    pub related_cache_bytes: usize,
 }
 
 impl Default for HostOptions {
@@ -59,6 +62,7 @@ impl Default for HostOptions {
             )),
             require_policy_identity: false,
             trust: crate::registry::TrustRoots::default(),
+            related_cache_bytes: 64 << 20,
         }
     }
 }

@@ -19,13 +19,14 @@ use kube::core::{ApiResource, DynamicObject, PartialObjectMeta, TypeMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt as _};
 
-use super::read_cache::{ReadCache, ReadObject};
+use super::read_cache::{ReadBudget, ReadCache, ReadObject};
 use super::related::{self, FieldPath, RelatedBytes, RelatedLimit};
 use crate::metrics::PolicyMetrics;
 use crate::plugin::ObservedObject;
 
 /// Most bytes of read objects one related kind of one policy keeps: room for two requests
-/// at [`related::MAX_RELATED_BYTES`], or a few thousand Secrets of a few KiB.
+/// at [`related::MAX_RELATED_BYTES`], or a few thousand Secrets of a few KiB. All of them
+/// together stay within the host's `--related-cache-mib`.
 pub(crate) const READ_CACHE_BYTES: usize = 16 << 20;
 
 /// A read of a named object failed (not: the object does not exist).
@@ -80,12 +81,13 @@ impl NamedObjects {
         metadata: Store<PartialObjectMeta<DynamicObject>>,
         metrics: PolicyMetrics,
         cache_bytes: usize,
+        budget: Arc<ReadBudget>,
     ) -> Self {
         Self {
             kind,
             client,
             metadata,
-            read: Mutex::new(ReadCache::new(cache_bytes)),
+            read: Mutex::new(ReadCache::new(cache_bytes, budget)),
             metrics,
         }
     }
@@ -297,6 +299,7 @@ mod tests {
             writer.as_reader(),
             metrics,
             READ_CACHE_BYTES,
+            Arc::new(ReadBudget::new(usize::MAX)),
         );
         for name in ["kept", "deleted", "changed"] {
             named.cache(|cache| cache.insert((Some("ns".into()), name.into()), read(name, "1")));

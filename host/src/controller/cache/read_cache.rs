@@ -7,10 +7,52 @@
 //! while the two agree, so an object that moved is read again rather than served stale.
 //! Objects are kept as the JSON text a request carries: it is what a reconcile copies into
 //! the request, and its length is what the bound counts.
+//!
+//! Besides its own bound, every cache of the host draws on one [`ReadBudget`], so the total
+//! does not grow with the number of policies and related kinds: a cache that finds the
+//! budget spent makes room from its own least recently used objects, and keeps nothing new
+//! when it has none (the object is still served, just read again next time).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The bytes all the host's read caches may keep together.
+#[derive(Debug)]
+pub(crate) struct ReadBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl ReadBudget {
+    /// A budget of `limit` bytes, none of it used.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            used: AtomicUsize::new(0),
+        }
+    }
+
+    /// The bytes kept now, over all caches.
+    #[cfg(test)]
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Take `bytes` if they fit.
+    fn try_take(&self, bytes: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|total| *total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
 
 use crate::plugin::ObservedObject;
 
@@ -33,9 +75,11 @@ impl ReadObject {
     }
 }
 
-/// Objects read, by key, at most `limit` bytes of them.
+/// Objects read, by key, at most `limit` bytes of them, and only while the host's budget
+/// has room.
 pub(crate) struct ReadCache<K> {
     limit: usize,
+    budget: Arc<ReadBudget>,
     bytes: usize,
     /// Counts uses; an entry's last use orders it for eviction.
     clock: u64,
@@ -50,10 +94,11 @@ struct Entry {
 }
 
 impl<K: Clone + Eq + Hash> ReadCache<K> {
-    /// An empty cache that keeps at most `limit` bytes.
-    pub fn new(limit: usize) -> Self {
+    /// An empty cache that keeps at most `limit` bytes, drawn from `budget`.
+    pub fn new(limit: usize, budget: Arc<ReadBudget>) -> Self {
         Self {
             limit,
+            budget,
             bytes: 0,
             clock: 0,
             entries: HashMap::new(),
@@ -85,20 +130,24 @@ impl<K: Clone + Eq + Hash> ReadCache<K> {
         Some(entry.object.clone())
     }
 
-    /// Keep `object` under `key` (replacing what was there), then drop the least recently
-    /// used objects until the rest fit. An object larger than the whole cache is not kept.
+    /// Keep `object` under `key` (replacing what was there), dropping the least recently
+    /// used objects until it fits this cache and the host's budget. An object larger than
+    /// the whole cache is not kept, nor one the budget has no room for once this cache is
+    /// empty.
     pub fn insert(&mut self, key: K, object: Arc<ReadObject>) {
         self.remove(&key);
         let bytes = object.bytes();
         if bytes > self.limit {
             return;
         }
-        while self.bytes + bytes > self.limit {
+        while self.bytes + bytes > self.limit || !self.budget.try_take(bytes) {
             let Some((_, oldest)) = self.by_use.pop_first() else {
-                break;
+                return;
             };
             if let Some(entry) = self.entries.remove(&oldest) {
-                self.bytes -= entry.object.bytes();
+                let freed = entry.object.bytes();
+                self.bytes -= freed;
+                self.budget.give_back(freed);
             }
         }
         self.clock += 1;
@@ -117,7 +166,9 @@ impl<K: Clone + Eq + Hash> ReadCache<K> {
     pub fn remove(&mut self, key: &K) {
         if let Some(entry) = self.entries.remove(key) {
             self.by_use.remove(&entry.used);
-            self.bytes -= entry.object.bytes();
+            let freed = entry.object.bytes();
+            self.bytes -= freed;
+            self.budget.give_back(freed);
         }
     }
 
@@ -132,6 +183,13 @@ impl<K: Clone + Eq + Hash> ReadCache<K> {
         for key in &dropped {
             self.remove(key);
         }
+    }
+}
+
+impl<K> Drop for ReadCache<K> {
+    /// A stopped policy's objects leave the host's budget with it.
+    fn drop(&mut self) {
+        self.budget.give_back(self.bytes);
     }
 }
 
@@ -152,6 +210,11 @@ mod tests {
         })
     }
 
+    /// A host budget no test here reaches.
+    fn unbounded() -> Arc<ReadBudget> {
+        Arc::new(ReadBudget::new(usize::MAX))
+    }
+
     fn kept(cache: &ReadCache<&'static str>) -> Vec<&'static str> {
         let mut keys: Vec<_> = cache.entries.keys().copied().collect();
         keys.sort();
@@ -160,7 +223,7 @@ mod tests {
 
     #[test]
     fn an_object_is_served_only_at_the_version_it_was_read() {
-        let mut cache = ReadCache::new(1000);
+        let mut cache = ReadCache::new(1000, unbounded());
         cache.insert("a", read("a", "1", 100));
         assert!(cache.get(&"a", Some("1")).is_some());
         assert!(
@@ -173,7 +236,7 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_objects_go_first_until_a_new_one_fits() {
-        let mut cache = ReadCache::new(1000);
+        let mut cache = ReadCache::new(1000, unbounded());
         cache.insert("a", read("a", "1", 400));
         cache.insert("b", read("b", "1", 300));
         cache.insert("c", read("c", "1", 200));
@@ -191,7 +254,7 @@ mod tests {
 
     #[test]
     fn a_new_version_replaces_the_old_and_is_counted_once() {
-        let mut cache = ReadCache::new(1000);
+        let mut cache = ReadCache::new(1000, unbounded());
         cache.insert("a", read("a", "1", 400));
         cache.insert("a", read("a", "2", 500));
         assert_eq!(cache.len(), 1);
@@ -201,7 +264,7 @@ mod tests {
 
     #[test]
     fn an_object_larger_than_the_cache_is_not_kept_and_evicts_nothing() {
-        let mut cache = ReadCache::new(1000);
+        let mut cache = ReadCache::new(1000, unbounded());
         cache.insert("a", read("a", "1", 400));
         cache.insert("huge", read("huge", "1", 1001));
         assert_eq!(kept(&cache), ["a"]);
@@ -210,7 +273,7 @@ mod tests {
 
     #[test]
     fn retain_drops_what_its_test_refuses_and_frees_its_bytes() {
-        let mut cache = ReadCache::new(1000);
+        let mut cache = ReadCache::new(1000, unbounded());
         cache.insert("a", read("a", "1", 100));
         cache.insert("b", read("b", "1", 100));
         cache.insert("c", read("c", "2", 100));
@@ -220,5 +283,31 @@ mod tests {
         // The evicted are gone from the use order too: a full cache evicts only `a`.
         cache.insert("d", read("d", "1", 950));
         assert_eq!(kept(&cache), ["d"]);
+    }
+
+    #[test]
+    fn caches_sharing_a_budget_never_keep_more_than_it_together() {
+        let budget = Arc::new(ReadBudget::new(1000));
+        let mut first = ReadCache::new(800, budget.clone());
+        let mut second = ReadCache::new(800, budget.clone());
+        first.insert("a", read("a", "1", 400));
+        first.insert("b", read("b", "1", 300));
+        // The budget has 300 left: the second cache, empty, cannot make room from its own.
+        second.insert("x", read("x", "1", 400));
+        assert!(kept(&second).is_empty());
+        assert_eq!(budget.used(), 700);
+        second.insert("y", read("y", "1", 300));
+        assert_eq!(kept(&second), ["y"]);
+        assert_eq!(budget.used(), 1000);
+        // The first makes room from its own oldest to take a new one.
+        first.insert("c", read("c", "1", 350));
+        assert_eq!(kept(&first), ["b", "c"]);
+        assert_eq!(budget.used(), 950);
+        assert_eq!(budget.used(), first.bytes() + second.bytes());
+        // What a dropped cache kept goes back to the budget.
+        drop(first);
+        assert_eq!(budget.used(), 300);
+        second.remove(&"y");
+        assert_eq!(budget.used(), 0);
     }
 }

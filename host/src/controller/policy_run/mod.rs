@@ -325,6 +325,7 @@ fn watch_setup(
         metrics: metrics.clone(),
         field_manager: field_manager_for(&name),
         owned_selector: watches::owned_selector(&labels::policy_label_value(&name)),
+        related_budget: shared.related_budget.clone(),
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use kube::Client;
 
+use crate::controller::cache::read_cache::ReadBudget;
 use crate::controller::options::HostOptions;
 use crate::controller::policy_run::identity::Identities;
 use crate::registry::PluginRegistry;
@@ -22,4 +23,6 @@ pub(crate) struct Shared {
     pub readiness: Arc<crate::health::Readiness>,
     /// Whether this replica may write; a standby watches and loads but writes nothing.
     pub leadership: Arc<crate::leader::Leadership>,
+    /// What every policy's caches of related objects read by name may keep together.
+    pub related_budget: Arc<ReadBudget>,
 }

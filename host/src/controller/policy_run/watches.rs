@@ -18,6 +18,7 @@ use kube::{Client, ResourceExt as _};
 use crate::controller::cache::cached::{CachedObject, HasTypes};
 use crate::controller::cache::field_ownership::CreatedFields;
 use crate::controller::cache::named_objects::{self, NamedKind, NamedObjects};
+use crate::controller::cache::read_cache::ReadBudget;
 use crate::controller::cache::related::{self, FieldPath};
 use crate::controller::cache::store_index::{self, StoreIndex};
 use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
@@ -45,6 +46,8 @@ pub(crate) struct WatchSetup {
     pub field_manager: String,
     /// Selects the children the policy owns.
     pub owned_selector: String,
+    /// The host's bound on what related objects' read caches keep, over all policies.
+    pub related_budget: Arc<ReadBudget>,
 }
 
 impl WatchSetup {
@@ -349,6 +352,7 @@ impl Watches {
             writer.as_reader(),
             setup.metrics.clone(),
             named_objects::READ_CACHE_BYTES,
+            setup.related_budget.clone(),
         ));
         let unnamed = named.clone();
         self.parents_by_reference
