@@ -206,7 +206,8 @@ pub fn test() -> anyhow::Result<()> {
     let result = run_tests(
         cargo()
             .env("WASMCTRL_TEST_KUBECONFIG", &plane.kubeconfig)
-            .args(["test", "--workspace"]),
+            // Every test binary runs even after one fails, so one run names every failure.
+            .args(["test", "--workspace", "--no-fail-fast"]),
     );
     plane.stop();
     eprintln!(
