@@ -324,9 +324,12 @@ pub struct ParentResource {
 }
 
 impl std::fmt::Display for ParentResource {
-    /// As a reader names the kind to tell it from another: `myapps.example.com/v1`.
+    /// As a reader names the kind to tell it from another: `myapps.example.com`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.resource, self.api_version)
+        match self.group.as_str() {
+            "" => write!(f, "{}", self.resource),
+            group => write!(f, "{}.{group}", self.resource),
+        }
     }
 }
 
@@ -340,22 +343,16 @@ impl From<&ParentKind> for ParentResource {
     }
 }
 
-/// What a look-up found. Only [`Lookup::Found`] holds anything of a parent; the others name
-/// kinds, so that whoever answers can first check the caller may see such a parent at all.
+/// What a look-up among some kinds found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup {
     /// The parent's records as JSON, newest first.
     Found {
-        /// The parent's API group (empty for the core group), for authorizing a reader.
-        group: String,
-        /// The parent's resource, plural.
-        resource: String,
         /// The records.
         records: Vec<String>,
     },
-    /// No record of such a parent under any of these kinds: those the asked kind names among
-    /// the kinds the store has seen (none: it has seen no such kind).
-    NotFound(Vec<ParentResource>),
+    /// No record of such a parent.
+    NotFound,
     /// The kind names more than one kind of parent with that name; these.
     Ambiguous(Vec<ParentResource>),
 }
@@ -465,14 +462,27 @@ impl ExplainStore {
         inner.compact();
     }
 
-    /// The records of the parent `name` in `namespace` whose kind `kind` names (kind or
-    /// plural, any case, optionally `.group`), newest first, at most `history`.
+    /// The kinds of parent the store has seen that `kind` names (as `kubectl` accepts a
+    /// kind: its name or plural, any case, optionally with the group). Whoever answers a
+    /// reader checks it may see such parents before it learns anything of their records.
+    pub fn kinds_named(&self, kind: &str) -> Vec<ParentResource> {
+        lock(&self.inner)
+            .kinds
+            .iter()
+            .filter(|k| k.names.is_named(kind))
+            .map(|k| ParentResource::from(&*k.names))
+            .collect()
+    }
+
+    /// The records of the parent `kind` `namespace`/`name` (newest first, at most
+    /// `history`), looking only among the kinds `among` (those the reader may see).
     pub fn lookup(
         &self,
         kind: &str,
         namespace: Option<&str>,
         name: &str,
         history: usize,
+        among: &[ParentResource],
     ) -> Lookup {
         let inner = lock(&self.inner);
         let matches: Vec<_> = inner
@@ -482,22 +492,14 @@ impl ExplainStore {
                 &*key.name == name
                     && key.namespace.as_deref() == namespace
                     && key.kind.is_named(kind)
+                    && among.contains(&ParentResource::from(&*key.kind))
             })
             .collect();
         match matches.as_slice() {
-            [] => Lookup::NotFound(
-                inner
-                    .kinds
-                    .iter()
-                    .filter(|k| k.names.is_named(kind))
-                    .map(|k| ParentResource::from(&*k.names))
-                    .collect(),
-            ),
+            [] => Lookup::NotFound,
             [(key, records)] => {
                 let dictionaries = inner.dictionaries(&key.kind);
                 Lookup::Found {
-                    group: key.kind.group().to_owned(),
-                    resource: key.kind.plural.to_string(),
                     records: records
                         .iter()
                         .rev()
@@ -654,6 +656,17 @@ mod tests {
             .collect()
     }
 
+    /// A look-up among every kind the store has seen that `kind` names.
+    fn look(
+        store: &ExplainStore,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+        history: usize,
+    ) -> Lookup {
+        store.lookup(kind, ns, name, history, &store.kinds_named(kind))
+    }
+
     fn found(lookup: Lookup) -> Vec<String> {
         match lookup {
             Lookup::Found { records, .. } => records.iter().map(ToString::to_string).collect(),
@@ -677,32 +690,37 @@ mod tests {
         }
         store.push(&parent("b"), "{}".into(), Some("{}".into()), false);
         assert_eq!(
-            found(store.lookup("MyApp", Some("ns"), "a", 10)),
+            found(look(&store, "MyApp", Some("ns"), "a", 10)),
             [r#"{"n":"a3","case":{"c":1}}"#, r#"{"n":"a2"}"#],
             "only the newest record keeps its case"
         );
         assert_eq!(
-            found(store.lookup("myapp", Some("ns"), "a", 1)),
+            found(look(&store, "myapp", Some("ns"), "a", 1)),
             [r#"{"n":"a3","case":{"c":1}}"#]
         );
         assert_eq!(
-            found(store.lookup("myapps.example.com", Some("ns"), "b", 5)),
+            found(look(&store, "myapps.example.com", Some("ns"), "b", 5)),
             [r#"{"case":{}}"#]
         );
-        // No record there, under the one kind "myapps" names: the caller's right to see
-        // MyApps is what decides whether it may learn that much.
         assert_eq!(
-            store.lookup("myapps", Some("other"), "a", 1),
-            Lookup::NotFound(vec![ParentResource {
+            look(&store, "myapps", Some("other"), "a", 1),
+            Lookup::NotFound
+        );
+        assert_eq!(look(&store, "widget", Some("ns"), "a", 1), Lookup::NotFound);
+        // What a reader may not see is not looked in: its records stay unfound.
+        assert_eq!(
+            store.lookup("myapps", Some("ns"), "a", 1, &[]),
+            Lookup::NotFound
+        );
+        assert_eq!(
+            store.kinds_named("myapps.example.com"),
+            [ParentResource {
                 group: "example.com".into(),
                 resource: "myapps".into(),
                 api_version: "example.com/v1".into(),
-            }])
+            }]
         );
-        assert_eq!(
-            store.lookup("widget", Some("ns"), "a", 1),
-            Lookup::NotFound(vec![])
-        );
+        assert!(store.kinds_named("widget").is_empty());
         assert_eq!(store.len(), 3);
     }
 
@@ -717,14 +735,14 @@ mod tests {
             store.push(&parent("a"), format!("{n}"), None, false);
         }
         assert_eq!(
-            found(store.lookup("MyApp", Some("ns"), "a", 5)),
+            found(look(&store, "MyApp", Some("ns"), "a", 5)),
             ["6", "5", "1"]
         );
         for n in 7..=9 {
             store.push(&parent("a"), format!("{n}"), None, true);
         }
         assert_eq!(
-            found(store.lookup("MyApp", Some("ns"), "a", 5)),
+            found(look(&store, "MyApp", Some("ns"), "a", 5)),
             ["9", "8", "7"]
         );
     }
@@ -741,9 +759,9 @@ mod tests {
             assert!(store.bytes() <= store.bounds().max_bytes);
         }
         assert!(
-            matches!(store.lookup("MyApp", Some("ns"), "quiet", 5), Lookup::Found { records: r, .. } if r.len() == 1)
+            matches!(look(&store, "MyApp", Some("ns"), "quiet", 5), Lookup::Found { records: r, .. } if r.len() == 1)
         );
-        let busy = found(store.lookup("MyApp", Some("ns"), "busy", 5));
+        let busy = found(look(&store, "MyApp", Some("ns"), "busy", 5));
         assert!(
             busy.len() < 5,
             "{} records: the busy parent lost none",
@@ -782,7 +800,7 @@ mod tests {
         assert_eq!(store.len(), 2, "nothing evicted");
         for (name, n) in [("a", 1), ("b", 2)] {
             assert_eq!(
-                found(store.lookup("MyApp", Some("ns"), name, 1)),
+                found(look(&store, "MyApp", Some("ns"), name, 1)),
                 [format!(r#"{{"n":{n},"case":{}}}"#, case(name))]
             );
         }
@@ -848,7 +866,7 @@ mod tests {
         assert_eq!(store.len(), 200, "every parent keeps its record");
         for (n, (json, case)) in records.iter().enumerate() {
             assert_eq!(
-                found(store.lookup("MyApp", Some("ns"), &format!("app-{n:05}"), 1)),
+                found(look(&store, "MyApp", Some("ns"), &format!("app-{n:05}"), 1)),
                 [whole(json, case)]
             );
         }
@@ -896,13 +914,13 @@ mod tests {
             "{packed} bytes packed for {text} bytes of records"
         );
         assert_eq!(
-            found(store.lookup("MyApp", Some("ns"), "first", 1)),
+            found(look(&store, "MyApp", Some("ns"), "first", 1)),
             [r#"{"result":"Created","case":{"request":{}}}"#],
             "packed against the first dictionary, still read with it"
         );
         let (json, case) = &records[42];
         assert_eq!(
-            found(store.lookup("MyApp", Some("ns"), "app-00042", 1)),
+            found(look(&store, "MyApp", Some("ns"), "app-00042", 1)),
             [whole(json, case)]
         );
 
@@ -912,7 +930,7 @@ mod tests {
         }
         assert_eq!(dictionaries(&store), MAX_DICTIONARIES);
         assert_eq!(
-            found(store.lookup("MyApp", Some("ns"), "noise-7", 1)),
+            found(look(&store, "MyApp", Some("ns"), "noise-7", 1)),
             [noise(7, 2000)]
         );
     }
@@ -940,12 +958,12 @@ mod tests {
         assert!((40..=50).contains(&store.len()), "{} records", store.len());
         // The last parents of the last round are what is left.
         assert_eq!(
-            found(store.lookup("MyApp", Some("ns"), "p499", 3)),
+            found(look(&store, "MyApp", Some("ns"), "p499", 3)),
             [noise(2499, 1000)]
         );
         assert!(matches!(
-            store.lookup("MyApp", Some("ns"), "p0", 3),
-            Lookup::NotFound(_)
+            look(&store, "MyApp", Some("ns"), "p0", 3),
+            Lookup::NotFound
         ));
     }
 
@@ -971,7 +989,7 @@ mod tests {
             "{newest} newest entries for 1 parent"
         );
         assert_eq!(
-            found(store.lookup("MyApp", Some("ns"), "busy", 5)),
+            found(look(&store, "MyApp", Some("ns"), "busy", 5)),
             ["99999", "99998"]
         );
     }
@@ -994,10 +1012,10 @@ mod tests {
         other.api_version = "other.com/v1".into();
         store.push(&other, "b".into(), None, false);
         assert!(
-            matches!(store.lookup("myapp", Some("ns"), "a", 1), Lookup::Ambiguous(k) if k.len() == 2)
+            matches!(look(&store, "myapp", Some("ns"), "a", 1), Lookup::Ambiguous(k) if k.len() == 2)
         );
         assert_eq!(
-            found(store.lookup("myapp.other.com", Some("ns"), "a", 1)),
+            found(look(&store, "myapp.other.com", Some("ns"), "a", 1)),
             ["b"]
         );
     }

@@ -238,88 +238,61 @@ async fn explain(
         Err(refusal) => return refusal.into_response(),
     };
     let namespace = query.namespace.as_deref().filter(|ns| !ns.is_empty());
-    let lookup = endpoints
-        .explain
-        .store
-        .lookup(&query.kind, namespace, &query.name, query.history);
-    let get = |group: String, resource: String| Needs::Get {
-        group,
-        resource,
-        namespace: namespace.map(str::to_owned),
-        name: query.name.clone(),
-    };
-    match lookup {
-        Lookup::Found {
-            group,
-            resource,
-            records,
-        } => {
-            if let Err(refusal) = authorize(access, caller.as_ref(), get(group, resource)).await {
-                return refusal.into_response();
-            }
-            (
-                [(header::CONTENT_TYPE, "application/json")],
-                format!("{{\"records\":[{}]}}", records.join(",")),
-            )
-                .into_response()
-        }
-        // Whether the host holds a record of a parent is itself something of that parent: a
-        // caller learns it only where it may get such a parent, and is otherwise refused
-        // exactly as if the record were there.
-        Lookup::NotFound(kinds) => {
-            let mut refused = None;
-            for kind in kinds {
-                match authorize(access, caller.as_ref(), get(kind.group, kind.resource)).await {
-                    Ok(()) => {
-                        refused = None;
-                        break;
-                    }
-                    Err(refusal) => {
-                        refused.get_or_insert(refusal);
-                    }
-                }
-            }
-            if let Some(refusal) = refused {
-                return refusal.into_response();
-            }
-            (
-                StatusCode::NOT_FOUND,
-                format!(
-                    "this host has no record of {} {}{}: no policy it runs has reconciled it since it started, or its records were evicted (--explain-memory-mib), or this replica is a standby",
-                    query.kind,
-                    namespace.map(|ns| format!("{ns}/")).unwrap_or_default(),
-                    query.name
-                ),
-            )
-                .into_response()
-        }
-        Lookup::Ambiguous(kinds) => {
-            let mut readable = Vec::new();
-            let mut refused = None;
-            for kind in kinds {
-                let needs = get(kind.group.clone(), kind.resource.clone());
-                match authorize(access, caller.as_ref(), needs).await {
-                    Ok(()) => readable.push(kind.to_string()),
-                    Err(refusal) => {
-                        refused.get_or_insert(refusal);
-                    }
-                }
-            }
-            match refused {
-                Some(refusal) if readable.is_empty() => refusal.into_response(),
-                // Only the kinds the caller may read are named, and one alone is not
-                // called one of several.
-                _ => (
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "{} is ambiguous for a parent {}: name the kind as {}",
-                        query.kind,
-                        query.name,
-                        readable.join(" or ")
-                    ),
-                )
-                    .into_response(),
+    let store = &endpoints.explain.store;
+    // Whether the host holds a record of a parent is itself something of that parent: the
+    // caller's rights are checked on every kind its words name before anything is looked
+    // up, and the records of kinds it may not see are not looked in. A caller who may see
+    // none is refused the same way whatever the store holds.
+    let mut readable = Vec::new();
+    let mut refused = None;
+    for kind in store.kinds_named(&query.kind) {
+        let needs = Needs::Get {
+            group: kind.group.clone(),
+            resource: kind.resource.clone(),
+            namespace: namespace.map(str::to_owned),
+            name: query.name.clone(),
+        };
+        match authorize(access, caller.as_ref(), needs).await {
+            Ok(()) => readable.push(kind),
+            Err(refusal) => {
+                refused.get_or_insert(refusal);
             }
         }
+    }
+    if readable.is_empty()
+        && let Some(refusal) = refused
+    {
+        return refusal.into_response();
+    }
+    match store.lookup(&query.kind, namespace, &query.name, query.history, &readable) {
+        Lookup::Found { records } => (
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{{\"records\":[{}]}}", records.join(",")),
+        )
+            .into_response(),
+        Lookup::NotFound => (
+            StatusCode::NOT_FOUND,
+            format!(
+                "this host has no record of {} {}{}: no policy it runs has reconciled it since it started, or its records were evicted (--explain-memory-mib), or this replica is a standby",
+                query.kind,
+                namespace.map(|ns| format!("{ns}/")).unwrap_or_default(),
+                query.name
+            ),
+        )
+            .into_response(),
+        Lookup::Ambiguous(kinds) => (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{} names more than one kind with a parent {}: say which, one of {}",
+                query.kind,
+                query.name,
+                kinds
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+            .into_response(),
     }
 }

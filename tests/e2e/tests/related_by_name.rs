@@ -30,7 +30,9 @@ fn secret(name: &str) -> Value {
 
 /// The related objects (kind/name) of the newest reconcile of `web` that had any.
 fn related_in_last_request(explain: &Explain, ns: &str) -> Option<Vec<String>> {
-    let Lookup::Found { records, .. } = explain.store.lookup("MyApp", Some(ns), "web", 50) else {
+    let kinds = explain.store.kinds_named("MyApp");
+    let Lookup::Found { records } = explain.store.lookup("MyApp", Some(ns), "web", 50, &kinds)
+    else {
         return None;
     };
     records.iter().find_map(|record| {
