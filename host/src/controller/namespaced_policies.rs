@@ -150,6 +150,15 @@ async fn sweep(
         Some(selector) => format!("{SOURCE_UID_LABEL},{selector}"),
         None => SOURCE_UID_LABEL.to_owned(),
     };
+    // A 404 must mean "no such source", never "no such kind": a host whose CRD version is
+    // no longer served must not take every team's policy for an orphan.
+    let all_sources: Api<DynamicObject> = match namespace {
+        Some(namespace) => Api::namespaced_with(ctx.client.clone(), namespace, &ctx.resource),
+        None => Api::all_with(ctx.client.clone(), &ctx.resource),
+    };
+    all_sources
+        .list_metadata(&ListParams::default().limit(1))
+        .await?;
     let mut collected = 0;
     for made in policies
         .list(&ListParams::default().labels(&labels))
@@ -161,7 +170,9 @@ async fn sweep(
             continue;
         };
         if made.metadata.deletion_timestamp.is_some()
+            || made.name_any() != namespaced::cluster_name(source_namespace, source_name)
             || namespace.is_some_and(|watched| watched != source_namespace)
+            || !ctx.leadership.is_leader()
         {
             continue;
         }
@@ -179,8 +190,13 @@ async fn sweep(
             .and_then(|source| source.metadata.uid.as_deref());
         if orphaned(made_from, live_uid) {
             tracing::info!(policy = %made.name_any(), source = %format!("{source_namespace}/{source_name}"), "the NamespacedReconcilePolicy this ReconcilePolicy was made from is gone; deleting it");
-            delete_made(&policies, &made).await?;
-            collected += 1;
+            match delete_made(&policies, &made).await {
+                Ok(()) => collected += 1,
+                // One that cannot be deleted does not keep the others.
+                Err(error) => {
+                    tracing::warn!(%error, policy = %made.name_any(), "could not delete it");
+                }
+            }
         }
     }
     Ok(collected)
@@ -249,14 +265,20 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     // policy goes (releasing its parents), then this one is made.
     if let Some(made) = &made
         && !ours
-        && made.labels().contains_key(SOURCE_UID_LABEL)
+        && let Some(made_from) = made.labels().get(SOURCE_UID_LABEL)
         && source_of(made) == Some((namespace.as_str(), name.as_str()))
     {
-        if made.metadata.deletion_timestamp.is_none() {
+        // The source from the cache may be older than the policy just read: only the source
+        // as the API server has it now decides that the policy is an orphan.
+        let live = sources.get_opt(&name).await?;
+        let live_uid = live
+            .as_ref()
+            .and_then(|source| source.metadata.uid.as_deref());
+        if made.metadata.deletion_timestamp.is_none() && orphaned(made_from, live_uid) {
             tracing::info!(policy = %made_name, "replacing the ReconcilePolicy made from an earlier NamespacedReconcilePolicy of this name");
             delete_made(&policies, made).await?;
         }
-        return Ok(Action::requeue(Duration::from_secs(1)));
+        return Ok(Action::requeue(Duration::from_secs(5)));
     }
 
     let confined = serde_json::from_value::<ReconcilePolicySpec>(source.data["spec"].clone())
