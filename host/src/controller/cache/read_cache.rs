@@ -11,7 +11,9 @@
 //! Besides its own bound, every cache of the host draws on one [`ReadBudget`], so the total
 //! does not grow with the number of policies and related kinds: a cache that finds the
 //! budget spent makes room from its own least recently used objects, and keeps nothing new
-//! when it has none (the object is still served, just read again next time).
+//! when it has none (the object is still served, just read again next time). Caches do not
+//! evict each other's objects: what one holds is its own until it is unchanged no longer,
+//! unnamed, or pushed out by its own newer reads.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -35,7 +37,6 @@ impl ReadBudget {
     }
 
     /// The bytes kept now, over all caches.
-    #[cfg(test)]
     pub fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
@@ -137,7 +138,10 @@ impl<K: Clone + Eq + Hash> ReadCache<K> {
     pub fn insert(&mut self, key: K, object: Arc<ReadObject>) {
         self.remove(&key);
         let bytes = object.bytes();
-        if bytes > self.limit {
+        // What this cache could make room for by giving up all it holds: when even that is
+        // short (the others hold the budget), it keeps nothing new rather than everything old.
+        let others = self.budget.used().saturating_sub(self.bytes);
+        if bytes > self.limit || bytes > self.budget.limit.saturating_sub(others) {
             return;
         }
         while self.bytes + bytes > self.limit || !self.budget.try_take(bytes) {
@@ -304,6 +308,9 @@ mod tests {
         assert_eq!(kept(&first), ["b", "c"]);
         assert_eq!(budget.used(), 950);
         assert_eq!(budget.used(), first.bytes() + second.bytes());
+        // Room the first cannot make by giving up its own: it keeps what it has.
+        first.insert("d", read("d", "1", 800));
+        assert_eq!(kept(&first), ["b", "c"]);
         // What a dropped cache kept goes back to the budget.
         drop(first);
         assert_eq!(budget.used(), 300);
