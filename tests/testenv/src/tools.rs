@@ -61,7 +61,10 @@ pub fn debian_package(package: &str, why: &str) -> anyhow::Result<()> {
         .status()
         .context("running apt-get update")?;
     let status = install()?;
-    if !update.success() || !status.success() {
+    if !status.success() {
+        if !update.success() {
+            eprintln!("apt-get update failed too ({update})");
+        }
         bail!(
             "installing {package} failed ({status}); run as root, or install it: apt-get install {package}"
         );
