@@ -138,6 +138,19 @@ fn orphaned(made_from: &str, live: Option<&str>) -> bool {
     live != Some(made_from)
 }
 
+/// Whether source `name`, as the API server has it now, is not the one of uid `made_from`.
+async fn source_gone(
+    sources: &Api<DynamicObject>,
+    name: &str,
+    made_from: &str,
+) -> Result<bool, kube::Error> {
+    let live = sources.get_opt(name).await?;
+    let live_uid = live
+        .as_ref()
+        .and_then(|source| source.metadata.uid.as_deref());
+    Ok(orphaned(made_from, live_uid))
+}
+
 /// Delete every made ReconcilePolicy this host is responsible for (its namespace and
 /// selector) whose source is gone; how many. A source the host cannot read is left alone.
 async fn sweep(
@@ -178,17 +191,14 @@ async fn sweep(
         }
         let sources: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), source_namespace, &ctx.resource);
-        let live = match sources.get_opt(source_name).await {
-            Ok(live) => live,
+        let gone = match source_gone(&sources, source_name, made_from).await {
+            Ok(gone) => gone,
             Err(error) => {
                 tracing::debug!(%error, policy = %made.name_any(), "cannot read the NamespacedReconcilePolicy it was made from; leaving it");
                 continue;
             }
         };
-        let live_uid = live
-            .as_ref()
-            .and_then(|source| source.metadata.uid.as_deref());
-        if orphaned(made_from, live_uid) {
+        if gone {
             tracing::info!(policy = %made.name_any(), source = %format!("{source_namespace}/{source_name}"), "the NamespacedReconcilePolicy this ReconcilePolicy was made from is gone; deleting it");
             match delete_made(&policies, &made).await {
                 Ok(()) => collected += 1,
@@ -270,11 +280,9 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     {
         // The source from the cache may be older than the policy just read: only the source
         // as the API server has it now decides that the policy is an orphan.
-        let live = sources.get_opt(&name).await?;
-        let live_uid = live
-            .as_ref()
-            .and_then(|source| source.metadata.uid.as_deref());
-        if made.metadata.deletion_timestamp.is_none() && orphaned(made_from, live_uid) {
+        if made.metadata.deletion_timestamp.is_none()
+            && source_gone(&sources, &name, made_from).await?
+        {
             tracing::info!(policy = %made_name, "replacing the ReconcilePolicy made from an earlier NamespacedReconcilePolicy of this name");
             delete_made(&policies, made).await?;
         }

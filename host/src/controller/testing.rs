@@ -15,6 +15,13 @@ use crate::controller::cache::store_index::StoreIndex;
 use crate::controller::reconcile::serving::ActivePlugin;
 use crate::plugin::{EngineOptions, Limits, Plugin, PluginEngine};
 
+/// A client that reaches no API server (a test's reads fail, as when it is unreachable).
+/// Needs a Tokio runtime.
+pub fn offline_client() -> kube::Client {
+    let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
+    kube::Client::try_from(config).expect("a client needs no server")
+}
+
 /// The ConfigMap kind.
 pub fn config_maps() -> ApiResource {
     ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())

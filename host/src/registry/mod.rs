@@ -312,9 +312,8 @@ impl PluginRegistry {
                 served_by: request.source.to_string(),
             });
         }
-        if pinned.is_none_or(|pinned| pinned == digest)
-            && let Some(plugin) = self.find(&digest, &request.limits)
-        {
+        // The bytes are what the policy pins, if it pins any (checked above).
+        if let Some(plugin) = self.find(&digest, &request.limits) {
             return Ok(self.keep(plugin, Origin::Loaded));
         }
         let plugin = self
@@ -383,6 +382,15 @@ mod tests {
     /// A registry whose engine caches artifacts in `cache`. Its client points nowhere: these
     /// tests read file sources only.
     fn registry(cache: &Path) -> PluginRegistry {
+        let options = RegistryOptions {
+            plugin_dirs: vec![cache.parent().expect("a workspace").to_owned()],
+            ..RegistryOptions::default()
+        };
+        registry_with(cache, options)
+    }
+
+    /// [`registry`] with `options` of the test's own.
+    fn registry_with(cache: &Path, options: RegistryOptions) -> PluginRegistry {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
         let client = Client::try_from(config).expect("a client needs no server");
         let engine = PluginEngine::new(EngineOptions {
@@ -391,11 +399,23 @@ mod tests {
             ..EngineOptions::default()
         })
         .expect("engine");
-        let options = RegistryOptions {
-            plugin_dirs: vec![cache.parent().expect("a workspace").to_owned()],
-            ..RegistryOptions::default()
-        };
         PluginRegistry::new(client, engine, options, Arc::new(Metrics::new()))
+    }
+
+    /// An HTTP source at `url` with the credentials of Secret `namespace`/`name`.
+    fn http_with_secret(url: &str, namespace: &str, name: &str) -> PluginSource {
+        PluginSource {
+            file: None,
+            config_map: None,
+            http: Some(crate::policy::HttpSource {
+                url: url.into(),
+                secret_ref: Some(crate::policy::SecretRef {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                }),
+            }),
+            oci: None,
+        }
     }
 
     fn file(path: &Path) -> PluginSource {
@@ -519,23 +539,6 @@ mod tests {
         assert_eq!(error.reason(), "InvalidDigest", "{error}");
     }
 
-    /// The source of a rollback: an HTTPS URL whose credentials Secret can no longer be read
-    /// (this registry's client reaches no API server at all).
-    fn with_unreadable_secret() -> PluginSource {
-        PluginSource {
-            file: None,
-            config_map: None,
-            http: Some(crate::policy::HttpSource {
-                url: "https://plugins.example/p.wasm".into(),
-                secret_ref: Some(crate::policy::SecretRef {
-                    namespace: "wasmctrl".into(),
-                    name: "deleted".into(),
-                }),
-            }),
-            oci: None,
-        }
-    }
-
     #[tokio::test]
     async fn a_pinned_digest_the_host_holds_is_served_though_its_secret_cannot_be_read() {
         let (dir, file_source, digest) = workspace();
@@ -545,22 +548,14 @@ mod tests {
             credentials_namespace: Some("wasmctrl".into()),
             ..RegistryOptions::default()
         };
-        let registry = |options: RegistryOptions| {
-            let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
-            let client = Client::try_from(config).expect("a client needs no server");
-            let engine = PluginEngine::new(EngineOptions {
-                cache_dir: Some(cache.clone()),
-                ..EngineOptions::default()
-            })
-            .expect("engine");
-            PluginRegistry::new(client, engine, options, Arc::new(Metrics::new()))
-        };
-        let first = registry(options.clone());
+        let first = registry_with(&cache, options.clone());
         let held = first
             .obtain("a", request(&file_source, Some(&digest), 500))
             .await
             .expect("loaded from the file");
-        let source = with_unreadable_secret();
+        // The source of a rollback: its Secret can no longer be read (this registry's client
+        // reaches no API server at all).
+        let source = http_with_secret("https://plugins.example/p.wasm", "wasmctrl", "deleted");
 
         let loaded = first
             .obtain("a", request(&source, Some(&digest), 500))
@@ -570,7 +565,7 @@ mod tests {
 
         // Another process (a restart) holds it only on disk.
         options.plugin_dirs.clear();
-        let restarted = registry(options);
+        let restarted = registry_with(&cache, options);
         let from_disk = restarted
             .obtain("a", request(&source, Some(&digest), 500))
             .await;
@@ -597,18 +592,7 @@ mod tests {
             .obtain("a", request(&source, Some(&digest), 500))
             .await;
         let _held = loaded.expect("loaded from the file");
-        let http = |url: &str| PluginSource {
-            file: None,
-            config_map: None,
-            http: Some(crate::policy::HttpSource {
-                url: url.into(),
-                secret_ref: Some(crate::policy::SecretRef {
-                    namespace: "kube-system".into(),
-                    name: "registry".into(),
-                }),
-            }),
-            oci: None,
-        };
+        let http = |url: &str| http_with_secret(url, "kube-system", "registry");
         for (url, says) in [
             ("https://plugins.example/p.wasm", "no credentials namespace"),
             ("http://plugins.example/p.wasm", "without TLS"),

@@ -242,13 +242,10 @@ impl Drop for NamedObjects {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::testing::{config_maps, offline_client};
     use kube::api::ObjectMeta;
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher::Event;
-
-    fn config_maps() -> ApiResource {
-        ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
-    }
 
     fn meta(name: &str, version: &str) -> PartialObjectMeta<DynamicObject> {
         PartialObjectMeta {
@@ -287,7 +284,6 @@ mod tests {
             writer.apply_watcher_event(&Event::Apply(meta(name, version)));
         }
         let metrics = Arc::new(crate::metrics::Metrics::new()).policy("p");
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
         let named = NamedObjects::new(
             NamedKind {
                 position: 0,
@@ -295,7 +291,7 @@ mod tests {
                 resource: config_maps(),
                 namespaced: true,
             },
-            Client::try_from(config).expect("a client needs no server"),
+            offline_client(),
             writer.as_reader(),
             metrics,
             READ_CACHE_BYTES,

@@ -145,14 +145,10 @@ impl<K: Clone + Eq + Hash> ReadCache<K> {
             return;
         }
         while self.bytes + bytes > self.limit || !self.budget.try_take(bytes) {
-            let Some((_, oldest)) = self.by_use.pop_first() else {
+            let Some(oldest) = self.by_use.values().next().cloned() else {
                 return;
             };
-            if let Some(entry) = self.entries.remove(&oldest) {
-                let freed = entry.object.bytes();
-                self.bytes -= freed;
-                self.budget.give_back(freed);
-            }
+            self.remove(&oldest);
         }
         self.clock += 1;
         self.by_use.insert(self.clock, key.clone());
