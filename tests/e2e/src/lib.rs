@@ -30,7 +30,7 @@ pub use kinds::{
 };
 pub use objects::{
     COLLECT, api, apply, condition, event_reasons, get, resource, wait_collected, wait_for_object,
-    wait_gone,
+    wait_for_object_within, wait_gone,
 };
 pub use policies::{apply_policy, delete_namespace, file_source, policies, test_namespace};
 pub use process::{SelfProcess, impersonating_kubeconfig, spawn_self, token_kubeconfig};

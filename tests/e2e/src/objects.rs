@@ -59,8 +59,20 @@ pub async fn wait_for_object(
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> anyhow::Result<Value> {
+    wait_for_object_within(api, name, what, ACT, check).await
+}
+
+/// [`wait_for_object`] with a window of its own, for a step whose cost is not the host's
+/// reaction: compiling a large plugin, say.
+pub async fn wait_for_object_within(
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    check: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
     let found = std::sync::Mutex::new(Value::Null);
-    eventually(what, ACT, || {
+    eventually(what, timeout, || {
         let fetched = get(api, name);
         let check = &check;
         let found = &found;

@@ -6,6 +6,9 @@
 use serde_json::{Value, json};
 use wasmctrl_e2e::*;
 
+/// How long compiling the Python component may take.
+const COMPILE: std::time::Duration = std::time::Duration::from_secs(180);
+
 fn ready(app: &Value) -> bool {
     app["status"]["readyReplicas"] == app["spec"]["replicas"]
         && app["status"]["observedGeneration"] == app["metadata"]["generation"]
@@ -26,6 +29,18 @@ async fn a_python_plugin_converges_myapps_and_decides_as_the_rust_one() -> anyho
     )
     .await?;
     let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    // The Python component is 19 MB (the interpreter is in it): compiling it takes 15 s on an
+    // idle 2-core machine and more beside other work, and a new build has a new digest, so
+    // the suite's cache rarely holds it. That wait is the compiler's, not the host's reaction.
+    let policy_api = policies(&client);
+    wait_for_object_within(
+        &policy_api,
+        TEST,
+        "the Python plugin compiled and loaded",
+        COMPILE,
+        |p| condition(p, "PluginLoaded").is_some_and(|c| c["status"] == "True"),
+    )
+    .await?;
     let myapps = myapps(&client, &ns);
     let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
     let services = api(&client, &resource("", "v1", "Service"), &ns);
@@ -63,7 +78,6 @@ async fn a_python_plugin_converges_myapps_and_decides_as_the_rust_one() -> anyho
     let mut with_rust = myapp_policy_spec(file_source("myapp_py"), json!({}));
     with_rust["plugin"]["candidate"] = json!({"source": file_source("myapp_plugin")});
     apply_policy(&client, TEST, TEST, with_rust).await?;
-    let policy_api = policies(&client);
     wait_for_object(
         &policy_api,
         TEST,
