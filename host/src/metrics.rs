@@ -36,6 +36,9 @@ impl ReconcileResult {
     }
 }
 
+/// The results of rollout transitions, as `wasmctrl_rollout_transitions` labels them.
+pub const ROLLOUT_RESULTS: [&str; 4] = ["started", "advanced", "completed", "rolled_back"];
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     controller: String,
@@ -129,6 +132,8 @@ pub struct Metrics {
     child_operations: Family<ChildLabels, Counter>,
     events_dropped: Family<ControllerLabels, Counter>,
     prune_held: Family<ControllerLabels, Gauge>,
+    rollout_stage: Family<ControllerLabels, Gauge>,
+    rollout_transitions: Family<ResultLabels, Counter>,
     related_cache: Family<ControllerLabels, Gauge>,
     controller_restarts: Family<ControllerLabels, Counter>,
     explain_bytes: Gauge,
@@ -197,6 +202,8 @@ impl Metrics {
             child_operations: Family::default(),
             events_dropped: Family::default(),
             prune_held: Family::default(),
+            rollout_stage: Family::default(),
+            rollout_transitions: Family::default(),
             related_cache: Family::default(),
             controller_restarts: Family::default(),
             explain_bytes: Gauge::default(),
@@ -310,6 +317,16 @@ impl Metrics {
             "wasmctrl_prune_held",
             "Child deletions the prune guard holds per policy, until an admin confirms the change or rolls it back",
             metrics.prune_held.clone(),
+        );
+        registry.register(
+            "wasmctrl_rollout_stage",
+            "The share of parents (0 to 100) a rollout has its candidate serve; -1 once rolled back",
+            metrics.rollout_stage.clone(),
+        );
+        registry.register(
+            "wasmctrl_rollout_transitions",
+            "Rollout transitions per policy and result: started, advanced, completed, rolled_back",
+            metrics.rollout_transitions.clone(),
         );
         registry.register_with_unit(
             "wasmctrl_related_cache",
@@ -460,6 +477,13 @@ impl Metrics {
         self.plugin_call_time.remove(&controller);
         self.events_dropped.remove(&controller);
         self.prune_held.remove(&controller);
+        self.rollout_stage.remove(&controller);
+        for result in ROLLOUT_RESULTS {
+            self.rollout_transitions.remove(&ResultLabels {
+                controller: policy.to_owned(),
+                result,
+            });
+        }
         self.related_cache.remove(&controller);
         self.controller_restarts.remove(&controller);
         self.queue_depth.remove(&queue);
@@ -763,6 +787,34 @@ impl PolicyMetrics {
     /// A hot swap ended with `result`.
     pub fn swapped(&self, result: &str) {
         self.metrics.plugin_swapped(&self.policy, result);
+    }
+
+    /// The share of parents the policy's rollout has its candidate serve (-1 once rolled
+    /// back); `None` when the policy has no rollout.
+    pub fn set_rollout_stage(&self, percent: Option<i64>) {
+        let labels = self.controller();
+        match percent {
+            Some(percent) => {
+                self.metrics
+                    .rollout_stage
+                    .get_or_create(&labels)
+                    .set(percent);
+            }
+            None => {
+                self.metrics.rollout_stage.remove(&labels);
+            }
+        }
+    }
+
+    /// A rollout made a transition ending in `result` (one of [`ROLLOUT_RESULTS`]).
+    pub fn rollout_transition(&self, result: &'static str) {
+        self.metrics
+            .rollout_transitions
+            .get_or_create(&ResultLabels {
+                controller: self.policy.to_string(),
+                result,
+            })
+            .inc();
     }
 
     /// `digest` serves the policy now; `None` when it stopped.

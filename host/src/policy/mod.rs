@@ -7,6 +7,9 @@
 
 pub mod namespaced;
 pub mod permissions;
+mod rollout;
+
+pub use rollout::{RolloutSpec, RolloutStage, RolloutStatus, RolloutTransition};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
@@ -177,6 +180,7 @@ pub struct KindRef {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!(has(self.source.http) || has(self.source.configMap) || (has(self.source.oci) && !self.source.oci.reference.contains('@sha256:'))) || has(self.digest)").message("a plugin fetched over http, from a registry or from a ConfigMap needs a digest (from a registry, a reference by @sha256: does too)"))]
+#[x_kube(validation = Rule::new("!has(self.rollout) || (has(self.candidate) && !has(self.candidate.canary))").message("a rollout rolls out the candidate and picks its canary parents itself: set candidate, without candidate.canary"))]
 pub struct PluginSpec {
     /// The component's source.
     pub source: PluginSource,
@@ -194,6 +198,10 @@ pub struct PluginSpec {
     /// selector matches. Promote it by moving it to the active fields.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidate: Option<CandidateSpec>,
+    /// Roll the candidate out by itself: shadow, canary shares, every parent, each stage
+    /// gated on what the candidate did so far; rolled back by the host when a gate fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
 }
 
 /// The candidate plugin.
@@ -431,6 +439,9 @@ pub struct ReconcilePolicyStatus {
     /// What the candidate plugin would do differently, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidate: Option<CandidateStatus>,
+    /// How the candidate's rollout stands, when the policy has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
     /// Parents whose last reconcile succeeded.
     #[serde(default)]
     pub parents_reconciled: u64,

@@ -9,6 +9,7 @@ pub(crate) mod permissions;
 pub(crate) mod prepare;
 pub(crate) mod release;
 pub(crate) mod report;
+pub(crate) mod rollout;
 pub(crate) mod scopes;
 pub(crate) mod shared;
 pub(crate) mod status;
@@ -218,6 +219,15 @@ async fn run_controller(
         ctx.prune_guard.clone(),
         name.clone(),
     );
+    let rollout = rollout::Driver {
+        ctx: ctx.clone(),
+        parents: parents.clone(),
+        status: status.clone(),
+        requeue_all: requeue_all.clone(),
+        // Every transition is worth its Event: none is held back as a repeat.
+        events: EventSink::new(shared.client.clone(), "wasmctrl".to_owned(), Duration::ZERO),
+    }
+    .run(updates.clone());
     let swapper = swap::Swapper {
         serving: ctx.serving.clone(),
         prune_guard: ctx.prune_guard.clone(),
@@ -231,7 +241,7 @@ async fn run_controller(
     // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {
         () = run => {}
-        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover); } => {}
+        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout); } => {}
     }
     metrics.set_active_plugin(None);
     metrics.forget_prune_held();
@@ -475,7 +485,7 @@ async fn report_periodically(
     loop {
         tokio::time::sleep(STATUS_INTERVAL).await;
         report::forget_deleted_children(&ctx.caches.children);
-        let active = *ctx.serving.active.load().plugin.digest();
+        let active = ctx.serving.digest_serving_all();
         let counts = report::counts(&ctx.outcomes, parents, &active);
         let candidate = report::candidate_counts(&ctx.serving, parents);
         let (window, held) = report::prune_guard(&ctx.prune_guard, parents, &ctx.policy);

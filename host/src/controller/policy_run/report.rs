@@ -188,20 +188,17 @@ pub(crate) fn candidate_counts(
     serving: &Serving,
     parents: &Store<CachedObject>,
 ) -> Option<CandidateStatus> {
-    use kube::core::SelectorExt as _;
     const EXAMPLES: usize = 5;
     let candidate = serving.candidate.load_full()?;
     let mut verdicts = lock(&serving.shadow);
     verdicts.retain(|key, _| parents.get(key).is_some());
     let mut status = CandidateStatus {
         digest: candidate.serving.plugin.digest().to_string(),
-        canary_parents: candidate.canary.as_ref().map_or(0, |selector| {
-            parents
-                .state()
-                .iter()
-                .filter(|p| selector.matches(&p.labels()))
-                .count() as u64
-        }),
+        canary_parents: parents
+            .state()
+            .iter()
+            .filter(|p| candidate.serves(&p.labels(), p.metadata.uid.as_deref()))
+            .count() as u64,
         evaluated: verdicts.len() as u64,
         ..CandidateStatus::default()
     };
@@ -304,10 +301,10 @@ mod tests {
             plugin: plugin(),
             config: None,
         });
-        state.candidate.store(Some(Arc::new(Candidate {
-            serving: serving("candidate"),
-            canary: Some(label_selector("tier", "canary")),
-        })));
+        state.candidate.store(Some(Arc::new(Candidate::new(
+            serving("candidate"),
+            Some(label_selector("tier", "canary")),
+        ))));
         {
             let mut shadow = lock(&state.shadow);
             // Inserted out of order; the examples come out sorted by parent.

@@ -13,6 +13,7 @@ use crate::leader::Leadership;
 use crate::plugin::Digest;
 use crate::policy::{
     CandidateStatus, KindRef, ParentRef, PruneGuardStatus, ReconcilePolicy, ReconcilePolicyStatus,
+    RolloutStatus,
 };
 
 /// The field manager the host writes policy status with.
@@ -161,6 +162,39 @@ impl PolicyStatusWriter {
     pub fn set_candidate_counts(&mut self, counts: Option<CandidateStatus>) {
         if let (Some(current), Some(counts)) = (&mut self.current.candidate, counts) {
             *current = counts;
+        }
+    }
+
+    /// How the candidate's rollout stands, as this writer last set or adopted it.
+    pub fn rollout(&self) -> Option<&RolloutStatus> {
+        self.current.rollout.as_ref()
+    }
+
+    /// The rollout's state, or none. A completed rollout's candidate serves every parent, so
+    /// it is the active plugin the status names.
+    pub fn set_rollout(&mut self, rollout: Option<RolloutStatus>) {
+        if let Some(done) = rollout.as_ref().filter(|r| r.phase == "Complete")
+            && let Ok(digest) = done.digest.parse::<Digest>()
+            && self.current.active_digest.as_deref() != Some(done.digest.as_str())
+        {
+            self.current.active_since = Some(Time(jiff::Timestamp::now()));
+            self.current.active_digest = Some(digest.to_string());
+            self.current.active_digest_short = Some(digest.short());
+        }
+        self.current.rollout = rollout;
+    }
+
+    /// Take the rollout state the policy has in the cluster now, as the last leader left it:
+    /// a replica that takes over continues from there. Unknown when the read fails; this
+    /// replica then keeps what it had.
+    pub async fn adopt_rollout(&mut self) {
+        match self.api.get_status(&self.name).await {
+            Ok(policy) => {
+                self.current.rollout = policy.status.and_then(|s| s.rollout);
+            }
+            Err(error) => {
+                tracing::warn!(policy = %self.name, error = %error, "could not read the rollout state the last leader left");
+            }
         }
     }
 

@@ -219,13 +219,13 @@ impl Swapper {
                     &active,
                     format!("candidate {} ({mode})", digest.short()),
                 );
-                self.serving.candidate.store(Some(Arc::new(Candidate {
-                    serving: Arc::new(ActivePlugin {
+                self.serving.candidate.store(Some(Arc::new(Candidate::new(
+                    Arc::new(ActivePlugin {
                         plugin: obtained.plugin,
                         config,
                     }),
                     canary,
-                })));
+                ))));
                 lock(&self.serving.shadow).clear();
                 let message = format!("candidate {digest} loaded ({mode})");
                 self.status

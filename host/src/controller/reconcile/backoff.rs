@@ -55,6 +55,11 @@ impl<K: Eq + Hash + Clone> Backoff<K> {
         self.lock().retain(|key, _| keep(key));
     }
 
+    /// Whether `key` is failing now.
+    pub fn is_failing(&self, key: &K) -> bool {
+        self.lock().contains_key(key)
+    }
+
     /// How many keys are currently failing.
     pub fn failing(&self) -> usize {
         self.lock().len()

@@ -2,6 +2,7 @@
 //! candidate with its canary selector, and the candidate's shadow verdicts.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -34,28 +35,42 @@ impl Serving {
 }
 
 impl Serving {
-    /// Which plugin decides for a parent with these labels, and which one shadows it: the
-    /// candidate serves the parents its canary selector matches and shadows all others; with
-    /// no candidate, the active plugin serves alone.
-    pub fn select(&self, labels: &std::collections::BTreeMap<String, String>) -> Selection {
-        use kube::core::SelectorExt as _;
+    /// Which plugin decides for a parent with these labels and uid, and which one shadows
+    /// it: the candidate serves the parents its canary selector matches and those inside its
+    /// rollout share, and shadows all others; a rolled-back candidate does neither; with no
+    /// candidate, the active plugin serves alone.
+    pub fn select(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+        uid: Option<&str>,
+    ) -> Selection {
         let candidate = self.candidate.load_full();
         match candidate {
-            Some(candidate)
-                if candidate
-                    .canary
-                    .as_ref()
-                    .is_some_and(|selector| selector.matches(labels)) =>
-            {
-                Selection {
-                    serving: candidate.serving.clone(),
-                    shadow: None,
-                }
-            }
-            shadow => Selection {
-                serving: self.active.load_full(),
-                shadow: shadow.map(|candidate| candidate.serving.clone()),
+            Some(candidate) if candidate.serves(labels, uid) => Selection {
+                serving: candidate.serving.clone(),
+                shadow: None,
             },
+            candidate => Selection {
+                serving: self.active.load_full(),
+                shadow: candidate
+                    .filter(|c| !c.is_stopped())
+                    .map(|candidate| candidate.serving.clone()),
+            },
+        }
+    }
+}
+
+impl Serving {
+    /// The digest of the plugin that decides for every parent: a candidate whose rollout
+    /// reached every parent, else the active plugin.
+    pub fn digest_serving_all(&self) -> crate::plugin::Digest {
+        match self.candidate.load_full() {
+            Some(candidate)
+                if !candidate.is_stopped() && candidate.percent.load(Ordering::Relaxed) == 100 =>
+            {
+                *candidate.serving.plugin.digest()
+            }
+            _ => *self.active.load().plugin.digest(),
         }
     }
 }
@@ -79,6 +94,53 @@ pub(crate) struct ActivePlugin {
 pub(crate) struct Candidate {
     pub serving: Arc<ActivePlugin>,
     pub canary: Option<kube::core::Selector>,
+    /// The share of parents (0 to 100) a rollout has the candidate serve now.
+    pub percent: AtomicU8,
+    /// Set when a rollout rolled the candidate back: it serves and shadows nothing.
+    pub stopped: AtomicBool,
+}
+
+impl Candidate {
+    /// A candidate serving the parents `canary` selects (none without one), and no share.
+    pub fn new(serving: Arc<ActivePlugin>, canary: Option<kube::core::Selector>) -> Self {
+        Self {
+            serving,
+            canary,
+            percent: AtomicU8::new(0),
+            stopped: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the candidate decides for this parent.
+    pub fn serves(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+        uid: Option<&str>,
+    ) -> bool {
+        use kube::core::SelectorExt as _;
+        if self.is_stopped() {
+            return false;
+        }
+        self.canary
+            .as_ref()
+            .is_some_and(|selector| selector.matches(labels))
+            || uid.is_some_and(|uid| in_share(uid, self.percent.load(Ordering::Relaxed)))
+    }
+
+    /// Whether a rollout rolled the candidate back.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+}
+
+/// Whether the parent with this uid is among the `percent` share a rollout serves with the
+/// candidate. The bucket is a hash of the uid, so it is the same in every host and every
+/// version, a parent stays in the share as it grows, and parents are spread evenly.
+pub(crate) fn in_share(uid: &str, percent: u8) -> bool {
+    use sha2::Digest as _;
+    let hash = sha2::Sha256::digest(uid.as_bytes());
+    let bucket = u16::from_be_bytes([hash[0], hash[1]]) % 100;
+    bucket < u16::from(percent)
 }
 
 #[cfg(test)]
@@ -92,10 +154,10 @@ mod tests {
     }
 
     fn candidate(canary: Option<(&str, &str)>) -> Arc<Candidate> {
-        Arc::new(Candidate {
-            serving: serving("candidate"),
-            canary: canary.map(|(key, value)| label_selector(key, value)),
-        })
+        Arc::new(Candidate::new(
+            serving("candidate"),
+            canary.map(|(key, value)| label_selector(key, value)),
+        ))
     }
 
     #[test]
@@ -104,7 +166,7 @@ mod tests {
             plugin: crate::controller::testing::plugin(),
             config: Some("active".into()),
         });
-        let selection = state.select(labels(&parent("a", "p", &[])));
+        let selection = state.select(labels(&parent("a", "p", &[])), None);
         assert_eq!(selection.serving.config.as_deref(), Some("active"));
         assert!(selection.shadow.is_none());
     }
@@ -116,7 +178,7 @@ mod tests {
             config: Some("active".into()),
         });
         state.candidate.store(Some(candidate(None)));
-        let selection = state.select(labels(&parent("a", "p", &[("tier", "canary")])));
+        let selection = state.select(labels(&parent("a", "p", &[("tier", "canary")])), None);
         assert_eq!(selection.serving.config.as_deref(), Some("active"));
         let shadow = selection.shadow.expect("a shadow");
         assert_eq!(shadow.config.as_deref(), Some("candidate"));
@@ -132,22 +194,77 @@ mod tests {
             .candidate
             .store(Some(candidate(Some(("tier", "canary")))));
 
-        let selected = state.select(labels(&parent("a", "p", &[("tier", "canary")])));
+        let selected = state.select(labels(&parent("a", "p", &[("tier", "canary")])), None);
         assert_eq!(selected.serving.config.as_deref(), Some("candidate"));
         assert!(
             selected.shadow.is_none(),
             "a canary parent is not also shadowed"
         );
 
-        let other = state.select(labels(&parent("a", "q", &[("tier", "main")])));
+        let other = state.select(labels(&parent("a", "q", &[("tier", "main")])), None);
         assert_eq!(other.serving.config.as_deref(), Some("active"));
         let shadow = other.shadow.expect("the others are shadowed");
         assert_eq!(shadow.config.as_deref(), Some("candidate"));
 
         // Removing the candidate takes effect at the next selection.
         state.candidate.store(None);
-        let after = state.select(labels(&parent("a", "p", &[("tier", "canary")])));
+        let after = state.select(labels(&parent("a", "p", &[("tier", "canary")])), None);
         assert_eq!(after.serving.config.as_deref(), Some("active"));
         assert!(after.shadow.is_none());
+    }
+
+    #[test]
+    fn a_rollout_share_is_stable_grows_as_a_superset_and_spreads_evenly() {
+        let uids: Vec<String> = (0..2000).map(|i| format!("uid-{i}")).collect();
+        let share = |percent| uids.iter().filter(|u| in_share(u, percent)).count();
+        assert_eq!(share(0), 0);
+        assert_eq!(share(100), uids.len());
+        let ten = share(10);
+        assert!((150..=250).contains(&ten), "about 10% of 2000: {ten}");
+        let fifty = share(50);
+        assert!((900..=1100).contains(&fifty), "about 50% of 2000: {fifty}");
+        for uid in &uids {
+            assert_eq!(in_share(uid, 10), in_share(uid, 10), "stable");
+            assert!(!in_share(uid, 10) || in_share(uid, 50), "10% is inside 50%");
+        }
+    }
+
+    #[test]
+    fn a_candidate_serves_its_share_by_uid_and_nothing_once_stopped() {
+        let state = Serving::new(ActivePlugin {
+            plugin: crate::controller::testing::plugin(),
+            config: Some("active".into()),
+        });
+        let candidate = candidate(None);
+        state.candidate.store(Some(candidate.clone()));
+        let inside = (0..100)
+            .map(|i| format!("uid-{i}"))
+            .find(|u| in_share(u, 10))
+            .expect("some uid is in 10%");
+        let outside = (0..100)
+            .map(|i| format!("uid-{i}"))
+            .find(|u| !in_share(u, 10))
+            .expect("some uid is not");
+        let p = parent("a", "p", &[]);
+        assert!(
+            state.select(labels(&p), Some(&inside)).shadow.is_some(),
+            "0% serves none"
+        );
+        candidate.percent.store(10, Ordering::Relaxed);
+        let served = state.select(labels(&p), Some(&inside));
+        assert_eq!(served.serving.config.as_deref(), Some("candidate"));
+        let other = state.select(labels(&p), Some(&outside));
+        assert_eq!(other.serving.config.as_deref(), Some("active"));
+        assert!(other.shadow.is_some());
+
+        candidate.stopped.store(true, Ordering::Relaxed);
+        for uid in [&inside, &outside] {
+            let selection = state.select(labels(&p), Some(uid));
+            assert_eq!(selection.serving.config.as_deref(), Some("active"));
+            assert!(
+                selection.shadow.is_none(),
+                "a rolled-back candidate shadows nothing"
+            );
+        }
     }
 }

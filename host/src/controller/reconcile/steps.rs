@@ -198,7 +198,10 @@ impl<'a> Reconcile<'a> {
     /// Call the plugin on a deleted parent, and drop the finalizer once it says it is done.
     async fn finalize(&self) -> Result<(Action, RecordResult), ReconcileError> {
         let ctx = self.ctx;
-        let serving = ctx.serving.select(self.parent.labels()).serving;
+        let serving = ctx
+            .serving
+            .select(self.parent.labels(), self.parent.uid().as_deref())
+            .serving;
         let observed = request::observed_children(self.identity, &ctx.caches.children);
         let request = self
             .step("request", self.request(&observed, &serving, true))
@@ -225,7 +228,9 @@ impl<'a> Reconcile<'a> {
     /// validate the children it wants.
     async fn decide(&self, observed: &[Observed]) -> Result<Decision, ReconcileError> {
         let ctx = self.ctx;
-        let selection = ctx.serving.select(self.parent.labels());
+        let selection = ctx
+            .serving
+            .select(self.parent.labels(), self.parent.uid().as_deref());
         let serving = &selection.serving;
         let request = self
             .step("request", self.request(observed, serving, false))

@@ -35,6 +35,10 @@ struct Config {
     /// so a parent's own spec says how many children it has (and shrinking it prunes).
     #[serde(default, rename = "specChildren")]
     spec_children: bool,
+    /// Fail (a transient error) for every parent whose `spec.fail` is true, so a test can
+    /// have a plugin fail for a known share of its parents.
+    #[serde(default, rename = "failMarked")]
+    fail_marked: bool,
 }
 
 /// Calls seen by this instance. A fresh sandbox per call means it is always 1.
@@ -63,6 +67,9 @@ impl Reconciler for Misbehave {
                 response.set_finalized();
             }
             return Ok(response);
+        }
+        if request.config.fail_marked && request.parent["spec"]["fail"] == true {
+            return Err(Error::transient(format!("{name} is marked to fail")));
         }
         for child in &request.config.children {
             response.add_child(child)?;

@@ -1,0 +1,767 @@
+//! Rollouts that run themselves: the leader walks a policy's candidate through the stages of
+//! `spec.plugin.rollout`, measuring each stage's gates from what the reconciles and shadow
+//! runs left behind, and advances, waits or rolls back.
+//!
+//! Everything the rollout knows lives in `status.rollout` (the stage, when it began, the
+//! history), so a leader that takes over mid-rollout reads it and continues the same stage;
+//! only the measurements start over, as they are taken from the new leader's own reconciles.
+//! What a stage decides is applied to [`Serving`] (the candidate's share, or its stop) before
+//! the status says so, and every change re-enqueues every parent at the controller's normal
+//! concurrency: parents moved to a plugin that decides as the last one see no write.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt as _;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::Store;
+use tokio::sync::{Mutex, mpsc, watch};
+
+use crate::controller::cache::cached::CachedObject;
+use crate::controller::policy_run::status::PolicyStatusWriter;
+use crate::controller::reconcile::context::PolicyContext;
+use crate::controller::reconcile::events::EventSink;
+use crate::controller::reconcile::parent::parent_key;
+use crate::controller::reconcile::serving::Candidate;
+use crate::lock;
+use crate::plugin::Verdict;
+use crate::policy::{ReconcilePolicy, RolloutSpec, RolloutStage, RolloutStatus, RolloutTransition};
+
+/// How often the leader looks at the gates.
+const INTERVAL: Duration = Duration::from_secs(2);
+
+/// Transitions kept in `status.rollout.history`.
+const HISTORY: usize = 10;
+
+/// Parents named in a rollback's status.
+const EXAMPLES: usize = 5;
+
+/// The phases `status.rollout.phase` takes.
+mod phase {
+    pub const PROGRESSING: &str = "Progressing";
+    pub const PAUSED: &str = "Paused";
+    pub const COMPLETE: &str = "Complete";
+    pub const ROLLED_BACK: &str = "RolledBack";
+}
+
+/// What one stage's gates are measured on: the parents that exist now, split into those the
+/// candidate serves and the rest (which the active plugin serves and the candidate shadows).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct Measured {
+    /// Parents the candidate shadows.
+    pub shadowed: u64,
+    /// Of those, parents it was compared on.
+    pub evaluated: u64,
+    pub would_fail: u64,
+    pub would_change: u64,
+    /// Parents the candidate serves.
+    pub served: u64,
+    /// Of those, parents whose last reconcile the candidate decided, or which are failing.
+    pub served_decided: u64,
+    pub served_failing: u64,
+    /// Of those the candidate decided, parents whose `Ready` condition is not `True`.
+    pub served_not_ready: u64,
+    /// Parents the active plugin serves.
+    pub rest: u64,
+    pub rest_failing: u64,
+    pub rest_not_ready: u64,
+    /// A few parents that fail under the candidate, or would, `namespace/name`.
+    pub examples: Vec<String>,
+}
+
+/// What the gates say about a stage.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Decision {
+    /// Every gate passed: on to the next stage.
+    Advance(String),
+    /// No gate failed, but not all can decide yet.
+    Wait(String),
+    /// A gate failed (`gate` names it); the figures are in the message.
+    RollBack { gate: &'static str, message: String },
+}
+
+/// The share `part` is of `whole` (0 of nothing).
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+/// A share as a percentage, for messages.
+fn percent(fraction: f64) -> String {
+    format!("{:.1}%", fraction * 100.0)
+}
+
+/// How many shadowed parents the stage compares before it may end.
+fn to_compare(stage: &RolloutStage, m: &Measured) -> u64 {
+    stage
+        .min_parents
+        .map_or(m.shadowed, u64::from)
+        .min(m.shadowed)
+}
+
+/// Decide a stage from what was measured `elapsed` after it began.
+pub(crate) fn decide(stage: &RolloutStage, m: &Measured, elapsed: Duration) -> Decision {
+    if let Some(breach) = breach(stage, m) {
+        return breach;
+    }
+    let to_compare = to_compare(stage, m);
+    let served_all = m.served_decided >= m.served;
+    let figures = format!(
+        "serving {} parent(s), {} failing; compared {} of {} shadowed, {} would fail, {} would change",
+        m.served, m.served_failing, m.evaluated, m.shadowed, m.would_fail, m.would_change
+    );
+    let soak = Duration::from_secs(u64::from(stage.soak_seconds.unwrap_or(0)));
+    if elapsed < soak {
+        return Decision::Wait(format!(
+            "soaking for {}s more; {figures}",
+            (soak - elapsed).as_secs()
+        ));
+    }
+    let timed_out = stage
+        .max_seconds
+        .is_some_and(|max| elapsed >= Duration::from_secs(u64::from(max)));
+    if (m.evaluated >= to_compare && served_all) || timed_out {
+        return Decision::Advance(figures);
+    }
+    let mut missing = Vec::new();
+    if m.evaluated < to_compare {
+        missing.push(format!(
+            "{} more shadowed parent(s) to compare",
+            to_compare - m.evaluated
+        ));
+    }
+    if !served_all {
+        missing.push(format!(
+            "{} served parent(s) not yet reconciled by the candidate",
+            m.served - m.served_decided
+        ));
+    }
+    Decision::Wait(format!("waiting for {}; {figures}", missing.join(" and ")))
+}
+
+/// The first gate that failed, if one did.
+fn breach(stage: &RolloutStage, m: &Measured) -> Option<Decision> {
+    // Shadow gates: decided as soon as the failures already exceed what the share allows of
+    // all the parents the stage will compare.
+    let basis = m.evaluated.max(to_compare(stage, m));
+    let max_would_fail = stage.max_would_fail.unwrap_or(0.0);
+    if m.would_fail as f64 > max_would_fail * basis as f64 {
+        return Some(Decision::RollBack {
+            gate: "maxWouldFail",
+            message: format!(
+                "the candidate would fail on {} of {} shadowed parents compared (at most {} of {basis} allowed)",
+                m.would_fail,
+                m.evaluated,
+                percent(max_would_fail)
+            ),
+        });
+    }
+    let max_would_change = stage.max_would_change.unwrap_or(1.0);
+    if m.would_change as f64 > max_would_change * basis as f64 {
+        return Some(Decision::RollBack {
+            gate: "maxWouldChange",
+            message: format!(
+                "the candidate would change {} of {} shadowed parents compared (at most {} of {basis} allowed)",
+                m.would_change,
+                m.evaluated,
+                percent(max_would_change)
+            ),
+        });
+    }
+    // Canary gates: the candidate's parents against the rest.
+    let (served_failing, rest_failing) = (
+        share(m.served_failing, m.served),
+        share(m.rest_failing, m.rest),
+    );
+    let max_failure_rate = stage.max_failure_rate.unwrap_or(0.05);
+    if m.served > 0 && served_failing - rest_failing > max_failure_rate {
+        return Some(Decision::RollBack {
+            gate: "maxFailureRate",
+            message: format!(
+                "{} of the {} parents the candidate serves fail ({}), against {} of the {} the active plugin serves ({}); at most {} more allowed",
+                m.served_failing,
+                m.served,
+                percent(served_failing),
+                m.rest_failing,
+                m.rest,
+                percent(rest_failing),
+                percent(max_failure_rate)
+            ),
+        });
+    }
+    let served_all = m.served_decided >= m.served;
+    if let Some(max_not_ready) = stage.max_not_ready.filter(|_| served_all && m.served > 0) {
+        let (served, rest) = (
+            share(m.served_not_ready, m.served),
+            share(m.rest_not_ready, m.rest),
+        );
+        if served - rest > max_not_ready {
+            return Some(Decision::RollBack {
+                gate: "maxNotReady",
+                message: format!(
+                    "{} of the {} parents the candidate serves are not Ready ({}), against {} of the {} the active plugin serves ({}); at most {} more allowed",
+                    m.served_not_ready,
+                    m.served,
+                    percent(served),
+                    m.rest_not_ready,
+                    m.rest,
+                    percent(rest),
+                    percent(max_not_ready)
+                ),
+            });
+        }
+    }
+    None
+}
+
+/// Measure the gates over the parents that exist now.
+pub(crate) fn measure(
+    ctx: &PolicyContext,
+    candidate: &Candidate,
+    parents: &Store<CachedObject>,
+    with_ready: bool,
+) -> Measured {
+    let digest = *candidate.serving.plugin.digest();
+    let reconciled = lock(&ctx.outcomes.reconciled).clone();
+    let shadow = lock(&ctx.serving.shadow);
+    let mut m = Measured::default();
+    let mut shadow_examples = Vec::new();
+    for parent in parents.state() {
+        let key = parent_key(parent.as_ref(), &ctx.parent);
+        let name = match &key.namespace {
+            Some(namespace) => format!("{namespace}/{}", key.name),
+            None => key.name.clone(),
+        };
+        let failing = ctx.outcomes.backoff.is_failing(&key);
+        let not_ready = with_ready && !is_ready(&parent);
+        if candidate.serves(&parent.labels(), parent.metadata.uid.as_deref()) {
+            m.served += 1;
+            let decided = reconciled.get(&key).is_some_and(|d| *d == Some(digest));
+            if failing {
+                m.served_failing += 1;
+                m.served_decided += 1;
+                m.examples.push(name);
+            } else if decided {
+                m.served_decided += 1;
+                m.served_not_ready += u64::from(not_ready);
+            }
+        } else {
+            m.rest += 1;
+            m.rest_failing += u64::from(failing);
+            m.rest_not_ready += u64::from(not_ready && !failing);
+            m.shadowed += 1;
+            match shadow.get(&key) {
+                None => {}
+                Some(Verdict::Unchanged) => m.evaluated += 1,
+                Some(Verdict::WouldChange(_)) => {
+                    m.evaluated += 1;
+                    m.would_change += 1;
+                }
+                Some(Verdict::WouldFail(_)) => {
+                    m.evaluated += 1;
+                    m.would_fail += 1;
+                    shadow_examples.push(name);
+                }
+            }
+        }
+    }
+    m.examples.extend(shadow_examples);
+    m.examples.sort();
+    m.examples.truncate(EXAMPLES);
+    m
+}
+
+/// Whether the parent's `Ready` condition is `True`.
+fn is_ready(parent: &CachedObject) -> bool {
+    parent.to_value()["status"]["conditions"]
+        .as_array()
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+/// The leader's rollout loop for one policy.
+pub(crate) struct Driver {
+    pub ctx: Arc<PolicyContext>,
+    pub parents: Store<CachedObject>,
+    pub status: Arc<Mutex<PolicyStatusWriter>>,
+    /// Re-enqueues every parent of the policy.
+    pub requeue_all: mpsc::UnboundedSender<()>,
+    /// Events on the policy, as the host (they are about the policy, not its parents).
+    pub events: EventSink,
+}
+
+impl Driver {
+    /// Run until the controller stops.
+    pub async fn run(self, mut updates: watch::Receiver<Arc<ReconcilePolicy>>) {
+        let mut leading = self.ctx.leadership.subscribe();
+        let mut was_leading = false;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(INTERVAL) => {}
+                changed = updates.changed() => if changed.is_err() { return },
+                changed = leading.changed() => if changed.is_err() { return },
+            }
+            let is_leading = self.ctx.leadership.is_leader();
+            if !is_leading {
+                was_leading = false;
+                continue;
+            }
+            if !was_leading {
+                // What the last leader wrote is where this one continues.
+                self.status.lock().await.adopt_rollout().await;
+                was_leading = true;
+            }
+            let policy = updates.borrow_and_update().clone();
+            self.tick(&policy).await;
+        }
+    }
+
+    /// Look at the gates once, and act on what they say.
+    async fn tick(&self, policy: &ReconcilePolicy) {
+        let serving = &self.ctx.serving;
+        let candidate = serving.candidate.load_full();
+        let (Some(spec), Some(candidate)) = (&policy.spec.plugin.rollout, candidate) else {
+            // Without a rollout, or with its candidate removed, there is nothing to keep: a
+            // candidate named again (even the one rolled back) starts a new rollout.
+            if policy.spec.plugin.rollout.is_none() || policy.spec.plugin.candidate.is_none() {
+                self.status.lock().await.set_rollout(None);
+                self.ctx.metrics.set_rollout_stage(None);
+            }
+            return;
+        };
+        let digest = candidate.serving.plugin.digest().to_string();
+        let mut status = self.status.lock().await;
+        let mut state = match status.rollout() {
+            Some(state) if state.digest == digest => state.clone(),
+            _ => {
+                let state = started(&digest, spec);
+                self.transition(
+                    policy,
+                    &state,
+                    "started",
+                    "RolloutStarted",
+                    EventType::Normal,
+                )
+                .await;
+                state
+            }
+        };
+        let last = spec.stages.len().saturating_sub(1);
+        state.stage = state.stage.min(u32::try_from(last).unwrap_or(u32::MAX));
+        match state.phase.as_str() {
+            phase::ROLLED_BACK => self.apply(&candidate, None),
+            phase::COMPLETE => self.apply(&candidate, Some(100)),
+            _ => {
+                let stage = &spec.stages[state.stage as usize];
+                self.apply(&candidate, Some(stage.percent));
+                self.step(policy, spec, &candidate, &mut state).await;
+            }
+        }
+        self.ctx
+            .metrics
+            .set_rollout_stage(Some(match state.phase.as_str() {
+                phase::ROLLED_BACK => -1,
+                _ => i64::from(state.percent),
+            }));
+        status.set_rollout(Some(state));
+        status.flush().await;
+    }
+
+    /// Measure the current stage and move on, wait or roll back.
+    async fn step(
+        &self,
+        policy: &ReconcilePolicy,
+        spec: &RolloutSpec,
+        candidate: &Candidate,
+        state: &mut RolloutStatus,
+    ) {
+        let index = state.stage as usize;
+        let stage = &spec.stages[index];
+        let elapsed = jiff::Timestamp::now()
+            .duration_since(state.stage_since.0)
+            .unsigned_abs();
+        let measured = measure(
+            &self.ctx,
+            candidate,
+            &self.parents,
+            stage.max_not_ready.is_some(),
+        );
+        let decision = decide(stage, &measured, elapsed);
+        if spec.paused {
+            state.phase = phase::PAUSED.to_owned();
+            state.message = format!(
+                "paused by spec.plugin.rollout.paused; the gates say: {}",
+                describe(&decision)
+            );
+            return;
+        }
+        state.phase = phase::PROGRESSING.to_owned();
+        match decision {
+            Decision::Wait(message) => state.message = message,
+            Decision::Advance(figures) => {
+                let now = Time(jiff::Timestamp::now());
+                state.stage_since = now;
+                state.examples.clear();
+                if let Some(next) = spec.stages.get(index + 1) {
+                    state.stage += 1;
+                    state.stage_name = next.name();
+                    state.percent = next.percent;
+                    state.message = format!("entered {}", next.name());
+                    push(
+                        state,
+                        "Advanced",
+                        format!("{} passed: {figures}", stage.name()),
+                    );
+                    self.apply(candidate, Some(next.percent));
+                    self.transition(
+                        policy,
+                        state,
+                        "advanced",
+                        "RolloutAdvanced",
+                        EventType::Normal,
+                    )
+                    .await;
+                } else {
+                    state.phase = phase::COMPLETE.to_owned();
+                    state.stage_name = "all".to_owned();
+                    state.percent = 100;
+                    state.message = "the candidate serves every parent; promote it in the spec (move it to the active fields) when convenient, which changes nothing".to_owned();
+                    push(
+                        state,
+                        "Completed",
+                        format!("{} passed: {figures}", stage.name()),
+                    );
+                    self.apply(candidate, Some(100));
+                    self.transition(
+                        policy,
+                        state,
+                        "completed",
+                        "RolloutCompleted",
+                        EventType::Normal,
+                    )
+                    .await;
+                }
+            }
+            Decision::RollBack { gate, message } => {
+                state.phase = phase::ROLLED_BACK.to_owned();
+                state.stage_since = Time(jiff::Timestamp::now());
+                state.percent = 0;
+                state.examples = measured.examples;
+                state.message = format!(
+                    "rolled back in {}: {gate} failed: {message}; the active plugin serves every parent again. Name a new candidate to start over",
+                    stage.name()
+                );
+                push(state, "RolledBack", format!("{gate}: {message}"));
+                self.apply(candidate, None);
+                self.transition(
+                    policy,
+                    state,
+                    "rolled_back",
+                    "RolledBack",
+                    EventType::Warning,
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Have the candidate serve `percent` of the parents, or stop it (`None`): when that is
+    /// a change, a prune guard window opens and every parent is re-enqueued.
+    fn apply(&self, candidate: &Candidate, percent: Option<u8>) {
+        let stop = percent.is_none();
+        let percent = percent.unwrap_or(0);
+        let was_stopped = candidate.stopped.swap(stop, Ordering::Relaxed);
+        let was_percent = candidate.percent.swap(percent, Ordering::Relaxed);
+        if was_stopped == stop && was_percent == percent {
+            return;
+        }
+        let digest = candidate.serving.plugin.digest().short();
+        let since = if stop {
+            format!("the rollback of candidate {digest}")
+        } else {
+            format!("the rollout of candidate {digest} to {percent}%")
+        };
+        self.ctx.prune_guard.reopen(since);
+        tracing::info!(policy = %self.ctx.policy, candidate = %digest, percent, stopped = stop, "rollout share changed; re-enqueuing every parent");
+        let _ = self.requeue_all.send(());
+    }
+
+    /// Count, log and record a transition as an Event on the policy.
+    async fn transition(
+        &self,
+        policy: &ReconcilePolicy,
+        state: &RolloutStatus,
+        result: &'static str,
+        reason: &str,
+        type_: EventType,
+    ) {
+        self.ctx.metrics.rollout_transition(result);
+        let message = match state.history.first() {
+            Some(last) => format!("{} {}: {}", last.result, last.stage, last.reason),
+            None => state.message.clone(),
+        };
+        tracing::info!(policy = %self.ctx.policy, result, %message, "rollout transition");
+        let reference = ObjectReference {
+            api_version: Some("wasmctrl.dev/v1alpha1".to_owned()),
+            kind: Some("ReconcilePolicy".to_owned()),
+            name: Some(policy.name_any()),
+            uid: policy.metadata.uid.clone(),
+            ..ObjectReference::default()
+        };
+        self.events
+            .publish(&reference, type_, reason, "Rollout", message)
+            .await;
+    }
+}
+
+/// The first stage of a new rollout of `digest`.
+fn started(digest: &str, spec: &RolloutSpec) -> RolloutStatus {
+    let first = spec.stages.first().cloned().unwrap_or_default();
+    let mut state = RolloutStatus {
+        digest: digest.to_owned(),
+        phase: phase::PROGRESSING.to_owned(),
+        stage: 0,
+        stage_name: first.name(),
+        percent: first.percent,
+        stage_since: Time(jiff::Timestamp::now()),
+        message: format!("entered {}", first.name()),
+        examples: Vec::new(),
+        history: Vec::new(),
+    };
+    push(&mut state, "Started", format!("candidate {digest}"));
+    state
+}
+
+/// Record a transition into the stage `state` is in now.
+fn push(state: &mut RolloutStatus, result: &str, reason: String) {
+    state.history.insert(
+        0,
+        RolloutTransition {
+            time: Time(jiff::Timestamp::now()),
+            digest: state.digest.clone(),
+            stage: state.stage_name.clone(),
+            result: result.to_owned(),
+            reason: crate::controller::reconcile::events::truncate(reason, 512),
+        },
+    );
+    state.history.truncate(HISTORY);
+}
+
+/// A decision in words, for a paused rollout's status.
+fn describe(decision: &Decision) -> String {
+    match decision {
+        Decision::Advance(figures) => format!("ready to advance ({figures})"),
+        Decision::Wait(message) => message.clone(),
+        Decision::RollBack { gate, message } => format!("{gate} failed: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(percent: u8) -> RolloutStage {
+        RolloutStage {
+            percent,
+            ..RolloutStage::default()
+        }
+    }
+
+    const NOW: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_shadow_stage_waits_for_every_shadowed_parent_then_advances() {
+        let mut m = Measured {
+            shadowed: 200,
+            evaluated: 150,
+            rest: 200,
+            ..Measured::default()
+        };
+        let waiting = decide(&stage(0), &m, NOW);
+        assert!(
+            matches!(&waiting, Decision::Wait(w) if w.contains("50 more shadowed")),
+            "{waiting:?}"
+        );
+        m.evaluated = 200;
+        assert!(matches!(decide(&stage(0), &m, NOW), Decision::Advance(_)));
+        let fewer = RolloutStage {
+            min_parents: Some(100),
+            ..stage(0)
+        };
+        m.evaluated = 100;
+        assert!(matches!(decide(&fewer, &m, NOW), Decision::Advance(_)));
+    }
+
+    #[test]
+    fn one_would_fail_rolls_back_by_default_and_a_share_is_judged_on_what_will_be_compared() {
+        let m = Measured {
+            shadowed: 200,
+            evaluated: 10,
+            would_fail: 1,
+            rest: 200,
+            ..Measured::default()
+        };
+        let decision = decide(&stage(0), &m, NOW);
+        assert!(
+            matches!(&decision, Decision::RollBack { gate: "maxWouldFail", message } if message.contains("1 of 10")),
+            "{decision:?}"
+        );
+        // 5% of 200 is 10: one early failure cannot decide it yet, eleven do.
+        let tolerant = RolloutStage {
+            max_would_fail: Some(0.05),
+            ..stage(0)
+        };
+        assert!(matches!(decide(&tolerant, &m, NOW), Decision::Wait(_)));
+        let many = Measured {
+            would_fail: 11,
+            evaluated: 20,
+            ..m
+        };
+        assert!(matches!(
+            decide(&tolerant, &many, NOW),
+            Decision::RollBack {
+                gate: "maxWouldFail",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_canary_that_fails_more_than_the_rest_rolls_back_and_an_outage_of_all_does_not() {
+        let failing = Measured {
+            served: 20,
+            served_decided: 20,
+            served_failing: 5,
+            rest: 180,
+            shadowed: 180,
+            evaluated: 180,
+            examples: vec!["a/p-1".into()],
+            ..Measured::default()
+        };
+        let decision = decide(&stage(10), &failing, NOW);
+        assert!(
+            matches!(&decision, Decision::RollBack { gate: "maxFailureRate", message } if message.contains("5 of the 20")),
+            "{decision:?}"
+        );
+        let outage = Measured {
+            rest_failing: 180,
+            ..failing.clone()
+        };
+        assert!(matches!(
+            decide(&stage(10), &outage, NOW),
+            Decision::Advance(_)
+        ));
+        let one = Measured {
+            served_failing: 1,
+            ..failing
+        };
+        assert!(
+            matches!(decide(&stage(10), &one, NOW), Decision::Advance(_)),
+            "1 of 20 is within the default 5%"
+        );
+    }
+
+    #[test]
+    fn a_canary_waits_for_its_parents_and_its_soak() {
+        let m = Measured {
+            served: 20,
+            served_decided: 12,
+            rest: 180,
+            shadowed: 180,
+            evaluated: 180,
+            ..Measured::default()
+        };
+        let waiting = decide(&stage(10), &m, NOW);
+        assert!(
+            matches!(&waiting, Decision::Wait(w) if w.contains("8 served parent(s)")),
+            "{waiting:?}"
+        );
+        let decided = Measured {
+            served_decided: 20,
+            ..m
+        };
+        let soaking = RolloutStage {
+            soak_seconds: Some(30),
+            ..stage(10)
+        };
+        let early = decide(&soaking, &decided, Duration::from_secs(10));
+        assert!(
+            matches!(&early, Decision::Wait(w) if w.contains("soaking for 20s")),
+            "{early:?}"
+        );
+        assert!(matches!(
+            decide(&soaking, &decided, Duration::from_secs(30)),
+            Decision::Advance(_)
+        ));
+        let timed = RolloutStage {
+            max_seconds: Some(60),
+            ..stage(10)
+        };
+        let undecided = Measured {
+            served_decided: 12,
+            ..decided
+        };
+        assert!(matches!(
+            decide(&timed, &undecided, Duration::from_secs(61)),
+            Decision::Advance(_)
+        ));
+    }
+
+    #[test]
+    fn readiness_is_compared_with_the_rest_once_every_served_parent_is_decided() {
+        let gated = RolloutStage {
+            max_not_ready: Some(0.1),
+            ..stage(50)
+        };
+        let m = Measured {
+            served: 100,
+            served_decided: 100,
+            served_not_ready: 30,
+            rest: 100,
+            rest_not_ready: 10,
+            shadowed: 100,
+            evaluated: 100,
+            ..Measured::default()
+        };
+        assert!(matches!(
+            decide(&gated, &m, NOW),
+            Decision::RollBack {
+                gate: "maxNotReady",
+                ..
+            }
+        ));
+        assert!(
+            matches!(decide(&stage(50), &m, NOW), Decision::Advance(_)),
+            "not gated unless asked"
+        );
+        let close = Measured {
+            served_not_ready: 15,
+            ..m
+        };
+        assert!(matches!(decide(&gated, &close, NOW), Decision::Advance(_)));
+    }
+
+    #[test]
+    fn history_keeps_the_newest_ten() {
+        let spec = RolloutSpec {
+            stages: vec![stage(0)],
+            paused: false,
+        };
+        let mut state = started("sha256:abc", &spec);
+        for i in 0..12 {
+            push(&mut state, "Advanced", format!("step {i}"));
+        }
+        assert_eq!(state.history.len(), HISTORY);
+        assert_eq!(state.history[0].reason, "step 11");
+        assert_eq!(state.history[9].reason, "step 2");
+    }
+}

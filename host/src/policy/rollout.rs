@@ -1,0 +1,124 @@
+//! `spec.plugin.rollout`: the stages a candidate plugin walks by itself, from shadow through
+//! canary shares to every parent, and the gates that advance it or roll it back; and
+//! `status.rollout`, where the host keeps how far it got, so a new leader continues from there.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+/// A rollout of `spec.plugin.candidate`. The candidate serves a stable share of the parents
+/// (by a hash of each parent's uid, so no parent moves back and forth) that each stage sets,
+/// and shadows the others. The host moves to the next stage when the current one's gates
+/// pass, waits while one cannot decide yet, and rolls back when one fails: the candidate stops
+/// serving and shadowing, and the active plugin decides for every parent again. After the last
+/// stage the candidate serves every parent (`Complete`); promote it in the spec (move it to
+/// the active fields) when convenient, which then changes nothing.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// In order. A stage with `percent: 0` is shadow only.
+    #[schemars(length(min = 1, max = 10))]
+    pub stages: Vec<RolloutStage>,
+    /// Hold the rollout where it is: gates are still measured and reported, but the host
+    /// neither advances nor rolls back until this is unset.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+}
+
+/// One stage: the share the candidate serves, and its gates.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStage {
+    /// The share of parents (0 to 100) the candidate serves; the rest stay on the active
+    /// plugin and are evaluated by the candidate in shadow.
+    #[schemars(range(min = 0, max = 100))]
+    pub percent: u8,
+    /// The stage lasts at least this long (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak_seconds: Option<u32>,
+    /// The stage ends only once this many shadowed parents were compared (default: every
+    /// shadowed parent), or after `maxSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_parents: Option<u32>,
+    /// After this long, the stage's gates decide on what was measured (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_seconds: Option<u32>,
+    /// The share (0 to 1) of shadowed parents the candidate may fail on (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_would_fail: Option<f64>,
+    /// The share (0 to 1) of shadowed parents whose children or status the candidate may
+    /// change (default 1: a new version is expected to change things).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_would_change: Option<f64>,
+    /// How much larger (0 to 1) the share of failing parents among those the candidate
+    /// serves may be than among those the active plugin serves (default 0.05). Measured
+    /// against the rest, so an outage that fails every parent rolls nothing back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_failure_rate: Option<f64>,
+    /// How much larger (0 to 1) the share of parents whose `Ready` condition is not `True`
+    /// among those the candidate serves may be than among the rest (default: not gated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_not_ready: Option<f64>,
+}
+
+impl RolloutStage {
+    /// `shadow`, `canary 10%` or `all`.
+    pub fn name(&self) -> String {
+        match self.percent {
+            0 => "shadow".to_owned(),
+            100 => "all".to_owned(),
+            n => format!("canary {n}%"),
+        }
+    }
+}
+
+/// How a rollout stands.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// The candidate being rolled out.
+    pub digest: String,
+    /// `Progressing`, `Paused`, `Complete` or `RolledBack`.
+    pub phase: String,
+    /// The index of the current stage in `spec.plugin.rollout.stages` (the last one when
+    /// `Complete`).
+    #[serde(default)]
+    pub stage: u32,
+    /// Its name: `shadow`, `canary 10%` or `all`.
+    pub stage_name: String,
+    /// The share of parents the candidate serves now.
+    #[serde(default)]
+    pub percent: u8,
+    /// When the current stage (or the rollback) began.
+    pub stage_since: Time,
+    /// What the gates say now, with the figures.
+    #[serde(default)]
+    pub message: String,
+    /// When rolled back: a few of the parents that failed the gate (`explain` them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<String>,
+    /// The last transitions, newest first (at most 10).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<RolloutTransition>,
+}
+
+/// One step of a rollout.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutTransition {
+    /// When it happened.
+    pub time: Time,
+    /// The candidate's digest.
+    pub digest: String,
+    /// The stage entered (or `rolled back`).
+    pub stage: String,
+    /// `Started`, `Advanced`, `Completed` or `RolledBack`.
+    pub result: String,
+    /// Why.
+    pub reason: String,
+}

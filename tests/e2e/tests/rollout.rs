@@ -1,0 +1,274 @@
+//! Rollouts that run themselves (`spec.plugin.rollout`), against the real control plane: a
+//! candidate that decides as the active plugin walks shadow → 10% → 50% → all with no edit,
+//! and one that fails for a quarter of its canary parents is rolled back by the host, with
+//! every parent back on the active plugin and nothing pruned.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wasmctrl::plugin::Digest;
+use wasmctrl_e2e::*;
+
+/// Parents per test.
+const PARENTS: usize = 200;
+
+/// How long a whole rollout may take: four stages, each re-reconciling every parent.
+const ROLLOUT: Duration = Duration::from_secs(180);
+
+/// The misbehave plugin with a custom section appended: it behaves exactly the same, but is
+/// another component with a digest of its own, as a rebuilt plugin that changed nothing is.
+fn rebuilt_misbehave(dir: &std::path::Path) -> anyhow::Result<(Value, String)> {
+    let mut bytes = std::fs::read(wasmctrl_testenv::plugins::guest("misbehave_plugin"))?;
+    let name = b"wasmctrl-e2e-rebuild";
+    let mut section = vec![u8::try_from(name.len())?];
+    section.extend_from_slice(name);
+    section.extend_from_slice(b"rollout");
+    bytes.push(0); // a custom section
+    bytes.push(u8::try_from(section.len())?);
+    bytes.extend(section);
+    let path = dir.join("misbehave-rebuilt.wasm");
+    std::fs::write(&path, &bytes)?;
+    Ok((
+        json!({"file": {"path": path.to_string_lossy()}}),
+        Digest::of(&bytes).to_string(),
+    ))
+}
+
+fn policy_spec(candidate: Option<Value>, rollout: Option<Value>) -> Value {
+    let mut spec = json!({
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "maxConcurrentReconciles": 8,
+        "plugin": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
+    });
+    if let Some(candidate) = candidate {
+        spec["plugin"]["candidate"] = candidate;
+    }
+    if let Some(rollout) = rollout {
+        spec["plugin"]["rollout"] = rollout;
+    }
+    spec
+}
+
+/// `PARENTS` Widgets, every fourth marked to fail under a plugin told to fail marked parents;
+/// waits until the policy has reconciled them all.
+async fn widgets_reconciled(
+    client: &kube::Client,
+    ns: &str,
+    test: &str,
+) -> anyhow::Result<kube::Api<kube::core::DynamicObject>> {
+    let widgets = widgets(client, ns);
+    for i in 0..PARENTS {
+        let mut widget = widget(&format!("w-{i:03}"), Some(i as u64));
+        widget["spec"]["fail"] = json!(i % 4 == 0);
+        apply(&widgets, widget).await?;
+    }
+    wait_for_object_within(
+        &policies(client),
+        test,
+        "every Widget reconciled",
+        Duration::from_secs(90),
+        |p| p["status"]["parentsReconciled"] == PARENTS as u64,
+    )
+    .await?;
+    Ok(widgets)
+}
+
+fn rollout_of(p: &Value) -> &Value {
+    &p["status"]["rollout"]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_decides_the_same_walks_every_stage_by_itself() -> anyhow::Result<()> {
+    const TEST: &str = "rollout-walk";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
+    let dir = tempfile::tempdir()?;
+    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .plugin_dir(dir.path())
+        .start()
+        .await?;
+    let _widgets = widgets_reconciled(&client, &ns, TEST).await?;
+
+    let stages = json!({"stages": [
+        {"percent": 0},
+        {"percent": 10, "soakSeconds": 2},
+        {"percent": 50, "soakSeconds": 2},
+        {"percent": 100},
+    ]});
+    let candidate = json!({"source": rebuilt, "digest": digest, "config": {"ownChild": true}});
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_spec(Some(candidate), Some(stages)),
+    )
+    .await?;
+    let policy_api = policies(&client);
+    let done = wait_for_object_within(&policy_api, TEST, "the rollout complete", ROLLOUT, |p| {
+        rollout_of(p)["phase"] == "Complete"
+            && p["status"]["parentsOnActiveDigest"] == PARENTS as u64
+    })
+    .await?;
+    let rollout = rollout_of(&done);
+    assert_eq!(rollout["digest"], digest.as_str());
+    assert_eq!(rollout["percent"], 100);
+    assert_eq!(done["status"]["activeDigest"], digest.as_str());
+    let steps: Vec<(String, String)> = rollout["history"]
+        .as_array()
+        .expect("a history")
+        .iter()
+        .rev()
+        .map(|t| {
+            (
+                t["result"].as_str().unwrap_or_default().to_owned(),
+                t["stage"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("Started", "shadow"),
+        ("Advanced", "canary 10%"),
+        ("Advanced", "canary 50%"),
+        ("Advanced", "all"),
+        ("Completed", "all"),
+    ]
+    .map(|(r, s)| (r.to_owned(), s.to_owned()));
+    assert_eq!(steps, expected, "{rollout}");
+    // The candidate compared every parent in shadow first and found nothing to change.
+    assert!(
+        rollout["history"][3]["reason"].as_str().is_some_and(
+            |r| r.contains("compared 200 of 200 shadowed, 0 would fail, 0 would change")
+        ),
+        "{rollout}"
+    );
+
+    let reasons = event_reasons(&client, "default", TEST).await?;
+    for reason in ["RolloutStarted", "RolloutAdvanced", "RolloutCompleted"] {
+        assert!(
+            reasons.iter().any(|(_, r)| r == reason),
+            "an Event {reason} on the policy: {reasons:?}"
+        );
+    }
+    let metrics = host.metrics.encode();
+    assert!(
+        metrics.contains(&format!(
+            "wasmctrl_rollout_stage{{controller=\"{TEST}\"}} 100"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "wasmctrl_rollout_transitions_total{{controller=\"{TEST}\",result=\"completed\"}} 1"
+        )),
+        "{metrics}"
+    );
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_failing_a_quarter_of_its_canary_parents_is_rolled_back_by_the_host()
+-> anyhow::Result<()> {
+    const TEST: &str = "rollout-back";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
+    let dir = tempfile::tempdir()?;
+    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .plugin_dir(dir.path())
+        .start()
+        .await?;
+    let widgets = widgets_reconciled(&client, &ns, TEST).await?;
+
+    // The candidate fails every marked parent. Its shadow failures are let through here, so
+    // the canary's own failure rate is the gate that decides.
+    let stages = json!({"stages": [
+        {"percent": 10, "maxWouldFail": 1.0},
+        {"percent": 100, "maxWouldFail": 1.0},
+    ]});
+    let candidate = json!({
+        "source": rebuilt, "digest": digest,
+        "config": {"ownChild": true, "failMarked": true},
+    });
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_spec(Some(candidate), Some(stages)),
+    )
+    .await?;
+    let policy_api = policies(&client);
+    let rolled_back =
+        wait_for_object_within(&policy_api, TEST, "the rollout rolled back", ROLLOUT, |p| {
+            rollout_of(p)["phase"] == "RolledBack"
+        })
+        .await?;
+    let rollout = rollout_of(&rolled_back);
+    assert_eq!(rollout["stageName"], "canary 10%", "{rollout}");
+    let message = rollout["message"].as_str().unwrap_or_default();
+    assert!(message.contains("maxFailureRate"), "{message}");
+    let examples = rollout["examples"].as_array().expect("examples");
+    assert!(!examples.is_empty(), "{rollout}");
+    for example in examples {
+        let name = example.as_str().unwrap_or_default();
+        let index: usize = name
+            .strip_prefix(&format!("{ns}/w-"))
+            .and_then(|i| i.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("an example not of this test: {name} in {rollout}"))?;
+        assert_eq!(index % 4, 0, "only marked parents fail: {name}");
+    }
+    assert_eq!(rollout["history"][0]["result"], "RolledBack");
+
+    // Every parent back on the active plugin, reconciled, its child kept.
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    for i in 0..PARENTS {
+        let name = format!("w-{i:03}");
+        wait_for_object(&widgets, &name, "the Widget reconciled again", |w| {
+            condition(w, "Reconciled").is_some_and(|c| c["status"] == "True")
+        })
+        .await?;
+        assert!(
+            get(&config_maps, &format!("{name}-own")).await?.is_some(),
+            "{name}'s child kept"
+        );
+    }
+    wait_for_object(
+        &policy_api,
+        TEST,
+        "every parent on the active plugin",
+        |p| {
+            p["status"]["parentsOnActiveDigest"] == PARENTS as u64
+                && p["status"]["parentsFailing"] == 0
+                && p["status"]["activeDigest"] != digest.as_str()
+        },
+    )
+    .await?;
+    let reasons = event_reasons(&client, "default", TEST).await?;
+    assert!(
+        reasons
+            .iter()
+            .any(|(t, r)| r == "RolledBack" && t == "Warning"),
+        "{reasons:?}"
+    );
+    let metrics = host.metrics.encode();
+    assert!(
+        metrics.contains(&format!(
+            "wasmctrl_rollout_stage{{controller=\"{TEST}\"}} -1"
+        )),
+        "{metrics}"
+    );
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
