@@ -1,7 +1,8 @@
 //! Replicas of `wasmctrl run --leader-elect`, each a process of its own running the real
 //! command line under an identity of its own: exactly one writes (the audit log says who),
 //! a standby is ready and keeps quiet, SIGKILL on the leader hands over once the lease
-//! expires, and SIGTERM hands over within about the retry period, exiting 0.
+//! expires, and SIGTERM hands over within about the retry period, exiting 0. A rollout in
+//! progress when the leader is killed goes on from the same stage under the new leader.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -31,7 +32,8 @@ struct Replica {
 }
 
 impl Replica {
-    fn start(name: &str, ns: &str, dir: &Path) -> anyhow::Result<Self> {
+    /// A replica running the policies labelled for `test`.
+    fn start(test: &str, name: &str, ns: &str, dir: &Path) -> anyhow::Result<Self> {
         let kubeconfig = impersonating_kubeconfig(TestEnv::get().kubeconfig(), name, dir)?;
         let address = free_loopback_port()?;
         let args = [
@@ -48,7 +50,7 @@ impl Replica {
             "--plugin-dir",
             &wasmctrl_testenv::plugins::plugin_dir().to_string_lossy(),
             "--policy-selector",
-            &format!("{TEST_LABEL}={TEST}"),
+            &format!("{TEST_LABEL}={test}"),
             "--insecure-listen",
             &address.to_string(),
             "--leader-elect",
@@ -183,8 +185,8 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
     let widgets = widgets(&client, &ns);
 
     let mut replicas = vec![
-        Replica::start("replica-a", &ns, dir.path())?,
-        Replica::start("replica-b", &ns, dir.path())?,
+        Replica::start(TEST, "replica-a", &ns, dir.path())?,
+        Replica::start(TEST, "replica-b", &ns, dir.path())?,
     ];
     let leader = wait_for_holder(&leases, &["replica-a", "replica-b"], ACT).await?;
     let leader_at = replicas
@@ -273,7 +275,7 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
 
     // SIGTERM: the leader drains, releases the lease and exits 0; the new standby takes
     // over within its retry period, much sooner than the lease would expire.
-    replicas.push(Replica::start("replica-c", &ns, dir.path())?);
+    replicas.push(Replica::start(TEST, "replica-c", &ns, dir.path())?);
     let newcomer = &replicas[1];
     eventually("replica-c ready", ACT, || async {
         Ok(http_get(newcomer.address, "/readyz").await? == (200, "ok".into()))
@@ -303,4 +305,99 @@ async fn one_replica_writes_and_a_standby_takes_over_on_kill_and_on_term() -> an
     drop(replicas);
     policies(&client).delete(TEST, &Default::default()).await?;
     delete_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_takes_over_continues_the_rollout_where_the_leader_left_it()
+-> anyhow::Result<()> {
+    const TEST: &str = "leader-rollout";
+    let (client, ns) = widget_test(TEST, json!({"ownChild": true})).await?;
+    let dir = tempfile::tempdir()?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let widgets = widgets(&client, &ns);
+    for i in 0..20 {
+        apply(&widgets, widget(&format!("w-{i:02}"), Some(i))).await?;
+    }
+    let mut replicas = vec![
+        Replica::start(TEST, "replica-a", &ns, dir.path())?,
+        Replica::start(TEST, "replica-b", &ns, dir.path())?,
+    ];
+    let leader = wait_for_holder(&leases, &["replica-a", "replica-b"], ACT).await?;
+    let standby = if leader == "replica-a" {
+        "replica-b"
+    } else {
+        "replica-a"
+    };
+    for i in 0..20 {
+        wait_reconciled(&widgets, &format!("w-{i:02}")).await?;
+    }
+
+    // A rollout that stops in its canary stage: the soak outlasts the handover.
+    let with_rollout = |soak: u32| {
+        json!({
+            "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+            "plugin": {
+                "source": file_source("misbehave_plugin"), "config": {"ownChild": true},
+                "candidate": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
+                "rollout": {"stages": [
+                    {"percent": 0},
+                    {"percent": 10, "soakSeconds": soak},
+                    {"percent": 100},
+                ]},
+            },
+        })
+    };
+    apply_policy(&client, TEST, TEST, with_rollout(3600)).await?;
+    let policy_api = policies(&client);
+    let in_canary = wait_for_object(&policy_api, TEST, "the rollout in its canary stage", |p| {
+        p["status"]["rollout"]["stageName"] == "canary 10%"
+    })
+    .await?;
+    let before = in_canary["status"]["rollout"].clone();
+
+    let at = replicas
+        .iter()
+        .position(|r| r.name == leader)
+        .context("the holder is a replica")?;
+    let mut killed = replicas.remove(at);
+    killed.signal(libc::SIGKILL)?;
+    drop(killed);
+    wait_for_holder(&leases, &[standby], LEASE_DURATION * 2).await?;
+    let new_leader = &replicas[0];
+    let stage = format!(r#"wasmctrl_rollout_stage{{controller="{TEST}"}} "#);
+    eventually("the new leader serves the canary share", ACT, || async {
+        Ok(new_leader.metric(&stage).await? == Some(10.0))
+    })
+    .await?;
+    // A few of its ticks later: the same stage, begun when it began, no transition added.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let after = get(&policy_api, TEST).await?.context("the policy")?["status"]["rollout"].clone();
+    assert_eq!(after["stage"], before["stage"], "{after}");
+    assert_eq!(after["stageSince"], before["stageSince"], "{after}");
+    assert_eq!(after["history"], before["history"], "{after}");
+
+    // The new leader carries it on: with the soak cut short, on to every parent, once.
+    apply_policy(&client, TEST, TEST, with_rollout(0)).await?;
+    let done = wait_for_object(&policy_api, TEST, "the rollout complete", |p| {
+        p["status"]["rollout"]["phase"] == "Complete"
+    })
+    .await?;
+    let results: Vec<&str> = done["status"]["rollout"]["history"]
+        .as_array()
+        .context("a history")?
+        .iter()
+        .rev()
+        .filter_map(|t| t["result"].as_str())
+        .collect();
+    assert_eq!(
+        results,
+        ["Started", "Advanced", "Advanced", "Completed"],
+        "{done}"
+    );
+
+    drop(replicas);
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
 }

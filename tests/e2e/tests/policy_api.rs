@@ -95,7 +95,11 @@ async fn valid_policy_is_accepted_and_mistakes_are_refused() -> anyhow::Result<(
     let stages = json!({"stages": [{"percent": 0}, {"percent": 100}]});
     let mut rollout_alone = valid_spec();
     rollout_alone["plugin"]["rollout"] = stages.clone();
-    cases.push(("a rollout with no candidate", rollout_alone, "set candidate"));
+    cases.push((
+        "a rollout with no candidate",
+        rollout_alone,
+        "set candidate",
+    ));
     let mut rollout_and_canary = valid_spec();
     rollout_and_canary["plugin"]["candidate"] = json!({"source": {"file": {"path": "/p.wasm"}},
         "canary": {"selector": {"matchLabels": {"a": "b"}}}});
@@ -108,11 +112,19 @@ async fn valid_policy_is_accepted_and_mistakes_are_refused() -> anyhow::Result<(
     let mut no_stages = valid_spec();
     no_stages["plugin"]["candidate"] = json!({"source": {"file": {"path": "/p.wasm"}}});
     no_stages["plugin"]["rollout"] = json!({"stages": []});
-    cases.push(("a rollout of no stage", no_stages, "spec.plugin.rollout.stages"));
+    cases.push((
+        "a rollout of no stage",
+        no_stages,
+        "spec.plugin.rollout.stages",
+    ));
     let mut over = valid_spec();
     over["plugin"]["candidate"] = json!({"source": {"file": {"path": "/p.wasm"}}});
     over["plugin"]["rollout"] = json!({"stages": [{"percent": 101}]});
-    cases.push(("a share above 100%", over, "spec.plugin.rollout.stages[0].percent"));
+    cases.push((
+        "a share above 100%",
+        over,
+        "spec.plugin.rollout.stages[0].percent",
+    ));
     let mut safety = valid_spec();
     safety["safety"] = json!({"maxPruneFraction": 1.5});
     cases.push(("a share above 1", safety, "spec.safety.maxPruneFraction"));

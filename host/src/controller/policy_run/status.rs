@@ -275,6 +275,11 @@ impl PolicyStatusWriter {
             self.written = None;
             return;
         }
+        if self.written.is_none() {
+            // The first write since this replica took over: the rollout is where the last
+            // leader left it, not where this replica last saw it.
+            self.adopt_rollout().await;
+        }
         if self.written.as_ref() == Some(&self.current) {
             return;
         }
