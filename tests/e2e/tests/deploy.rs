@@ -532,8 +532,8 @@ fn the_host_runs_as_its_own_annotated_account_or_an_existing_one_every_binding_n
         .collect();
     assert_eq!(
         bindings.len(),
-        5,
-        "host, own namespace, watched, two impersonations"
+        6,
+        "host, own namespace, watched, policy Events in default, two impersonations"
     );
     for binding in bindings {
         assert_eq!(

@@ -211,8 +211,17 @@ async fn run_controller(
 
     // A swap, a candidate change and a takeover re-enqueue every parent through this channel.
     let (requeue_all, requeue_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let run = run_reconciles(controller, &policy, &ctx, &parents, requeue_rx, stop);
     let status = Arc::new(tokio::sync::Mutex::new(status));
+    let swapper = swap::Swapper {
+        serving: ctx.serving.clone(),
+        prune_guard: ctx.prune_guard.clone(),
+        registry: shared.registry.clone(),
+        metrics: metrics.clone(),
+        status: status.clone(),
+        requeue_all: requeue_all.clone(),
+    };
+    let candidate = swapper.prime(&policy).await;
+    let run = run_reconciles(controller, &policy, &ctx, &parents, requeue_rx, stop);
     let takeover = requeue_on_takeover(
         &shared.leadership,
         requeue_all.clone(),
@@ -228,15 +237,7 @@ async fn run_controller(
         events: EventSink::new(shared.client.clone(), "wasmctrl".to_owned(), Duration::ZERO),
     }
     .run(updates.clone());
-    let swapper = swap::Swapper {
-        serving: ctx.serving.clone(),
-        prune_guard: ctx.prune_guard.clone(),
-        registry: shared.registry.clone(),
-        metrics: metrics.clone(),
-        status: status.clone(),
-        requeue_all,
-    }
-    .run(policy.clone(), updates);
+    let swapper = swapper.run(policy.clone(), updates, candidate);
     let report = report_periodically(&ctx, &parents, &status, &setup.health, running);
     // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {

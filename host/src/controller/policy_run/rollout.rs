@@ -523,6 +523,16 @@ impl Driver {
     }
 }
 
+/// Give a freshly loaded candidate the share `rollout` (its own, from the status) left it
+/// with, before it serves.
+pub(crate) fn resume(candidate: &Candidate, rollout: &RolloutStatus) {
+    match rollout.phase.as_str() {
+        phase::ROLLED_BACK => candidate.stopped.store(true, Ordering::Relaxed),
+        phase::COMPLETE => candidate.percent.store(100, Ordering::Relaxed),
+        _ => candidate.percent.store(rollout.percent, Ordering::Relaxed),
+    }
+}
+
 /// The first stage of a new rollout of `digest`.
 fn started(digest: &str, spec: &RolloutSpec) -> RolloutStatus {
     let first = spec.stages.first().cloned().unwrap_or_default();

@@ -22,6 +22,7 @@ use kube::ResourceExt as _;
 use kube::core::Selector;
 use tokio::sync::{Mutex, mpsc, watch};
 
+use crate::controller::policy_run::rollout;
 use crate::controller::policy_run::status::{PolicyStatusWriter, State};
 use crate::controller::reconcile::prune_guard::{self, PruneGuard};
 use crate::controller::reconcile::serving::{ActivePlugin, Candidate, Serving};
@@ -53,10 +54,10 @@ impl Swapper {
         self,
         mut policy: Arc<ReconcilePolicy>,
         mut updates: watch::Receiver<Arc<ReconcilePolicy>>,
+        mut candidate: Option<CandidateSpec>,
     ) {
         let mut served_before: VecDeque<Digest> = VecDeque::new();
         let mut source_changes = self.registry.watch_source(&policy.spec.plugin.source);
-        let mut candidate: Option<CandidateSpec> = None;
         loop {
             self.sync_candidate(&policy, &mut candidate).await;
             self.status.lock().await.flush().await;
@@ -172,6 +173,15 @@ impl Swapper {
         }
     }
 
+    /// Load the policy's candidate before the first reconcile, so that no parent a canary
+    /// or a rollout gives it is decided first by the active plugin; what was loaded, for
+    /// [`Self::run`]. A candidate that cannot be loaded is reported and tried again there.
+    pub async fn prime(&self, policy: &ReconcilePolicy) -> Option<CandidateSpec> {
+        let mut loaded = None;
+        self.sync_candidate(policy, &mut loaded).await;
+        loaded
+    }
+
     /// Load, replace or drop the candidate plugin when the policy's candidate changed.
     async fn sync_candidate(&self, policy: &ReconcilePolicy, loaded: &mut Option<CandidateSpec>) {
         let wanted = policy.spec.plugin.candidate.clone();
@@ -214,18 +224,31 @@ impl Swapper {
                     .or_else(|| config_text(&policy.spec.plugin));
                 let digest = *obtained.plugin.digest();
                 let mode = if canary.is_some() { "canary" } else { "shadow" };
-                self.open_window(
-                    policy,
-                    &active,
-                    format!("candidate {} ({mode})", digest.short()),
-                );
-                self.serving.candidate.store(Some(Arc::new(Candidate::new(
+                let candidate = Candidate::new(
                     Arc::new(ActivePlugin {
                         plugin: obtained.plugin,
                         config,
                     }),
                     canary,
-                ))));
+                );
+                // A rollout of this candidate already under way (before a restart or a
+                // takeover) goes on with the share it had.
+                if policy.spec.plugin.rollout.is_some()
+                    && let Some(rollout) = self
+                        .status
+                        .lock()
+                        .await
+                        .rollout()
+                        .filter(|r| r.digest == digest.to_string())
+                {
+                    rollout::resume(&candidate, rollout);
+                }
+                self.open_window(
+                    policy,
+                    &active,
+                    format!("candidate {} ({mode})", digest.short()),
+                );
+                self.serving.candidate.store(Some(Arc::new(candidate)));
                 lock(&self.serving.shadow).clear();
                 let message = format!("candidate {digest} loaded ({mode})");
                 self.status
