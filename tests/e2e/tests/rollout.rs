@@ -74,6 +74,19 @@ async fn widgets_reconciled(
     Ok(widgets)
 }
 
+/// The host's count of children it `operation` (applied, pruned) for the policy `test`.
+fn child_operations(host: &HostUnderTest, test: &str, operation: &str) -> f64 {
+    let controller = format!("controller=\"{test}\"");
+    let operation = format!("operation=\"{operation}\"");
+    host.metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with("wasmctrl_child_operations_total{"))
+        .filter(|l| l.contains(&controller) && l.contains(&operation))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 fn rollout_of(p: &Value) -> &Value {
     &p["status"]["rollout"]
 }
@@ -188,6 +201,7 @@ async fn a_candidate_failing_a_quarter_of_its_canary_parents_is_rolled_back_by_t
         .start()
         .await?;
     let widgets = widgets_reconciled(&client, &ns, TEST).await?;
+    let applied_before = child_operations(&host, TEST, "applied");
 
     // The candidate fails every marked parent. Its shadow failures are let through here, so
     // the canary's own failure rate is the gate that decides.
@@ -252,6 +266,10 @@ async fn a_candidate_failing_a_quarter_of_its_canary_parents_is_rolled_back_by_t
         },
     )
     .await?;
+    // Neither the canary nor the rollback wrote a child: the parents the candidate decided
+    // for got the children they had, the others were never touched.
+    assert_eq!(child_operations(&host, TEST, "applied"), applied_before);
+    assert_eq!(child_operations(&host, TEST, "pruned"), 0.0);
     let reasons = event_reasons(&client, "default", TEST).await?;
     assert!(
         reasons
