@@ -17,6 +17,7 @@ pub use wasmctrl_runtime as plugin;
 pub mod policy;
 pub mod registry;
 pub mod server;
+pub mod signing;
 pub mod telemetry;
 mod watch_backoff;
 pub mod yaml;
@@ -55,9 +56,10 @@ macro_rules! host_allocator {
 }
 
 /// Pick rustls' ring provider for every TLS client and server of the host. Both ring and
-/// aws-lc-rs end up in the dependency graph (kube uses ring, the OCI client brings
-/// aws-lc-rs), and rustls refuses to guess between them.
-pub(crate) fn ensure_crypto_provider() {
+/// aws-lc-rs end up in the dependency graph (kube uses ring; the OCI client and sigstore
+/// bring aws-lc-rs), and rustls refuses to guess between them. Called before anything
+/// builds a TLS client or server; public for tests and benchmarks that build their own.
+pub fn ensure_crypto_provider() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
         // An error means another provider was installed first, which works just as well.

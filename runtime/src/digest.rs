@@ -21,6 +21,11 @@ impl Digest {
         hex::encode(self.0)
     }
 
+    /// The 32 bytes of the SHA-256 (what a signature of the component's bytes signs).
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
     /// The first 12 hex digits, for logs and printer columns.
     pub fn short(&self) -> String {
         self.hex()[..12].to_owned()

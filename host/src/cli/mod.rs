@@ -8,6 +8,7 @@ mod locate;
 mod plugin_cmd;
 mod plugin_new;
 mod plugin_oci;
+mod plugin_sign;
 mod rbac_cmd;
 mod run_cmd;
 
@@ -100,6 +101,7 @@ impl Cli {
 
     /// Run the parsed command.
     pub async fn run(self) -> anyhow::Result<()> {
+        crate::ensure_crypto_provider();
         let cache_dir = self.cache_dir.or_else(default_cache_dir);
         match self.command {
             Command::Plugin(command) => command.run(cache_dir).await,

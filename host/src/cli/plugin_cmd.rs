@@ -137,6 +137,13 @@ pub enum PluginCommand {
     /// Download a plugin from an OCI registry; the manifest's and the component's digests
     /// are checked on the way.
     Pull(super::plugin_oci::PullArgs),
+    /// Make an ECDSA P-256 key pair for signing plugins, as `cosign generate-key-pair` does.
+    Keygen(super::plugin_sign::KeygenArgs),
+    /// Sign a plugin file (a `.sig` bundle beside it, as `cosign sign-blob --bundle`) or a
+    /// registry artifact (a signature in the repository, as `cosign sign`).
+    Sign(super::plugin_sign::SignArgs),
+    /// Check a plugin's signatures as the host does, and print who signed it.
+    Verify(super::plugin_sign::VerifyArgs),
 }
 
 /// What the plugin is asked: the parent and what the cluster holds for it, or a case file.
@@ -443,6 +450,8 @@ struct InspectOutput {
     compile_ms: f64,
     imports: Vec<String>,
     exports: Vec<String>,
+    /// The signatures found beside it (not verified: `plugin verify` checks them).
+    signatures: Vec<super::plugin_sign::FoundSignature>,
 }
 
 impl PluginCommand {
@@ -538,6 +547,9 @@ impl PluginCommand {
             } => print(&inspect(&plugin, &registry).await?, output),
             Self::Push(args) => args.run().await,
             Self::Pull(args) => args.run().await,
+            Self::Keygen(args) => args.run(),
+            Self::Sign(args) => args.run().await,
+            Self::Verify(args) => args.run().await,
         }
     }
 }
@@ -607,17 +619,20 @@ async fn inspect(
     plugin: &str,
     registry: &super::plugin_oci::RegistryArgs,
 ) -> anyhow::Result<InspectOutput> {
-    if super::plugin_oci::is_remote(plugin) {
+    let mut found = if super::plugin_oci::is_remote(plugin) {
         let pulled = super::plugin_oci::fetch(plugin, registry).await?;
         let mut found = inspection(&pulled.bytes, plugin)?;
         found.reference = Some(pulled.pinned_reference);
         found.manifest_digest = Some(pulled.manifest_digest);
-        Ok(found)
+        found
     } else {
         let bytes =
             std::fs::read(plugin).with_context(|| format!("cannot read plugin {plugin}"))?;
-        inspection(&bytes, plugin)
-    }
+        inspection(&bytes, plugin)?
+    };
+    let (_, signatures) = super::plugin_sign::signatures_of(plugin, registry).await?;
+    found.signatures = super::plugin_sign::summarize(&signatures);
+    Ok(found)
 }
 
 fn inspection(bytes: &[u8], what: &str) -> anyhow::Result<InspectOutput> {
@@ -638,6 +653,7 @@ fn inspection(bytes: &[u8], what: &str) -> anyhow::Result<InspectOutput> {
         compile_ms: found.compile_time.as_secs_f64() * 1e3,
         imports: found.imports,
         exports: found.exports,
+        signatures: Vec::new(),
     })
 }
 

@@ -360,13 +360,13 @@ fn read_component(file: &Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(file).with_context(|| format!("cannot read plugin {}", file.display()))
 }
 
-fn parse_reference(reference: &str) -> anyhow::Result<Reference> {
+pub(super) fn parse_reference(reference: &str) -> anyhow::Result<Reference> {
     reference
         .parse()
         .with_context(|| format!("{reference:?} is not an OCI reference (REGISTRY/REPOSITORY:TAG)"))
 }
 
-fn client(registry: &RegistryArgs) -> anyhow::Result<oci_client::Client> {
+pub(super) fn client(registry: &RegistryArgs) -> anyhow::Result<oci_client::Client> {
     let extra_root_certificates = match &registry.ca_file {
         Some(path) => crate::registry::TrustRoots::with_extra_file(path)?.extra_for_registry(),
         None => Vec::new(),
@@ -384,7 +384,7 @@ fn client(registry: &RegistryArgs) -> anyhow::Result<oci_client::Client> {
 
 /// The credentials the docker configuration holds for `reference`'s registry; anonymous
 /// when it holds none (or there is no configuration).
-fn docker_auth(reference: &Reference) -> anyhow::Result<RegistryAuth> {
+pub(super) fn docker_auth(reference: &Reference) -> anyhow::Result<RegistryAuth> {
     let config = std::env::var_os("DOCKER_CONFIG")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".docker")))

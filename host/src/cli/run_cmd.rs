@@ -85,6 +85,23 @@ pub struct RunCommand {
     /// registry behind a private CA. Read at start.
     #[arg(long, env = "WASMCTRL_EXTRA_CA_FILE", value_name = "PEM")]
     extra_ca_file: Option<PathBuf>,
+    /// Require signatures of every policy's plugins: a YAML file of the shape of
+    /// `spec.plugin.verify` (`keys`, `identities`, `annotations`). A policy's own `verify` is
+    /// checked besides it, never instead, so no policy serves a plugin this does not accept.
+    /// Read at start.
+    #[arg(long, env = "WASMCTRL_PLUGIN_VERIFY", value_name = "YAML")]
+    plugin_verify: Option<PathBuf>,
+    /// A PEM file of the certificate authorities keyless signing certificates must chain to
+    /// (a private Fulcio's roots, or any CA that issues code-signing certificates naming an
+    /// email or URI). Without it, only keys verify. Read at start.
+    #[arg(long, env = "WASMCTRL_KEYLESS_TRUST_ROOTS", value_name = "PEM")]
+    keyless_trust_roots: Option<PathBuf>,
+    /// A PEM file of the transparency log's (Rekor's) public keys. With it, every plugin
+    /// signature must carry the log's signed entry (a Rekor bundle) recording it, and a
+    /// keyless certificate must have been valid when the log entered it; without it, the
+    /// log is not consulted and a keyless certificate must be valid at each verification.
+    #[arg(long, env = "WASMCTRL_REKOR_PUBLIC_KEYS", value_name = "PEM")]
+    rekor_public_keys: Option<PathBuf>,
     /// Run only policies that name the ServiceAccount they act as (`spec.serviceAccount`);
     /// refuse the rest with `Ready=False, IdentityRequired`. Without it, a policy that names
     /// none acts as the host itself.
@@ -358,6 +375,48 @@ impl RunCommand {
                 None => crate::registry::TrustRoots::default(),
             },
             related_cache_bytes: self.related_cache_mib << 20,
+            default_verify: self.default_verify()?,
+            signing: self.signing_trust()?,
+        })
+    }
+
+    /// The `--plugin-verify` file, checked as a policy's `verify` would be.
+    fn default_verify(&self) -> anyhow::Result<Option<crate::policy::VerifySpec>> {
+        let Some(path) = &self.plugin_verify else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --plugin-verify {}", path.display()))?;
+        let spec: crate::policy::VerifySpec = serde_yaml_ng::from_str(&text)
+            .with_context(|| format!("--plugin-verify {}", path.display()))?;
+        crate::signing::Verifier::new(&spec, self.signing_trust()?)
+            .with_context(|| format!("--plugin-verify {}", path.display()))?;
+        Ok(Some(spec))
+    }
+
+    /// The keyless roots and Rekor keys, read once.
+    fn signing_trust(&self) -> anyhow::Result<crate::signing::HostTrust> {
+        let read = |path: &PathBuf, flag: &str| {
+            std::fs::read(path).with_context(|| format!("reading {flag} {}", path.display()))
+        };
+        let keyless_roots = match &self.keyless_trust_roots {
+            Some(path) => {
+                crate::signing::KeylessRoots::from_pem(&read(path, "--keyless-trust-roots")?)
+                    .with_context(|| format!("--keyless-trust-roots {}", path.display()))?
+            }
+            None => crate::signing::KeylessRoots::default(),
+        };
+        let rekor_keys = self
+            .rekor_public_keys
+            .as_ref()
+            .map(|path| {
+                crate::signing::RekorKeys::from_pem(&read(path, "--rekor-public-keys")?)
+                    .with_context(|| format!("--rekor-public-keys {}", path.display()))
+            })
+            .transpose()?;
+        Ok(crate::signing::HostTrust {
+            keyless_roots,
+            rekor_keys,
         })
     }
 

@@ -60,9 +60,9 @@ struct Running {
     uid: Option<String>,
     generation: Option<i64>,
     spec: ReconcilePolicySpec,
-    /// The policy's prune confirmation annotation: a change of it alone (no new generation)
-    /// goes to the running controller too.
-    confirmation: Option<String>,
+    /// The annotations the running policy acts on (prune confirmation, rollout retry): a
+    /// change of them alone (no new generation) is passed to the running controller.
+    controls: Controls,
     /// Hands a plugin-only change to the running controller (a hot swap).
     updates: watch::Sender<Arc<ReconcilePolicy>>,
     stop: CancellationToken,
@@ -129,6 +129,8 @@ impl Host {
                         plugin_dirs: options.plugin_dirs.clone(),
                         max_concurrent_loads: options.max_concurrent_loads,
                         trust: options.trust.clone(),
+                        default_verify: options.default_verify.clone(),
+                        signing: options.signing.clone(),
                     },
                     metrics.clone(),
                 )),
@@ -373,10 +375,10 @@ impl Host {
         let previous = running.remove(&name);
         if let Some(mut r) = previous {
             if r.uid == uid && r.generation == generation && !r.stop.is_cancelled() {
-                let confirmation = confirmation_of(&policy);
-                if r.confirmation != confirmation && !r.retiring {
-                    tracing::info!(policy = %name, confirmation, "prune confirmation changed");
-                    r.confirmation = confirmation;
+                let controls = controls_of(&policy);
+                if r.controls != controls && !r.retiring {
+                    tracing::info!(policy = %name, ?controls, "control annotations changed");
+                    r.controls = controls;
                     let _ = r.updates.send(Arc::new(policy));
                 }
                 running.insert(name, r);
@@ -390,7 +392,7 @@ impl Host {
                 tracing::info!(policy = %name, generation, "plugin changed; swapping it in place");
                 r.generation = generation;
                 r.spec = policy.spec.clone();
-                r.confirmation = confirmation_of(&policy);
+                r.controls = controls_of(&policy);
                 let _ = r.updates.send(Arc::new(policy));
                 running.insert(name, r);
                 return;
@@ -476,7 +478,7 @@ impl Running {
             uid: policy.metadata.uid.clone(),
             generation: policy.metadata.generation,
             spec: policy.spec.clone(),
-            confirmation: confirmation_of(policy),
+            controls: controls_of(policy),
             updates,
             stop,
             task,
@@ -533,16 +535,29 @@ async fn report_crash(shared: &Shared, policy: &str, crash: supervise::Crash) {
     .await;
 }
 
-/// The policy's prune confirmation annotation, owned.
-fn confirmation_of(policy: &ReconcilePolicy) -> Option<String> {
-    reconcile::prune_guard::confirmation(policy).map(str::to_owned)
+/// The annotations a running policy acts on without a new generation: the prune
+/// confirmation and the rollout retry, owned.
+fn controls_of(policy: &ReconcilePolicy) -> Controls {
+    Controls {
+        confirm_prune: reconcile::prune_guard::confirmation(policy).map(str::to_owned),
+        retry_rollout: policy_run::rollout::retry_annotation(policy).map(str::to_owned),
+    }
 }
 
-/// Whether two versions of a policy differ in `spec.plugin` alone.
+/// What [`controls_of`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Controls {
+    confirm_prune: Option<String>,
+    retry_rollout: Option<String>,
+}
+
+/// Whether two versions of a policy differ in `spec.plugin` alone, and not in who must sign
+/// it: a policy whose `verify` changed starts again, so the plugin it serves is verified
+/// anew, and one that no longer verifies stops serving instead of staying the last good.
 fn only_the_plugin_differs(old: &ReconcilePolicySpec, new: &ReconcilePolicySpec) -> bool {
     let mut aligned = old.clone();
     aligned.plugin = new.plugin.clone();
-    aligned == *new
+    aligned == *new && old.plugin.verify == new.plugin.verify
 }
 
 #[cfg(test)]

@@ -40,6 +40,10 @@ pub struct HostOptions {
     pub require_policy_identity: bool,
     /// The certificate authorities plugin sources over TLS are checked against.
     pub trust: crate::registry::TrustRoots,
+    /// The signatures every policy's plugins need, besides its own `verify` (`--plugin-verify`).
+    pub default_verify: Option<crate::policy::VerifySpec>,
+    /// The keyless roots and transparency-log keys plugin signatures are checked against.
+    pub signing: crate::signing::HostTrust,
     /// Bytes of related objects read by name that the host keeps, over all policies and
     /// kinds, so a read need not be repeated while the object is unchanged.
     pub related_cache_bytes: usize,
@@ -62,6 +66,8 @@ impl Default for HostOptions {
             )),
             require_policy_identity: false,
             trust: crate::registry::TrustRoots::default(),
+            default_verify: None,
+            signing: crate::signing::HostTrust::default(),
             related_cache_bytes: 64 << 20,
         }
     }

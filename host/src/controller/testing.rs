@@ -18,6 +18,7 @@ use crate::plugin::{EngineOptions, Limits, Plugin, PluginEngine};
 /// A client that reaches no API server (a test's reads fail, as when it is unreachable).
 /// Needs a Tokio runtime.
 pub fn offline_client() -> kube::Client {
+    crate::ensure_crypto_provider();
     let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
     kube::Client::try_from(config).expect("a client needs no server")
 }

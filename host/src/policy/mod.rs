@@ -8,8 +8,10 @@
 pub mod namespaced;
 pub mod permissions;
 mod rollout;
+mod verify;
 
 pub use rollout::{RolloutSpec, RolloutStage, RolloutStatus, RolloutTransition};
+pub use verify::{Signer, SignerIdentity, VerifySpec};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
@@ -202,6 +204,11 @@ pub struct PluginSpec {
     /// gated on what the candidate did so far; rolled back by the host when a gate fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutSpec>,
+    /// The signatures this plugin and the candidate must carry, checked after each fetch and
+    /// before the compile, and again whenever the host serves a digest it already holds.
+    /// The host's own requirement (`--plugin-verify`), if it has one, applies besides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifySpec>,
 }
 
 /// The candidate plugin.
@@ -436,6 +443,9 @@ pub struct ReconcilePolicyStatus {
     /// When the active plugin started serving.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// Who signed the active plugin, when its policy (or the host) requires signatures.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active_signers: Vec<Signer>,
     /// What the candidate plugin would do differently, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidate: Option<CandidateStatus>,
@@ -534,6 +544,9 @@ pub struct FinalizedScope {
 pub struct CandidateStatus {
     /// The candidate's digest.
     pub digest: String,
+    /// Who signed the candidate, when signatures are required.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signers: Vec<Signer>,
     /// Parents the candidate serves as a canary.
     #[serde(default)]
     pub canary_parents: u64,

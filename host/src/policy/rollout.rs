@@ -105,6 +105,10 @@ pub struct RolloutStatus {
     /// The last transitions, newest first (at most 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<RolloutTransition>,
+    /// The `wasmctrl.dev/retry-rollout` annotation value this rollout was last started
+    /// again for: a rolled-back candidate starts over when the annotation takes a new value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_for: Option<String>,
 }
 
 /// One step of a rollout.

@@ -29,9 +29,13 @@ use kube::Client;
 
 use crate::metrics::Metrics;
 use crate::plugin::{self, Digest, Limits, Plugin, PluginEngine, WeakPlugin};
-use crate::policy::{CandidateSpec, PluginSource, PolicyLimits, ReconcilePolicy};
+use crate::policy::{
+    CandidateSpec, PluginSource, PolicyLimits, ReconcilePolicy, Signer, VerifySpec,
+};
+use crate::signing::{HostTrust, SignatureError, Verifier};
 pub use credentials::HOSTS_ANNOTATION;
-pub use source::{MAX_PLUGIN_BYTES, WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE};
+pub(crate) use source::oci_signatures;
+pub use source::{MAX_PLUGIN_BYTES, Signatures, WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE};
 pub(crate) use source_watch::SourceWatch;
 pub use trust::TrustRoots;
 pub(crate) use trust::oci_client;
@@ -70,6 +74,13 @@ pub enum LoadError {
         /// The digest of the component the manifest holds.
         component: Digest,
     },
+    /// `verify` cannot be used: a key that is not a PEM public key, a pattern that is not a
+    /// regular expression.
+    #[error("{0:#}")]
+    InvalidVerify(anyhow::Error),
+    /// The plugin carries no signature, or none by whom `verify` names.
+    #[error("{0}")]
+    Signature(#[from] SignatureError),
     /// The component the source serves is not the one the policy pins.
     #[error(
         "{field} pins the component {pinned}, but the component {served_by} serves hashes to {actual}"
@@ -92,6 +103,8 @@ impl LoadError {
         match self {
             Self::InvalidDigest(_) => "InvalidDigest",
             Self::InvalidSource(_) => "InvalidSource",
+            Self::InvalidVerify(_) => "InvalidVerify",
+            Self::Signature(error) => error.reason(),
             Self::SourceUnavailable(_) => "SourceUnavailable",
             Self::Plugin(plugin::LoadError::DigestMismatch { .. })
             | Self::ManifestDigestPinned { .. }
@@ -122,6 +135,8 @@ pub struct Obtained {
     pub plugin: Plugin,
     /// How it was obtained.
     pub origin: Origin,
+    /// Who signed it, when signatures are required (`verify`).
+    pub signers: Vec<Signer>,
 }
 
 /// What to obtain: a source, the digest it must have (if pinned), and the call limits.
@@ -135,6 +150,8 @@ pub struct PluginRequest<'a> {
     pub digest_field: &'static str,
     /// What every call may consume.
     pub limits: Limits,
+    /// Who must have signed it, besides whom the host requires.
+    pub verify: Option<&'a VerifySpec>,
 }
 
 impl<'a> PluginRequest<'a> {
@@ -146,6 +163,7 @@ impl<'a> PluginRequest<'a> {
             digest: spec.digest.as_deref(),
             digest_field: "spec.plugin.digest",
             limits: limits(policy.spec.limits.as_ref()),
+            verify: spec.verify.as_ref(),
         }
     }
 
@@ -156,6 +174,7 @@ impl<'a> PluginRequest<'a> {
             digest: candidate.digest.as_deref(),
             digest_field: "spec.plugin.candidate.digest",
             limits: limits(policy.spec.limits.as_ref()),
+            verify: policy.spec.plugin.verify.as_ref(),
         }
     }
 }
@@ -172,6 +191,10 @@ pub struct RegistryOptions {
     pub max_concurrent_loads: usize,
     /// The certificate authorities TLS sources are checked against.
     pub trust: TrustRoots,
+    /// The signatures every policy's plugins need, besides the policy's own `verify`.
+    pub default_verify: Option<VerifySpec>,
+    /// The keyless roots and transparency-log keys signatures are checked against.
+    pub signing: HostTrust,
 }
 
 impl Default for RegistryOptions {
@@ -181,6 +204,8 @@ impl Default for RegistryOptions {
             plugin_dirs: Vec::new(),
             max_concurrent_loads: 2,
             trust: TrustRoots::default(),
+            default_verify: None,
+            signing: HostTrust::default(),
         }
     }
 }
@@ -193,6 +218,11 @@ pub struct PluginRegistry {
     budget: load_budget::LoadBudget,
     metrics: Arc<Metrics>,
     loaded: Mutex<Loaded>,
+    default_verify: Option<VerifySpec>,
+    signing: HostTrust,
+    /// The signatures found beside each digest fetched, so that a digest served from memory
+    /// or disk is verified against the policy as it is now, without a fetch.
+    signatures: Mutex<HashMap<Digest, Arc<Signatures>>>,
 }
 
 #[derive(Default)]
@@ -222,6 +252,9 @@ impl PluginRegistry {
             budget: load_budget::LoadBudget::new(options.max_concurrent_loads),
             metrics,
             loaded: Mutex::default(),
+            default_verify: options.default_verify,
+            signing: options.signing,
+            signatures: Mutex::default(),
         }
     }
 
@@ -262,35 +295,57 @@ impl PluginRegistry {
             Err(credentials::Refused::Unreadable(e)) => Err(LoadError::SourceUnavailable(e)),
         };
         let pinned = request.digest.map(str::parse::<Digest>).transpose()?;
+        // The host's default is a floor no policy lowers: a policy's own `verify` is checked
+        // besides it, not instead.
+        let verifiers = self
+            .default_verify
+            .iter()
+            .chain(request.verify)
+            .map(|spec| Verifier::new(spec, self.signing.clone()))
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map_err(LoadError::InvalidVerify)?;
         let unreadable = |origin: Origin| {
             if let Err(error) = &authorized {
                 tracing::info!(policy, ?origin, %error, "the source's credentials cannot be read; serving the pinned digest the host holds");
             }
         };
+        // Why the signatures kept for a digest held were not accepted: the answer, unless a
+        // fetch finds better ones.
+        let mut refused = None;
         if let Some(digest) = pinned {
-            if let Some(plugin) = self.find(&digest, &request.limits) {
-                unreadable(Origin::Loaded);
-                return Ok(self.keep(plugin, Origin::Loaded));
-            }
-            let engine = self.engine.clone();
-            let limits = request.limits;
-            let cached = tokio::task::spawn_blocking(move || engine.load_cached(&digest, limits))
-                .await
-                .map_err(|e| plugin::LoadError::Sandbox(format!("plugin load task failed: {e}")))?;
-            if let Some(plugin) = cached? {
-                unreadable(Origin::Disk);
-                return Ok(self.keep(plugin, Origin::Disk));
+            match self.verify_kept(&verifiers, &digest) {
+                Ok(signers) => {
+                    if let Some((plugin, origin)) = self.held(digest, request.limits).await? {
+                        unreadable(origin);
+                        return Ok(self.keep(plugin, origin, signers));
+                    }
+                }
+                Err(error) => refused = error,
             }
         }
-        let authorized = authorized?;
+        let authorized = match authorized {
+            Ok(authorized) => authorized,
+            Err(error) => return Err(refused.map_or(error, LoadError::from)),
+        };
         // From the first byte fetched to the end of the compile, the load holds a permit.
         let _permit = self.budget.acquire(policy, &self.metrics).await;
+        let fetched = source::fetch(
+            &self.client,
+            authorized,
+            &self.rules.trust,
+            !verifiers.is_empty(),
+        )
+        .await;
         let source::Fetched {
             bytes,
             manifest_digest,
-        } = source::fetch(&self.client, authorized, &self.rules.trust)
-            .await
-            .map_err(LoadError::SourceUnavailable)?;
+            signatures,
+        } = match fetched {
+            Ok(fetched) => fetched,
+            Err(error) => {
+                return Err(refused.map_or(LoadError::SourceUnavailable(error), LoadError::from));
+            }
+        };
         let digest = Digest::of(&bytes);
         if let (Some(pinned), Some(manifest)) = (pinned, manifest_digest)
             && pinned != digest
@@ -312,15 +367,56 @@ impl PluginRegistry {
                 served_by: request.source.to_string(),
             });
         }
-        // The bytes are what the policy pins, if it pins any (checked above).
+        // The bytes are what the policy pins, if it pins any (checked above); signed as the
+        // policy wants, before anything compiles them.
+        let signers = match signatures {
+            Some(signatures) if !verifiers.is_empty() => {
+                let signatures = Arc::new(signatures);
+                crate::lock(&self.signatures).insert(digest, signatures.clone());
+                verify_all(&verifiers, &signatures, &digest)?
+            }
+            _ => Vec::new(),
+        };
         if let Some(plugin) = self.find(&digest, &request.limits) {
-            return Ok(self.keep(plugin, Origin::Loaded));
+            return Ok(self.keep(plugin, Origin::Loaded, signers));
         }
         let plugin = self
             .engine
             .load_async(bytes, pinned, request.limits)
             .await?;
-        Ok(self.keep(plugin, Origin::Fetched))
+        Ok(self.keep(plugin, Origin::Fetched, signers))
+    }
+
+    /// Who signed `digest`, by the signatures kept from its last fetch, as `verifiers` want:
+    /// no one needed without any. `Err(None)` when nothing is kept (the host must fetch
+    /// them), `Err(Some(_))` when what is kept is not enough (a fetch may find more).
+    fn verify_kept(
+        &self,
+        verifiers: &[Verifier],
+        digest: &Digest,
+    ) -> Result<Vec<Signer>, Option<SignatureError>> {
+        if verifiers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let kept = crate::lock(&self.signatures).get(digest).cloned();
+        let kept = kept.ok_or(None)?;
+        verify_all(verifiers, &kept, digest).map_err(Some)
+    }
+
+    /// The plugin `digest` under `limits` if this host holds it: loaded, or compiled on disk.
+    async fn held(
+        &self,
+        digest: Digest,
+        limits: Limits,
+    ) -> Result<Option<(Plugin, Origin)>, LoadError> {
+        if let Some(plugin) = self.find(&digest, &limits) {
+            return Ok(Some((plugin, Origin::Loaded)));
+        }
+        let engine = self.engine.clone();
+        let cached = tokio::task::spawn_blocking(move || engine.load_cached(&digest, limits))
+            .await
+            .map_err(|e| plugin::LoadError::Sandbox(format!("plugin load task failed: {e}")))?;
+        Ok(cached?.map(|plugin| (plugin, Origin::Disk)))
     }
 
     /// A loaded plugin with this digest and limits, if one is still alive.
@@ -330,7 +426,7 @@ impl PluginRegistry {
     }
 
     /// Remember `plugin` as loaded and recently used, forgetting plugins nothing holds.
-    fn keep(&self, plugin: Plugin, origin: Origin) -> Obtained {
+    fn keep(&self, plugin: Plugin, origin: Origin, signers: Vec<Signer>) -> Obtained {
         let mut loaded = crate::lock(&self.loaded);
         let key = (*plugin.digest(), *plugin.limits());
         loaded.recent.retain(|p| !p.same_as(&plugin));
@@ -338,13 +434,32 @@ impl PluginRegistry {
         loaded.recent.truncate(RECENT_PLUGINS);
         loaded.live.retain(|_, weak| weak.upgrade().is_some());
         loaded.live.insert(key, plugin.downgrade());
-        Obtained { plugin, origin }
+        Obtained {
+            plugin,
+            origin,
+            signers,
+        }
     }
 
     /// A watch on the bytes behind `source`, for the swap.
     pub(crate) fn watch_source(&self, source: &PluginSource) -> SourceWatch {
         SourceWatch::start(&self.client, source)
     }
+}
+
+/// Who signed `digest`, once every one of `verifiers` accepts a signature of it.
+fn verify_all(
+    verifiers: &[Verifier],
+    signatures: &Signatures,
+    digest: &Digest,
+) -> Result<Vec<Signer>, SignatureError> {
+    let mut signers = Vec::new();
+    for verifier in verifiers {
+        signers.extend(verifier.verify(&signatures.found, digest, &signatures.looked)?);
+    }
+    signers.sort();
+    signers.dedup();
+    Ok(signers)
 }
 
 /// The call limits a policy asks for, over the host's defaults.
@@ -391,6 +506,7 @@ mod tests {
 
     /// [`registry`] with `options` of the test's own.
     fn registry_with(cache: &Path, options: RegistryOptions) -> PluginRegistry {
+        crate::ensure_crypto_provider();
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
         let client = Client::try_from(config).expect("a client needs no server");
         let engine = PluginEngine::new(EngineOptions {
@@ -442,6 +558,7 @@ mod tests {
                 timeout: Duration::from_millis(timeout_ms),
                 ..Limits::default()
             },
+            verify: None,
         }
     }
 
@@ -582,6 +699,79 @@ mod tests {
             error.to_string().contains("deleted"),
             "names the Secret: {error}"
         );
+    }
+
+    #[tokio::test]
+    async fn signatures_are_checked_before_the_compile_and_again_for_a_digest_held() {
+        use crate::signing::sign::SigningKey;
+        let (dir, source, digest) = workspace();
+        let registry = registry(&dir.path().join("cache"));
+        let (ours, theirs) = (
+            SigningKey::generate().unwrap(),
+            SigningKey::generate().unwrap(),
+        );
+        let spec = |key: &SigningKey| VerifySpec {
+            keys: vec![key.public_pem().expect("pem")],
+            ..VerifySpec::default()
+        };
+        let (by_us, by_them) = (spec(&ours), spec(&theirs));
+        let signed = |verify| PluginRequest {
+            verify: Some(verify),
+            ..request(&source, Some(&digest), 500)
+        };
+
+        // No signature beside the file: nothing is compiled.
+        let error = registry
+            .obtain("a", signed(&by_us))
+            .await
+            .expect_err("unsigned");
+        assert_eq!(error.reason(), "SignatureMissing", "{error}");
+        assert!(error.to_string().contains("plugin.wasm.sig"), "{error}");
+        assert!(
+            registry
+                .find(
+                    &digest.parse().unwrap(),
+                    &request(&source, None, 500).limits
+                )
+                .is_none()
+        );
+
+        let bytes = std::fs::read(dir.path().join("plugin.wasm")).expect("plugin");
+        let bundle = ours.sign_blob(&bytes, None).expect("signed");
+        std::fs::write(
+            dir.path().join("plugin.wasm.sig"),
+            serde_json::to_vec(&bundle).expect("json"),
+        )
+        .expect("write signature");
+        let loaded = registry
+            .obtain("a", signed(&by_us))
+            .await
+            .expect("signed by us");
+        assert_eq!(loaded.origin, Origin::Fetched);
+        assert_eq!(loaded.signers[0].key, Some(ours.fingerprint().unwrap()));
+
+        // Held in memory and the source gone: the kept signatures are checked again, against
+        // the policy as it is now.
+        std::fs::remove_file(dir.path().join("plugin.wasm")).expect("remove source");
+        let again = registry
+            .obtain("a", signed(&by_us))
+            .await
+            .expect("held, signed by us");
+        assert_eq!(again.origin, Origin::Loaded);
+        let error = registry
+            .obtain("a", signed(&by_them))
+            .await
+            .expect_err("tightened");
+        assert_eq!(error.reason(), "SignatureInvalid", "{error}");
+        assert!(
+            error.to_string().contains(&theirs.fingerprint().unwrap()),
+            "{error}"
+        );
+        // Without verify the same digest is served as before.
+        let plain = registry
+            .obtain("a", request(&source, Some(&digest), 500))
+            .await;
+        assert_eq!(plain.expect("no verify").origin, Origin::Loaded);
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@ use super::credentials::{self, Credentials};
 use super::plugin_dirs::PluginDirs;
 use super::trust::TrustRoots;
 use crate::policy::{HttpSource, OciSource, PluginSource, SecretRef};
+use crate::signing;
 
 /// Largest component the host will read from any source.
 pub const MAX_PLUGIN_BYTES: usize = 64 << 20;
@@ -174,58 +175,152 @@ pub struct Fetched {
     /// From a registry: the digest of the manifest the component was found through, which
     /// is what `oras push` and most registries print, and not the component's own.
     pub manifest_digest: Option<String>,
+    /// The signatures found beside the component, when asked for.
+    pub signatures: Option<Signatures>,
 }
+
+/// The signatures a source keeps beside its component, and where they were looked for.
+#[derive(Debug, Clone, Default)]
+pub struct Signatures {
+    /// Each signature found, not yet trusted.
+    pub found: Vec<crate::signing::Found>,
+    /// Where the host looked, for messages.
+    pub looked: String,
+}
+
+/// The largest signature (a `.sig` bundle, a signature manifest or payload) the host reads.
+const MAX_SIGNATURE_BYTES: usize = 256 << 10;
 
 /// Read the component an authorized source points at; TLS sources must present a
 /// certificate `trust` vouches for.
+/// With `signatures`, the signatures kept beside it are read too (see
+/// [`crate::signing::cosign`] for where).
 pub async fn fetch(
     client: &Client,
     authorized: Authorized<'_>,
     trust: &TrustRoots,
+    signatures: bool,
 ) -> anyhow::Result<Fetched> {
-    tokio::time::timeout(FETCH_DEADLINE, fetch_now(client, authorized, trust))
-        .await
-        .unwrap_or_else(|_| {
-            bail!(
-                "fetching the plugin took longer than {}s; giving up",
-                FETCH_DEADLINE.as_secs()
-            )
-        })
+    tokio::time::timeout(
+        FETCH_DEADLINE,
+        fetch_now(client, authorized, trust, signatures),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        bail!(
+            "fetching the plugin took longer than {}s; giving up",
+            FETCH_DEADLINE.as_secs()
+        )
+    })
 }
 
 async fn fetch_now(
     client: &Client,
     authorized: Authorized<'_>,
     trust: &TrustRoots,
+    want_signatures: bool,
 ) -> anyhow::Result<Fetched> {
     let Authorized {
         checked,
         credentials,
     } = authorized;
     let source = checked.source;
-    let bytes = match (&checked.file, &source.config_map, &source.http, &source.oci) {
-        (Some(file), None, None, None) => read_file_capped(file).await,
+    let (bytes, signatures) = match (&checked.file, &source.config_map, &source.http, &source.oci) {
+        (Some(file), None, None, None) => {
+            let bytes = read_file_capped(file).await?;
+            let signatures = if want_signatures {
+                let beside = PathBuf::from(signing::cosign::detached(&file.display().to_string()));
+                Some(file_signature(&beside).await?)
+            } else {
+                None
+            };
+            (bytes, signatures)
+        }
         (None, Some(cm), None, None) => {
             let where_ = format!("ConfigMap {}/{} key {}", cm.namespace, cm.name, cm.key);
             let config_map = Api::<ConfigMap>::namespaced(client.clone(), &cm.namespace)
                 .get(&cm.name)
                 .await
                 .with_context(|| format!("reading plugin from {where_}"))?;
+            let signatures = want_signatures
+                .then(|| config_map_signature(&config_map, &cm.key, &where_))
+                .transpose()?;
             let bytes = config_map
                 .binary_data
                 .and_then(|mut data| data.remove(&cm.key))
                 .with_context(|| format!("{where_}: no such binaryData key"))?
                 .0;
             check_size(bytes.len(), &where_)?;
-            Ok(bytes)
+            (bytes, signatures)
         }
-        (None, None, Some(http), None) => fetch_http(http, credentials, trust).await,
-        (None, None, None, Some(oci)) => return fetch_oci(oci, credentials, trust).await,
+        (None, None, Some(http), None) => {
+            fetch_http(http, credentials, trust, want_signatures).await?
+        }
+        (None, None, None, Some(oci)) => {
+            return fetch_oci(oci, credentials, trust, want_signatures).await;
+        }
         _ => bail!("the plugin source must name exactly one of file, configMap, http or oci"),
-    }?;
+    };
     Ok(Fetched {
         bytes,
         manifest_digest: None,
+        signatures,
+    })
+}
+
+/// The `.sig` bundle at `path`, if there is one.
+async fn file_signature(path: &std::path::Path) -> anyhow::Result<Signatures> {
+    use tokio::io::AsyncReadExt as _;
+    let looked = path.display().to_string();
+    let file = match tokio::fs::File::open(path).await {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Signatures {
+                found: Vec::new(),
+                looked,
+            });
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading the signature {looked}")),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_SIGNATURE_BYTES as u64)
+        .read_to_end(&mut bytes)
+        .await
+        .with_context(|| format!("reading the signature {looked}"))?;
+    let found = signing::Found::from_blob_bundle(&bytes, &looked)?;
+    Ok(Signatures {
+        found: vec![found],
+        looked,
+    })
+}
+
+/// The `.sig` bundle kept under `key.sig` in the plugin's ConfigMap (`data` or
+/// `binaryData`), if there is one.
+fn config_map_signature(
+    config_map: &ConfigMap,
+    key: &str,
+    where_: &str,
+) -> anyhow::Result<Signatures> {
+    let name = signing::cosign::detached(key);
+    let looked = format!("{where_}.sig");
+    let bytes = config_map
+        .data
+        .as_ref()
+        .and_then(|data| data.get(&name))
+        .map(|text| text.as_bytes().to_vec())
+        .or_else(|| {
+            config_map
+                .binary_data
+                .as_ref()
+                .and_then(|data| data.get(&name))
+                .map(|bytes| bytes.0.clone())
+        });
+    let found = bytes
+        .map(|bytes| signing::Found::from_blob_bundle(&bytes, &looked))
+        .transpose()?;
+    Ok(Signatures {
+        found: found.into_iter().collect(),
+        looked,
     })
 }
 
@@ -268,6 +363,7 @@ async fn fetch_oci(
     source: &OciSource,
     credentials: Option<Credentials>,
     trust: &TrustRoots,
+    want_signatures: bool,
 ) -> anyhow::Result<Fetched> {
     let reference: oci_client::Reference = source
         .reference
@@ -328,12 +424,83 @@ async fn fetch_oci(
             .pull_blob(&reference, layer, &mut out)
             .await
             .map_err(failure)?;
+        let signatures = if want_signatures {
+            Some(
+                oci_signatures(&registry, &reference, &auth, &manifest_digest)
+                    .await
+                    .map_err(Failure::Retryable)?,
+            )
+        } else {
+            None
+        };
         Ok(Fetched {
             bytes: out.bytes,
             manifest_digest: Some(manifest_digest),
+            signatures,
         })
     })
     .await
+}
+
+/// The signatures cosign keeps for the artifact `manifest_digest` in `reference`'s
+/// repository: the layers of the manifest tagged `sha256-<hex>.sig`. A layer that is not
+/// a signature of this artifact is left out (and logged).
+pub(crate) async fn oci_signatures(
+    registry: &oci_client::Client,
+    reference: &oci_client::Reference,
+    auth: &oci_client::secrets::RegistryAuth,
+    manifest_digest: &str,
+) -> anyhow::Result<Signatures> {
+    let tag = signing::cosign::signature_tag(manifest_digest);
+    let signatures = oci_client::Reference::with_tag(
+        reference.registry().to_owned(),
+        reference.repository().to_owned(),
+        tag,
+    );
+    let looked = signatures.whole();
+    let mut found = Vec::new();
+    let manifest = match registry.pull_image_manifest(&signatures, auth).await {
+        Ok((manifest, _)) => manifest,
+        Err(e) if is_not_found(&e) => return Ok(Signatures { found, looked }),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("pulling {looked}"))),
+    };
+    for (i, layer) in manifest.layers.iter().enumerate() {
+        let location = format!("{looked} layer {i}");
+        if layer.media_type != signing::cosign::SIMPLE_SIGNING_MEDIA_TYPE {
+            continue;
+        }
+        if usize::try_from(layer.size).map_or(true, |size| size > MAX_SIGNATURE_BYTES) {
+            tracing::info!(%location, size = layer.size, "signature payload too large; left out");
+            continue;
+        }
+        let mut payload = Vec::new();
+        registry
+            .pull_blob(&signatures, layer, &mut payload)
+            .await
+            .with_context(|| format!("pulling {location}"))?;
+        let annotations = layer.annotations.clone().unwrap_or_default();
+        match signing::Found::from_layer(payload, &annotations, manifest_digest, location) {
+            Ok(signature) => found.push(signature),
+            Err(error) => {
+                tracing::info!(error = %format!("{error:#}"), "not a signature of this artifact; left out")
+            }
+        }
+    }
+    Ok(Signatures { found, looked })
+}
+
+/// Whether the registry says it has no such manifest.
+fn is_not_found(error: &oci_client::errors::OciDistributionError) -> bool {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode as C};
+    match error {
+        E::ImageManifestNotFoundError(_) => true,
+        E::ServerError { code: 404, .. } => true,
+        E::RegistryError { envelope, .. } => envelope
+            .errors
+            .iter()
+            .any(|e| matches!(e.code, C::ManifestUnknown | C::NotFound | C::NameUnknown)),
+        _ => false,
+    }
 }
 
 /// A buffer that refuses to grow past the plugin size limit, so a registry that sends more
@@ -379,7 +546,8 @@ async fn fetch_http(
     source: &HttpSource,
     credentials: Option<Credentials>,
     trust: &TrustRoots,
-) -> anyhow::Result<Vec<u8>> {
+    want_signatures: bool,
+) -> anyhow::Result<(Vec<u8>, Option<Signatures>)> {
     crate::ensure_crypto_provider();
     let builder = reqwest::Client::builder()
         .connect_timeout(HTTP_CONNECT_TIMEOUT)
@@ -389,11 +557,45 @@ async fn fetch_http(
         .apply_to_http(builder)?
         .build()
         .context("building the HTTP client")?;
-    with_retries(&source.url, || {
-        download(&http, source, credentials.as_ref())
+    let bytes = with_retries(&source.url, || {
+        download(&http, &source.url, credentials.as_ref(), MAX_PLUGIN_BYTES)
     })
-    .await
+    .await?;
+    if !want_signatures {
+        return Ok((bytes, None));
+    }
+    let looked = http_signature_url(&source.url)?;
+    let found = with_retries(&looked, || async {
+        match download(&http, &looked, credentials.as_ref(), MAX_SIGNATURE_BYTES).await {
+            Err(Failure::Final(e)) if e.is::<NotFound>() => Ok(None),
+            other => other.map(Some),
+        }
+    })
+    .await?
+    .map(|bundle| signing::Found::from_blob_bundle(&bundle, &looked))
+    .transpose()?;
+    Ok((
+        bytes,
+        Some(Signatures {
+            found: found.into_iter().collect(),
+            looked,
+        }),
+    ))
 }
+
+/// The URL of the `.sig` bundle beside an HTTP source: `.sig` added to its path, the query
+/// kept.
+fn http_signature_url(url: &str) -> anyhow::Result<String> {
+    let mut parsed = url::Url::parse(url).with_context(|| format!("invalid URL {url}"))?;
+    let path = signing::cosign::detached(parsed.path());
+    parsed.set_path(&path);
+    Ok(parsed.to_string())
+}
+
+/// The server has nothing at this URL.
+#[derive(Debug, thiserror::Error)]
+#[error("fetching {0}: HTTP 404 Not Found")]
+struct NotFound(String);
 
 enum Failure {
     Retryable(anyhow::Error),
@@ -402,10 +604,10 @@ enum Failure {
 
 async fn download(
     http: &reqwest::Client,
-    source: &HttpSource,
+    url: &str,
     credentials: Option<&Credentials>,
+    limit: usize,
 ) -> Result<Vec<u8>, Failure> {
-    let url = &source.url;
     let mut request = http.get(url);
     request = match credentials {
         Some(Credentials::Bearer(token)) => request.bearer_auth(token),
@@ -416,6 +618,9 @@ async fn download(
         Failure::Retryable(anyhow::Error::new(e).context(format!("fetching {url}")))
     })?;
     let status = response.status();
+    if status == reqwest::StatusCode::NOT_FOUND {
+        return Err(Failure::Final(anyhow::Error::new(NotFound(url.to_owned()))));
+    }
     if !status.is_success() {
         let error = anyhow::anyhow!("fetching {url}: HTTP {status}");
         return Err(if status.is_server_error() || status.as_u16() == 429 {
@@ -425,10 +630,10 @@ async fn download(
         });
     }
     if let Some(length) = response.content_length()
-        && length > MAX_PLUGIN_BYTES as u64
+        && length > limit as u64
     {
         return Err(Failure::Final(anyhow::anyhow!(
-            "{url} is {length} bytes, above the {MAX_PLUGIN_BYTES}-byte plugin limit"
+            "{url} is {length} bytes, above the {limit}-byte size limit"
         )));
     }
     let mut bytes = Vec::new();
@@ -440,7 +645,11 @@ async fn download(
         bytes.extend_from_slice(&chunk);
         // Checked as it arrives: a server that lies about (or omits) its length cannot make
         // the host buffer more than the limit.
-        check_size(bytes.len(), url).map_err(Failure::Final)?;
+        if bytes.len() > limit {
+            return Err(Failure::Final(anyhow::anyhow!(
+                "{url} is more than {limit} bytes, the size limit"
+            )));
+        }
     }
     Ok(bytes)
 }
@@ -686,7 +895,7 @@ mod tests {
             url: url.clone(),
             secret_ref: None,
         };
-        let refused = fetch_http(&source, None, &TrustRoots::default())
+        let refused = fetch_http(&source, None, &TrustRoots::default(), false)
             .await
             .expect_err("the private CA is not among the compiled-in roots");
         assert!(
@@ -694,7 +903,9 @@ mod tests {
             "{refused:#}"
         );
         let trust = TrustRoots::with_extra_pem(ca.as_bytes()).expect("the CA");
-        let bytes = fetch_http(&source, None, &trust).await.expect("trusted");
+        let (bytes, _) = fetch_http(&source, None, &trust, false)
+            .await
+            .expect("trusted");
         assert_eq!(bytes, b"component bytes");
     }
 }

@@ -98,6 +98,7 @@ pub struct HostBuilder {
     max_concurrent_calls: u32,
     explain: Option<Arc<Explain>>,
     require_policy_identity: bool,
+    signing: wasmctrl::signing::HostTrust,
 }
 
 impl HostBuilder {
@@ -112,7 +113,15 @@ impl HostBuilder {
             max_concurrent_calls: 8,
             explain: None,
             require_policy_identity: false,
+            signing: wasmctrl::signing::HostTrust::default(),
         }
+    }
+
+    /// Check plugin signatures against these keyless roots and log keys, as
+    /// `--keyless-trust-roots` and `--rekor-public-keys` do.
+    pub fn signing(mut self, trust: wasmctrl::signing::HostTrust) -> Self {
+        self.signing = trust;
+        self
     }
 
     /// Refuse policies that name no ServiceAccount, as `--require-policy-identity` does.
@@ -171,6 +180,7 @@ impl HostBuilder {
 
     /// The host, not yet running (for a process of its own that runs it until killed).
     pub async fn build(self) -> anyhow::Result<Host> {
+        wasmctrl::ensure_crypto_provider();
         let engine = PluginEngine::new(EngineOptions {
             cache_dir: self.disk_cache.then(disk_cache),
             max_concurrent_calls: self.max_concurrent_calls,
@@ -188,6 +198,7 @@ impl HostBuilder {
             plugin_dirs: self.plugin_dirs,
             explain: self.explain.unwrap_or(defaults.explain),
             require_policy_identity: self.require_policy_identity,
+            signing: self.signing,
             ..defaults
         };
         // Policies that name a ServiceAccount are impersonated from the host's own settings.

@@ -33,7 +33,9 @@ pub use objects::{
     wait_for_object_within, wait_gone,
 };
 pub use policies::{apply_policy, delete_namespace, file_source, policies, test_namespace};
-pub use process::{SelfProcess, impersonating_kubeconfig, spawn_self, token_kubeconfig};
+pub use process::{
+    SelfProcess, impersonating_kubeconfig, spawn_self, token_kubeconfig, wasmctrl_cli,
+};
 pub use rbac::{account_subject, bind_cluster_role, bind_role, service_account};
 pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};
 

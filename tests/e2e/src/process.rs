@@ -145,3 +145,13 @@ pub fn token_kubeconfig(
     std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
     Ok(path)
 }
+
+/// Run `wasmctrl ARGS…` in this process, as the binary would (its output goes to the test's
+/// stdout).
+pub async fn wasmctrl_cli(args: &[&str]) -> anyhow::Result<()> {
+    let mut all = vec!["wasmctrl"];
+    all.extend_from_slice(args);
+    <wasmctrl::cli::Cli as clap::Parser>::try_parse_from(all)?
+        .run()
+        .await
+}

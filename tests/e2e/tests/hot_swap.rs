@@ -799,15 +799,6 @@ async fn push_plugin(registry: &str, repository: &str, plugin: &str) -> anyhow::
     Ok(reference)
 }
 
-/// Run `wasmctrl ARGS…` as the binary would (output goes to this test's stdout).
-async fn wasmctrl_cli(args: &[&str]) -> anyhow::Result<()> {
-    let mut all = vec!["wasmctrl"];
-    all.extend_from_slice(args);
-    <wasmctrl::cli::Cli as clap::Parser>::try_parse_from(all)?
-        .run()
-        .await
-}
-
 /// Read `reference`'s manifest and config back with another client than the one that
 /// pushed them, as `oras pull` would: the Wasm artifact layout, and the manifest's digest.
 async fn read_back_layout(reference: &str, plugin: &str) -> anyhow::Result<String> {

@@ -285,6 +285,54 @@ async fn a_candidate_failing_a_quarter_of_its_canary_parents_is_rolled_back_by_t
         "{metrics}"
     );
 
+    // The retry annotation starts the rolled-back candidate over, once per value: it walks
+    // into the canary again, fails the same gate, and is rolled back a second time.
+    let retry =
+        |value: &str| json!({"metadata": {"annotations": {"wasmctrl.dev/retry-rollout": value}}});
+    policy_api
+        .patch(
+            TEST,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(retry("1")),
+        )
+        .await?;
+    let retried = wait_for_object_within(&policy_api, TEST, "the rollout retried", ROLLOUT, |p| {
+        let rollout = rollout_of(p);
+        rollout["retriedFor"] == "1" && rollout["phase"] != "RolledBack"
+    })
+    .await?;
+    assert_eq!(rollout_of(&retried)["history"][0]["result"], "Started");
+    let again = wait_for_object_within(&policy_api, TEST, "rolled back again", ROLLOUT, |p| {
+        rollout_of(p)["phase"] == "RolledBack"
+    })
+    .await?;
+    let results: Vec<&str> = rollout_of(&again)["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["result"].as_str())
+        .collect();
+    assert_eq!(
+        results.iter().filter(|r| **r == "RolledBack").count(),
+        2,
+        "the history keeps both: {results:?}"
+    );
+    // The same value again starts nothing.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let still = policy_api.get(TEST).await?;
+    let still = serde_json::to_value(&still)?;
+    assert_eq!(
+        rollout_of(&still)["phase"],
+        "RolledBack",
+        "one retry per value"
+    );
+    assert!(
+        event_reasons(&client, "default", TEST)
+            .await?
+            .iter()
+            .any(|(_, r)| r == "RolloutRetried")
+    );
+
     host.stop().await?;
     delete_namespace(&client, &ns).await?;
     policy_api.delete(TEST, &Default::default()).await?;

@@ -508,6 +508,7 @@ fn write_kubeconfig(path: &Path, server: &str, pki_dir: &Path) -> anyhow::Result
 
 /// A client for the admin kubeconfig at `path`.
 pub async fn admin_client(path: &Path) -> anyhow::Result<kube::Client> {
+    ensure_crypto_provider();
     let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
     let config = kube::Config::from_custom_kubeconfig(
         kubeconfig,
@@ -664,4 +665,11 @@ pub fn is_alive(pid: u32) -> bool {
             .is_some_and(|state| state != "Z" && state != "X"),
         Err(_) => false,
     }
+}
+
+/// Pick rustls' ring provider, as the host does: both ring and aws-lc-rs are in the
+/// dependency graph, and rustls refuses to guess between them.
+pub fn ensure_crypto_provider() {
+    // An error means another provider was installed first, which works just as well.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -15,6 +15,7 @@ pub mod image;
 mod pki;
 pub mod plugins;
 pub mod registry;
+pub mod signing;
 pub mod tools;
 
 use std::path::{Path, PathBuf};
@@ -63,6 +64,7 @@ impl TestEnv {
     /// The shared test cluster, started on first use if none is running.
     pub fn get() -> &'static TestEnv {
         static ENV: OnceLock<TestEnv> = OnceLock::new();
+        cluster::ensure_crypto_provider();
         ENV.get_or_init(|| match Self::find_or_start() {
             Ok(env) => env,
             Err(e) => panic!("no test cluster: {e:#}"),

@@ -121,9 +121,10 @@ async fn load(
             let info = obtained.plugin.info();
             tracing::info!(policy = %name, digest = %info.digest, origin = ?obtained.origin, from_cache = info.from_cache, load_time = ?info.load_time, "plugin loaded");
             status.set_plugin(
-                State::ok("Loaded", format!("plugin {} loaded", info.digest)),
+                State::ok("Loaded", loaded_message(&info.digest, &obtained.signers)),
                 Some(&info.digest),
             );
+            status.set_active_signers(obtained.signers);
             Some(obtained.plugin)
         }
         Err(error) => {
@@ -134,6 +135,18 @@ async fn load(
             None
         }
     }
+}
+
+/// `PluginLoaded`'s message: the digest, and who signed it when signatures are required.
+pub(crate) fn loaded_message(
+    digest: &crate::plugin::Digest,
+    signers: &[crate::policy::Signer],
+) -> String {
+    if signers.is_empty() {
+        return format!("plugin {digest} loaded");
+    }
+    let by: Vec<String> = signers.iter().map(ToString::to_string).collect();
+    format!("plugin {digest} loaded, signed by {}", by.join(", "))
 }
 
 /// Every kind the policy names, through discovery: a kind not served yet waits.

@@ -340,10 +340,39 @@ impl Driver {
         };
         let digest = candidate.serving.plugin.digest().to_string();
         let mut status = self.status.lock().await;
+        let retry = retry_annotation(policy);
         let mut state = match status.rollout() {
-            Some(state) if state.digest == digest => state.clone(),
+            Some(state)
+                if state.digest == digest
+                    && !(state.phase == phase::ROLLED_BACK
+                        && retry.is_some()
+                        && state.retried_for.as_deref() != retry) =>
+            {
+                state.clone()
+            }
+            Some(state) if state.digest == digest => {
+                // Rolled back, and the retry annotation took a new value: start over, keeping
+                // the history.
+                let mut again = started(&digest, spec);
+                again.retried_for = retry.map(str::to_owned);
+                let mut history = state.history.clone();
+                history.insert(0, again.history[0].clone());
+                history.truncate(HISTORY);
+                again.history = history;
+                self.transition(
+                    policy,
+                    &again,
+                    "started",
+                    "RolloutRetried",
+                    EventType::Normal,
+                )
+                .await;
+                again
+            }
             _ => {
-                let state = started(&digest, spec);
+                let mut state = started(&digest, spec);
+                // A value set before this rollout began asks for no retry of it.
+                state.retried_for = retry.map(str::to_owned);
                 self.transition(
                     policy,
                     &state,
@@ -523,6 +552,17 @@ impl Driver {
     }
 }
 
+/// The annotation that starts a rolled-back candidate's rollout over, each time it takes a
+/// new value (`kubectl annotate reconcilepolicy NAME wasmctrl.dev/retry-rollout="$(date +%s)"`).
+pub(crate) const RETRY_ANNOTATION: &str = "wasmctrl.dev/retry-rollout";
+
+pub(crate) fn retry_annotation(policy: &ReconcilePolicy) -> Option<&str> {
+    policy
+        .annotations()
+        .get(RETRY_ANNOTATION)
+        .map(String::as_str)
+}
+
 /// Give a freshly loaded candidate the share `rollout` (its own, from the status) left it
 /// with, before it serves.
 pub(crate) fn resume(candidate: &Candidate, rollout: &RolloutStatus) {
@@ -546,6 +586,7 @@ fn started(digest: &str, spec: &RolloutSpec) -> RolloutStatus {
         message: format!("entered {}", first.name()),
         examples: Vec::new(),
         history: Vec::new(),
+        retried_for: None,
     };
     push(&mut state, "Started", format!("candidate {digest}"));
     state

@@ -13,7 +13,7 @@ use crate::leader::Leadership;
 use crate::plugin::Digest;
 use crate::policy::{
     CandidateStatus, KindRef, ParentRef, PruneGuardStatus, ReconcilePolicy, ReconcilePolicyStatus,
-    RolloutStatus,
+    RolloutStatus, Signer,
 };
 
 /// The field manager the host writes policy status with.
@@ -116,7 +116,8 @@ impl PolicyStatusWriter {
 
     pub fn set_plugin(&mut self, state: State, digest: Option<&Digest>) {
         self.set_condition("PluginLoaded", state);
-        if let Some(digest) = digest {
+        let rolled_out = self.rolled_out();
+        if let Some(digest) = digest.filter(|_| !rolled_out) {
             let digest_text = digest.to_string();
             if self.current.active_digest.as_ref() != Some(&digest_text) {
                 self.current.active_since = Some(Time(jiff::Timestamp::now()));
@@ -161,7 +162,32 @@ impl PolicyStatusWriter {
     /// The candidate's shadow and canary counts.
     pub fn set_candidate_counts(&mut self, counts: Option<CandidateStatus>) {
         if let (Some(current), Some(counts)) = (&mut self.current.candidate, counts) {
+            let signers = std::mem::take(&mut current.signers);
             *current = counts;
+            current.signers = signers;
+        }
+    }
+
+    /// Who signed the active plugin (none when no signatures are required).
+    pub fn set_active_signers(&mut self, signers: Vec<Signer>) {
+        if !self.rolled_out() {
+            self.current.active_signers = signers;
+        }
+    }
+
+    /// Whether a completed rollout's candidate serves every parent: it is then the plugin the
+    /// status names as active, until the rollout is promoted or removed from the spec.
+    fn rolled_out(&self) -> bool {
+        self.current
+            .rollout
+            .as_ref()
+            .is_some_and(|r| r.phase == "Complete")
+    }
+
+    /// Who signed the candidate.
+    pub fn set_candidate_signers(&mut self, signers: Vec<Signer>) {
+        if let Some(candidate) = &mut self.current.candidate {
+            candidate.signers = signers;
         }
     }
 
@@ -180,6 +206,9 @@ impl PolicyStatusWriter {
             self.current.active_since = Some(Time(jiff::Timestamp::now()));
             self.current.active_digest = Some(digest.to_string());
             self.current.active_digest_short = Some(digest.short());
+            if let Some(candidate) = &self.current.candidate {
+                self.current.active_signers = candidate.signers.clone();
+            }
         }
         self.current.rollout = rollout;
     }

@@ -22,6 +22,7 @@ use kube::ResourceExt as _;
 use kube::core::Selector;
 use tokio::sync::{Mutex, mpsc, watch};
 
+use crate::controller::policy_run::prepare::loaded_message;
 use crate::controller::policy_run::rollout;
 use crate::controller::policy_run::status::{PolicyStatusWriter, State};
 use crate::controller::reconcile::prune_guard::{self, PruneGuard};
@@ -114,12 +115,12 @@ impl Swapper {
         let config = config_text(&policy.spec.plugin);
         let current = self.serving.active.load_full();
         let started = std::time::Instant::now();
-        let plugin = match self
+        let (plugin, signers) = match self
             .registry
             .obtain(&name, PluginRequest::active(policy))
             .await
         {
-            Ok(obtained) => obtained.plugin,
+            Ok(obtained) => (obtained.plugin, obtained.signers),
             Err(error) => {
                 let (reason, message) = (error.reason(), error.to_string());
                 tracing::warn!(policy = %name, reason, %message, active = %current.plugin.digest(), "new plugin refused; the active one keeps serving");
@@ -136,9 +137,10 @@ impl Swapper {
         };
         let mut status = self.status.lock().await;
         status.set_plugin(
-            State::ok("Loaded", format!("plugin {} loaded", plugin.digest())),
+            State::ok("Loaded", loaded_message(plugin.digest(), &signers)),
             Some(plugin.digest()),
         );
+        status.set_active_signers(signers);
         if plugin.digest() == current.plugin.digest()
             && config == current.config
             && plugin.limits() == current.plugin.limits()
@@ -223,6 +225,7 @@ impl Swapper {
                     .map(ToString::to_string)
                     .or_else(|| config_text(&policy.spec.plugin));
                 let digest = *obtained.plugin.digest();
+                let signers = obtained.signers;
                 let mode = if canary.is_some() { "canary" } else { "shadow" };
                 let candidate = Candidate::new(
                     Arc::new(ActivePlugin {
@@ -250,11 +253,14 @@ impl Swapper {
                 );
                 self.serving.candidate.store(Some(Arc::new(candidate)));
                 lock(&self.serving.shadow).clear();
-                let message = format!("candidate {digest} loaded ({mode})");
-                self.status
-                    .lock()
-                    .await
-                    .set_candidate(Some(State::ok("Loaded", message)), Some(&digest));
+                let message = format!(
+                    "candidate {} ({mode})",
+                    loaded_message(&digest, &signers).trim_start_matches("plugin ")
+                );
+                let mut status = self.status.lock().await;
+                status.set_candidate(Some(State::ok("Loaded", message)), Some(&digest));
+                status.set_candidate_signers(signers);
+                drop(status);
                 *loaded = wanted;
                 let _ = self.requeue_all.send(());
                 tracing::info!(policy = %name, %digest, mode, "candidate plugin loaded; re-evaluating every parent");
