@@ -1340,3 +1340,54 @@ async fn a_host_watching_one_namespace_runs_on_the_charts_namespaced_rbac_and_ho
     delete_namespace(&client, &watched).await?;
     delete_namespace(&client, &host_ns).await
 }
+
+/// The chart's `verification` values become the host's flags, read from one ConfigMap whose
+/// policy the host accepts as a `verify`.
+#[test]
+fn plugin_verification_values_reach_the_host_as_files_it_reads() -> anyhow::Result<()> {
+    let key = wasmctrl::signing::sign::SigningKey::generate()?.public_pem()?;
+    let policy = json!({
+        "keys": [key],
+        "identities": [{"subject": "release-bot@example.com", "issuer": "https://issuer.example.com"}],
+    });
+    let policy_value = format!("verification.policy={policy}");
+    let objects = documents(&render(&[
+        "wasmctrl",
+        CHART,
+        "--namespace",
+        "wasmctrl",
+        "--set-json",
+        &policy_value,
+        "--set",
+        "verification.keylessTrustRoots=ROOTS",
+    ])?)?;
+    let flags = args(&objects)?;
+    for flag in [
+        "--plugin-verify=/etc/wasmctrl/verification/policy.yaml",
+        "--keyless-trust-roots=/etc/wasmctrl/verification/keyless-trust-roots.pem",
+    ] {
+        assert!(flags.iter().any(|a| a == flag), "{flag} in {flags:?}");
+    }
+    assert!(!flags.iter().any(|a| a.starts_with("--rekor-public-keys")));
+    let config_map = object(&objects, "ConfigMap", "wasmctrl-verification")?;
+    let text = config_map["data"]["policy.yaml"]
+        .as_str()
+        .context("policy.yaml")?;
+    let spec: wasmctrl::policy::VerifySpec = serde_yaml_ng::from_str(text)?;
+    assert_eq!(spec.keys, [key]);
+    wasmctrl::signing::Verifier::new(&spec, Default::default())?;
+    assert_eq!(config_map["data"]["keyless-trust-roots.pem"], "ROOTS\n");
+    let pod = pod(&objects)?;
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .context("volumes")?
+            .iter()
+            .any(|v| v["configMap"]["name"] == "wasmctrl-verification")
+    );
+    // Unset, none of it renders.
+    let defaults = rendered_with(&[])?;
+    assert!(!args(&defaults)?.iter().any(|a| a.contains("verification")));
+    assert!(object(&defaults, "ConfigMap", "wasmctrl-verification").is_err());
+    Ok(())
+}

@@ -97,3 +97,10 @@ none). A control plane whose addresses change later needs a `helm upgrade`, or t
 {{ . }}
 {{- end -}}
 {{- end -}}
+
+{{/* Non-empty when any plugin verification value is set. */}}
+{{- define "wasmctrl.verification" -}}
+{{- with .Values.verification -}}
+{{- if or .policy .keylessTrustRoots .rekorPublicKeys -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
