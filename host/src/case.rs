@@ -251,8 +251,12 @@ impl Case {
     pub fn read(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read case {}", path.display()))?;
-        serde_yaml_ng::from_str(&text)
-            .with_context(|| format!("{} is not a reconcile case", path.display()))
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// A case from YAML or JSON text; `what` names it in errors.
+    pub fn parse(text: &str, what: &str) -> anyhow::Result<Self> {
+        serde_yaml_ng::from_str(text).with_context(|| format!("{what} is not a reconcile case"))
     }
 
     /// The case as YAML, with a first line saying what the file is.

@@ -30,6 +30,7 @@ pub struct RecordOptions {
 
 /// Records sampled reconciles as case files.
 pub struct Recorder {
+    dir: PathBuf,
     sender: SyncSender<Recording>,
     one_in: u64,
     seen: AtomicU64,
@@ -44,6 +45,11 @@ struct Recording {
 }
 
 impl Recorder {
+    /// The directory `policy`'s cases are recorded in.
+    pub fn policy_dir(&self, policy: &str) -> PathBuf {
+        self.dir.join(file_safe(policy))
+    }
+
     /// Start recording to `options.dir`, creating it.
     pub fn start(options: &RecordOptions) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&options.dir)
@@ -71,6 +77,7 @@ impl Recorder {
             .context("starting the recorder thread")?;
         tracing::info!(dir = %options.dir.display(), max_files = options.max_files, one_in = options.one_in, "recording reconcile cases");
         Ok(Self {
+            dir: options.dir.clone(),
             sender,
             one_in: options.one_in.max(1),
             seen: AtomicU64::new(0),

@@ -10,7 +10,10 @@ pub mod permissions;
 mod rollout;
 mod verify;
 
-pub use rollout::{RolloutSpec, RolloutStage, RolloutStatus, RolloutTransition};
+pub use rollout::{
+    ReplayConfigMap, ReplayGate, ReplayResult, RolloutSpec, RolloutStage, RolloutStatus,
+    RolloutTransition,
+};
 pub use verify::{Signer, SignerIdentity, VerifySpec};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};

@@ -23,6 +23,65 @@ pub struct RolloutSpec {
     /// neither advances nor rolls back until this is unset.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// Recorded cases the candidate must answer as they were answered before it serves any
+    /// parent: while they replay it serves none; a case it would fail on (or, with
+    /// `failOnChange`, answer differently) rolls it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayGate>,
+}
+
+/// Where the cases of a replay gate are.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.configMap) != self.recorded").message("replay needs exactly one of configMap and recorded"))]
+pub struct ReplayGate {
+    /// A ConfigMap whose every `data` key holds one case (`wasmctrl explain --save`, a
+    /// recorded case, a `plugin test` case), read as the policy's own identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ReplayConfigMap>,
+    /// The cases this host recorded for the policy (`--record-dir`), newest first.
+    #[serde(default)]
+    pub recorded: bool,
+    /// Roll back on a case the candidate would answer differently too, not only on one it
+    /// would fail on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fail_on_change: bool,
+    /// At most this many cases are replayed (default 200).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2000))]
+    pub max_cases: Option<u32>,
+}
+
+/// A ConfigMap of cases.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayConfigMap {
+    /// Its namespace (a namespaced policy's own namespace, if unset there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+}
+
+/// What the replay gate found.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayResult {
+    /// Cases replayed.
+    #[serde(default)]
+    pub cases: u64,
+    /// Cases answered as before.
+    #[serde(default)]
+    pub unchanged: u64,
+    /// Cases answered differently.
+    #[serde(default)]
+    pub would_change: u64,
+    /// Cases the candidate failed on.
+    #[serde(default)]
+    pub would_fail: u64,
+    /// A few of the cases that did not pass, with what differed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<String>,
 }
 
 /// One stage: the share the candidate serves, and its gates.
@@ -109,6 +168,9 @@ pub struct RolloutStatus {
     /// again for: a rolled-back candidate starts over when the annotation takes a new value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retried_for: Option<String>,
+    /// The replay gate's result, once the candidate replayed the cases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayResult>,
 }
 
 /// One step of a rollout.

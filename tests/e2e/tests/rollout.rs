@@ -338,3 +338,115 @@ async fn a_candidate_failing_a_quarter_of_its_canary_parents_is_rolled_back_by_t
     policy_api.delete(TEST, &Default::default()).await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_fails_recorded_cases_is_rolled_back_before_it_serves_any_parent()
+-> anyhow::Result<()> {
+    const TEST: &str = "rollout-replay";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
+    let dir = tempfile::tempdir()?;
+    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
+    // Every reconcile of the active plugin is recorded as a case.
+    let explain = wasmctrl::explain::Explain::new(&wasmctrl::explain::ExplainOptions {
+        record: Some(wasmctrl::explain::RecordOptions {
+            dir: dir.path().join("cases"),
+            max_files: 1000,
+            one_in: 1,
+        }),
+        ..Default::default()
+    })?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .plugin_dir(dir.path())
+        .explained(std::sync::Arc::new(explain))
+        .start()
+        .await?;
+    widgets_reconciled(&client, &ns, TEST).await?;
+    let applied_before = child_operations(&host, TEST, "applied");
+
+    let rollout = json!({
+        "stages": [{"percent": 50, "maxWouldFail": 1.0}, {"percent": 100, "maxWouldFail": 1.0}],
+        "replay": {"recorded": true},
+    });
+    let candidate = |fail: bool| {
+        json!({
+            "source": rebuilt, "digest": digest,
+            "config": {"ownChild": true, "failMarked": fail},
+        })
+    };
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_spec(Some(candidate(true)), Some(rollout.clone())),
+    )
+    .await?;
+    let policy_api = policies(&client);
+    let rolled_back =
+        wait_for_object_within(&policy_api, TEST, "rolled back by replay", ROLLOUT, |p| {
+            rollout_of(p)["phase"] == "RolledBack"
+        })
+        .await?;
+    let state = rollout_of(&rolled_back);
+    assert!(
+        state["history"][0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("replay:")),
+        "{state}"
+    );
+    assert!(state["replay"]["wouldFail"].as_u64() > Some(0), "{state}");
+    assert!(
+        state["replay"]["cases"].as_u64() >= Some(PARENTS as u64),
+        "{state}"
+    );
+    assert!(
+        !state["examples"].as_array().is_none_or(Vec::is_empty),
+        "{state}"
+    );
+    assert_eq!(
+        rolled_back["status"]["candidate"]["canaryParents"], 0,
+        "the candidate served no parent"
+    );
+    assert_eq!(child_operations(&host, TEST, "applied"), applied_before);
+
+    // The same digest, told not to fail, retried: the cases replay unchanged and it walks on.
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_spec(Some(candidate(false)), Some(rollout)),
+    )
+    .await?;
+    policy_api
+        .patch(
+            TEST,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {"wasmctrl.dev/retry-rollout": "after-fix"}}}),
+            ),
+        )
+        .await?;
+    let done = wait_for_object_within(
+        &policy_api,
+        TEST,
+        "the fixed candidate rolled out",
+        ROLLOUT,
+        |p| rollout_of(p)["phase"] == "Complete",
+    )
+    .await?;
+    let state = rollout_of(&done);
+    assert_eq!(state["replay"]["wouldFail"], 0, "{state}");
+    assert!(
+        state["history"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|t| t["result"] == "Replayed")),
+        "{state}"
+    );
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}

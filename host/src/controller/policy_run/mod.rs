@@ -8,6 +8,7 @@ pub(crate) mod parent_claims;
 pub(crate) mod permissions;
 pub(crate) mod prepare;
 pub(crate) mod release;
+mod replay_gate;
 pub(crate) mod report;
 pub(crate) mod rollout;
 pub(crate) mod scopes;

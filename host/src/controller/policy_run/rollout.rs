@@ -21,6 +21,7 @@ use kube::runtime::reflector::Store;
 use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::controller::cache::cached::CachedObject;
+use crate::controller::policy_run::replay_gate;
 use crate::controller::policy_run::status::PolicyStatusWriter;
 use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::events::EventSink;
@@ -28,7 +29,10 @@ use crate::controller::reconcile::parent::parent_key;
 use crate::controller::reconcile::serving::Candidate;
 use crate::lock;
 use crate::plugin::Verdict;
-use crate::policy::{ReconcilePolicy, RolloutSpec, RolloutStage, RolloutStatus, RolloutTransition};
+use crate::policy::{
+    ReconcilePolicy, ReplayGate, ReplayResult, RolloutSpec, RolloutStage, RolloutStatus,
+    RolloutTransition,
+};
 
 /// How often the leader looks at the gates.
 const INTERVAL: Duration = Duration::from_secs(2);
@@ -339,6 +343,18 @@ impl Driver {
             return;
         };
         let digest = candidate.serving.plugin.digest().to_string();
+        // The replay gate runs before the status is locked: replaying takes a while.
+        let replayed = match &spec.replay {
+            Some(gate) if self.replay_pending(&digest).await => {
+                self.apply(&candidate, Some(0));
+                let namespace = policy.namespace();
+                Some(
+                    replay_gate::replay(&self.ctx, gate, namespace.as_deref(), &candidate.serving)
+                        .await,
+                )
+            }
+            _ => None,
+        };
         let mut status = self.status.lock().await;
         let retry = retry_annotation(policy);
         let mut state = match status.rollout() {
@@ -386,7 +402,15 @@ impl Driver {
         };
         let last = spec.stages.len().saturating_sub(1);
         state.stage = state.stage.min(u32::try_from(last).unwrap_or(u32::MAX));
+        let gated = match &spec.replay {
+            Some(gate) if state.replay.is_none() && !finished(&state) => {
+                self.replay_gate(policy, gate, &candidate, &mut state, replayed)
+                    .await
+            }
+            _ => false,
+        };
         match state.phase.as_str() {
+            _ if gated => {}
             phase::ROLLED_BACK => self.apply(&candidate, None),
             phase::COMPLETE => self.apply(&candidate, Some(100)),
             _ => {
@@ -403,6 +427,87 @@ impl Driver {
             }));
         status.set_rollout(Some(state));
         status.flush().await;
+    }
+
+    /// Whether the rollout of `digest` still waits for its replay gate.
+    async fn replay_pending(&self, digest: &str) -> bool {
+        match self.status.lock().await.rollout() {
+            Some(state) if state.digest == digest => state.replay.is_none() && !finished(state),
+            _ => true,
+        }
+    }
+
+    /// Act on what the replay gate found (`replayed`, when it ran in this tick): record a
+    /// pass, roll back on a failure. Whether the rollout is held here (waiting for the
+    /// cases, or rolled back), serving no parent.
+    async fn replay_gate(
+        &self,
+        policy: &ReconcilePolicy,
+        gate: &ReplayGate,
+        candidate: &Candidate,
+        state: &mut RolloutStatus,
+        replayed: Option<anyhow::Result<ReplayResult>>,
+    ) -> bool {
+        match replayed {
+            None => {
+                self.apply(candidate, Some(0));
+                state.message =
+                    "replaying the recorded cases before the candidate serves any parent"
+                        .to_owned();
+                true
+            }
+            Some(Err(error)) => {
+                self.apply(candidate, Some(0));
+                state.message = format!(
+                    "waiting for the replay gate: {error:#}; the candidate serves no parent until its cases replay"
+                );
+                true
+            }
+            Some(Ok(result)) if replay_gate::passed(gate, &result) => {
+                push(
+                    state,
+                    "Replayed",
+                    format!(
+                        "{} cases: {} unchanged, {} would change, 0 would fail",
+                        result.cases, result.unchanged, result.would_change
+                    ),
+                );
+                state.replay = Some(result);
+                false
+            }
+            Some(Ok(result)) => {
+                let message = format!(
+                    "{} of {} cases would fail, {} would change{}",
+                    result.would_fail,
+                    result.cases,
+                    result.would_change,
+                    if gate.fail_on_change {
+                        " (failOnChange)"
+                    } else {
+                        ""
+                    }
+                );
+                state.phase = phase::ROLLED_BACK.to_owned();
+                state.stage_since = Time(jiff::Timestamp::now());
+                state.percent = 0;
+                state.examples = result.examples.clone();
+                state.message = format!(
+                    "rolled back before serving: the replay gate failed: {message}; the active plugin serves every parent"
+                );
+                push(state, "RolledBack", format!("replay: {message}"));
+                state.replay = Some(result);
+                self.apply(candidate, None);
+                self.transition(
+                    policy,
+                    state,
+                    "rolled_back",
+                    "RolledBack",
+                    EventType::Warning,
+                )
+                .await;
+                true
+            }
+        }
     }
 
     /// Measure the current stage and move on, wait or roll back.
@@ -552,6 +657,11 @@ impl Driver {
     }
 }
 
+/// Whether the rollout is over: completed or rolled back.
+fn finished(state: &RolloutStatus) -> bool {
+    state.phase == phase::COMPLETE || state.phase == phase::ROLLED_BACK
+}
+
 /// The annotation that starts a rolled-back candidate's rollout over, each time it takes a
 /// new value (`kubectl annotate reconcilepolicy NAME wasmctrl.dev/retry-rollout="$(date +%s)"`).
 pub(crate) const RETRY_ANNOTATION: &str = "wasmctrl.dev/retry-rollout";
@@ -565,10 +675,12 @@ pub(crate) fn retry_annotation(policy: &ReconcilePolicy) -> Option<&str> {
 
 /// Give a freshly loaded candidate the share `rollout` (its own, from the status) left it
 /// with, before it serves.
-pub(crate) fn resume(candidate: &Candidate, rollout: &RolloutStatus) {
+/// A rollout whose replay gate (`gated`) has not passed yet gives it none.
+pub(crate) fn resume(candidate: &Candidate, rollout: &RolloutStatus, gated: bool) {
     match rollout.phase.as_str() {
         phase::ROLLED_BACK => candidate.stopped.store(true, Ordering::Relaxed),
         phase::COMPLETE => candidate.percent.store(100, Ordering::Relaxed),
+        _ if gated && rollout.replay.is_none() => candidate.percent.store(0, Ordering::Relaxed),
         _ => candidate.percent.store(rollout.percent, Ordering::Relaxed),
     }
 }
@@ -587,6 +699,7 @@ fn started(digest: &str, spec: &RolloutSpec) -> RolloutStatus {
         examples: Vec::new(),
         history: Vec::new(),
         retried_for: None,
+        replay: None,
     };
     push(&mut state, "Started", format!("candidate {digest}"));
     state
@@ -806,6 +919,7 @@ mod tests {
         let spec = RolloutSpec {
             stages: vec![stage(0)],
             paused: false,
+            replay: None,
         };
         let mut state = started("sha256:abc", &spec);
         for i in 0..12 {

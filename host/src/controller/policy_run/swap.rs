@@ -244,7 +244,13 @@ impl Swapper {
                         .rollout()
                         .filter(|r| r.digest == digest.to_string())
                 {
-                    rollout::resume(&candidate, rollout);
+                    let gated = policy
+                        .spec
+                        .plugin
+                        .rollout
+                        .as_ref()
+                        .is_some_and(|r| r.replay.is_some());
+                    rollout::resume(&candidate, rollout, gated);
                 }
                 self.open_window(
                     policy,
