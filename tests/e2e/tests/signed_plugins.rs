@@ -251,5 +251,7 @@ async fn only_plugins_signed_by_whom_the_policy_names_are_served() -> anyhow::Re
     .await?;
 
     host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policies.delete(TEST, &Default::default()).await?;
     Ok(())
 }

@@ -591,7 +591,7 @@ impl Driver {
                 state.percent = 0;
                 state.examples = measured.examples;
                 state.message = format!(
-                    "rolled back in {}: {gate} failed: {message}; the active plugin serves every parent again. Name a new candidate to start over",
+                    "rolled back in {}: {gate} failed: {message}; the active plugin serves every parent again. name a new candidate, or give the wasmctrl.dev/retry-rollout annotation a new value, to start over",
                     stage.name()
                 );
                 push(state, "RolledBack", format!("{gate}: {message}"));
