@@ -14,7 +14,7 @@ pub use rollout::{
     ReplayConfigMap, ReplayGate, ReplayResult, RolloutSpec, RolloutStage, RolloutStatus,
     RolloutTransition,
 };
-pub use verify::{Signer, SignerIdentity, VerifySpec};
+pub use verify::{KeysConfigMap, KeysFrom, Signer, SignerIdentity, VerifySpec};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};

@@ -123,6 +123,17 @@ pub fn confine(
             ));
         }
     }
+    if spec
+        .plugin
+        .verify
+        .as_ref()
+        .is_some_and(|v| !v.keys_from.is_empty())
+    {
+        return Err(Refusal::new(
+            "SourceNotAllowed",
+            "spec.plugin.verify.keysFrom: its ConfigMaps are read with the host's rights; a NamespacedReconcilePolicy lists its keys in verify.keys".to_owned(),
+        ));
+    }
     Ok(spec)
 }
 
@@ -229,5 +240,19 @@ mod tests {
             policy["spec"]["versions"][0]["schema"]
         );
         assert_eq!(cluster_name("team-a", "app"), "team-a.app");
+    }
+
+    #[test]
+    fn keys_from_a_config_map_are_the_hosts_to_read_not_a_teams() {
+        let spec = spec(
+            serde_json::json!({"plugin": {"verify": {"keysFrom": [{"configMap": {"namespace": "wasmctrl", "name": "keys"}}]}}}),
+        );
+        let refused = confine("team-a", spec).expect_err("refused");
+        assert_eq!(refused.reason, "SourceNotAllowed");
+        assert!(
+            refused.message.contains("verify.keysFrom"),
+            "{}",
+            refused.message
+        );
     }
 }

@@ -15,13 +15,19 @@ use serde::{Deserialize, Serialize};
 /// or keyless by any of `identities`. Applies to the candidate too.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("size(self.keys) > 0 || size(self.identities) > 0").message("verify needs keys or identities: who may sign this policy's plugins"))]
+#[x_kube(validation = Rule::new("size(self.keys) > 0 || size(self.keysFrom) > 0 || size(self.identities) > 0").message("verify needs keys, keysFrom or identities: who may sign this policy's plugins"))]
 pub struct VerifySpec {
     /// Public keys in PEM (`cosign.pub`, as `cosign generate-key-pair` or `wasmctrl plugin
     /// keygen` writes it).
     #[serde(default)]
     #[schemars(length(max = 16))]
     pub keys: Vec<String>,
+    /// ConfigMaps of public keys: every `data` value holding a PEM public key is listed,
+    /// read whenever the plugin is obtained (so a key rotated there applies at the next
+    /// load). Read with the host's rights: not for NamespacedReconcilePolicies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub keys_from: Vec<KeysFrom>,
     /// Keyless signers: a certificate issued under the host's keyless trust roots
     /// (`--keyless-trust-roots`) for one of these identities.
     #[serde(default)]
@@ -31,6 +37,24 @@ pub struct VerifySpec {
     /// plugin sign -a`). Only registry signatures carry annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+}
+
+/// Where more keys are.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct KeysFrom {
+    /// A ConfigMap of PEM public keys.
+    pub config_map: KeysConfigMap,
+}
+
+/// A ConfigMap, by namespace and name.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct KeysConfigMap {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
 }
 
 /// A keyless signer: who the certificate was issued to, and by which identity provider.

@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use kube::Client;
 
 use crate::metrics::Metrics;
@@ -297,13 +298,16 @@ impl PluginRegistry {
         let pinned = request.digest.map(str::parse::<Digest>).transpose()?;
         // The host's default is a floor no policy lowers: a policy's own `verify` is checked
         // besides it, not instead.
-        let verifiers = self
-            .default_verify
-            .iter()
-            .chain(request.verify)
-            .map(|spec| Verifier::new(spec, self.signing.clone()))
-            .collect::<anyhow::Result<Vec<_>>>()
-            .map_err(LoadError::InvalidVerify)?;
+        let mut verifiers = Vec::new();
+        for spec in self.default_verify.iter().chain(request.verify) {
+            let spec = self
+                .with_keys_from(spec)
+                .await
+                .map_err(LoadError::InvalidVerify)?;
+            verifiers.push(
+                Verifier::new(&spec, self.signing.clone()).map_err(LoadError::InvalidVerify)?,
+            );
+        }
         let unreadable = |origin: Origin| {
             if let Err(error) = &authorized {
                 tracing::info!(policy, ?origin, %error, "the source's credentials cannot be read; serving the pinned digest the host holds");
@@ -401,6 +405,35 @@ impl PluginRegistry {
         let kept = crate::lock(&self.signatures).get(digest).cloned();
         let kept = kept.ok_or(None)?;
         verify_all(verifiers, &kept, digest).map_err(Some)
+    }
+
+    /// `spec` with the keys its `keysFrom` ConfigMaps hold added to `keys`.
+    async fn with_keys_from(&self, spec: &VerifySpec) -> anyhow::Result<VerifySpec> {
+        let mut resolved = spec.clone();
+        for (i, from) in spec.keys_from.iter().enumerate() {
+            let source = &from.config_map;
+            let what = format!(
+                "verify.keysFrom[{i}] (ConfigMap {}/{})",
+                source.namespace, source.name
+            );
+            let config_map = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+                self.client.clone(),
+                &source.namespace,
+            )
+            .get(&source.name)
+            .await
+            .with_context(|| format!("reading {what}"))?;
+            let keys: Vec<String> = config_map
+                .data
+                .unwrap_or_default()
+                .into_values()
+                .filter(|value| value.contains("-----BEGIN PUBLIC KEY-----"))
+                .collect();
+            anyhow::ensure!(!keys.is_empty(), "{what} holds no PEM public key");
+            resolved.keys.extend(keys);
+        }
+        resolved.keys_from.clear();
+        Ok(resolved)
     }
 
     /// The plugin `digest` under `limits` if this host holds it: loaded, or compiled on disk.

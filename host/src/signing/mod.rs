@@ -177,7 +177,7 @@ impl Verifier {
             .collect::<anyhow::Result<Vec<_>>>()?;
         anyhow::ensure!(
             !keys.is_empty() || !identities.is_empty(),
-            "verify needs keys or identities"
+            "verify needs keys or identities (keysFrom named none)"
         );
         Ok(Self {
             keys,

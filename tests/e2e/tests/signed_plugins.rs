@@ -237,14 +237,20 @@ async fn only_plugins_signed_by_whom_the_policy_names_are_served() -> anyhow::Re
         "and deletes nothing"
     );
 
-    // Loosened again, it serves.
-    apply_policy(
-        &client,
-        TEST,
-        TEST,
-        policy(&v1_ref, &v1, json!({"keys": [our_pub, their_pub]})),
+    // Loosened again, with the keys kept in a ConfigMap, it serves.
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    apply(
+        &config_maps,
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "signing-keys"},
+            "data": {"ours.pub": our_pub, "theirs.pub": their_pub, "README": "release keys"},
+        }),
     )
     .await?;
+    let from_config_map =
+        json!({"keysFrom": [{"configMap": {"namespace": ns, "name": "signing-keys"}}]});
+    apply_policy(&client, TEST, TEST, policy(&v1_ref, &v1, from_config_map)).await?;
     wait_for_object(&deployments, "web", "serving again", |d| {
         d["spec"]["replicas"] == 3
     })
@@ -253,5 +259,166 @@ async fn only_plugins_signed_by_whom_the_policy_names_are_served() -> anyhow::Re
     host.stop().await?;
     delete_namespace(&client, &ns).await?;
     policies.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+/// Run the pinned cosign with `args` (empty key password, no transparency log reachable).
+fn cosign(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let binary = wasmctrl_testenv::signing::cosign()?;
+    let output = std::process::Command::new(binary)
+        .current_dir(dir)
+        .args(args)
+        .env("COSIGN_PASSWORD", "")
+        .env("HOME", dir)
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    anyhow::ensure!(output.status.success(), "cosign {args:?} failed: {text}");
+    Ok(text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cosign_and_wasmctrl_accept_each_others_signatures() -> anyhow::Result<()> {
+    let registry =
+        tokio::task::spawn_blocking(wasmctrl_testenv::registry::Registry::start).await??;
+    let dir = tempfile::tempdir()?;
+    let at = |name: &str| dir.path().join(name).display().to_string();
+    wasmctrl_cli(&["plugin", "keygen", "--output-prefix", &at("ours")]).await?;
+    cosign(
+        dir.path(),
+        &["generate-key-pair", "--output-key-prefix", "theirs"],
+    )?;
+    let reference = push(&registry.address, "plugins/interop", "myapp_plugin").await?;
+
+    // wasmctrl signs, cosign verifies, annotation included.
+    let (ours_key, ours_pub) = (at("ours.key"), at("ours.pub"));
+    wasmctrl_cli(&[
+        "plugin",
+        "sign",
+        &reference,
+        "--key",
+        &ours_key,
+        "-a",
+        "team=shop",
+        "--plain-http",
+    ])
+    .await?;
+    let verified = cosign(
+        dir.path(),
+        &[
+            "verify",
+            "--key",
+            "ours.pub",
+            "--insecure-ignore-tlog",
+            "--allow-http-registry",
+            "-a",
+            "team=shop",
+            &reference,
+        ],
+    )?;
+    assert!(verified.contains("docker-manifest-digest"), "{verified}");
+    let other = cosign(
+        dir.path(),
+        &[
+            "verify",
+            "--key",
+            "theirs.pub",
+            "--insecure-ignore-tlog",
+            "--allow-http-registry",
+            &reference,
+        ],
+    );
+    assert!(other.is_err(), "cosign refuses it with another key");
+
+    // cosign signs, wasmctrl verifies (both signatures now sit under the one tag).
+    cosign(
+        dir.path(),
+        &[
+            "sign",
+            "--key",
+            "theirs.key",
+            "--tlog-upload=false",
+            "--allow-http-registry",
+            "--yes",
+            "-a",
+            "team=payments",
+            &reference,
+        ],
+    )?;
+    let theirs_pub = at("theirs.pub");
+    wasmctrl_cli(&[
+        "plugin",
+        "verify",
+        &reference,
+        "--key",
+        &theirs_pub,
+        "-a",
+        "team=payments",
+        "--plain-http",
+    ])
+    .await?;
+    wasmctrl_cli(&[
+        "plugin",
+        "verify",
+        &reference,
+        "--key",
+        &ours_pub,
+        "-a",
+        "team=shop",
+        "--plain-http",
+    ])
+    .await?;
+    let mixed = wasmctrl_cli(&[
+        "plugin",
+        "verify",
+        &reference,
+        "--key",
+        &ours_pub,
+        "-a",
+        "team=payments",
+        "--plain-http",
+    ])
+    .await;
+    assert!(
+        mixed.is_err(),
+        "our key did not sign the payments annotation"
+    );
+
+    // Detached: cosign's sign-blob bundle verifies with wasmctrl, and the other way round.
+    let file = dir.path().join("plugin.wasm");
+    std::fs::copy(guest("myapp_plugin"), &file)?;
+    cosign(
+        dir.path(),
+        &[
+            "sign-blob",
+            "--key",
+            "theirs.key",
+            "--tlog-upload=false",
+            "--yes",
+            "--bundle",
+            "plugin.wasm.sig",
+            "plugin.wasm",
+        ],
+    )?;
+    let file_text = file.display().to_string();
+    wasmctrl_cli(&["plugin", "verify", &file_text, "--key", &theirs_pub]).await?;
+    std::fs::remove_file(dir.path().join("plugin.wasm.sig"))?;
+    wasmctrl_cli(&["plugin", "sign", &file_text, "--key", &ours_key]).await?;
+    let blob = cosign(
+        dir.path(),
+        &[
+            "verify-blob",
+            "--key",
+            "ours.pub",
+            "--insecure-ignore-tlog",
+            "--bundle",
+            "plugin.wasm.sig",
+            "plugin.wasm",
+        ],
+    )?;
+    assert!(blob.contains("Verified OK"), "{blob}");
     Ok(())
 }

@@ -70,3 +70,8 @@ fn utf8_string(text: &str) -> Vec<u8> {
     der.extend_from_slice(bytes);
     der
 }
+
+/// The pinned cosign CLI (`tools/cosign`), built once into the cache.
+pub fn cosign() -> anyhow::Result<std::path::PathBuf> {
+    crate::tools::build("cosign")
+}
