@@ -188,6 +188,10 @@ pub struct Signatures {
     pub looked: String,
 }
 
+/// The signatures of one artifact the host reads: a registry's signature manifest can hold
+/// any number, each a download.
+const MAX_SIGNATURES: usize = 32;
+
 /// The largest signature (a `.sig` bundle, a signature manifest or payload) the host reads.
 const MAX_SIGNATURE_BYTES: usize = 256 << 10;
 
@@ -464,7 +468,10 @@ pub(crate) async fn oci_signatures(
         Err(e) if is_not_found(&e) => return Ok(Signatures { found, looked }),
         Err(e) => return Err(anyhow::Error::new(e).context(format!("pulling {looked}"))),
     };
-    for (i, layer) in manifest.layers.iter().enumerate() {
+    if manifest.layers.len() > MAX_SIGNATURES {
+        tracing::info!(%looked, layers = manifest.layers.len(), "more signatures than the host reads; the first {MAX_SIGNATURES} are checked");
+    }
+    for (i, layer) in manifest.layers.iter().enumerate().take(MAX_SIGNATURES) {
         let location = format!("{looked} layer {i}");
         if layer.media_type != signing::cosign::SIMPLE_SIGNING_MEDIA_TYPE {
             continue;
