@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use serde_json::{Value, json};
 use wasmctrl::explain::{Bounds, Explain, Lookup};
 use wasmctrl_e2e::*;
+use wasmctrl_testenv::cluster::eventually;
 
 fn config_map(name: &str, currency: &str, labelled: bool) -> Value {
     let labels = if labelled {
@@ -26,6 +27,26 @@ fn config_map(name: &str, currency: &str, labelled: bool) -> Value {
 fn secret(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
            "data": {"password": "c2VjcmV0"}})
+}
+
+/// Wait until the newest recorded reconcile of `web` carried exactly `expected`. A reconcile's
+/// record is stored once it has ended, a moment after its status write, so the test waits for
+/// it rather than reading the store right after the status shows.
+async fn related_become(explain: &Explain, ns: &str, expected: &[&str]) -> anyhow::Result<()> {
+    let seen = std::sync::Mutex::new(None);
+    let waited = eventually("the recorded request's related objects", ACT, || {
+        let related = related_in_last_request(explain, ns);
+        let matched = related.as_deref().is_some_and(|r| r == expected);
+        *seen.lock().expect("not poisoned") = related;
+        async move { Ok(matched) }
+    })
+    .await;
+    waited.with_context(|| {
+        format!(
+            "expected {expected:?}, the newest record carried {:?}",
+            seen.lock().expect("not poisoned")
+        )
+    })
 }
 
 /// The related objects (kind/name) of the newest reconcile of `web` that had any.
@@ -101,12 +122,8 @@ async fn a_plugin_receives_exactly_the_objects_its_parent_names() -> anyhow::Res
     })
     .await?;
     assert!(found["status"]["observedGeneration"].is_i64());
-    let related = related_in_last_request(&explain, &ns).context("a recorded request")?;
-    assert_eq!(
-        related,
-        ["ConfigMap/web-env", "Secret/web"],
-        "exactly the named objects, in the policy's order"
-    );
+    // Exactly the named objects, in the policy's order.
+    related_become(&explain, &ns, &["ConfigMap/web-env", "Secret/web"]).await?;
 
     // A change to the named ConfigMap re-reconciles the parent that names it.
     apply(&config_maps, config_map("web-env", "USD", false)).await?;
@@ -127,8 +144,7 @@ async fn a_plugin_receives_exactly_the_objects_its_parent_names() -> anyhow::Res
         |d| env_currency(d) == "GBP",
     )
     .await?;
-    let related = related_in_last_request(&explain, &ns).context("a recorded request")?;
-    assert_eq!(related, ["ConfigMap/other", "Secret/web"]);
+    related_become(&explain, &ns, &["ConfigMap/other", "Secret/web"]).await?;
 
     // The named ConfigMap goes: the plugin says so; its children stay.
     config_maps.delete("other", &Default::default()).await?;
@@ -140,8 +156,7 @@ async fn a_plugin_receives_exactly_the_objects_its_parent_names() -> anyhow::Res
         get(&deployments, "web").await?.is_some(),
         "nothing is deleted"
     );
-    let related = related_in_last_request(&explain, &ns).context("a recorded request")?;
-    assert_eq!(related, ["Secret/web"]);
+    related_become(&explain, &ns, &["Secret/web"]).await?;
 
     host.stop().await?;
     delete_namespace(&client, &ns).await?;
