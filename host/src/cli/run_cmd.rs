@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::{Host, HostOptions};
+use crate::controller::{Host, HostOptions, StopTimedOut};
 use crate::explain::{Bounds, Explain, ExplainOptions, RecordOptions};
 use crate::leader::{LeaderElector, Leadership, LeaseConfig, WriteGate};
 use crate::metrics::Metrics;
@@ -295,15 +295,25 @@ impl RunCommand {
                 &election_stop,
             )
         });
-        let host = host.run(stop.clone().cancelled_owned());
+        // The host returns within `drain` of the signal, abandoning (and logging) what did
+        // not stop in time; the listener gets as long to finish the requests it serves.
+        let host = async {
+            match host.run(stop.clone().cancelled_owned()).await {
+                Err(error) if error.is::<StopTimedOut>() => {
+                    tracing::warn!(error = %error, "exiting without what did not stop");
+                    Ok(())
+                }
+                result => result,
+            }
+        };
         let drained = async {
             stop.cancelled().await;
-            tokio::time::sleep(drain).await;
+            tokio::time::sleep(drain + SERVER_GRACE).await;
         };
         let served = tokio::select! {
             result = async { tokio::try_join!(host, server) } => result.map(|_| ()),
             () = drained => {
-                tracing::warn!(timeout = ?drain, "in-flight reconciles did not finish in time; exiting without them");
+                tracing::warn!(timeout = ?drain, "requests in flight did not finish in time; exiting without them");
                 Ok(())
             }
         };
@@ -375,6 +385,7 @@ impl RunCommand {
                 None => crate::registry::TrustRoots::default(),
             },
             related_cache_bytes: self.related_cache_mib << 20,
+            drain_timeout: Duration::from_secs(self.shutdown_timeout_seconds),
             default_verify: self.default_verify()?,
             signing: self.signing_trust()?,
         })
@@ -576,20 +587,38 @@ fn campaign(
     })
 }
 
-/// Wait for the elector to stop, then release the lease so a standby takes over at once.
+/// Wait for the elector to stop, then release the lease so a standby takes over at once;
+/// each at most [`RELEASE_TIMEOUT`], as an API server that does not answer must not keep
+/// the host from exiting (the lease then expires on its own).
 async fn release(
-    election: tokio::task::JoinHandle<Result<LeaderElector, crate::leader::LeadershipLost>>,
+    mut election: tokio::task::JoinHandle<Result<LeaderElector, crate::leader::LeadershipLost>>,
 ) -> anyhow::Result<()> {
-    match election.await.context("the leader election task failed")? {
+    let Ok(stopped) = tokio::time::timeout(RELEASE_TIMEOUT, &mut election).await else {
+        election.abort();
+        tracing::warn!(timeout = ?RELEASE_TIMEOUT, "the leader elector did not stop in time; a standby takes over when the lease expires");
+        return Ok(());
+    };
+    match stopped.context("the leader election task failed")? {
         Ok(mut elector) => {
-            if let Err(error) = elector.release().await {
-                tracing::warn!(error = %format!("{error:#}"), "could not release the leader lease; a standby takes over when it expires");
+            match tokio::time::timeout(RELEASE_TIMEOUT, elector.release()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(error = %format!("{error:#}"), "could not release the leader lease; a standby takes over when it expires");
+                }
+                Err(_) => {
+                    tracing::warn!(timeout = ?RELEASE_TIMEOUT, "releasing the leader lease took too long; a standby takes over when it expires");
+                }
             }
             Ok(())
         }
         Err(lost) => Err(lost.into()),
     }
 }
+
+/// How long the listener may take, beyond the host's drain time, to finish its requests.
+const SERVER_GRACE: Duration = Duration::from_secs(2);
+/// How long stopping the leader elector, and releasing its lease, may each take.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Keep `leader_election_master_status` in line with `leadership`; never completes.
 async fn report_leadership(leadership: Arc<Leadership>, metrics: Arc<Metrics>, lease: String) {

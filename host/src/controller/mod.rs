@@ -20,6 +20,7 @@ pub mod offline;
 mod options;
 mod policy_run;
 mod reconcile;
+mod stopping;
 mod supervise;
 #[cfg(test)]
 mod testing;
@@ -48,6 +49,7 @@ pub use labels::{
 };
 pub use options::HostOptions;
 pub use reconcile::status::RECONCILED;
+pub use stopping::{Activity, StopTimedOut};
 
 /// The operator host.
 pub struct Host {
@@ -147,6 +149,7 @@ impl Host {
                 metrics,
                 readiness: Arc::new(crate::health::Readiness::default()),
                 leadership,
+                activity: Arc::default(),
             }),
         }
     }
@@ -177,20 +180,31 @@ impl Host {
         self.shared.metrics.clone()
     }
 
+    /// The tasks the host runs and where each stands: what a stop waits for, and what to
+    /// name when it waits too long.
+    pub fn activity(&self) -> Arc<Activity> {
+        self.shared.activity.clone()
+    }
+
     /// Watch ReconcilePolicies and run their controllers until `shutdown` completes, then
     /// stop every controller gracefully.
+    ///
+    /// Returns within [`HostOptions::drain_timeout`] of `shutdown` whatever its policies are
+    /// doing: what has not stopped by then is abandoned and named in a [`StopTimedOut`]
+    /// error.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let api: Api<ReconcilePolicy> = Api::all(self.shared.client.clone());
         let mut config = watcher::Config::default();
         if let Some(selector) = &self.shared.options.policy_selector {
             config = config.labels(selector);
         }
-        let mut policies = std::pin::pin!(
-            watcher(api.clone(), config).backoff(crate::watch_backoff::WatchBackoff::default())
+        // Boxed, not pinned on the stack, so they can be dropped before the stop's wait.
+        let mut policies = Box::pin(
+            watcher(api.clone(), config).backoff(crate::watch_backoff::WatchBackoff::default()),
         );
         // Every policy in the cluster, this host's or not: who holds which parent kind.
         let (claims, claims_writer) = reflector::store();
-        let mut claim_changes = std::pin::pin!(reflector(
+        let mut claim_changes = Box::pin(reflector(
             claims_writer,
             watcher(api, watcher::Config::default())
                 .backoff(crate::watch_backoff::WatchBackoff::default()),
@@ -204,6 +218,11 @@ impl Host {
             self.shared.clone(),
             namespaced_stop.clone(),
         ));
+        self.shared.activity.track(
+            "namespaced policies",
+            Activity::step("turning NamespacedReconcilePolicies into ReconcilePolicies"),
+            namespaced.abort_handle(),
+        );
         loop {
             let event = tokio::select! {
                 () = &mut shutdown => break,
@@ -263,10 +282,12 @@ impl Host {
         for r in running.values() {
             r.stop.cancel();
         }
-        for (_, r) in running {
-            let _ = r.task.await;
-        }
-        let _ = namespaced.await;
+        // The watches above are not read any more: drop them before the wait, so the API
+        // server's connections are not held open unread while the policies stop.
+        drop(policies);
+        drop(claim_changes);
+        stopping::drain(&self.shared.activity, self.shared.options.drain_timeout).await?;
+        tracing::info!("every controller stopped");
         Ok(())
     }
 
@@ -289,9 +310,10 @@ impl Host {
             true,
             Arc::default(),
             &self.shared,
-            move |_, stop| {
+            move |_, stop, step| {
                 let (shared, policy) = (shared.clone(), policy.clone());
                 async move {
+                    step.set("releasing the deleted policy's parents");
                     let retry = reconcile::backoff::Backoff::new(
                         Duration::from_secs(1),
                         Duration::from_secs(30),
@@ -418,7 +440,7 @@ impl Host {
             false,
             standing,
             &self.shared,
-            move |updates, stop| {
+            move |updates, stop, step| {
                 let syncing = syncing
                     .take()
                     .unwrap_or_else(crate::health::SyncGuard::already_synced);
@@ -428,6 +450,7 @@ impl Host {
                     stop,
                     syncing,
                     task_standing.clone(),
+                    step,
                 )
             },
         );
@@ -449,7 +472,13 @@ impl Running {
         mut work: F,
     ) -> Self
     where
-        F: FnMut(watch::Receiver<Arc<ReconcilePolicy>>, CancellationToken) -> Fut + Send + 'static,
+        F: FnMut(
+                watch::Receiver<Arc<ReconcilePolicy>>,
+                CancellationToken,
+                Arc<stopping::Step>,
+            ) -> Fut
+            + Send
+            + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let stop = CancellationToken::new();
@@ -458,22 +487,28 @@ impl Running {
         let name = policy.name_any();
         let forget = Arc::new(ForgetOnDeletion::default());
         let task_forget = forget.clone();
+        let step = Activity::step("starting");
+        let task_step = step.clone();
+        let activity = shared.activity.clone();
+        let task_name = name.clone();
         let shared = shared.clone();
         let task = tokio::spawn(async move {
             if let Some(previous) = previous {
                 tracing::info!(policy = %name, "policy changed; stopping its previous controller first");
+                task_step.set("waiting for the policy's previous controller to stop");
                 previous.stop.cancel();
                 let _ = previous.task.await;
             }
             supervise::supervise(
                 &name,
                 &work_stop,
-                || work(updates_rx.clone(), work_stop.clone()),
+                || work(updates_rx.clone(), work_stop.clone(), task_step.clone()),
                 |crash| report_crash(&shared, &name, crash),
             )
             .await;
             task_forget.ended(&shared.metrics, &name);
         });
+        activity.track(format!("policy {task_name:?}"), step, task.abort_handle());
         Self {
             uid: policy.metadata.uid.clone(),
             generation: policy.metadata.generation,

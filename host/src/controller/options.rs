@@ -47,6 +47,10 @@ pub struct HostOptions {
     /// Bytes of related objects read by name that the host keeps, over all policies and
     /// kinds, so a read need not be repeated while the object is unchanged.
     pub related_cache_bytes: usize,
+    /// After the stop signal, how long the host waits for its policies to stop (reconciles
+    /// in flight finish, loads and writes complete) before it abandons what is left and
+    /// returns; set it below the pod's termination grace period.
+    pub drain_timeout: Duration,
 }
 
 impl Default for HostOptions {
@@ -69,6 +73,7 @@ impl Default for HostOptions {
             default_verify: None,
             signing: crate::signing::HostTrust::default(),
             related_cache_bytes: 64 << 20,
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }

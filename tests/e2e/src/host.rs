@@ -15,6 +15,10 @@ use wasmctrl_testenv::TestEnv;
 
 use crate::TEST_LABEL;
 
+/// How long a test's host may take to stop: its drain time (see
+/// [`HostBuilder::drain_timeout`]), which `Host::run` keeps, plus this.
+const STOP_MARGIN: Duration = Duration::from_secs(5);
+
 /// A wasmctrl host running in this test process, running only the policies labelled for
 /// its test; made with [`HostUnderTest::builder`] (or [`HostUnderTest::cluster_wide`]).
 /// Dropped without [`stop`](Self::stop), it is aborted.
@@ -25,6 +29,9 @@ pub struct HostUnderTest {
     pub readiness: Arc<wasmctrl::health::Readiness>,
     /// The records of its reconciles, for tests of `explain`.
     pub explain: Arc<Explain>,
+    /// What the host runs and where each task stands, named when a stop hangs.
+    pub activity: Arc<wasmctrl::controller::Activity>,
+    drain: Duration,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<()>>,
 }
@@ -53,18 +60,30 @@ impl HostUnderTest {
         HostBuilder::new(test)
     }
 
-    /// Stop gracefully and wait for every controller to finish.
+    /// Stop gracefully and wait for every controller to finish: an error, naming what was
+    /// still running, if the host abandoned tasks at the end of its drain time or did not
+    /// return within it.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        (&mut self.task).await.context("host task panicked")?
+        let limit = self.drain + STOP_MARGIN;
+        match tokio::time::timeout(limit, &mut self.task).await {
+            Ok(joined) => joined
+                .context("host task panicked")?
+                .context("the host did not stop cleanly"),
+            Err(_) => anyhow::bail!(
+                "the host did not return within {limit:?} of its stop signal; still running: {}",
+                self.activity.still_running().join("; ")
+            ),
+        }
     }
 }
 
 impl Drop for HostUnderTest {
     fn drop(&mut self) {
         self.task.abort();
+        self.activity.abort_all();
     }
 }
 
@@ -99,6 +118,11 @@ pub struct HostBuilder {
     explain: Option<Arc<Explain>>,
     require_policy_identity: bool,
     signing: wasmctrl::signing::HostTrust,
+    drain_timeout: Duration,
+    /// `None`: the host's default.
+    max_concurrent_loads: Option<usize>,
+    /// A standby that never leads: it watches and loads, but writes nothing.
+    standby: bool,
 }
 
 impl HostBuilder {
@@ -114,7 +138,31 @@ impl HostBuilder {
             explain: None,
             require_policy_identity: false,
             signing: wasmctrl::signing::HostTrust::default(),
+            drain_timeout: Duration::from_secs(15),
+            max_concurrent_loads: None,
+            standby: false,
         }
+    }
+
+    /// Let up to `loads` plugins be fetched and compiled at once, as
+    /// `--max-concurrent-loads` does.
+    pub fn max_concurrent_loads(mut self, loads: usize) -> Self {
+        self.max_concurrent_loads = Some(loads);
+        self
+    }
+
+    /// A replica that stands by and never leads: it watches and loads plugins, and every
+    /// write waits for a leadership that never comes.
+    pub fn standby(mut self) -> Self {
+        self.standby = true;
+        self
+    }
+
+    /// How long the host may take to stop after its stop signal (default 15 s, shorter
+    /// than a host's own default so a stuck stop fails its test soon).
+    pub fn drain_timeout(mut self, drain: Duration) -> Self {
+        self.drain_timeout = drain;
+        self
     }
 
     /// Check plugin signatures against these keyless roots and log keys, as
@@ -199,7 +247,16 @@ impl HostBuilder {
             explain: self.explain.unwrap_or(defaults.explain),
             require_policy_identity: self.require_policy_identity,
             signing: self.signing,
+            drain_timeout: self.drain_timeout,
+            max_concurrent_loads: self
+                .max_concurrent_loads
+                .unwrap_or(defaults.max_concurrent_loads),
             ..defaults
+        };
+        let leadership = if self.standby {
+            wasmctrl::leader::Leadership::standby()
+        } else {
+            wasmctrl::leader::Leadership::always()
         };
         // Policies that name a ServiceAccount are impersonated from the host's own settings.
         let config = match self.credentials {
@@ -212,19 +269,23 @@ impl HostBuilder {
             Credentials::ServiceAccountToken(namespace, name) => {
                 service_account_config(&namespace, &name).await?
             }
-            Credentials::Client(client) => return Ok(Host::new(client, engine, options)),
+            Credentials::Client(client) => {
+                return Ok(Host::elected(client, engine, options, leadership));
+            }
         };
         let client = Client::try_from(config.clone())?;
-        Ok(Host::new(client, engine, options).impersonating_from(config))
+        Ok(Host::elected(client, engine, options, leadership).impersonating_from(config))
     }
 
     /// Start the host on a task of this test's runtime.
     pub async fn start(self) -> anyhow::Result<HostUnderTest> {
+        let drain = self.drain_timeout;
         let host = self.build().await?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let metrics = host.metrics();
         let readiness = host.readiness();
         let explain = host.explain();
+        let activity = host.activity();
         let task = tokio::spawn(host.run(async {
             let _ = stopped.await;
         }));
@@ -232,6 +293,8 @@ impl HostBuilder {
             metrics,
             readiness,
             explain,
+            activity,
+            drain,
             stop: Some(stop),
             task,
         })

@@ -27,11 +27,24 @@ pub async fn http_get(address: std::net::SocketAddr, path: &str) -> anyhow::Resu
     .await?
 }
 
-/// A plugin server from [`serve_plugins`].
+/// A plugin server from [`serve_plugins`]; its thread ends when it is dropped.
 pub struct PluginServer {
     /// Where it listens, `127.0.0.1:<port>`.
     pub address: std::net::SocketAddr,
     with_token: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for PluginServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wake the thread from `accept`; it sees the flag and ends.
+        let _ = std::net::TcpStream::connect(self.address);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl PluginServer {
@@ -51,9 +64,16 @@ pub fn serve_plugins(token: Option<&'static str>) -> anyhow::Result<PluginServer
     let address = listener.local_addr()?;
     let with_token = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
     let counter = with_token.clone();
-    std::thread::spawn(move || {
+    let stop = std::sync::Arc::<std::sync::atomic::AtomicBool>::default();
+    let stopped = stop.clone();
+    let thread = std::thread::spawn(move || {
         let mut first = true;
         for stream in listener.incoming().flatten() {
+            if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            // A client that sends nothing must not keep the thread (and so the drop) forever.
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
             let mut reader = BufReader::new(&stream);
             let mut request_line = String::new();
             let _ = reader.read_line(&mut request_line);
@@ -99,6 +119,8 @@ pub fn serve_plugins(token: Option<&'static str>) -> anyhow::Result<PluginServer
     Ok(PluginServer {
         address,
         with_token,
+        stop,
+        thread: Some(thread),
     })
 }
 

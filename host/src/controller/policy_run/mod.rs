@@ -41,6 +41,7 @@ use crate::controller::reconcile::events::EventSink;
 use crate::controller::reconcile::prune_guard::{self, PruneGuard, PruneLimits};
 use crate::controller::reconcile::queue::QueueGauge;
 use crate::controller::reconcile::serving::{ActivePlugin, Serving};
+use crate::controller::stopping::Step;
 use crate::metrics::PolicyMetrics;
 use crate::plugin::Plugin;
 use crate::policy::ReconcilePolicy;
@@ -64,12 +65,16 @@ const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 ///
 /// `standing` tells the host where the policy stands on its parent kind, and lets the host
 /// wake a refused policy when the kind becomes free.
+///
+/// `step` says where the policy stands, for a stop that takes too long to name it. Every
+/// wait here ends on `stop`, except the reconciles in flight, which finish first.
 pub(crate) async fn run(
     mut updates: watch::Receiver<Arc<ReconcilePolicy>>,
     shared: Arc<Shared>,
     stop: CancellationToken,
     mut syncing: crate::health::SyncGuard,
     standing: Arc<Standing>,
+    step: Arc<Step>,
 ) {
     let mut policy = updates.borrow_and_update().clone();
     let name = policy.name_any();
@@ -81,6 +86,7 @@ pub(crate) async fn run(
     let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(15));
     let mut plugin: Option<Plugin> = None;
     loop {
+        step.set("loading its plugin and checking its kinds and permissions");
         // A fetch or discovery that hangs must not hold up the policy's restart or
         // deletion, nor a new plugin spec: stopping or an update wins over preparing.
         let prepared = tokio::select! {
@@ -97,14 +103,34 @@ pub(crate) async fn run(
         match prepared {
             Some(parts) => {
                 standing.set(Stand::Running);
-                run_controller(policy, &shared, parts, status, stop, updates, syncing).await;
+                let launch = Launch {
+                    policy,
+                    parts,
+                    status,
+                    stop,
+                    updates,
+                    syncing,
+                    step,
+                };
+                let metrics = shared.metrics.policy(&name);
+                run_controller(launch, &shared, &metrics).await;
+                metrics.set_active_plugin(None);
+                metrics.forget_prune_held();
                 tracing::info!(policy = %name, "policy controller stopped");
                 return;
             }
             None => {
                 syncing.synced();
-                status.flush().await;
-                release_left_scopes(&policy, &shared).await;
+                step.set("reporting why it cannot start, and releasing the parents it left");
+                let reported = async {
+                    status.flush().await;
+                    release_left_scopes(&policy, &shared).await;
+                };
+                tokio::select! {
+                    () = reported => {}
+                    () = stop.cancelled() => return,
+                }
+                step.set("waiting to try starting again");
                 let delay = retry.failed(&()).delay;
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
@@ -146,45 +172,33 @@ async fn release_left_scopes(policy: &ReconcilePolicy, shared: &Shared) {
     }
 }
 
-/// Start the policy's controller and everything that runs beside it, and run them until
-/// `stop`: the controller stops gracefully, the rest with it.
-async fn run_controller(
+/// A policy whose checks passed, and what its controller starts with.
+struct Launch {
     policy: Arc<ReconcilePolicy>,
-    shared: &Arc<Shared>,
     parts: Parts,
-    mut status: PolicyStatusWriter,
+    status: PolicyStatusWriter,
     stop: CancellationToken,
     updates: watch::Receiver<Arc<ReconcilePolicy>>,
     syncing: crate::health::SyncGuard,
-) {
+    step: Arc<Step>,
+}
+
+/// Start the policy's controller and everything that runs beside it, and run them until
+/// `stop`: the controller stops gracefully, the rest with it. A stop while starting ends the
+/// start wherever it is.
+async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMetrics) {
+    let Launch {
+        policy,
+        parts,
+        mut status,
+        stop,
+        updates,
+        syncing,
+        step,
+    } = launch;
     let name = policy.name_any();
-    let metrics = shared.metrics.policy(&name);
-    let setup = watch_setup(&policy, shared, &parts.acting, &metrics);
-    let references = parts
-        .related
-        .iter()
-        .enumerate()
-        .filter_map(|(position, (resolved, by))| match by {
-            RelatedBy::Name(path) => Some((position, path.clone(), resolved.namespaced)),
-            RelatedBy::All | RelatedBy::Selector(_) => None,
-        })
-        .collect();
-    let by_namespace = parts
-        .related
-        .iter()
-        .any(|(_, by)| matches!(by, RelatedBy::All | RelatedBy::Selector(_)));
-    let mut watches = Watches::parents(&setup, &parts.parent, references, by_namespace);
-    for (kind, resolved) in &parts.children {
-        watches = watches.owns(&setup, kind, resolved);
-    }
-    for (position, (resolved, by)) in parts.related.iter().enumerate() {
-        watches = match by {
-            RelatedBy::All => watches.reads(&setup, resolved, None),
-            RelatedBy::Selector(selector) => watches.reads(&setup, resolved, Some(selector)),
-            RelatedBy::Name(path) => watches.reads_named(&setup, resolved, position, path.clone()),
-        };
-    }
-    let (controller, parents, caches, wait_for_caches) = watches.finish(syncing);
+    let setup = watch_setup(&policy, shared, &parts.acting, metrics);
+    let (controller, parents, caches, wait_for_caches) = watches(&setup, &parts).finish(syncing);
     metrics.set_active_plugin(Some(&parts.plugin.digest().to_string()));
     let (finalizers_ready, finalizers_ready_rx) = watch::channel(false);
     let ctx = Arc::new(policy_context(
@@ -199,16 +213,22 @@ async fn run_controller(
     let namespace = setup.namespace.as_deref();
     let acting = &parts.acting.client;
     let scope = (&parts.parent, namespace);
-    let first_sync = if shared.leadership.is_leader() {
-        let synced =
-            release::sync_finalizers(&shared.client, acting, &policy, scope, &finalizers_ready);
-        Some(synced.await)
-    } else {
-        None
+    step.set("starting: setting up finalizers and reporting itself running");
+    let started = stop
+        .run_until_cancelled(start_running(
+            &policy,
+            &parts,
+            shared,
+            &mut status,
+            namespace,
+            &finalizers_ready,
+        ))
+        .await;
+    let Some((first_sync, running)) = started else {
+        return;
     };
     let finalizers =
         keep_finalizers_in_sync(first_sync, &policy, shared, acting, scope, finalizers_ready);
-    let running = announce_running(&policy, &parts, &mut status, namespace).await;
 
     // A swap, a candidate change and a takeover re-enqueue every parent through this channel.
     let (requeue_all, requeue_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
@@ -221,8 +241,12 @@ async fn run_controller(
         status: status.clone(),
         requeue_all: requeue_all.clone(),
     };
-    let candidate = swapper.prime(&policy).await;
-    let run = run_reconciles(controller, &policy, &ctx, &parents, requeue_rx, stop);
+    step.set("starting: loading its rollout candidate");
+    let Some(candidate) = stop.run_until_cancelled(swapper.prime(&policy)).await else {
+        return;
+    };
+    step.set("running");
+    let run = run_reconciles(controller, &policy, &ctx, &parents, requeue_rx, stop, step);
     let takeover = requeue_on_takeover(
         &shared.leadership,
         requeue_all.clone(),
@@ -245,8 +269,35 @@ async fn run_controller(
         () = run => {}
         () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout); } => {}
     }
-    metrics.set_active_plugin(None);
-    metrics.forget_prune_held();
+}
+
+/// The watches of the policy's parents, children and related objects.
+fn watches(setup: &WatchSetup, parts: &Parts) -> Watches {
+    let references = parts
+        .related
+        .iter()
+        .enumerate()
+        .filter_map(|(position, (resolved, by))| match by {
+            RelatedBy::Name(path) => Some((position, path.clone(), resolved.namespaced)),
+            RelatedBy::All | RelatedBy::Selector(_) => None,
+        })
+        .collect();
+    let by_namespace = parts
+        .related
+        .iter()
+        .any(|(_, by)| matches!(by, RelatedBy::All | RelatedBy::Selector(_)));
+    let mut watches = Watches::parents(setup, &parts.parent, references, by_namespace);
+    for (kind, resolved) in &parts.children {
+        watches = watches.owns(setup, kind, resolved);
+    }
+    for (position, (resolved, by)) in parts.related.iter().enumerate() {
+        watches = match by {
+            RelatedBy::All => watches.reads(setup, resolved, None),
+            RelatedBy::Selector(selector) => watches.reads(setup, resolved, Some(selector)),
+            RelatedBy::Name(path) => watches.reads_named(setup, resolved, position, path.clone()),
+        };
+    }
+    watches
 }
 
 /// What the policy's reconciles share, as the policy and the host's options say.
@@ -341,6 +392,29 @@ fn watch_setup(
     }
 }
 
+/// The leader's first attempt to set up finalizers (see [`keep_finalizers_in_sync`]; `None`
+/// on a standby), then the report that the policy runs, returning its `Ready=True` state.
+async fn start_running(
+    policy: &ReconcilePolicy,
+    parts: &Parts,
+    shared: &Shared,
+    status: &mut PolicyStatusWriter,
+    namespace: Option<&str>,
+    finalizers_ready: &watch::Sender<bool>,
+) -> (Option<anyhow::Result<()>>, State) {
+    let first_sync = if shared.leadership.is_leader() {
+        let scope = (&parts.parent, namespace);
+        let acting = &parts.acting.client;
+        Some(
+            release::sync_finalizers(&shared.client, acting, policy, scope, finalizers_ready).await,
+        )
+    } else {
+        None
+    };
+    let running = announce_running(policy, parts, status, namespace).await;
+    (first_sync, running)
+}
+
 /// Report the policy running (returning that `Ready=True` state), with what it should know
 /// about its related kinds and about children of kinds it no longer manages.
 async fn announce_running(
@@ -410,7 +484,7 @@ fn keep_finalizers_in_sync<'a>(
 }
 
 /// The controller itself: reconcile at the policy's concurrency, every parent again on
-/// `requeue_all`, until `stop`.
+/// `requeue_all`, until `stop`; then the reconciles in flight finish (`step` says so).
 fn run_reconciles(
     controller: kube::runtime::Controller<CachedObject>,
     policy: &ReconcilePolicy,
@@ -418,6 +492,7 @@ fn run_reconciles(
     parents: &Store<CachedObject>,
     requeue_all: tokio::sync::mpsc::UnboundedReceiver<()>,
     stop: CancellationToken,
+    step: Arc<Step>,
 ) -> impl Future<Output = ()> + use<> {
     let concurrency = policy.spec.max_concurrent_reconciles.unwrap_or(4).max(1);
     let every_parent = {
@@ -442,7 +517,10 @@ fn run_reconciles(
                 .concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX)),
         )
         .reconcile_all_on(every_parent)
-        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .graceful_shutdown_on(async move {
+            stop.cancelled().await;
+            step.set("finishing its reconciles in flight");
+        })
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| async move {
             if let Err(error) = result {

@@ -25,4 +25,6 @@ pub(crate) struct Shared {
     pub leadership: Arc<crate::leader::Leadership>,
     /// What every policy's caches of related objects read by name may keep together.
     pub related_budget: Arc<ReadBudget>,
+    /// Every task a stop waits for, and where each stands.
+    pub activity: Arc<crate::controller::stopping::Activity>,
 }

@@ -1,0 +1,183 @@
+//! Stopping the host in bounded time.
+//!
+//! On its stop signal the host cancels every task it runs (one per policy, the loop that
+//! turns NamespacedReconcilePolicies into ReconcilePolicies, the tasks that release a deleted
+//! policy's parents) and waits for them: reconciles in flight finish, writes complete. That
+//! wait must end whatever a task is doing — a plugin fetch that drips, a compile, a load
+//! waiting for a permit, a reconcile inside a slow plugin call, a write that waits for
+//! leadership — because the pod's grace period ends anyway (and a test's time with it), and
+//! a host that never returns also never releases its lease. So every task is registered
+//! here with where it stands; [`drain`] waits for them up to the drain time, then aborts what
+//! is left and says, by name and step, what held the stop.
+//!
+//! An aborted task stops at its next `await`: nothing it was about to write is written, and
+//! a plugin call already running finishes on its own thread within the plugin's deadline.
+
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+/// How often [`drain`] looks whether every task has ended.
+const POLL: Duration = Duration::from_millis(20);
+/// How long aborted tasks get to drop what they hold before [`drain`] returns.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
+/// Where one task of the host stands, in words for a person reading why a stop hung
+/// ("loading its plugin", "finishing its reconciles in flight").
+#[derive(Debug)]
+pub(crate) struct Step(Mutex<Cow<'static, str>>);
+
+impl Step {
+    fn new(step: &'static str) -> Self {
+        Self(Mutex::new(Cow::Borrowed(step)))
+    }
+
+    /// The task moved on to `step`.
+    pub fn set(&self, step: impl Into<Cow<'static, str>>) {
+        *crate::lock(&self.0) = step.into();
+    }
+
+    fn get(&self) -> String {
+        crate::lock(&self.0).to_string()
+    }
+}
+
+/// Every task the host runs that a stop must wait for, with where each stands.
+#[derive(Debug, Default)]
+pub struct Activity {
+    tasks: Mutex<Vec<Tracked>>,
+}
+
+#[derive(Debug)]
+struct Tracked {
+    name: String,
+    step: Arc<Step>,
+    handle: AbortHandle,
+}
+
+impl Activity {
+    /// Make a [`Step`] for a task named `name` (e.g. `policy "myapp"`) that starts at `step`;
+    /// [`track`](Self::track) it once the task is spawned.
+    pub(crate) fn step(step: &'static str) -> Arc<Step> {
+        Arc::new(Step::new(step))
+    }
+
+    /// Track the spawned task `handle`, named `name`, standing at `step`.
+    pub(crate) fn track(&self, name: impl Into<String>, step: Arc<Step>, handle: AbortHandle) {
+        let mut tasks = crate::lock(&self.tasks);
+        tasks.retain(|t| !t.handle.is_finished());
+        tasks.push(Tracked {
+            name: name.into(),
+            step,
+            handle,
+        });
+    }
+
+    /// The tasks still running, each as `NAME: STEP`, sorted.
+    pub fn still_running(&self) -> Vec<String> {
+        let mut running: Vec<String> = crate::lock(&self.tasks)
+            .iter()
+            .filter(|t| !t.handle.is_finished())
+            .map(|t| format!("{}: {}", t.name, t.step.get()))
+            .collect();
+        running.sort();
+        running
+    }
+
+    fn all_finished(&self) -> bool {
+        crate::lock(&self.tasks)
+            .iter()
+            .all(|t| t.handle.is_finished())
+    }
+
+    /// Abort every task still running (for a host dropped without being stopped).
+    pub fn abort_all(&self) {
+        for task in crate::lock(&self.tasks).iter() {
+            task.handle.abort();
+        }
+    }
+}
+
+/// The host's tasks did not all end within the drain time after its stop signal; they were
+/// aborted.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the host's tasks did not stop within {} s of the stop signal and were abandoned: {}",
+    within.as_secs_f32(),
+    held.join("; ")
+)]
+pub struct StopTimedOut {
+    /// The drain time.
+    pub within: Duration,
+    /// What was still running when it ran out, as [`Activity::still_running`] says it.
+    pub held: Vec<String>,
+}
+
+/// Wait until every task in `activity` has ended (their stop tokens are cancelled by the
+/// caller), at most `within`; then abort the rest and name them.
+pub(crate) async fn drain(activity: &Activity, within: Duration) -> Result<(), StopTimedOut> {
+    let deadline = Instant::now() + within;
+    while !activity.all_finished() {
+        if Instant::now() >= deadline {
+            let held = activity.still_running();
+            tracing::error!(?within, still_running = ?held, "the host did not stop in time; abandoning what is left");
+            activity.abort_all();
+            let grace = Instant::now() + ABORT_GRACE;
+            while !activity.all_finished() && Instant::now() < grace {
+                tokio::time::sleep(POLL).await;
+            }
+            return Err(StopTimedOut { within, held });
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn tasks_that_end_are_waited_for_and_those_that_hang_are_aborted_and_named() {
+        let activity = Activity::default();
+        let quick = tokio::spawn(tokio::time::sleep(Duration::from_millis(50)));
+        activity.track("quick", Activity::step("sleeping"), quick.abort_handle());
+        let hung = tokio::spawn(std::future::pending::<()>());
+        let step = Activity::step("starting");
+        step.set("waiting for nothing");
+        activity.track("policy \"hung\"", step, hung.abort_handle());
+
+        let started = Instant::now();
+        let stopped = drain(&activity, Duration::from_millis(300)).await;
+        let Err(timed_out) = stopped else {
+            panic!("a pending task was not reported");
+        };
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(timed_out.held, ["policy \"hung\": waiting for nothing"]);
+        assert!(
+            timed_out.to_string().contains("within 0.3 s"),
+            "{timed_out}"
+        );
+        assert!(quick.is_finished());
+        assert!(hung.await.is_err_and(|e| e.is_cancelled()));
+        assert!(activity.still_running().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_drain_with_nothing_left_returns_at_once() {
+        let activity = Activity::default();
+        let done = tokio::spawn(async {});
+        activity.track("done", Activity::step("done"), done.abort_handle());
+        let _ = done.await;
+        let started = Instant::now();
+        assert!(drain(&activity, Duration::from_secs(10)).await.is_ok());
+        assert!(started.elapsed() < Duration::from_millis(500));
+    }
+}
