@@ -11,21 +11,7 @@ use wasmctrl_testenv::repo_root;
 pub fn cargo() -> Command {
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     command.current_dir(repo_root());
-    // `cargo run` gives xtask the variables describing xtask itself. Build scripts such as
-    // ring's rerun when those change, so passing them on would make every build from xtask
-    // and every build from a shell invalidate each other.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if name.starts_with("CARGO_PKG_")
-            || name.starts_with("CARGO_MANIFEST_")
-            || matches!(
-                &*name,
-                "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE"
-            )
-        {
-            command.env_remove(&*name);
-        }
-    }
+    wasmctrl_testenv::runner::without_cargos_package_variables(&mut command);
     command
 }
 
@@ -203,12 +189,7 @@ pub fn test() -> anyhow::Result<()> {
         plane_started.elapsed().as_secs_f64(),
         plane.server
     );
-    let result = run_tests(
-        cargo()
-            .env("WASMCTRL_TEST_KUBECONFIG", &plane.kubeconfig)
-            // Every test binary runs even after one fails, so one run names every failure.
-            .args(["test", "--workspace", "--no-fail-fast"]),
-    );
+    let result = run_tests(&plane.kubeconfig);
     plane.stop();
     eprintln!(
         "xtask: test suite took {:.0}s",
@@ -234,14 +215,57 @@ struct Totals {
     ignored: u64,
 }
 
-/// Run `cargo test`, passing its output through, and add up its `test result:` lines.
-fn run_tests(command: &mut Command) -> anyhow::Result<Totals> {
-    use std::io::{BufRead as _, BufReader};
+/// Run every test of the workspace against the cluster of `kubeconfig`: nextest for the
+/// tests (a process each, each under the time limit of `.config/nextest.toml`, every one run
+/// even after a failure), then the doc tests, which nextest does not run. Their counts,
+/// added up.
+fn run_tests(kubeconfig: &std::path::Path) -> anyhow::Result<Totals> {
+    use wasmctrl_testenv::runner;
     eprintln!("xtask: running the tests");
+    let mut nextest = runner::nextest_run()?;
+    nextest
+        .env("WASMCTRL_TEST_KUBECONFIG", kubeconfig)
+        .env(runner::PLUGINS_BUILT_ENV, "1")
+        .args(["--workspace", "--no-fail-fast"]);
+    let (summary, status) = runner::run_passing_through(&mut nextest, |_| {})?;
+    let summary = summary.context("cargo-nextest printed no summary line")?;
+    let mut totals = Totals {
+        passed: summary.passed,
+        failed: summary.failed + summary.timed_out,
+        ignored: summary.skipped,
+    };
+    let doc = doc_tests(cargo().env("WASMCTRL_TEST_KUBECONFIG", kubeconfig).args([
+        "test",
+        "--workspace",
+        "--doc",
+        "--no-fail-fast",
+    ]));
+    // Both ran; a doc test run that failed to run at all counts as one failure.
+    let doc = doc.unwrap_or_else(|error| {
+        eprintln!("xtask: {error:#}");
+        Totals {
+            failed: 1,
+            ..Totals::default()
+        }
+    });
+    totals.passed += doc.passed;
+    totals.failed += doc.failed;
+    totals.ignored += doc.ignored;
+    if !status.success() && totals.failed == 0 {
+        bail!("cargo-nextest failed ({status}) with no test failed: see its messages above");
+    }
+    Ok(totals)
+}
+
+/// Run the doc tests with `cargo test --doc`, passing its output through, and add up its
+/// `test result:` lines.
+fn doc_tests(command: &mut Command) -> anyhow::Result<Totals> {
+    use std::io::{BufRead as _, BufReader};
+    eprintln!("xtask: running the doc tests");
     let mut child = command
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .context("starting cargo test")?;
+        .context("starting cargo test --doc")?;
     let stdout = child.stdout.take().context("cargo test stdout")?;
     let mut totals = Totals::default();
     for line in BufReader::new(stdout).lines() {
@@ -263,7 +287,7 @@ fn run_tests(command: &mut Command) -> anyhow::Result<Totals> {
     }
     let status = child.wait()?;
     if !status.success() {
-        bail!("cargo test failed ({status})");
+        bail!("cargo test --doc failed ({status})");
     }
     Ok(totals)
 }

@@ -15,6 +15,7 @@ pub mod image;
 mod pki;
 pub mod plugins;
 pub mod registry;
+pub mod runner;
 pub mod signing;
 pub mod tools;
 

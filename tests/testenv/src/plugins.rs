@@ -94,10 +94,14 @@ pub fn guest_path(file_stem: &str) -> PathBuf {
 
 /// The path of a built guest component, e.g. `guest("myapp_plugin")`. The first call in a
 /// process builds every guest (a no-op when they are up to date), so tests never run a stale
-/// plugin.
+/// plugin; unless the runner says they were built for this run
+/// ([`PLUGINS_BUILT_ENV`](crate::runner::PLUGINS_BUILT_ENV)).
 pub fn guest(file_stem: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
+        if std::env::var_os(crate::runner::PLUGINS_BUILT_ENV).is_some() {
+            return;
+        }
         // One cargo invocation per plugin: building them together would unify features,
         // and myapp-v2 needs MyApp's logic without MyApp's component export.
         for guest in GUESTS {
