@@ -1544,9 +1544,12 @@ async fn a_parent_whose_spec_shrinks_loses_its_children_but_a_change_that_would_
             && config_maps_named(&client, &ns, "b-").await?.len() == 8)
     })
     .await?;
-    // The window the controller's start opened closes once both parents were reconciled.
+    // The window the controller's start opened closes once both parents were reconciled (by
+    // this host: the policy of an earlier run of this test may still hold such a status).
     wait_for_object(&policy_api, TEST, "the start's window closed", |p| {
-        p["status"]["parentsReconciled"] == 2 && p["status"]["pruneGuard"].is_null()
+        p["status"]["observedGeneration"] == p["metadata"]["generation"]
+            && p["status"]["parentsReconciled"] == 2
+            && p["status"]["pruneGuard"].is_null()
     })
     .await?;
 
@@ -1595,5 +1598,6 @@ async fn a_parent_whose_spec_shrinks_loses_its_children_but_a_change_that_would_
     assert_eq!(config_maps_named(&client, &ns, "b-").await?.len(), 8);
 
     host.stop().await?;
+    policy_api.delete(TEST, &Default::default()).await?;
     delete_namespace(&client, &ns).await
 }
