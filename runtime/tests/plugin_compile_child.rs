@@ -1,6 +1,7 @@
 //! Plugins compiled in a child process: bounded in memory and time, and a failure there fails
 //! one load, not the process. Its own `main` (no libtest harness): the child is this test
-//! executable, started again with the compiler's argument.
+//! executable, started again with the compiler's argument. It answers the arguments the test
+//! runners use as libtest does (`--list`, a name filter, `--exact`, `--ignored`).
 
 mod support;
 
@@ -36,13 +37,36 @@ fn main() -> ExitCode {
             bytes_wasmtime_cannot_compile_are_an_invalid_component,
         ),
     ];
-    let filter = std::env::args().skip(1).find(|arg| !arg.starts_with('-'));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| args.iter().any(|arg| arg == name);
+    // The first argument that is neither a flag nor a flag's value (`--format terse`).
+    let filter = args
+        .iter()
+        .enumerate()
+        .find(|(i, arg)| !arg.starts_with('-') && (*i == 0 || args[i - 1] != "--format"))
+        .map(|(_, arg)| arg);
+    let selected = |name: &str| {
+        filter.is_none_or(|filter| {
+            if flag("--exact") {
+                name == filter
+            } else {
+                name.contains(filter.as_str())
+            }
+        })
+    };
+    // None of these is ignored: asked for the ignored ones, there are none.
+    let ignored_only = flag("--ignored");
+    if flag("--list") {
+        for (name, _) in tests {
+            if !ignored_only && selected(name) {
+                println!("{name}: test");
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
     let mut passed = 0;
     for (name, test) in tests {
-        if filter
-            .as_deref()
-            .is_some_and(|filter| !name.contains(filter))
-        {
+        if ignored_only || !selected(name) {
             continue;
         }
         println!("test {name} ...");

@@ -228,7 +228,15 @@ fn run_tests(kubeconfig: &std::path::Path) -> anyhow::Result<Totals> {
         .env(runner::PLUGINS_BUILT_ENV, "1")
         .args(["--workspace", "--no-fail-fast"]);
     let (summary, status) = runner::run_passing_through(&mut nextest, |_| {})?;
-    let summary = summary.context("cargo-nextest printed no summary line")?;
+    // No summary: nextest could not run the tests at all (its message is above); the doc
+    // tests still run, and the run fails.
+    let summary = summary.unwrap_or_else(|| {
+        eprintln!("xtask: cargo-nextest ran no tests ({status})");
+        runner::Summary {
+            failed: 1,
+            ..runner::Summary::default()
+        }
+    });
     let mut totals = Totals {
         passed: summary.passed,
         failed: summary.failed + summary.timed_out,
