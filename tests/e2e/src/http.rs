@@ -27,7 +27,8 @@ pub async fn http_get(address: std::net::SocketAddr, path: &str) -> anyhow::Resu
     .await?
 }
 
-/// A plugin server from [`serve_plugins`]; its thread ends when it is dropped.
+/// A plugin server from [`serve_plugins`]; its thread ends when it is dropped, so keep it
+/// for as long as a host may fetch from it.
 pub struct PluginServer {
     /// Where it listens, `127.0.0.1:<port>`.
     pub address: std::net::SocketAddr,

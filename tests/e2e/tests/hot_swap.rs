@@ -683,7 +683,9 @@ async fn plugins_come_over_http_with_credentials_retries_and_a_mandatory_digest(
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
     let (v1, v2) = (digest_of("myapp_plugin"), digest_of("myapp_v2_plugin"));
-    let address = serve_plugins(Some("s3cret"))?.address;
+    // Served until the test ends (the server stops when dropped).
+    let server = serve_plugins(Some("s3cret"))?;
+    let address = server.address;
     let secrets = api(&client, &resource("", "v1", "Secret"), &ns);
     // The token is for this server only (see host_safety.rs for one bound elsewhere).
     apply(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry", "annotations": {HOSTS_ANNOTATION: address.to_string()}}, "stringData": {"token": "s3cret"}})).await?;

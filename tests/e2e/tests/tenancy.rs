@@ -339,7 +339,9 @@ async fn teams_with_only_namespace_rights_run_their_own_operators_for_one_parent
         .await?;
 
     // Each team, as a user with rights in its namespace only, runs the MyApp operator.
-    let (url, digest) = myapp_plugin_url(serve_plugins(None)?.address)?;
+    // Served until the test ends (the server stops when dropped).
+    let server = serve_plugins(None)?;
+    let (url, digest) = myapp_plugin_url(server.address)?;
     let mut teams = Vec::new();
     for team in [&team_a, &team_b] {
         let user = format!("{team}-user");
@@ -490,7 +492,9 @@ async fn a_policy_made_from_a_team_policy_that_is_gone_is_collected() -> anyhow:
             .require_policy_identity()
             .start()
     };
-    let (url, digest) = myapp_plugin_url(serve_plugins(None)?.address)?;
+    // Served until the test ends (the server stops when dropped).
+    let server = serve_plugins(None)?;
+    let (url, digest) = myapp_plugin_url(server.address)?;
     let sources = namespaced_policies(&client, &team);
     let cluster_policies = policies(&client);
     let made_name = format!("{team}.myapp");
