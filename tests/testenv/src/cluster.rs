@@ -427,7 +427,25 @@ impl ControlPlane {
         self.spawn(binaries, lifetime, name, component.port, &component.args)?;
         wait_for_port(component.port, Duration::from_secs(60))
             .await
-            .with_context(|| format!("{name} did not come back"))
+            .with_context(|| format!("{name} did not come back"))?;
+        if name == "kube-apiserver" {
+            // It listens before it serves: until `/readyz` says so, a request may be reset.
+            let client = admin_client(&self.kubeconfig).await?;
+            wait_until(
+                "the restarted API server to be ready",
+                Duration::from_secs(60),
+                &self.components,
+                || async {
+                    client
+                        .request_text(http_get("/readyz")?)
+                        .await
+                        .map(|body| body.trim() == "ok")
+                        .map_err(anyhow::Error::from)
+                },
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// Compact etcd's history up to its current revision, so watches that resume from an
