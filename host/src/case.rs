@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::plugin::{CallError, JsonObject, ObservedObject, PluginEvent, ReconcileRequest};
-use crate::plugin::{ReconcileResponse, Verdict};
+use crate::plugin::{Hide, ReconcileResponse, Verdict};
 
 /// What replaces each value of a redacted Secret.
 pub const REDACTED: &str = "<redacted>";
@@ -310,6 +310,26 @@ impl Redaction {
         }
     }
 
+    /// This redaction with Secret values hidden whatever `--explain-secret-data` says: for
+    /// text that reaches a policy's status, which whoever may read the policy reads (and a
+    /// team, through the copy on its own NamespacedReconcilePolicy).
+    pub fn in_status(&self) -> Self {
+        Self {
+            keep_secrets: false,
+            ..self.clone()
+        }
+    }
+
+    /// Run `compare` with a [`Hide`] that redacts children and statuses as this does.
+    pub fn hiding<T>(&self, compare: impl FnOnce(Hide<'_>) -> T) -> T {
+        let child = |object: &mut Value| self.object(object);
+        let status = |status: &mut Value| self.status(status);
+        compare(Hide {
+            child: &child,
+            status: &status,
+        })
+    }
+
     /// Whether anything at all is to be redacted.
     pub fn hides_anything(&self) -> bool {
         !self.keep_secrets || !self.kinds.is_empty() || !self.fields.is_empty()
@@ -415,12 +435,17 @@ fn remove_last_applied(object: &mut Value) {
 /// How a plugin's answer to a case compares with the expected one (the recorded answer, or
 /// another plugin's). Differences read as a shadow run and `plugin diff` print them; the
 /// same failure on both sides is unchanged, since the point is what a change would alter.
+///
+/// The text quotes no value `hide` redacts.
 pub fn compare_answers(
     expected: &Result<ReconcileResponse, RecordedError>,
     actual: &Result<ReconcileResponse, CallError>,
+    hide: Hide<'_>,
 ) -> Verdict {
     match (expected, actual) {
-        (Ok(expected), actual) => crate::plugin::compare(&Ok(expected.clone()), actual),
+        (Ok(expected), actual) => {
+            crate::plugin::compare_hiding(&Ok(expected.clone()), actual, hide)
+        }
         (Err(expected), Err(actual)) if expected.message == actual.to_string() => {
             Verdict::Unchanged
         }
@@ -557,21 +582,30 @@ mod tests {
         };
         let recorded = Err(RecordedError::of(&reported("x can never work")));
         assert_eq!(
-            compare_answers(&recorded, &Err(reported("x can never work"))),
+            compare_answers(
+                &recorded,
+                &Err(reported("x can never work")),
+                Hide::nothing()
+            ),
             Verdict::Unchanged
         );
         assert!(matches!(
-            compare_answers(&recorded, &Err(reported("other"))),
+            compare_answers(&recorded, &Err(reported("other")), Hide::nothing()),
             Verdict::WouldFail(text) if text.contains("expected to fail with")
         ));
         assert!(matches!(
-            compare_answers(&recorded, &Ok(ReconcileResponse::default())),
+            compare_answers(
+                &recorded,
+                &Ok(ReconcileResponse::default()),
+                Hide::nothing()
+            ),
             Verdict::WouldChange(_)
         ));
         assert_eq!(
             compare_answers(
                 &Ok(ReconcileResponse::default()),
-                &Ok(ReconcileResponse::default())
+                &Ok(ReconcileResponse::default()),
+                Hide::nothing()
             ),
             Verdict::Unchanged
         );

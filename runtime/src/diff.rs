@@ -1,6 +1,12 @@
 //! Comparing two plugins' decisions for the same request: what a candidate plugin would do
 //! differently from the active one. Used by shadow runs in the host and by
 //! `wasmctrl plugin diff`.
+//!
+//! A difference is described by the path of its first differing field and the values on
+//! both sides. Where the text is shown to others (a policy's status, which a team's own
+//! object copies), the caller says what must not be quoted ([`Hide`]): the comparison is made
+//! on the real answers, and the values quoted are taken from redacted copies, so a changed
+//! Secret shows where it changed but never what it held.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -40,10 +46,46 @@ impl Verdict {
     }
 }
 
-/// Compare the active plugin's answer with the candidate's.
+/// What a verdict's text must not quote: each redacts a copy of what it is given in place
+/// (keeping its shape, as the host's record redaction does).
+#[derive(Clone, Copy)]
+pub struct Hide<'a> {
+    /// Applied to each child, a whole Kubernetes object.
+    pub child: &'a dyn Fn(&mut Value),
+    /// Applied to the parent's status.
+    pub status: &'a dyn Fn(&mut Value),
+}
+
+impl Hide<'_> {
+    /// Quote every value as it is (a plugin author's own tools).
+    pub fn nothing() -> Hide<'static> {
+        Hide {
+            child: &|_| {},
+            status: &|_| {},
+        }
+    }
+}
+
+impl std::fmt::Debug for Hide<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hide")
+    }
+}
+
+/// Compare the active plugin's answer with the candidate's, quoting every value.
 pub fn compare(
     active: &Result<ReconcileResponse, CallError>,
     candidate: &Result<ReconcileResponse, CallError>,
+) -> Verdict {
+    compare_hiding(active, candidate, Hide::nothing())
+}
+
+/// Compare the active plugin's answer with the candidate's, quoting no value that `hide`
+/// redacts.
+pub fn compare_hiding(
+    active: &Result<ReconcileResponse, CallError>,
+    candidate: &Result<ReconcileResponse, CallError>,
+    hide: Hide<'_>,
 ) -> Verdict {
     match (active, candidate) {
         (_, Err(error)) => Verdict::WouldFail(error.to_string()),
@@ -51,7 +93,7 @@ pub fn compare(
             "the active plugin fails ({error}); the candidate succeeds"
         )),
         (Ok(active), Ok(candidate)) => {
-            let text = describe(active, candidate);
+            let text = describe(active, candidate, hide);
             if text.is_empty() {
                 Verdict::Unchanged
             } else {
@@ -63,7 +105,7 @@ pub fn compare(
 
 /// A line per difference: children added, removed or changed (with the first differing
 /// field), and the status.
-fn describe(active: &ReconcileResponse, candidate: &ReconcileResponse) -> String {
+fn describe(active: &ReconcileResponse, candidate: &ReconcileResponse, hide: Hide<'_>) -> String {
     let index = |children: &[JsonObject]| -> BTreeMap<String, Value> {
         children
             .iter()
@@ -86,7 +128,7 @@ fn describe(active: &ReconcileResponse, candidate: &ReconcileResponse) -> String
                 let _ = writeln!(out, "+ {key}");
             }
             Some(old) if old != object => {
-                let _ = writeln!(out, "~ {key}: {}", first_change(old, object));
+                let _ = writeln!(out, "~ {key}: {}", first_change(old, object, hide.child));
             }
             Some(_) => {}
         }
@@ -97,7 +139,7 @@ fn describe(active: &ReconcileResponse, candidate: &ReconcileResponse) -> String
     let status = |s: &Option<JsonObject>| s.clone().map(Value::Object).unwrap_or(Value::Null);
     let (old, new) = (status(&active.status), status(&candidate.status));
     if old != new {
-        let _ = writeln!(out, "~ status: {}", first_change(&old, &new));
+        let _ = writeln!(out, "~ status: {}", first_change(&old, &new, hide.status));
     }
     out.truncate(out.trim_end().len());
     out
@@ -117,64 +159,91 @@ fn list_key(a: &[Value], b: &[Value]) -> Option<&'static str> {
     })
 }
 
-/// The path of the first field that differs between `old` and `new`, with both values.
-fn first_change(old: &Value, new: &Value) -> String {
+/// One step down into a JSON value.
+#[derive(Debug)]
+enum Step {
+    Key(String),
+    /// The item of a list of named items whose `key` field is `name`.
+    Named(&'static str, String),
+    Index(usize),
+}
+
+/// The item of `list` whose `key` field is `name`.
+fn named<'a>(list: &'a [Value], key: &str, name: &str) -> Option<&'a Value> {
+    list.iter().find(|v| v[key].as_str() == Some(name))
+}
+
+impl Step {
+    fn follow<'a>(&self, value: &'a Value) -> Option<&'a Value> {
+        match (self, value) {
+            (Self::Key(key), Value::Object(fields)) => fields.get(key),
+            (Self::Named(key, name), Value::Array(items)) => named(items, key, name),
+            (Self::Index(i), Value::Array(items)) => items.get(*i),
+            _ => None,
+        }
+    }
+}
+
+/// The path of the first field that differs between `old` and `new`, with both values as
+/// `redact`ed copies of `old` and `new` hold them there.
+fn first_change(old: &Value, new: &Value, redact: &dyn Fn(&mut Value)) -> String {
     /// Descend while both sides are containers that differ somewhere inside; stop at the
-    /// first differing leaf (or shape), returning the values found there.
-    fn walk<'a>(
-        old: Option<&'a Value>,
-        new: Option<&'a Value>,
-        path: &mut String,
-    ) -> (Option<&'a Value>, Option<&'a Value>) {
+    /// first differing leaf (or shape), recording the way there.
+    fn walk(old: Option<&Value>, new: Option<&Value>, steps: &mut Vec<Step>) {
         match (old, new) {
             (Some(Value::Object(a)), Some(Value::Object(b))) => {
                 let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
                 keys.sort();
                 keys.dedup();
-                for key in keys {
-                    let (x, y) = (a.get(key), b.get(key));
-                    if x != y {
-                        path.push('.');
-                        path.push_str(key);
-                        return walk(x, y, path);
-                    }
+                if let Some(key) = keys.into_iter().find(|key| a.get(*key) != b.get(*key)) {
+                    steps.push(Step::Key(key.clone()));
+                    walk(a.get(key), b.get(key), steps);
                 }
-                (old, new)
             }
             (Some(Value::Array(a)), Some(Value::Array(b))) if list_key(a, b).is_some() => {
                 // Lists of named items (conditions, containers, ports) compare item by item
                 // whatever their order and length: `[type=Ready]`, not "the list changed".
                 let key = list_key(a, b).unwrap_or_default();
-                let item = |list: &'a [Value], name: &str| {
-                    list.iter().find(|v| v[key].as_str() == Some(name))
-                };
                 let mut names: Vec<&str> =
                     a.iter().chain(b).filter_map(|v| v[key].as_str()).collect();
                 names.sort_unstable();
                 names.dedup();
-                for name in names {
-                    let (x, y) = (item(a, name), item(b, name));
-                    if x != y {
-                        let _ = write!(path, "[{key}={name}]");
-                        return walk(x, y, path);
-                    }
+                let found = names
+                    .into_iter()
+                    .find(|name| named(a, key, name) != named(b, key, name));
+                if let Some(name) = found {
+                    steps.push(Step::Named(key, name.to_owned()));
+                    walk(named(a, key, name), named(b, key, name), steps);
                 }
-                (old, new)
             }
             (Some(Value::Array(a)), Some(Value::Array(b))) if a.len() == b.len() => {
-                for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                    if x != y {
-                        let _ = write!(path, "[{i}]");
-                        return walk(Some(x), Some(y), path);
-                    }
+                if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
+                    steps.push(Step::Index(i));
+                    walk(a.get(i), b.get(i), steps);
                 }
-                (old, new)
             }
-            _ => (old, new),
+            _ => {}
         }
     }
-    let mut path = String::new();
-    let (old_at, new_at) = walk(Some(old), Some(new), &mut path);
+    /// The value at the end of `steps` in `value`, or the last one reached on the way (a
+    /// redaction may have replaced a whole subtree).
+    fn at<'a>(value: &'a Value, steps: &[Step]) -> Option<&'a Value> {
+        let mut here = value;
+        for step in steps {
+            match step.follow(here) {
+                Some(next) => here = next,
+                None => {
+                    return (!matches!(here, Value::Object(_) | Value::Array(_))).then_some(here);
+                }
+            }
+        }
+        Some(here)
+    }
+    let mut steps = Vec::new();
+    walk(Some(old), Some(new), &mut steps);
+    let (mut shown_old, mut shown_new) = (old.clone(), new.clone());
+    redact(&mut shown_old);
+    redact(&mut shown_new);
     let shorten = |v: Option<&Value>| {
         let text = v
             .filter(|v| !v.is_null())
@@ -185,12 +254,22 @@ fn first_change(old: &Value, new: &Value) -> String {
             text
         }
     };
-    let path = if path.is_empty() {
-        ".".to_owned()
-    } else {
-        path
-    };
-    format!("{path} {} -> {}", shorten(old_at), shorten(new_at))
+    let mut path = String::new();
+    for step in &steps {
+        let _ = match step {
+            Step::Key(key) => write!(path, ".{key}"),
+            Step::Named(key, name) => write!(path, "[{key}={name}]"),
+            Step::Index(i) => write!(path, "[{i}]"),
+        };
+    }
+    if path.is_empty() {
+        path.push('.');
+    }
+    format!(
+        "{path} {} -> {}",
+        shorten(at(&shown_old, &steps)),
+        shorten(at(&shown_new, &steps))
+    )
 }
 
 #[cfg(test)]
@@ -217,17 +296,73 @@ mod tests {
         let before = json!({"conditions": [ready]});
         let after = json!({"conditions": [ready, found]});
         assert_eq!(
-            first_change(&before, &after),
+            first_change(&before, &after, &|_| {}),
             r#".conditions[type=ConfigMapFound] (absent) -> {"status":"False","type":"ConfigMapFound"}"#
         );
         let env =
             |v: &str| json!({"env": [{"name": "A", "value": "1"}, {"name": "B", "value": v}]});
         assert_eq!(
-            first_change(&env("2"), &env("3")),
+            first_change(&env("2"), &env("3"), &|_| {}),
             r#".env[name=B].value "2" -> "3""#
         );
         // Unnamed items still compare by position.
-        assert_eq!(first_change(&json!([1, 2]), &json!([1, 3])), "[1] 2 -> 3");
+        assert_eq!(
+            first_change(&json!([1, 2]), &json!([1, 3]), &|_| {}),
+            "[1] 2 -> 3"
+        );
+    }
+
+    #[test]
+    fn hidden_values_are_never_quoted_but_their_place_is() {
+        let secret = |data: Value| json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "data": data});
+        let redact = |child: &mut Value| {
+            if child["kind"] == "Secret" {
+                for value in child["data"]
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|d| d.values_mut())
+                {
+                    *value = json!("(redacted)");
+                }
+            }
+        };
+        let hide = Hide {
+            child: &redact,
+            status: &|status| status["token"] = json!("(redacted)"),
+        };
+        let active = Ok(response(
+            json!([secret(json!({"k": "b2xkLXZhbHVl", "same": "eA=="}))]),
+            json!({"token": "old-token", "ready": true}),
+        ));
+        // A changed value, a value added under a new key, and a status field.
+        let candidate = Ok(response(
+            json!([secret(
+                json!({"k": "bmV3LXZhbHVl", "same": "eA==", "added": "YWRkZWQ="})
+            )]),
+            json!({"token": "new-token", "ready": true}),
+        ));
+        let Verdict::WouldChange(text) = compare_hiding(&active, &candidate, hide) else {
+            panic!("a change")
+        };
+        assert_eq!(
+            text,
+            "~ Secret s: .data.added (absent) -> \"(redacted)\"\n~ status: .token \"(redacted)\" -> \"(redacted)\""
+        );
+        // Where a whole subtree appears, its keys show and its values do not.
+        let without = Ok(response(json!([secret(Value::Null)]), Value::Null));
+        let with = Ok(response(
+            json!([secret(json!({"k": "c2VjcmV0"}))]),
+            Value::Null,
+        ));
+        let Verdict::WouldChange(text) = compare_hiding(&without, &with, hide) else {
+            panic!("a change")
+        };
+        assert_eq!(text, "~ Secret s: .data (absent) -> {\"k\":\"(redacted)\"}");
+        // Unhidden, the same comparison quotes the values.
+        let Verdict::WouldChange(text) = compare(&active, &candidate) else {
+            panic!("a change")
+        };
+        assert!(text.contains("YWRkZWQ="), "{text}");
     }
 
     #[test]

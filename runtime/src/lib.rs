@@ -47,7 +47,7 @@ pub use call::{
 };
 pub use compiler::{COMPILE_CHILD_ARG, ChildCompiler, Compiler, compile_child_if_asked};
 pub use contract::{CONTRACT_VERSION, CONTRACT_VERSIONS};
-pub use diff::{Verdict, compare};
+pub use diff::{Hide, Verdict, compare, compare_hiding};
 pub use digest::{Digest, InvalidDigest};
 pub use engine::{EngineOptions, Inspection, PluginEngine, PoolUsage};
 pub use error::{CallError, LoadError, ReportedKind, Retry};

@@ -15,7 +15,7 @@ pub use crate::case::RunOutput;
 use crate::case::{Case, Expected, RecordedError, compare_answers};
 use crate::controller::offline::OfflinePolicy;
 use crate::plugin::{
-    CONTRACT_VERSIONS, CallError, Digest, EngineOptions, Limits, ObservedObject, Plugin,
+    CONTRACT_VERSIONS, CallError, Digest, EngineOptions, Hide, Limits, ObservedObject, Plugin,
     PluginEngine, ReconcileRequest, Verdict,
 };
 use crate::policy::ReconcilePolicySpec;
@@ -786,7 +786,8 @@ async fn replay(
                 .map_err(|e| RecordedError::of(&e)),
         };
         let actual = plugin.reconcile(request).await;
-        let verdict = compare_answers(&expected, &actual);
+        // The author's own tool: every value is quoted.
+        let verdict = compare_answers(&expected, &actual, Hide::nothing());
         match verdict {
             Verdict::Unchanged => report.unchanged += 1,
             Verdict::WouldChange(_) => report.would_change += 1,
@@ -862,7 +863,7 @@ async fn test(plugin: &Plugin, cases: &[PathBuf], update: bool) -> anyhow::Resul
         let mut case = Case::read(path)?;
         let actual = plugin.reconcile(case.request()).await;
         let verdict = match case.expected_answer() {
-            Some(expected) => compare_answers(&expected, &actual),
+            Some(expected) => compare_answers(&expected, &actual, Hide::nothing()),
             None if update => Verdict::WouldChange("no expected answer yet".to_owned()),
             None => anyhow::bail!(
                 "{} has no expected answer (`expect:`); `wasmctrl plugin test PLUGIN CASES --update` writes the plugin's",

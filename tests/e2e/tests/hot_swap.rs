@@ -992,3 +992,106 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
     policy_api.delete(TEST, &Default::default()).await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_changes_a_secret_never_puts_its_values_in_the_policy_status()
+-> anyhow::Result<()> {
+    use base64::Engine as _;
+    const TEST: &str = "swap-candidate-secret";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    // One Secret written as plain text (`stringData`), one as base64 (`data`).
+    let secrets = |plain: &str, encoded: &str| {
+        json!({"children": [
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "plain"},
+             "stringData": {"password": plain}},
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "encoded"},
+             "data": {"token": b64(encoded)}},
+        ]})
+    };
+    let spec = |candidate: Option<Value>| {
+        let mut spec = json!({
+            "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
+            "children": [{"apiVersion": "v1", "kind": "Secret"}],
+            "plugin": {"source": file_source("misbehave_plugin"),
+                       "config": secrets("old-plain-pw", "old-encoded-token")},
+        });
+        if let Some(candidate) = candidate {
+            spec["plugin"]["candidate"] = candidate;
+        }
+        spec
+    };
+    apply_policy(&client, TEST, TEST, spec(None)).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w", None)).await?;
+    let secrets_api = api(&client, &resource("", "v1", "Secret"), &ns);
+    wait_for_object(&secrets_api, "encoded", "the Secret child", |s| {
+        s["data"]["token"] == b64("old-encoded-token").as_str()
+    })
+    .await?;
+
+    // A candidate in shadow that changes both Secrets, then one that changes only the
+    // base64 one.
+    let candidate = |plain: &str, encoded: &str| json!({"source": file_source("misbehave_plugin"), "config": secrets(plain, encoded)});
+    let policy_api = policies(&client);
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        spec(Some(candidate("new-plain-pw", "new-encoded-token"))),
+    )
+    .await?;
+    let shadowed = wait_for_object(&policy_api, TEST, "the candidate's verdict", |p| {
+        p["status"]["candidate"]["wouldChange"] == 1
+    })
+    .await?;
+    let detail = shadowed["status"]["candidate"]["examples"][0]["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        detail.contains("Secret encoded: .data.token")
+            && detail.contains("Secret plain: .stringData.password"),
+        "the status still says where each Secret changed: {detail}"
+    );
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        spec(Some(candidate("old-plain-pw", "newer-encoded-token"))),
+    )
+    .await?;
+    let shadowed_again =
+        wait_for_object(&policy_api, TEST, "the second candidate's verdict", |p| {
+            p["status"]["candidate"]["examples"][0]["detail"]
+                .as_str()
+                .is_some_and(|d| {
+                    d.contains("Secret encoded: .data.token") && !d.contains("Secret plain")
+                })
+        })
+        .await?;
+
+    for status in [&shadowed["status"], &shadowed_again["status"]] {
+        let text = status.to_string();
+        for value in [
+            "old-plain-pw",
+            "new-plain-pw",
+            "old-encoded-token",
+            "new-encoded-token",
+            "newer-encoded-token",
+        ] {
+            for form in [value.to_owned(), b64(value)] {
+                assert!(
+                    !text.contains(&form),
+                    "{form} ({value}) is in the policy status: {text}"
+                );
+            }
+        }
+    }
+    host.stop().await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    delete_namespace(&client, &ns).await
+}

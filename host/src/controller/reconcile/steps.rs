@@ -29,13 +29,14 @@ use super::serving::ActivePlugin;
 use super::status::Outcome;
 use super::trace::Trace;
 use super::writes::{self, Applied};
+use crate::case::Redaction;
 use crate::controller::cache::related::RelatedBytes;
 use crate::explain::{ChildAction, RecordResult};
 use crate::lock;
 use crate::metrics::ChildOperation;
 use crate::plugin::{
     CallError, Digest, EventType as PluginEventType, JsonObject, Plugin, PluginEvent,
-    ReconcileRequest, ReconcileResponse, Verdict, compare,
+    ReconcileRequest, ReconcileResponse, Verdict, compare_hiding,
 };
 
 /// The shortest delay a plugin's `requeue-after` can ask for: a plugin answering 0 must not
@@ -254,6 +255,7 @@ impl<'a> Reconcile<'a> {
                     self.identity,
                     &ctx.caches.allowed,
                     &ctx.policy_label,
+                    &ctx.redaction,
                 );
                 lock(&self.trace).shadowed(&verdict);
                 lock(&ctx.serving.shadow).insert(key, verdict);
@@ -514,13 +516,16 @@ impl<T, E> Ended for Result<T, E> {
 }
 
 /// How the candidate's answer compares with the serving plugin's. An answer the host would
-/// refuse is a failure, however it compares.
+/// refuse is a failure, however it compares. The verdict's text ends up in the policy's
+/// status, so it quotes no value `redaction` hides, nor any Secret value
+/// ([`Redaction::in_status`]).
 fn shadow_verdict(
     answer: &Result<ReconcileResponse, CallError>,
     shadow_answer: &Result<ReconcileResponse, CallError>,
     identity: &ParentIdentity,
     allowed: &[children::AllowedKind],
     policy_label: &str,
+    redaction: &Redaction,
 ) -> Verdict {
     if let Ok(response) = shadow_answer
         && let Err(problems) =
@@ -531,7 +536,9 @@ fn shadow_verdict(
             describe(&problems)
         ));
     }
-    compare(answer, shadow_answer)
+    redaction
+        .in_status()
+        .hiding(|hide| compare_hiding(answer, shadow_answer, hide))
 }
 
 /// The plugin's requeue delay, never below [`MIN_REQUEUE`]; `otherwise` without one.
@@ -576,7 +583,9 @@ mod tests {
             kind: "ConfigMap".into(),
             namespaced: true,
         }];
-        let verdict = |active, shadow| shadow_verdict(&active, &shadow, &identity, &allowed, "p");
+        let redaction = Redaction::default();
+        let verdict =
+            |active, shadow| shadow_verdict(&active, &shadow, &identity, &allowed, "p", &redaction);
         let active = || response(vec![config_map("c", "1")]);
 
         assert_eq!(verdict(active(), active()), Verdict::Unchanged);
