@@ -588,19 +588,20 @@ fn campaign(
 }
 
 /// Wait for the elector to stop, then release the lease so a standby takes over at once;
-/// each at most [`RELEASE_TIMEOUT`], as an API server that does not answer must not keep
-/// the host from exiting (the lease then expires on its own).
+/// both within [`RELEASE_TIMEOUT`], as an API server that does not answer must not keep the
+/// host from exiting (the lease then expires on its own).
 async fn release(
     mut election: tokio::task::JoinHandle<Result<LeaderElector, crate::leader::LeadershipLost>>,
 ) -> anyhow::Result<()> {
-    let Ok(stopped) = tokio::time::timeout(RELEASE_TIMEOUT, &mut election).await else {
+    let deadline = tokio::time::Instant::now() + RELEASE_TIMEOUT;
+    let Ok(stopped) = tokio::time::timeout_at(deadline, &mut election).await else {
         election.abort();
         tracing::warn!(timeout = ?RELEASE_TIMEOUT, "the leader elector did not stop in time; a standby takes over when the lease expires");
         return Ok(());
     };
     match stopped.context("the leader election task failed")? {
         Ok(mut elector) => {
-            match tokio::time::timeout(RELEASE_TIMEOUT, elector.release()).await {
+            match tokio::time::timeout_at(deadline, elector.release()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => {
                     tracing::warn!(error = %format!("{error:#}"), "could not release the leader lease; a standby takes over when it expires");
@@ -617,7 +618,7 @@ async fn release(
 
 /// How long the listener may take, beyond the host's drain time, to finish its requests.
 const SERVER_GRACE: Duration = Duration::from_secs(2);
-/// How long stopping the leader elector, and releasing its lease, may each take.
+/// How long stopping the leader elector and releasing its lease may take together.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Keep `leader_election_master_status` in line with `leadership`; never completes.

@@ -189,10 +189,13 @@ impl Host {
     /// Watch ReconcilePolicies and run their controllers until `shutdown` completes, then
     /// stop every controller gracefully.
     ///
-    /// Returns within [`HostOptions::drain_timeout`] of `shutdown` whatever its policies are
-    /// doing: what has not stopped by then is abandoned and named in a [`StopTimedOut`]
-    /// error.
+    /// Returns within [`HostOptions::drain_timeout`] of `shutdown` (and a second's grace for
+    /// what it aborts) whatever its policies are doing: what has not stopped by then is
+    /// abandoned and named in a [`StopTimedOut`] error.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        // Dropped before it returns (its caller gave up on it), the run takes its tasks with
+        // it: none may go on writing after the caller releases leadership.
+        let _abort_on_drop = stopping::AbortOnDrop(self.shared.activity.clone());
         let api: Api<ReconcilePolicy> = Api::all(self.shared.client.clone());
         let mut config = watcher::Config::default();
         if let Some(selector) = &self.shared.options.policy_selector {

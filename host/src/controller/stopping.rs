@@ -59,8 +59,7 @@ struct Tracked {
 }
 
 impl Activity {
-    /// Make a [`Step`] for a task named `name` (e.g. `policy "myapp"`) that starts at `step`;
-    /// [`track`](Self::track) it once the task is spawned.
+    /// A [`Step`] that starts at `step`, for a task to [`track`](Self::track) once spawned.
     pub(crate) fn step(step: &'static str) -> Arc<Step> {
         Arc::new(Step::new(step))
     }
@@ -93,11 +92,21 @@ impl Activity {
             .all(|t| t.handle.is_finished())
     }
 
-    /// Abort every task still running (for a host dropped without being stopped).
+    /// Abort every task still running: for a host whose run is dropped, or whose stop ran
+    /// out of time.
     pub fn abort_all(&self) {
         for task in crate::lock(&self.tasks).iter() {
             task.handle.abort();
         }
+    }
+}
+
+/// Aborts every task of an [`Activity`] when dropped.
+pub(crate) struct AbortOnDrop(pub Arc<Activity>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort_all();
     }
 }
 
@@ -117,12 +126,17 @@ pub struct StopTimedOut {
 }
 
 /// Wait until every task in `activity` has ended (their stop tokens are cancelled by the
-/// caller), at most `within`; then abort the rest and name them.
+/// caller), at most `within`; then abort the rest and name them, giving them up to
+/// [`ABORT_GRACE`] more to drop what they hold.
 pub(crate) async fn drain(activity: &Activity, within: Duration) -> Result<(), StopTimedOut> {
     let deadline = Instant::now() + within;
     while !activity.all_finished() {
         if Instant::now() >= deadline {
             let held = activity.still_running();
+            if held.is_empty() {
+                // The last one ended between the two looks.
+                return Ok(());
+            }
             tracing::error!(?within, still_running = ?held, "the host did not stop in time; abandoning what is left");
             activity.abort_all();
             let grace = Instant::now() + ABORT_GRACE;
