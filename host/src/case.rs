@@ -411,10 +411,15 @@ pub fn redact_secret(object: &mut Value) -> bool {
         return false;
     }
     for field in ["data", "stringData"] {
-        if let Some(Value::Object(values)) = object.get_mut(field) {
-            for value in values.values_mut() {
-                *value = Value::String(REDACTED.to_owned());
+        match object.get_mut(field) {
+            Some(Value::Object(values)) => {
+                for value in values.values_mut() {
+                    *value = Value::String(REDACTED.to_owned());
+                }
             }
+            // Not the map it should be (a malformed answer): hidden whole.
+            Some(value) if !value.is_null() => *value = Value::String(REDACTED.to_owned()),
+            _ => {}
         }
     }
     // The last-applied annotation repeats the data.
@@ -516,6 +521,15 @@ mod tests {
 
         let kept = Case::of(&request, &Redaction::secrets(true));
         assert_eq!(kept.related[0]["data"]["password"], "aHVudGVyMg==");
+    }
+
+    #[test]
+    fn a_secret_whose_data_is_not_a_map_is_hidden_whole() {
+        let mut secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s"}, "data": "c2VjcmV0", "stringData": ["secret"]});
+        assert!(redact_secret(&mut secret));
+        assert_eq!(secret["data"], REDACTED);
+        assert_eq!(secret["stringData"], REDACTED);
     }
 
     #[test]
