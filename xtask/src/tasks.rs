@@ -29,6 +29,15 @@ pub fn run(what: &str, command: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Do `step`, saying what it is and how long it took.
+fn run_step(what: &str, step: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    eprintln!("xtask: {what}");
+    let started = Instant::now();
+    let result = step();
+    eprintln!("xtask: {what}: {:.0}s", started.elapsed().as_secs_f64());
+    result.with_context(|| what.to_owned())
+}
+
 /// Make sure rustc can build for wasm32-wasip2: rustup if it can reach its server, else the
 /// copy bundled in ../shared/toolchain.
 pub fn setup() -> anyhow::Result<()> {
@@ -172,6 +181,14 @@ pub fn test() -> anyhow::Result<()> {
         ]),
     )?;
     build_plugins()?;
+    // The Go-built tools tests use, built now (once per machine; minutes each the first time)
+    // rather than inside a test, whose time limit would count the build.
+    for tool in ["helm", "registry", "cosign"] {
+        run_step(
+            &format!("building {tool} (cached after the first time)"),
+            || wasmctrl_testenv::tools::build(tool).map(drop),
+        )?;
+    }
 
     let binaries = Binaries::build(&repo_root())?;
     let dir = repo_root().join("target/cluster-ci");

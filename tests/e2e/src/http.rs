@@ -75,6 +75,7 @@ pub fn serve_plugins(token: Option<&'static str>) -> anyhow::Result<PluginServer
             }
             // A client that sends nothing must not keep the thread (and so the drop) forever.
             let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+            let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(10)));
             let mut reader = BufReader::new(&stream);
             let mut request_line = String::new();
             let _ = reader.read_line(&mut request_line);

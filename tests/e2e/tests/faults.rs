@@ -40,7 +40,9 @@ const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 // ---------------------------------------------------------------------------------------
 // The control plane these tests own, kept by a thread that lives as long as the process (its
-// processes die with that thread), and one test at a time.
+// processes die with that thread), and one test at a time. Under `cargo xtask test` each test
+// is a process of its own with a plane of its own, and the runner runs them alone
+// (`.config/nextest.toml`); under plain `cargo test` they share one plane, one at a time.
 
 enum Request {
     Kill(&'static str),
@@ -143,7 +145,8 @@ impl Plane {
     }
 }
 
-/// One fault test at a time: they disturb the plane they share.
+/// One fault test at a time, when several share this process's plane (plain `cargo test`):
+/// they disturb it.
 async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     LOCK.lock().await

@@ -193,7 +193,7 @@ fn remove_dead_test_clusters() {
         let is_test_cluster = path
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("cluster-test-"));
+            .is_some_and(|n| n.starts_with("cluster-test-") || n.starts_with("cluster-faults-"));
         if !is_test_cluster {
             continue;
         }

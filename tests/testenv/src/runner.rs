@@ -21,7 +21,8 @@ pub fn nextest_run() -> anyhow::Result<Command> {
     // `cargo nextest` is cargo running `cargo-nextest nextest`: call it directly.
     let mut command = Command::new(nextest);
     command
-        .args(["nextest", "run"])
+        // Plain text: the summary line is read (a `CARGO_TERM_COLOR=always` would colour it).
+        .args(["nextest", "run", "--color", "never"])
         .current_dir(crate::repo_root());
     without_cargos_package_variables(&mut command);
     Ok(command)
