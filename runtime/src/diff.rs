@@ -163,9 +163,23 @@ fn list_key(a: &[Value], b: &[Value]) -> Option<&'static str> {
 #[derive(Debug)]
 enum Step {
     Key(String),
-    /// The item of a list of named items whose `key` field is `name`.
-    Named(&'static str, String),
+    /// The item of a list of named items whose `key` field is `name`, at its index in the
+    /// old list and in the new one (where it is there). A redaction keeps a list's length
+    /// and order, so the index finds the item in a redacted copy, whose name may be hidden.
+    Named {
+        key: &'static str,
+        name: String,
+        old: Option<usize>,
+        new: Option<usize>,
+    },
     Index(usize),
+}
+
+/// Which side of a comparison a value is on.
+#[derive(Clone, Copy)]
+enum Side {
+    Old,
+    New,
 }
 
 /// The item of `list` whose `key` field is `name`.
@@ -174,14 +188,54 @@ fn named<'a>(list: &'a [Value], key: &str, name: &str) -> Option<&'a Value> {
 }
 
 impl Step {
-    fn follow<'a>(&self, value: &'a Value) -> Option<&'a Value> {
+    fn follow<'a>(&self, value: &'a Value, side: Side) -> Option<&'a Value> {
         match (self, value) {
             (Self::Key(key), Value::Object(fields)) => fields.get(key),
-            (Self::Named(key, name), Value::Array(items)) => named(items, key, name),
+            (Self::Named { old, new, .. }, Value::Array(items)) => {
+                let index = match side {
+                    Side::Old => *old,
+                    Side::New => *new,
+                };
+                items.get(index?)
+            }
             (Self::Index(i), Value::Array(items)) => items.get(*i),
             _ => None,
         }
     }
+}
+
+/// The text of the path `steps`, told from the redacted copies too: an item whose name is
+/// hidden there is named by its index.
+fn render_path(steps: &[Step], shown_old: &Value, shown_new: &Value) -> String {
+    let mut path = String::new();
+    let (mut here_old, mut here_new) = (Some(shown_old), Some(shown_new));
+    for step in steps {
+        let _ = match step {
+            Step::Key(key) => write!(path, ".{key}"),
+            Step::Named {
+                key,
+                name,
+                old,
+                new,
+            } => {
+                let shown = |here: Option<&Value>, index: Option<usize>| {
+                    index.is_none_or(|i| {
+                        here.and_then(|list| list.get(i))
+                            .is_some_and(|item| item[*key].as_str() == Some(name.as_str()))
+                    })
+                };
+                if shown(here_old, *old) && shown(here_new, *new) {
+                    write!(path, "[{key}={name}]")
+                } else {
+                    write!(path, "[{}]", new.or(*old).unwrap_or_default())
+                }
+            }
+            Step::Index(i) => write!(path, "[{i}]"),
+        };
+        here_old = here_old.and_then(|v| step.follow(v, Side::Old));
+        here_new = here_new.and_then(|v| step.follow(v, Side::New));
+    }
+    path
 }
 
 /// The path of the first field that differs between `old` and `new`, with both values as
@@ -212,7 +266,14 @@ fn first_change(old: &Value, new: &Value, redact: &dyn Fn(&mut Value)) -> String
                     .into_iter()
                     .find(|name| named(a, key, name) != named(b, key, name));
                 if let Some(name) = found {
-                    steps.push(Step::Named(key, name.to_owned()));
+                    let position =
+                        |list: &[Value]| list.iter().position(|v| v[key].as_str() == Some(name));
+                    steps.push(Step::Named {
+                        key,
+                        name: name.to_owned(),
+                        old: position(a),
+                        new: position(b),
+                    });
                     walk(named(a, key, name), named(b, key, name), steps);
                 }
             }
@@ -227,10 +288,10 @@ fn first_change(old: &Value, new: &Value, redact: &dyn Fn(&mut Value)) -> String
     }
     /// The value at the end of `steps` in `value`, or the last one reached on the way (a
     /// redaction may have replaced a whole subtree).
-    fn at<'a>(value: &'a Value, steps: &[Step]) -> Option<&'a Value> {
+    fn at<'a>(value: &'a Value, steps: &[Step], side: Side) -> Option<&'a Value> {
         let mut here = value;
         for step in steps {
-            match step.follow(here) {
+            match step.follow(here, side) {
                 Some(next) => here = next,
                 None => {
                     return (!matches!(here, Value::Object(_) | Value::Array(_))).then_some(here);
@@ -254,21 +315,14 @@ fn first_change(old: &Value, new: &Value, redact: &dyn Fn(&mut Value)) -> String
             text
         }
     };
-    let mut path = String::new();
-    for step in &steps {
-        let _ = match step {
-            Step::Key(key) => write!(path, ".{key}"),
-            Step::Named(key, name) => write!(path, "[{key}={name}]"),
-            Step::Index(i) => write!(path, "[{i}]"),
-        };
-    }
+    let mut path = render_path(&steps, &shown_old, &shown_new);
     if path.is_empty() {
         path.push('.');
     }
     format!(
         "{path} {} -> {}",
-        shorten(at(&shown_old, &steps)),
-        shorten(at(&shown_new, &steps))
+        shorten(at(&shown_old, &steps, Side::Old)),
+        shorten(at(&shown_new, &steps, Side::New))
     )
 }
 
@@ -358,6 +412,29 @@ mod tests {
             panic!("a change")
         };
         assert_eq!(text, "~ Secret s: .data (absent) -> {\"k\":\"(redacted)\"}");
+        // A named list item whose name is hidden is named by its index, and its values are
+        // read from the redacted copy by that index.
+        let users = |password: &str| json!({"users": [{"name": "bob", "password": "x"}, {"name": "alice", "password": password}]});
+        let hide_users = Hide {
+            child: &|_| {},
+            status: &|status| {
+                for user in status["users"].as_array_mut().into_iter().flatten() {
+                    user["name"] = json!("(redacted)");
+                    user["password"] = json!("(redacted)");
+                }
+            },
+        };
+        let Verdict::WouldChange(text) = compare_hiding(
+            &Ok(response(json!([]), users("old-pw"))),
+            &Ok(response(json!([]), users("new-pw"))),
+            hide_users,
+        ) else {
+            panic!("a change")
+        };
+        assert_eq!(
+            text,
+            "~ status: .users[1].password \"(redacted)\" -> \"(redacted)\""
+        );
         // Unhidden, the same comparison quotes the values.
         let Verdict::WouldChange(text) = compare(&active, &candidate) else {
             panic!("a change")
