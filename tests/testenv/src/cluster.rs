@@ -212,21 +212,14 @@ impl ControlPlane {
                     format!("--cert-dir={}", dir.join("apiserver-certs").display()),
                 ],
             )?;
-            let client = admin_client(&kubeconfig).await?;
-            let components = plane.components.clone();
-            wait_until(
+            wait_until_api_server_ready(
                 "the API server to be ready",
                 Duration::from_secs(90),
-                &components,
-                || async {
-                    client
-                        .request_text(http_get("/readyz")?)
-                        .await
-                        .map(|body| body.trim() == "ok")
-                        .map_err(anyhow::Error::from)
-                },
+                &kubeconfig,
+                &plane.components,
             )
             .await?;
+            let client = admin_client(&kubeconfig).await?;
 
             let cm_port = free_port()?;
             plane.spawn(
@@ -430,18 +423,11 @@ impl ControlPlane {
             .with_context(|| format!("{name} did not come back"))?;
         if name == "kube-apiserver" {
             // It listens before it serves: until `/readyz` says so, a request may be reset.
-            let client = admin_client(&self.kubeconfig).await?;
-            wait_until(
+            wait_until_api_server_ready(
                 "the restarted API server to be ready",
                 Duration::from_secs(60),
+                &self.kubeconfig,
                 &self.components,
-                || async {
-                    client
-                        .request_text(http_get("/readyz")?)
-                        .await
-                        .map(|body| body.trim() == "ok")
-                        .map_err(anyhow::Error::from)
-                },
             )
             .await?;
         }
@@ -587,6 +573,25 @@ where
     Fut: std::future::Future<Output = anyhow::Result<bool>>,
 {
     wait_until(what, timeout, &[], check).await
+}
+
+/// Wait until the API server of `kubeconfig` answers `/readyz` with `ok` (naming `what` if
+/// it does not within `timeout`), failing at once if one of `components` dies.
+async fn wait_until_api_server_ready(
+    what: &str,
+    timeout: Duration,
+    kubeconfig: &Path,
+    components: &[Component],
+) -> anyhow::Result<()> {
+    let client = admin_client(kubeconfig).await?;
+    wait_until(what, timeout, components, || async {
+        client
+            .request_text(http_get("/readyz")?)
+            .await
+            .map(|body| body.trim() == "ok")
+            .map_err(anyhow::Error::from)
+    })
+    .await
 }
 
 /// [`eventually`], failing at once, with the end of its log, if one of `components` dies.
