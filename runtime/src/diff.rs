@@ -268,13 +268,18 @@ fn first_change(old: &Value, new: &Value, redact: &dyn Fn(&mut Value)) -> String
                 if let Some(name) = found {
                     let position =
                         |list: &[Value]| list.iter().position(|v| v[key].as_str() == Some(name));
+                    let (old, new) = (position(a), position(b));
                     steps.push(Step::Named {
                         key,
                         name: name.to_owned(),
-                        old: position(a),
-                        new: position(b),
+                        old,
+                        new,
                     });
-                    walk(named(a, key, name), named(b, key, name), steps);
+                    walk(
+                        old.and_then(|i| a.get(i)),
+                        new.and_then(|i| b.get(i)),
+                        steps,
+                    );
                 }
             }
             (Some(Value::Array(a)), Some(Value::Array(b))) if a.len() == b.len() => {
