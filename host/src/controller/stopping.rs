@@ -17,8 +17,11 @@ use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt as _;
+use kube::runtime::reflector::Store;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// How often [`drain`] looks whether every task has ended.
 const POLL: Duration = Duration::from_millis(20);
@@ -150,6 +153,38 @@ pub(crate) async fn drain(activity: &Activity, within: Duration) -> Result<(), S
     Ok(())
 }
 
+/// Run `controller` (a kube-runtime controller's stream, driven to its end, built with
+/// `graceful_shutdown_on(stop)` over the store `parents`) until it ends.
+///
+/// kube-runtime holds every reconcile until the controller's store has had its first list,
+/// and on a graceful shutdown it goes on waiting for that list although it no longer polls
+/// the watch that would deliver it: a stop that comes before the first list would never end
+/// (a host stopped right after a policy started hung this way). With no first list nothing
+/// can have started, so then the controller ends with the stop; otherwise its reconciles in
+/// flight finish first.
+pub(crate) async fn until_controller_ends<K>(
+    controller: impl Future<Output = ()>,
+    parents: &Store<K>,
+    stop: &CancellationToken,
+) where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let stopped_before_first_list = async {
+        stop.cancelled().await;
+        // The stop also ended the watch, so whether the store is ready is settled now.
+        if parents.wait_until_ready().now_or_never().is_some() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = controller => {}
+        () = stopped_before_first_list => {
+            tracing::debug!("stopped before the parents' first list: nothing was in flight");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,5 +228,112 @@ mod tests {
         let started = Instant::now();
         assert!(drain(&activity, Duration::from_secs(10)).await.is_ok());
         assert!(started.elapsed() < Duration::from_millis(500));
+    }
+
+    /// A kube-runtime controller over ConfigMaps fed by `objects` (a trigger that then stays
+    /// open, as a watch does), stopping gracefully on `stop`; each reconcile sleeps `takes`
+    /// and then counts itself in `done`.
+    fn config_map_controller(
+        parents: Store<k8s_openapi::api::core::v1::ConfigMap>,
+        objects: Vec<k8s_openapi::api::core::v1::ConfigMap>,
+        stop: &CancellationToken,
+        takes: Duration,
+        done: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> impl Future<Output = ()> {
+        use futures::StreamExt as _;
+        use kube::runtime::controller::{Action, Controller};
+        let trigger =
+            futures::stream::iter(objects.into_iter().map(Ok)).chain(futures::stream::pending());
+        Controller::for_stream(trigger, parents)
+            .graceful_shutdown_on(stop.clone().cancelled_owned())
+            .run(
+                move |_, _: Arc<()>| {
+                    let done = done.clone();
+                    async move {
+                        tokio::time::sleep(takes).await;
+                        done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        Ok::<_, kube::Error>(Action::await_change())
+                    }
+                },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            )
+            .for_each(|_| async {})
+    }
+
+    #[tokio::test]
+    async fn a_controller_stopped_before_its_first_list_ends_with_the_stop() {
+        // The writer lives on but never lists, as a watch cut off by the stop.
+        let (parents, _writer) = kube::runtime::reflector::store();
+        let stop = CancellationToken::new();
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let bare = config_map_controller(
+            parents.clone(),
+            Vec::new(),
+            &stop,
+            Duration::ZERO,
+            done.clone(),
+        );
+        stop.cancel();
+        // What kube-runtime does alone: it waits for a list that can no longer come. When
+        // this changes, `until_controller_ends` can go.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), bare)
+                .await
+                .is_err(),
+            "kube-runtime's controller now ends on a stop before its first list"
+        );
+        let stop = CancellationToken::new();
+        let controller =
+            config_map_controller(parents.clone(), Vec::new(), &stop, Duration::ZERO, done);
+        stop.cancel();
+        let ended = tokio::time::timeout(
+            Duration::from_secs(5),
+            until_controller_ends(controller, &parents, &stop),
+        )
+        .await;
+        assert!(ended.is_ok(), "the controller did not end with its stop");
+    }
+
+    #[tokio::test]
+    async fn a_controller_stopped_mid_reconcile_finishes_that_reconcile_first() {
+        use kube::runtime::watcher::Event;
+        let parent = k8s_openapi::api::core::v1::ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("parent".to_owned()),
+                namespace: Some("default".to_owned()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let (parents, mut writer) = kube::runtime::reflector::store();
+        writer.apply_watcher_event(&Event::Init);
+        writer.apply_watcher_event(&Event::InitApply(parent.clone()));
+        writer.apply_watcher_event(&Event::InitDone);
+        let stop = CancellationToken::new();
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let controller = config_map_controller(
+            parents.clone(),
+            vec![parent],
+            &stop,
+            Duration::from_millis(300),
+            done.clone(),
+        );
+        let stopping = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            stop.cancel();
+        };
+        let (ended, ()) = tokio::join!(
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                until_controller_ends(controller, &parents, &stop)
+            ),
+            stopping
+        );
+        assert!(
+            ended.is_ok(),
+            "the controller did not end after its reconcile"
+        );
+        assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }

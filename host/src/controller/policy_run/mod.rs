@@ -41,7 +41,7 @@ use crate::controller::reconcile::events::EventSink;
 use crate::controller::reconcile::prune_guard::{self, PruneGuard, PruneLimits};
 use crate::controller::reconcile::queue::QueueGauge;
 use crate::controller::reconcile::serving::{ActivePlugin, Serving};
-use crate::controller::stopping::Step;
+use crate::controller::stopping::{self, Step};
 use crate::metrics::PolicyMetrics;
 use crate::plugin::Plugin;
 use crate::policy::ReconcilePolicy;
@@ -510,16 +510,19 @@ fn run_reconciles(
             );
         })
     };
-    controller
+    let run = controller
         .trigger_backoff(crate::watch_backoff::NoExtraDelay)
         .with_config(
             controller::Config::default()
                 .concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX)),
         )
         .reconcile_all_on(every_parent)
-        .graceful_shutdown_on(async move {
-            stop.cancelled().await;
-            step.set("finishing its reconciles in flight");
+        .graceful_shutdown_on({
+            let stop = stop.clone();
+            async move {
+                stop.cancelled().await;
+                step.set("finishing its reconciles in flight");
+            }
         })
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -530,7 +533,9 @@ fn run_reconciles(
                     tracing::warn!(error = %error, "controller error");
                 }
             }
-        })
+        });
+    let parents = parents.clone();
+    async move { stopping::until_controller_ends(run, &parents, &stop).await }
 }
 
 /// A standby skips every reconcile: when it takes over, every parent goes through once, in a
