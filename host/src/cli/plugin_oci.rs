@@ -298,13 +298,13 @@ pub struct Pulled {
 /// manifest).
 pub async fn fetch(reference: &str, registry: &RegistryArgs) -> anyhow::Result<Pulled> {
     let target = parse_reference(reference)?;
-    let client = client(registry)?;
-    let auth = docker_auth(&target)?;
-    let (manifest, manifest_digest) = client
-        .pull_image_manifest(&target, &auth)
+    let reader = reader(registry, &target)?;
+    let pulled = reader
+        .manifest(&target)
         .await
         .with_context(|| format!("reading the manifest of {reference}"))?;
-    let mut layers = manifest
+    let mut layers = pulled
+        .manifest
         .layers
         .iter()
         .filter(|layer| layer.media_type == WASM_LAYER_MEDIA_TYPE);
@@ -313,17 +313,15 @@ pub async fn fetch(reference: &str, registry: &RegistryArgs) -> anyhow::Result<P
             "{reference} is not a Wasm artifact: it needs exactly one {WASM_LAYER_MEDIA_TYPE} layer"
         );
     };
-    if usize::try_from(layer.size).map_or(true, |size| size > MAX_PLUGIN_BYTES) {
-        bail!(
-            "{reference}: the component is {} bytes, above the {MAX_PLUGIN_BYTES}-byte plugin limit",
-            layer.size
-        );
-    }
-    let mut bytes = Vec::new();
-    client
-        .pull_blob(&target, layer, &mut bytes)
-        .await
-        .with_context(|| format!("reading the component of {reference}"))?;
+    let bytes = reader
+        .blob(
+            &target,
+            layer,
+            MAX_PLUGIN_BYTES,
+            &format!("the component of {reference}"),
+        )
+        .await?;
+    let manifest_digest = pulled.digest;
     Ok(Pulled {
         bytes,
         pinned_reference: format!(
@@ -333,6 +331,41 @@ pub async fn fetch(reference: &str, registry: &RegistryArgs) -> anyhow::Result<P
         ),
         manifest_digest,
     })
+}
+
+/// A bounded reader of `reference`'s registry (see [`crate::registry::OciReader`]), with the
+/// docker configuration's credentials for it, trusting the system's roots and `--ca-file`.
+pub(super) fn reader(
+    registry: &RegistryArgs,
+    reference: &Reference,
+) -> anyhow::Result<crate::registry::OciReader> {
+    use crate::registry::ReaderAuth;
+    crate::ensure_crypto_provider();
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")));
+    if let Some(path) = &registry.ca_file {
+        let pem = std::fs::read(path)
+            .with_context(|| format!("reading the CA file {}", path.display()))?;
+        for certificate in reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("{} is not a PEM bundle", path.display()))?
+        {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    let http = builder
+        .build()
+        .context("building the registry's HTTP client")?;
+    let auth = match docker_auth(reference)? {
+        RegistryAuth::Anonymous => ReaderAuth::Anonymous,
+        RegistryAuth::Basic(user, password) => ReaderAuth::Basic(user, password),
+        RegistryAuth::Bearer(token) => ReaderAuth::Bearer(token),
+    };
+    Ok(crate::registry::OciReader::new(
+        http,
+        registry.plain_http,
+        auth,
+    ))
 }
 
 /// Whether `argument` to `inspect` is a registry reference rather than a file: it is not a

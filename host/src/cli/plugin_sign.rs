@@ -378,11 +378,9 @@ pub async fn signatures_of(
     if plugin_oci::is_remote(target) {
         let pulled = plugin_oci::fetch(target, registry).await?;
         let reference = plugin_oci::parse_reference(target)?;
-        let client = plugin_oci::client(registry)?;
-        let auth = plugin_oci::docker_auth(&reference)?;
+        let reader = plugin_oci::reader(registry, &reference)?;
         let signatures =
-            crate::registry::oci_signatures(&client, &reference, &auth, &pulled.manifest_digest)
-                .await?;
+            crate::registry::oci_signatures(&reader, &reference, &pulled.manifest_digest).await?;
         return Ok((Digest::of(&pulled.bytes), signatures));
     }
     let bytes = std::fs::read(target).with_context(|| format!("reading the plugin {target}"))?;

@@ -13,8 +13,11 @@
 //! obtained ones, so swapping back and forth is a pointer swap. It also bounds how many
 //! plugins are fetched and compiled at once, for the whole process ([`load_budget`]).
 
+mod address;
+mod capped;
 mod credentials;
 mod load_budget;
+mod oci_reader;
 mod plugin_dirs;
 mod source;
 mod source_watch;
@@ -35,6 +38,7 @@ use crate::policy::{
 };
 use crate::signing::{HostTrust, SignatureError, Verifier};
 pub use credentials::HOSTS_ANNOTATION;
+pub(crate) use oci_reader::{OciReader, RegistryAuth as ReaderAuth};
 pub(crate) use source::oci_signatures;
 pub use source::{MAX_PLUGIN_BYTES, Signatures, WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE};
 pub(crate) use source_watch::SourceWatch;

@@ -16,7 +16,9 @@ use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 
+use super::address::{is_loopback, registry_is_loopback};
 use super::credentials::{self, Credentials};
+use super::oci_reader::{OciReader, PullError, PulledManifest, RegistryAuth};
 use super::plugin_dirs::PluginDirs;
 use super::trust::TrustRoots;
 use crate::policy::{HttpSource, OciSource, PluginSource, SecretRef};
@@ -360,9 +362,10 @@ pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
 pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
 const WASM_LAYER: &str = WASM_LAYER_MEDIA_TYPE;
 
-/// Pull a Wasm artifact: its manifest, then the `application/wasm` layer, which the client
-/// checks against the layer digest. A reference by digest pins the manifest, which the
-/// client checks too; the component digest a policy pins is checked after, by the engine.
+/// Pull a Wasm artifact: its manifest, then the `application/wasm` layer, checked against
+/// the layer digest. A reference by digest pins the manifest, which is checked too; the
+/// component digest a policy pins is checked after, by the engine. Every byte the registry
+/// sends is read through a cap ([`OciReader`]).
 async fn fetch_oci(
     source: &OciSource,
     credentials: Option<Credentials>,
@@ -374,40 +377,33 @@ async fn fetch_oci(
         .parse()
         .with_context(|| format!("invalid OCI reference {:?}", source.reference))?;
     let auth = match credentials {
-        Some(credentials) => match credentials {
-            Credentials::Bearer(token) => oci_client::secrets::RegistryAuth::Bearer(token),
-            Credentials::Basic(user, password) => {
-                oci_client::secrets::RegistryAuth::Basic(user, password)
-            }
-        },
-        None => oci_client::secrets::RegistryAuth::Anonymous,
+        Some(Credentials::Bearer(token)) => RegistryAuth::Bearer(token),
+        Some(Credentials::Basic(user, password)) => RegistryAuth::Basic(user, password),
+        None => RegistryAuth::Anonymous,
     };
-    let registry = super::trust::oci_client(oci_client::client::ClientConfig {
-        protocol: if source.insecure {
-            oci_client::client::ClientProtocol::Http
-        } else {
-            oci_client::client::ClientProtocol::Https
-        },
-        connect_timeout: Some(HTTP_CONNECT_TIMEOUT),
-        read_timeout: Some(HTTP_TIMEOUT),
-        tls_certs_only: trust.for_registry(),
-        ..Default::default()
-    })?;
+    crate::ensure_crypto_provider();
+    let builder = reqwest::Client::builder()
+        .connect_timeout(HTTP_CONNECT_TIMEOUT)
+        .timeout(HTTP_TIMEOUT)
+        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")));
+    let http = trust
+        .apply_to_http(builder)?
+        .build()
+        .context("building the registry's HTTP client")?;
+    let registry = OciReader::new(http, source.insecure, auth);
     let what = source.reference.as_str();
+    let failure = |error: PullError| {
+        if error.is_retryable() {
+            Failure::Retryable(anyhow::Error::new(error))
+        } else {
+            Failure::Final(anyhow::Error::new(error))
+        }
+    };
     with_retries(what, || async {
-        let failure = |e: oci_client::errors::OciDistributionError| match e {
-            // Bytes that do not match their digest will not match on a retry either.
-            oci_client::errors::OciDistributionError::DigestError(
-                oci_client::errors::DigestError::VerificationError { expected, actual },
-            ) if reference.digest() == Some(expected.as_str()) => Failure::Final(anyhow::anyhow!(
-                "the manifest of {what} hashes to {actual}, not to the {expected} the reference (oci.reference) pins"
-            )),
-            e => Failure::Retryable(anyhow::Error::new(e).context(format!("pulling {what}"))),
-        };
-        let (manifest, manifest_digest) = registry
-            .pull_image_manifest(&reference, &auth)
-            .await
-            .map_err(failure)?;
+        let PulledManifest {
+            manifest,
+            digest: manifest_digest,
+        } = registry.manifest(&reference).await.map_err(failure)?;
         let layer = manifest
             .layers
             .iter()
@@ -417,28 +413,26 @@ async fn fetch_oci(
                     "{what} has no {WASM_LAYER} layer; is it a Wasm artifact?"
                 ))
             })?;
-        if usize::try_from(layer.size).map_or(true, |size| size > MAX_PLUGIN_BYTES) {
-            return Err(Failure::Final(anyhow::anyhow!(
-                "{what}: the component layer is {} bytes, above the {MAX_PLUGIN_BYTES}-byte plugin limit",
-                layer.size
-            )));
-        }
-        let mut out = LimitedBuffer::default();
-        registry
-            .pull_blob(&reference, layer, &mut out)
+        let bytes = registry
+            .blob(
+                &reference,
+                layer,
+                MAX_PLUGIN_BYTES,
+                &format!("the component layer of {what}"),
+            )
             .await
             .map_err(failure)?;
         let signatures = if want_signatures {
             Some(
-                oci_signatures(&registry, &reference, &auth, &manifest_digest)
+                oci_signatures(&registry, &reference, &manifest_digest)
                     .await
-                    .map_err(Failure::Retryable)?,
+                    .map_err(failure)?,
             )
         } else {
             None
         };
         Ok(Fetched {
-            bytes: out.bytes,
+            bytes,
             manifest_digest: Some(manifest_digest),
             signatures,
         })
@@ -448,13 +442,13 @@ async fn fetch_oci(
 
 /// The signatures cosign keeps for the artifact `manifest_digest` in `reference`'s
 /// repository: the layers of the manifest tagged `sha256-<hex>.sig`. A layer that is not
-/// a signature of this artifact is left out (and logged).
+/// a signature of this artifact, or larger than a signature can be, is left out (and
+/// logged).
 pub(crate) async fn oci_signatures(
-    registry: &oci_client::Client,
+    registry: &OciReader,
     reference: &oci_client::Reference,
-    auth: &oci_client::secrets::RegistryAuth,
     manifest_digest: &str,
-) -> anyhow::Result<Signatures> {
+) -> Result<Signatures, PullError> {
     let tag = signing::cosign::signature_tag(manifest_digest);
     let signatures = oci_client::Reference::with_tag(
         reference.registry().to_owned(),
@@ -463,10 +457,10 @@ pub(crate) async fn oci_signatures(
     );
     let looked = signatures.whole();
     let mut found = Vec::new();
-    let manifest = match registry.pull_image_manifest(&signatures, auth).await {
-        Ok((manifest, _)) => manifest,
-        Err(e) if is_not_found(&e) => return Ok(Signatures { found, looked }),
-        Err(e) => return Err(anyhow::Error::new(e).context(format!("pulling {looked}"))),
+    let manifest = match registry.manifest(&signatures).await {
+        Ok(pulled) => pulled.manifest,
+        Err(PullError::NotFound(_)) => return Ok(Signatures { found, looked }),
+        Err(e) => return Err(e),
     };
     if manifest.layers.len() > MAX_SIGNATURES {
         tracing::info!(%looked, layers = manifest.layers.len(), "more signatures than the host reads; the first {MAX_SIGNATURES} are checked");
@@ -476,15 +470,17 @@ pub(crate) async fn oci_signatures(
         if layer.media_type != signing::cosign::SIMPLE_SIGNING_MEDIA_TYPE {
             continue;
         }
-        if usize::try_from(layer.size).map_or(true, |size| size > MAX_SIGNATURE_BYTES) {
-            tracing::info!(%location, size = layer.size, "signature payload too large; left out");
-            continue;
-        }
-        let mut payload = Vec::new();
-        registry
-            .pull_blob(&signatures, layer, &mut payload)
+        let payload = match registry
+            .blob(&signatures, layer, MAX_SIGNATURE_BYTES, &location)
             .await
-            .with_context(|| format!("pulling {location}"))?;
+        {
+            Ok(payload) => payload,
+            Err(error @ PullError::TooLarge(_)) => {
+                tracing::info!(error = %error, "signature payload too large; left out");
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
         let annotations = layer.annotations.clone().unwrap_or_default();
         match signing::Found::from_layer(payload, &annotations, manifest_digest, location) {
             Ok(signature) => found.push(signature),
@@ -494,57 +490,6 @@ pub(crate) async fn oci_signatures(
         }
     }
     Ok(Signatures { found, looked })
-}
-
-/// Whether the registry says it has no such manifest.
-fn is_not_found(error: &oci_client::errors::OciDistributionError) -> bool {
-    use oci_client::errors::{OciDistributionError as E, OciErrorCode as C};
-    match error {
-        E::ImageManifestNotFoundError(_) => true,
-        E::ServerError { code: 404, .. } => true,
-        E::RegistryError { envelope, .. } => envelope
-            .errors
-            .iter()
-            .any(|e| matches!(e.code, C::ManifestUnknown | C::NotFound | C::NameUnknown)),
-        _ => false,
-    }
-}
-
-/// A buffer that refuses to grow past the plugin size limit, so a registry that sends more
-/// than its manifest said cannot make the host buffer it.
-#[derive(Default)]
-struct LimitedBuffer {
-    bytes: Vec<u8>,
-}
-
-impl tokio::io::AsyncWrite for LimitedBuffer {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        if self.bytes.len() + buf.len() > MAX_PLUGIN_BYTES {
-            return std::task::Poll::Ready(Err(std::io::Error::other(
-                "the component is larger than the plugin size limit",
-            )));
-        }
-        self.bytes.extend_from_slice(buf);
-        std::task::Poll::Ready(Ok(buf.len()))
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
 }
 
 /// Download over HTTP(S) with timeouts, a size cap, and retries with backoff for failures
@@ -621,7 +566,7 @@ async fn download(
         Some(Credentials::Basic(user, password)) => request.basic_auth(user, Some(password)),
         None => request,
     };
-    let mut response = request.send().await.map_err(|e| {
+    let response = request.send().await.map_err(|e| {
         Failure::Retryable(anyhow::Error::new(e).context(format!("fetching {url}")))
     })?;
     let status = response.status();
@@ -636,29 +581,14 @@ async fn download(
             Failure::Final(error)
         });
     }
-    if let Some(length) = response.content_length()
-        && length > limit as u64
-    {
-        return Err(Failure::Final(anyhow::anyhow!(
-            "{url} is {length} bytes, above the {limit}-byte size limit"
-        )));
-    }
-    let mut bytes = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
+    // Checked as it arrives: a server that lies about (or omits) its length cannot make
+    // the host buffer more than the limit.
+    super::capped::read_capped(response, limit, url)
         .await
-        .map_err(|e| Failure::Retryable(anyhow::Error::new(e).context(format!("reading {url}"))))?
-    {
-        bytes.extend_from_slice(&chunk);
-        // Checked as it arrives: a server that lies about (or omits) its length cannot make
-        // the host buffer more than the limit.
-        if bytes.len() > limit {
-            return Err(Failure::Final(anyhow::anyhow!(
-                "{url} is more than {limit} bytes, the size limit"
-            )));
-        }
-    }
-    Ok(bytes)
+        .map_err(|error| match error {
+            super::capped::CappedError::TooLarge(e) => Failure::Final(e.into()),
+            transport => Failure::Retryable(transport.into()),
+        })
 }
 
 /// A `secretRef` may name only the host's credentials namespace: otherwise anyone who may
@@ -683,27 +613,6 @@ fn check_credentials_transport(target: &str, safe: bool) -> anyhow::Result<()> {
     bail!(
         "refusing to send credentials to {target} without TLS; use https (or a registry without `insecure`), or drop the secretRef"
     )
-}
-
-/// Whether a registry (`host[:port]`) is on this machine.
-fn registry_is_loopback(registry: &str) -> bool {
-    let host = registry
-        .rsplit_once(':')
-        .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
-        .map_or(registry, |(host, _)| host)
-        .trim_matches(['[', ']']);
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
-fn is_loopback(host: &url::Host<&str>) -> bool {
-    match host {
-        url::Host::Domain(name) => *name == "localhost",
-        url::Host::Ipv4(ip) => ip.is_loopback(),
-        url::Host::Ipv6(ip) => ip.is_loopback(),
-    }
 }
 
 /// Read a plugin file, refusing it as soon as it passes the size limit (a path such as
