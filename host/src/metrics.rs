@@ -140,7 +140,10 @@ pub struct Metrics {
     explain_records: Gauge,
     pool_warm_memories: Gauge,
     pool_resident_bytes: Gauge,
-    /// The engine whose instance pool the two gauges above describe, read at each scrape.
+    call_memory_budget_bytes: Gauge,
+    call_memory_reserved_bytes: Gauge,
+    /// The engine whose instance pool and call memory the four gauges above describe, read
+    /// at each scrape.
     engine: std::sync::OnceLock<crate::plugin::PluginEngine>,
     /// The digest behind each policy's `wasmctrl_plugin_active_info` series, to remove it
     /// when another takes over.
@@ -210,6 +213,8 @@ impl Metrics {
             explain_records: Gauge::default(),
             pool_warm_memories: Gauge::default(),
             pool_resident_bytes: Gauge::default(),
+            call_memory_budget_bytes: Gauge::default(),
+            call_memory_reserved_bytes: Gauge::default(),
             engine: std::sync::OnceLock::new(),
             active_digests: Mutex::default(),
             free_labels: Mutex::default(),
@@ -350,6 +355,12 @@ impl Metrics {
             "Reconcile records held for `wasmctrl explain`",
             metrics.explain_records.clone(),
         );
+        metrics.register_engine(registry);
+    }
+
+    /// What the plugin engine reports: its instance pool and the memory of calls in flight.
+    fn register_engine(&self, registry: &mut Registry) {
+        let metrics = self;
         registry.register(
             "wasmctrl_plugin_pool_warm_memories",
             "Plugin memory slots not in use that keep a previous call's pages resident",
@@ -360,6 +371,18 @@ impl Metrics {
             "Memory the plugin instance pool keeps resident in slots not in use",
             Unit::Bytes,
             metrics.pool_resident_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "wasmctrl_plugin_call_memory_budget",
+            "The memory the plugin calls in flight may reserve together (--plugin-memory-budget-mib)",
+            Unit::Bytes,
+            metrics.call_memory_budget_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "wasmctrl_plugin_call_memory_reserved",
+            "The memory the plugin calls in flight reserve now: the sum of their memory limits",
+            Unit::Bytes,
+            metrics.call_memory_reserved_bytes.clone(),
         );
     }
 
@@ -557,6 +580,12 @@ impl Metrics {
             self.pool_warm_memories.set(i64::from(pool.warm_memories));
             self.pool_resident_bytes
                 .set(i64::try_from(pool.resident_bytes).unwrap_or(i64::MAX));
+            let memory = engine.call_memory();
+            let bytes = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+            self.call_memory_budget_bytes
+                .set(bytes(memory.budget_bytes));
+            self.call_memory_reserved_bytes
+                .set(bytes(memory.reserved_bytes));
         }
         let mut text = String::new();
         // Writing into a String cannot fail.

@@ -36,6 +36,11 @@ pub struct EngineOptions {
     pub max_concurrent_calls: u32,
     /// The largest memory cap any plugin may be given.
     pub max_memory_bytes: usize,
+    /// The most plugin memory the calls in flight may reserve together: each call reserves
+    /// its plugin's memory limit before it starts and waits while the budget is spent, so
+    /// the host's memory stays bounded however many calls run. A plugin whose limit is
+    /// above it is refused at load. `None`: no budget beyond the slots.
+    pub memory_budget_bytes: Option<usize>,
     /// Bound on the precompiled-artifact cache on disk (least recently used evicted first).
     pub cache_max_bytes: u64,
     /// Where plugins the cache does not hold are compiled: a long-running host uses
@@ -49,6 +54,7 @@ impl Default for EngineOptions {
             cache_dir: None,
             max_concurrent_calls: 64,
             max_memory_bytes: 512 << 20,
+            memory_budget_bytes: None,
             cache_max_bytes: 1 << 30,
             compiler: Compiler::InProcess,
         }
@@ -70,6 +76,15 @@ struct EngineInner {
     /// Where calls run: at most one thread per slot in use.
     call_threads: Arc<CallThreads>,
     max_memory_bytes: usize,
+}
+
+/// The memory budget for plugin calls in flight and what they reserve of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallMemory {
+    /// The budget (`u64::MAX` as `usize::MAX` when there is none).
+    pub budget_bytes: u64,
+    /// What the calls running now reserve: the sum of their plugins' memory limits.
+    pub reserved_bytes: u64,
 }
 
 /// What the instance pool keeps between calls: slots that held a plugin's memory keep the
@@ -124,7 +139,10 @@ impl PluginEngine {
                 linker,
                 cache,
                 compiler: options.compiler,
-                call_slots: CallSlots::new(options.max_concurrent_calls as usize),
+                call_slots: CallSlots::new(
+                    options.max_concurrent_calls as usize,
+                    options.memory_budget_bytes.unwrap_or(usize::MAX),
+                ),
                 call_threads: CallThreads::new(),
                 max_memory_bytes: options.max_memory_bytes,
             }),
@@ -230,7 +248,24 @@ impl PluginEngine {
                 limits.memory_bytes, self.inner.max_memory_bytes
             )));
         }
+        let budget = self.inner.call_slots.memory_budget();
+        if limits.memory_bytes > budget {
+            return Err(LoadError::InvalidLimits(format!(
+                "memory limit {} bytes is above the host's budget of {budget} bytes for plugin calls in flight (--plugin-memory-budget-mib)",
+                limits.memory_bytes
+            )));
+        }
         Ok(())
+    }
+
+    /// The memory budget for plugin calls in flight, and how much of it they reserve now
+    /// (bytes).
+    pub fn call_memory(&self) -> CallMemory {
+        let slots = &self.inner.call_slots;
+        CallMemory {
+            budget_bytes: slots.memory_budget() as u64,
+            reserved_bytes: slots.memory_reserved() as u64,
+        }
     }
 
     /// What a component is, whether or not this host would run it: its digest, size, surface

@@ -49,7 +49,7 @@ pub use compiler::{COMPILE_CHILD_ARG, ChildCompiler, Compiler, compile_child_if_
 pub use contract::{CONTRACT_VERSION, CONTRACT_VERSIONS};
 pub use diff::{Hide, Verdict, compare, compare_hiding};
 pub use digest::{Digest, InvalidDigest};
-pub use engine::{EngineOptions, Inspection, PluginEngine, PoolUsage};
+pub use engine::{CallMemory, EngineOptions, Inspection, PluginEngine, PoolUsage};
 pub use error::{CallError, LoadError, ReportedKind, Retry};
 pub use limits::Limits;
 pub use plugin::{Plugin, PluginInfo, WeakPlugin};

@@ -159,9 +159,9 @@ impl Plugin {
         loop {
             let released = slots.released();
             let slot = slots
-                .acquire(tenant)
+                .acquire(tenant, self.inner.limits.memory_bytes)
                 .await
-                .ok_or_else(|| CallError::Sandbox("the plugin engine is shutting down".into()))?;
+                .map_err(|refused| CallError::Sandbox(refused.to_string()))?;
             let idle = slots.is_penalized(tenant);
             let attempt = self.attempt_in_slot(request, slot, idle).await;
             match &attempt {

@@ -126,6 +126,14 @@ pub struct RunCommand {
     /// The largest memory limit any policy may give its plugin, in MiB.
     #[arg(long, env = "WASMCTRL_MAX_PLUGIN_MEMORY_MIB", default_value_t = 512)]
     max_plugin_memory_mib: usize,
+    /// The memory all plugin calls in flight may reserve together, in MiB: each call
+    /// reserves its plugin's memory limit before it starts and waits while the budget is
+    /// spent (fairly between policies), and a plugin whose limit is above the budget is
+    /// refused at load. Default: the container's memory limit less what the host and its
+    /// compiles need (`--max-concurrent-loads` × `--max-compile-memory-mib`); outside a
+    /// memory-limited cgroup, half the machine's memory, at most 4096.
+    #[arg(long, env = "WASMCTRL_PLUGIN_MEMORY_BUDGET_MIB")]
+    plugin_memory_budget_mib: Option<u64>,
     /// The most memory compiling one plugin may take, in MiB. Plugins are compiled in a
     /// child process of the host bounded by this, first in line for the OOM killer, so a
     /// plugin that is too big or too hard to compile fails its own load instead of taking
@@ -354,10 +362,26 @@ impl RunCommand {
     }
 
     fn engine(&self, cache_dir: Option<PathBuf>) -> anyhow::Result<PluginEngine> {
+        let budget_mib = self.plugin_memory_budget_mib.unwrap_or_else(|| {
+            let compiles = self.max_compile_memory_mib * self.max_concurrent_loads.max(1) as u64;
+            super::call_memory::default_budget_mib(compiles)
+        });
+        if budget_mib < self.max_plugin_memory_mib as u64 {
+            tracing::warn!(
+                budget_mib,
+                max_plugin_memory_mib = self.max_plugin_memory_mib,
+                "the memory budget for plugin calls is below the largest limit a policy may ask for; policies asking more than the budget are refused"
+            );
+        }
+        tracing::info!(
+            budget_mib,
+            "plugin calls in flight reserve their memory limits from this budget"
+        );
         PluginEngine::new(EngineOptions {
             cache_dir,
             max_concurrent_calls: self.max_concurrent_calls,
             max_memory_bytes: self.max_plugin_memory_mib << 20,
+            memory_budget_bytes: Some(usize::try_from(budget_mib << 20).unwrap_or(usize::MAX)),
             cache_max_bytes: self.cache_max_mib << 20,
             compiler: Compiler::Child(ChildCompiler {
                 max_memory_bytes: self.max_compile_memory_mib << 20,

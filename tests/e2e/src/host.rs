@@ -115,6 +115,10 @@ pub struct HostBuilder {
     /// `--plugin-dir`: where file sources may be.
     plugin_dirs: Vec<PathBuf>,
     max_concurrent_calls: u32,
+    /// `--max-plugin-memory-mib`, in bytes.
+    max_plugin_memory: usize,
+    /// `--plugin-memory-budget-mib`, in bytes; `None`: no budget.
+    call_memory_budget: Option<usize>,
     explain: Option<Arc<Explain>>,
     require_policy_identity: bool,
     signing: wasmctrl::signing::HostTrust,
@@ -135,6 +139,8 @@ impl HostBuilder {
             disk_cache: true,
             plugin_dirs: vec![wasmctrl_testenv::plugins::plugin_dir()],
             max_concurrent_calls: 8,
+            max_plugin_memory: 128 << 20,
+            call_memory_budget: None,
             explain: None,
             require_policy_identity: false,
             signing: wasmctrl::signing::HostTrust::default(),
@@ -226,13 +232,23 @@ impl HostBuilder {
         self
     }
 
+    /// Let a policy give its plugin up to `max_mib` of memory, and the calls in flight
+    /// reserve up to `budget_mib` together, as `--max-plugin-memory-mib` and
+    /// `--plugin-memory-budget-mib` do.
+    pub fn call_memory(mut self, max_mib: usize, budget_mib: usize) -> Self {
+        self.max_plugin_memory = max_mib << 20;
+        self.call_memory_budget = Some(budget_mib << 20);
+        self
+    }
+
     /// The host, not yet running (for a process of its own that runs it until killed).
     pub async fn build(self) -> anyhow::Result<Host> {
         wasmctrl::ensure_crypto_provider();
         let engine = PluginEngine::new(EngineOptions {
             cache_dir: self.disk_cache.then(disk_cache),
             max_concurrent_calls: self.max_concurrent_calls,
-            max_memory_bytes: 128 << 20,
+            max_memory_bytes: self.max_plugin_memory,
+            memory_budget_bytes: self.call_memory_budget,
             ..EngineOptions::default()
         })?;
         let defaults = HostOptions::default();

@@ -39,6 +39,10 @@ struct Config {
     /// have a plugin fail for a known share of its parents.
     #[serde(default, rename = "failMarked")]
     fail_marked: bool,
+    /// Touch this many MiB of memory (every page written) before answering, so a test can
+    /// make each call hold that much resident.
+    #[serde(default, rename = "touchMib")]
+    touch_mib: usize,
 }
 
 /// Calls seen by this instance. A fresh sandbox per call means it is always 1.
@@ -68,6 +72,8 @@ impl Reconciler for Misbehave {
             }
             return Ok(response);
         }
+        let touched = vec![1u8; request.config.touch_mib << 20];
+        std::hint::black_box(&touched);
         if request.config.fail_marked && request.parent["spec"]["fail"] == true {
             return Err(Error::transient(format!("{name} is marked to fail")));
         }
