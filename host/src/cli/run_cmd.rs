@@ -71,10 +71,16 @@ pub struct RunCommand {
         value_delimiter = ':'
     )]
     plugin_dirs: Vec<PathBuf>,
-    /// Plugins fetched and compiled at once, across all policies; more wait their turn. Each
-    /// may hold the plugin size limit (64 MiB) and a compile (`--max-compile-memory-mib`).
+    /// Plugins compiled at once, across all policies; more wait their turn, the policy
+    /// holding the fewest first. Each takes a compile (`--max-compile-memory-mib`), and only
+    /// while it compiles: never while its bytes arrive.
     #[arg(long, env = "WASMCTRL_MAX_CONCURRENT_LOADS", default_value_t = crate::registry::RegistryOptions::default().max_concurrent_loads)]
     max_concurrent_loads: usize,
+    /// Plugins fetched at once, across all policies, one at a time per team (a namespace's
+    /// NamespacedReconcilePolicies) or cluster policy; more wait their turn. Each may buffer
+    /// up to the plugin size limit (64 MiB).
+    #[arg(long, env = "WASMCTRL_MAX_CONCURRENT_FETCHES", default_value_t = crate::registry::RegistryOptions::default().max_concurrent_fetches)]
+    max_concurrent_fetches: usize,
     /// Memory for related objects read by name (`nameFrom`), kept while unchanged so they
     /// need not be read again, in MiB over all policies; 0 keeps none (each reconcile reads
     /// what its parent names).
@@ -402,6 +408,7 @@ impl RunCommand {
             credentials_namespace: self.credentials_namespace.clone().or_else(own_namespace),
             plugin_dirs: self.plugin_dirs()?,
             max_concurrent_loads: self.max_concurrent_loads.max(1),
+            max_concurrent_fetches: self.max_concurrent_fetches.max(1),
             explain: Arc::new(self.explain.explain()?),
             require_policy_identity: self.require_policy_identity,
             trust: match &self.extra_ca_file {

@@ -130,6 +130,7 @@ impl Host {
                         credentials_namespace: options.credentials_namespace.clone(),
                         plugin_dirs: options.plugin_dirs.clone(),
                         max_concurrent_loads: options.max_concurrent_loads,
+                        max_concurrent_fetches: options.max_concurrent_fetches,
                         trust: options.trust.clone(),
                         default_verify: options.default_verify.clone(),
                         signing: options.signing.clone(),

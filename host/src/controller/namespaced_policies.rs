@@ -34,8 +34,7 @@ use crate::policy::{ReconcilePolicy, ReconcilePolicySpec};
 pub const FINALIZER: &str = "wasmctrl.dev/namespaced-policy";
 /// On each ReconcilePolicy made from one: the source's uid.
 pub const SOURCE_UID_LABEL: &str = "wasmctrl.dev/namespaced-policy-uid";
-/// On each ReconcilePolicy made from one: the source, as `namespace/name`.
-pub const SOURCE_ANNOTATION: &str = "wasmctrl.dev/namespaced-policy";
+pub use crate::policy::namespaced::SOURCE_ANNOTATION;
 const FIELD_MANAGER: &str = "wasmctrl-namespaced-policies";
 /// How often the leader looks for ReconcilePolicies whose source is gone.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);

@@ -30,9 +30,11 @@ pub struct HostOptions {
     /// every file source. A file source is read with the host's rights, so without this bound
     /// a policy could name the host's own token.
     pub plugin_dirs: Vec<PathBuf>,
-    /// Plugins fetched and compiled at once, across all policies: each may take up to the
-    /// plugin size limit and a compile's memory.
+    /// Plugins compiled at once, across all policies: each takes a compile's memory.
     pub max_concurrent_loads: usize,
+    /// Plugins fetched at once, across all policies, one per tenant at a time: each may
+    /// buffer up to the plugin size limit.
+    pub max_concurrent_fetches: usize,
     /// Where the records of reconciles go, for `wasmctrl explain` and replay.
     pub explain: Arc<crate::explain::Explain>,
     /// Refuse a policy that names no ServiceAccount to act as (`IdentityRequired`) instead
@@ -65,6 +67,8 @@ impl Default for HostOptions {
             credentials_namespace: None,
             plugin_dirs: Vec::new(),
             max_concurrent_loads: crate::registry::RegistryOptions::default().max_concurrent_loads,
+            max_concurrent_fetches: crate::registry::RegistryOptions::default()
+                .max_concurrent_fetches,
             explain: Arc::new(crate::explain::Explain::in_memory(
                 crate::explain::ExplainOptions::default().bounds,
             )),

@@ -52,6 +52,26 @@ pub fn cluster_name(namespace: &str, name: &str) -> String {
     format!("{namespace}.{name}")
 }
 
+/// On each ReconcilePolicy made from a NamespacedReconcilePolicy: the source, as
+/// `namespace/name`.
+pub const SOURCE_ANNOTATION: &str = "wasmctrl.dev/namespaced-policy";
+
+/// Whom a policy's use of shared resources (plugin fetches and compiles) counts against: the
+/// team's namespace for a policy made from a NamespacedReconcilePolicy, so that a team's
+/// policies share one share however many it makes; a cluster policy (an admin's) counts as
+/// its own.
+pub fn tenant(policy: &ReconcilePolicy) -> String {
+    use kube::ResourceExt as _;
+    policy
+        .annotations()
+        .get(SOURCE_ANNOTATION)
+        .and_then(|source| source.split_once('/'))
+        .map_or_else(
+            || format!("policy/{}", policy.name_any()),
+            |(namespace, _)| format!("namespace/{namespace}"),
+        )
+}
+
 /// Why a NamespacedReconcilePolicy cannot run, as a condition's reason and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {

@@ -145,7 +145,7 @@ pub struct Obtained {
 }
 
 /// What to obtain: a source, the digest it must have (if pinned), and the call limits.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PluginRequest<'a> {
     /// Where the component's bytes are.
     pub source: &'a PluginSource,
@@ -157,6 +157,8 @@ pub struct PluginRequest<'a> {
     pub limits: Limits,
     /// Who must have signed it, besides whom the host requires.
     pub verify: Option<&'a VerifySpec>,
+    /// Whom its fetch and compile count against (see [`crate::policy::namespaced::tenant`]).
+    pub tenant: String,
 }
 
 impl<'a> PluginRequest<'a> {
@@ -169,6 +171,7 @@ impl<'a> PluginRequest<'a> {
             digest_field: "spec.plugin.digest",
             limits: limits(policy.spec.limits.as_ref()),
             verify: spec.verify.as_ref(),
+            tenant: crate::policy::namespaced::tenant(policy),
         }
     }
 
@@ -180,6 +183,7 @@ impl<'a> PluginRequest<'a> {
             digest_field: "spec.plugin.candidate.digest",
             limits: limits(policy.spec.limits.as_ref()),
             verify: policy.spec.plugin.verify.as_ref(),
+            tenant: crate::policy::namespaced::tenant(policy),
         }
     }
 }
@@ -192,8 +196,10 @@ pub struct RegistryOptions {
     pub credentials_namespace: Option<String>,
     /// The directories `file` sources may be in; empty refuses every file source.
     pub plugin_dirs: Vec<PathBuf>,
-    /// Plugins fetched and compiled at once, across all policies.
+    /// Plugins compiled at once, across all policies.
     pub max_concurrent_loads: usize,
+    /// Plugins fetched at once, across all policies (one per tenant at a time).
+    pub max_concurrent_fetches: usize,
     /// The certificate authorities TLS sources are checked against.
     pub trust: TrustRoots,
     /// The signatures every policy's plugins need, besides the policy's own `verify`.
@@ -208,6 +214,7 @@ impl Default for RegistryOptions {
             credentials_namespace: None,
             plugin_dirs: Vec::new(),
             max_concurrent_loads: 2,
+            max_concurrent_fetches: 4,
             trust: TrustRoots::default(),
             default_verify: None,
             signing: HostTrust::default(),
@@ -254,7 +261,10 @@ impl PluginRegistry {
                 plugin_dirs: plugin_dirs::PluginDirs::new(options.plugin_dirs),
                 trust: options.trust,
             },
-            budget: load_budget::LoadBudget::new(options.max_concurrent_loads),
+            budget: load_budget::LoadBudget::new(
+                options.max_concurrent_loads,
+                options.max_concurrent_fetches,
+            ),
             metrics,
             loaded: Mutex::default(),
             default_verify: options.default_verify,
@@ -335,8 +345,11 @@ impl PluginRegistry {
             Ok(authorized) => authorized,
             Err(error) => return Err(refused.map_or(error, LoadError::from)),
         };
-        // From the first byte fetched to the end of the compile, the load holds a permit.
-        let _permit = self.budget.acquire(policy, &self.metrics).await;
+        // A fetch permit while the bytes arrive (one per tenant); the compile takes its own.
+        let fetch_permit = self
+            .budget
+            .fetch(&request.tenant, policy, &self.metrics)
+            .await;
         let fetched = source::fetch(
             &self.client,
             authorized,
@@ -344,6 +357,7 @@ impl PluginRegistry {
             !verifiers.is_empty(),
         )
         .await;
+        drop(fetch_permit);
         let source::Fetched {
             bytes,
             manifest_digest,
@@ -388,6 +402,10 @@ impl PluginRegistry {
         if let Some(plugin) = self.find(&digest, &request.limits) {
             return Ok(self.keep(plugin, Origin::Loaded, signers));
         }
+        let _compile_permit = self
+            .budget
+            .compile(&request.tenant, policy, &self.metrics)
+            .await;
         let plugin = self
             .engine
             .load_async(bytes, pinned, request.limits)
@@ -596,6 +614,7 @@ mod tests {
                 ..Limits::default()
             },
             verify: None,
+            tenant: "policy/test".to_owned(),
         }
     }
 
@@ -849,16 +868,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_load_waits_for_a_permit_while_others_fetch_and_compile() {
+    async fn a_compile_waits_for_a_permit_while_others_compile() {
         use futures::FutureExt as _;
         let (dir, source, digest) = workspace();
         let registry = registry(&dir.path().join("cache"));
         let metrics = Metrics::new();
-        let first = registry.budget.acquire("x", &metrics).await;
-        let second = registry.budget.acquire("y", &metrics).await;
+        let first = registry.budget.compile("x", "x", &metrics).await;
+        let second = registry.budget.compile("y", "y", &metrics).await;
 
         let mut load = std::pin::pin!(registry.obtain("a", request(&source, None, 500)));
-        // Polled until it can go no further: the fetch needs a permit.
+        // Polled until it can go no further: the compile needs a permit.
         for _ in 0..100 {
             assert!(
                 (&mut load).now_or_never().is_none(),
@@ -875,8 +894,8 @@ mod tests {
 
         // What is loaded already needs no permit.
         let _held = (
-            registry.budget.acquire("x", &metrics).await,
-            registry.budget.acquire("y", &metrics).await,
+            registry.budget.compile("x", "x", &metrics).await,
+            registry.budget.compile("y", "y", &metrics).await,
         );
         let again = registry
             .obtain("b", request(&source, Some(&digest), 500))

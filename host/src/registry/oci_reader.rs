@@ -76,6 +76,9 @@ pub enum PullError {
         status: StatusCode,
         message: String,
     },
+    /// What the registry sent came too slowly.
+    #[error("{0}")]
+    TooSlow(String),
     /// The connection failed.
     #[error("{what}")]
     Transport {
@@ -98,6 +101,7 @@ impl PullError {
             }
             Self::NotFound(_)
             | Self::TooLarge(_)
+            | Self::TooSlow(_)
             | Self::DigestMismatch { .. }
             | Self::Invalid(_) => false,
         }
@@ -108,6 +112,7 @@ impl From<CappedError> for PullError {
     fn from(error: CappedError) -> Self {
         match error {
             CappedError::TooLarge(too_large) => Self::TooLarge(too_large),
+            slow @ CappedError::TooSlow { .. } => Self::TooSlow(slow.to_string()),
             CappedError::Transport { what, source } => Self::Transport { what, source },
         }
     }

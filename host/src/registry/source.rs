@@ -586,7 +586,10 @@ async fn download(
     super::capped::read_capped(response, limit, url)
         .await
         .map_err(|error| match error {
-            super::capped::CappedError::TooLarge(e) => Failure::Final(e.into()),
+            too_large @ super::capped::CappedError::TooLarge(_) => Failure::Final(too_large.into()),
+            too_slow @ super::capped::CappedError::TooSlow { .. } => {
+                Failure::Final(too_slow.into())
+            }
             transport => Failure::Retryable(transport.into()),
         })
 }

@@ -376,3 +376,132 @@ async fn plugin_calls_that_touch_their_whole_allowance_stay_within_the_hosts_bud
     }
     delete_namespace(&client, &ns).await
 }
+
+/// A loopback server that answers every request with the headers of a 64 MiB body, sends a
+/// few bytes of it, then a byte every `every`, holding the connection open. Counts the
+/// connections it accepted.
+fn dripping_server(
+    every: Duration,
+) -> anyhow::Result<(SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>)> {
+    use std::io::Read as _;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let connections = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
+    let counted = connections.clone();
+    // Ends with the test's process (each test runs in a process of its own).
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n\0asm",
+                    64 << 20
+                );
+                while stream
+                    .write_all(b"\0")
+                    .and_then(|()| stream.flush())
+                    .is_ok()
+                {
+                    std::thread::sleep(every);
+                }
+            });
+        }
+    });
+    Ok((address, connections))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_drips_does_not_hold_up_another_policys_swap() -> anyhow::Result<()> {
+    const TEST: &str = "limits-drip";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(GROUP, "Dripper")).await?;
+    // One compile at a time, as the chart has it, and every plugin compiled afresh.
+    let host = HostUnderTest::builder(TEST, &ns)
+        .without_disk_cache()
+        .max_concurrent_loads(1)
+        .start()
+        .await?;
+    let policy_api = policies(&client);
+    let digest = |plugin: &str| {
+        std::fs::read(wasmctrl_testenv::plugins::guest(plugin)).map(|bytes| sha256(&bytes))
+    };
+    let (v1, v2) = (digest("myapp_plugin")?, digest("myapp_v2_plugin")?);
+    let myapps = |plugin: &str, digest: &str| {
+        let mut spec = myapp_policy_in(&ns, file_source(plugin));
+        spec["plugin"]["digest"] = json!(digest);
+        spec
+    };
+    apply_policy(
+        &client,
+        TEST,
+        "limits-swapping",
+        myapps("myapp_plugin", &v1),
+    )
+    .await?;
+    wait_for_object(&policy_api, "limits-swapping", "v1 serving", |p| {
+        p["status"]["activeDigest"] == v1.as_str()
+    })
+    .await?;
+
+    // A source that sends a byte a second: slow enough to hold a fetch for minutes.
+    let (drip, connections) = dripping_server(Duration::from_secs(1))?;
+    apply_policy(
+        &client,
+        TEST,
+        "limits-dripping",
+        json!({
+            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Dripper"},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+            // A digest the host holds nowhere, so it must fetch.
+            "plugin": {"source": {"http": {"url": format!("http://{drip}/plugin.wasm")}}, "digest": sha256(b"dripped")},
+        }),
+    )
+    .await?;
+    wasmctrl_testenv::cluster::eventually(
+        "the dripping fetch under way",
+        Duration::from_secs(30),
+        || async { Ok(connections.load(std::sync::atomic::Ordering::SeqCst) > 0) },
+    )
+    .await?;
+
+    // While it drips, the other policy swaps to v2: fetched and compiled at once.
+    let started = std::time::Instant::now();
+    apply_policy(
+        &client,
+        TEST,
+        "limits-swapping",
+        myapps("myapp_v2_plugin", &v2),
+    )
+    .await?;
+    wait_for_object(&policy_api, "limits-swapping", "v2 serving", |p| {
+        p["status"]["activeDigest"] == v2.as_str()
+    })
+    .await?;
+    let took = started.elapsed();
+    eprintln!("limits: a swap took {took:?} while another policy's source dripped");
+    assert!(
+        took < Duration::from_secs(10),
+        "the swap waited {took:?} behind a dripping source"
+    );
+
+    // The drip itself is given up as too slow, saying so.
+    let given_up = wait_for_object(&policy_api, "limits-dripping", "the drip given up", |p| {
+        condition(p, "PluginLoaded").is_some_and(|c| c["status"] == "False")
+    })
+    .await?;
+    let message = condition(&given_up, "PluginLoaded")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("too slowly"), "{message}");
+
+    host.stop().await?;
+    for name in ["limits-swapping", "limits-dripping"] {
+        policy_api.delete(name, &Default::default()).await?;
+    }
+    delete_namespace(&client, &ns).await
+}
