@@ -232,9 +232,9 @@ pub struct PluginRegistry {
     loaded: Mutex<Loaded>,
     default_verify: Option<VerifySpec>,
     signing: HostTrust,
-    /// The signatures found beside each digest fetched, so that a digest served from memory
-    /// or disk is verified against the policy as it is now, without a fetch.
-    signatures: Mutex<HashMap<Digest, Arc<Signatures>>>,
+    /// The signatures that verified for each policy's fetched digests, so that a digest served
+    /// from memory or disk is verified against the policy as it is now, without a fetch.
+    signatures: Mutex<KeptSignatures>,
 }
 
 #[derive(Default)]
@@ -310,18 +310,7 @@ impl PluginRegistry {
             Err(credentials::Refused::Unreadable(e)) => Err(LoadError::SourceUnavailable(e)),
         };
         let pinned = request.digest.map(str::parse::<Digest>).transpose()?;
-        // The host's default is a floor no policy lowers: a policy's own `verify` is checked
-        // besides it, not instead.
-        let mut verifiers = Vec::new();
-        for spec in self.default_verify.iter().chain(request.verify) {
-            let spec = self
-                .with_keys_from(spec)
-                .await
-                .map_err(LoadError::InvalidVerify)?;
-            verifiers.push(
-                Verifier::new(&spec, self.signing.clone()).map_err(LoadError::InvalidVerify)?,
-            );
-        }
+        let verifiers = self.verifiers(request.verify).await?;
         let unreadable = |origin: Origin| {
             if let Err(error) = &authorized {
                 tracing::info!(policy, ?origin, %error, "the source's credentials cannot be read; serving the pinned digest the host holds");
@@ -331,7 +320,7 @@ impl PluginRegistry {
         // fetch finds better ones.
         let mut refused = None;
         if let Some(digest) = pinned {
-            match self.verify_kept(&verifiers, &digest) {
+            match self.verify_kept(policy, &verifiers, &digest) {
                 Ok(signers) => {
                     if let Some((plugin, origin)) = self.held(digest, request.limits).await? {
                         unreadable(origin);
@@ -369,33 +358,16 @@ impl PluginRegistry {
             }
         };
         let digest = Digest::of(&bytes);
-        if let (Some(pinned), Some(manifest)) = (pinned, manifest_digest)
-            && pinned != digest
-            && pinned.to_string() == manifest
-        {
-            return Err(LoadError::ManifestDigestPinned {
-                field: request.digest_field,
-                manifest,
-                component: digest,
-            });
-        }
-        if let Some(pinned) = pinned
-            && pinned != digest
-        {
-            return Err(LoadError::ComponentDigestMismatch {
-                field: request.digest_field,
-                pinned,
-                actual: digest,
-                served_by: request.source.to_string(),
-            });
-        }
+        check_fetched(&request, pinned, digest, manifest_digest)?;
         // The bytes are what the policy pins, if it pins any (checked above); signed as the
-        // policy wants, before anything compiles them.
+        // policy wants, before anything compiles them. Only signatures that verified are
+        // kept, and for this policy alone: another policy's fetch of the same digest from a
+        // source of its own (unsigned, or signed by others) replaces nothing of this one's.
         let signers = match signatures {
             Some(signatures) if !verifiers.is_empty() => {
-                let signatures = Arc::new(signatures);
-                crate::lock(&self.signatures).insert(digest, signatures.clone());
-                verify_all(&verifiers, &signatures, &digest)?
+                let signers = verify_all(&verifiers, &signatures, &digest)?;
+                crate::lock(&self.signatures).keep(policy, digest, Arc::new(signatures));
+                signers
             }
             _ => Vec::new(),
         };
@@ -418,15 +390,32 @@ impl PluginRegistry {
     /// them), `Err(Some(_))` when what is kept is not enough (a fetch may find more).
     fn verify_kept(
         &self,
+        policy: &str,
         verifiers: &[Verifier],
         digest: &Digest,
     ) -> Result<Vec<Signer>, Option<SignatureError>> {
         if verifiers.is_empty() {
             return Ok(Vec::new());
         }
-        let kept = crate::lock(&self.signatures).get(digest).cloned();
+        let kept = crate::lock(&self.signatures).get(policy, digest);
         let kept = kept.ok_or(None)?;
         verify_all(verifiers, &kept, digest).map_err(Some)
+    }
+
+    /// The verifiers a load must satisfy: the host's default is a floor no policy lowers, and
+    /// a policy's own `verify` is checked besides it, not instead.
+    async fn verifiers(&self, verify: Option<&VerifySpec>) -> Result<Vec<Verifier>, LoadError> {
+        let mut verifiers = Vec::new();
+        for spec in self.default_verify.iter().chain(verify) {
+            let spec = self
+                .with_keys_from(spec)
+                .await
+                .map_err(LoadError::InvalidVerify)?;
+            verifiers.push(
+                Verifier::new(&spec, self.signing.clone()).map_err(LoadError::InvalidVerify)?,
+            );
+        }
+        Ok(verifiers)
     }
 
     /// `spec` with the keys its `keysFrom` ConfigMaps hold added to `keys`.
@@ -515,6 +504,62 @@ fn verify_all(
     signers.sort();
     signers.dedup();
     Ok(signers)
+}
+
+/// The fetched bytes hash to `digest`: refuse them unless they are what the policy pins
+/// (naming a manifest digest pinned where the component's belongs).
+fn check_fetched(
+    request: &PluginRequest<'_>,
+    pinned: Option<Digest>,
+    digest: Digest,
+    manifest_digest: Option<String>,
+) -> Result<(), LoadError> {
+    let Some(pinned) = pinned.filter(|pinned| *pinned != digest) else {
+        return Ok(());
+    };
+    if let Some(manifest) = manifest_digest
+        && pinned.to_string() == manifest
+    {
+        return Err(LoadError::ManifestDigestPinned {
+            field: request.digest_field,
+            manifest,
+            component: digest,
+        });
+    }
+    Err(LoadError::ComponentDigestMismatch {
+        field: request.digest_field,
+        pinned,
+        actual: digest,
+        served_by: request.source.to_string(),
+    })
+}
+
+/// Signatures kept per policy and digest, at most [`KeptSignatures::MAX`] (the oldest go).
+#[derive(Default)]
+struct KeptSignatures {
+    entries: VecDeque<((String, Digest), Arc<Signatures>)>,
+}
+
+impl KeptSignatures {
+    /// Each entry holds at most a signature manifest's worth (32 signatures of 256 KiB).
+    const MAX: usize = 64;
+
+    fn get(&self, policy: &str, digest: &Digest) -> Option<Arc<Signatures>> {
+        self.entries
+            .iter()
+            .find(|((p, d), _)| p == policy && d == digest)
+            .map(|(_, signatures)| signatures.clone())
+    }
+
+    fn keep(&mut self, policy: &str, digest: Digest, signatures: Arc<Signatures>) {
+        self.entries
+            .retain(|((p, d), _)| !(p == policy && *d == digest));
+        if self.entries.len() >= Self::MAX {
+            self.entries.pop_front();
+        }
+        self.entries
+            .push_back(((policy.to_owned(), digest), signatures));
+    }
 }
 
 /// The call limits a policy asks for, over the host's defaults.
@@ -805,6 +850,15 @@ mod tests {
             .expect("signed by us");
         assert_eq!(loaded.origin, Origin::Fetched);
         assert_eq!(loaded.signers[0].key, Some(ours.fingerprint().unwrap()));
+
+        // Another policy fetching the same digest from a copy without its signature is
+        // refused, and takes nothing from the first: its verified signatures stay kept.
+        std::fs::remove_file(dir.path().join("plugin.wasm.sig")).expect("remove signature");
+        let error = registry
+            .obtain("b", signed(&by_us))
+            .await
+            .expect_err("an unsigned copy");
+        assert_eq!(error.reason(), "SignatureMissing", "{error}");
 
         // Held in memory and the source gone: the kept signatures are checked again, against
         // the policy as it is now.
