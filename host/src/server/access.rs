@@ -6,9 +6,13 @@
 //!
 //! Answers are kept for [`REVIEW_TTL`], so a scraper every few seconds costs the API server
 //! two reviews (its token, its access) a half-minute; a token revoked or a binding removed
-//! takes effect within it. At most [`MAX_REVIEWS`] reviews are in flight at once, each within
-//! [`REVIEW_TIMEOUT`], so callers with made-up tokens cannot turn the host into a flood of
-//! requests on the API server (which would count against the host's own fair share).
+//! takes effect within it; a token refused is refused from memory as long. At most
+//! [`MAX_REVIEWS`] reviews are in flight at once, each within [`REVIEW_TIMEOUT`], so callers
+//! with made-up tokens cannot turn the host into a flood of requests on the API server
+//! (which would count against the host's own fair share); and at most
+//! [`MAX_REVIEWS_PER_CLIENT`] of those are one client address's token reviews, so a client
+//! sending made-up tokens as fast as it can fills no more than its share, and a real caller
+//! from elsewhere is answered: the flooding client is told to slow down (429).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -27,6 +31,8 @@ pub const REVIEW_TTL: Duration = Duration::from_secs(30);
 const MAX_CACHED: usize = 4096;
 /// Reviews in flight at once; more wait.
 pub const MAX_REVIEWS: usize = 8;
+/// Token reviews in flight for one client address; more are refused at once.
+pub const MAX_REVIEWS_PER_CLIENT: usize = 2;
 /// The longest one review may take.
 pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -39,6 +45,9 @@ pub enum ReviewError {
     /// The API server did not answer in time, or too many reviews were waiting.
     #[error("the API server did not answer the review within {0:?}")]
     TimedOut(Duration),
+    /// The client already has [`MAX_REVIEWS_PER_CLIENT`] token reviews in flight.
+    #[error("{0} has {MAX_REVIEWS_PER_CLIENT} tokens under review already")]
+    ClientBusy(std::net::IpAddr),
 }
 
 /// An identity the API server vouched for.
@@ -100,6 +109,8 @@ impl std::fmt::Display for Needs {
 pub struct Reviewer {
     client: kube::Client,
     in_flight: tokio::sync::Semaphore,
+    /// Token reviews in flight per client address.
+    per_client: Mutex<HashMap<std::net::IpAddr, usize>>,
     tokens: Mutex<Cache<[u8; 32], Option<Caller>>>,
     decisions: Mutex<Cache<(Caller, Needs), bool>>,
 }
@@ -110,17 +121,24 @@ impl Reviewer {
         Self {
             client,
             in_flight: tokio::sync::Semaphore::new(MAX_REVIEWS),
+            per_client: Mutex::default(),
             tokens: Mutex::new(Cache::default()),
             decisions: Mutex::new(Cache::default()),
         }
     }
 
-    /// Who `token` belongs to; `None` when the API server does not accept it.
-    pub async fn caller(&self, token: &str) -> Result<Option<Caller>, ReviewError> {
+    /// Who `token`, shown by a client at address `client`, belongs to; `None` when the API
+    /// server does not accept it.
+    pub async fn caller(
+        &self,
+        token: &str,
+        client: std::net::IpAddr,
+    ) -> Result<Option<Caller>, ReviewError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some(known) = crate::lock(&self.tokens).get(&key) {
             return Ok(known);
         }
+        let _turn = ClientTurn::take(&self.per_client, client)?;
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_owned(),
@@ -210,6 +228,39 @@ impl Reviewer {
     }
 }
 
+/// One of a client's [`MAX_REVIEWS_PER_CLIENT`] token reviews in flight; given back on drop.
+struct ClientTurn<'a> {
+    clients: &'a Mutex<HashMap<std::net::IpAddr, usize>>,
+    client: std::net::IpAddr,
+}
+
+impl<'a> ClientTurn<'a> {
+    fn take(
+        clients: &'a Mutex<HashMap<std::net::IpAddr, usize>>,
+        client: std::net::IpAddr,
+    ) -> Result<Self, ReviewError> {
+        let mut in_flight = crate::lock(clients);
+        let held = in_flight.entry(client).or_insert(0);
+        if *held >= MAX_REVIEWS_PER_CLIENT {
+            return Err(ReviewError::ClientBusy(client));
+        }
+        *held += 1;
+        Ok(Self { clients, client })
+    }
+}
+
+impl Drop for ClientTurn<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = crate::lock(self.clients);
+        if let Some(held) = in_flight.get_mut(&self.client) {
+            *held -= 1;
+            if *held == 0 {
+                in_flight.remove(&self.client);
+            }
+        }
+    }
+}
+
 /// Answers kept for [`REVIEW_TTL`], at most [`MAX_CACHED`].
 struct Cache<K, V> {
     entries: HashMap<K, (Instant, V)>,
@@ -263,6 +314,22 @@ mod tests {
             "get myapps.example.com web in namespace team-a"
         );
         assert_eq!(Needs::Path("/metrics").to_string(), "get /metrics");
+    }
+
+    #[test]
+    fn a_client_has_at_most_its_share_of_token_reviews_in_flight() {
+        let clients = Mutex::default();
+        let flood: std::net::IpAddr = "127.0.0.2".parse().expect("an address");
+        let real: std::net::IpAddr = "127.0.0.1".parse().expect("an address");
+        let first = ClientTurn::take(&clients, flood).expect("a turn");
+        let _second = ClientTurn::take(&clients, flood).expect("a turn");
+        assert!(matches!(
+            ClientTurn::take(&clients, flood),
+            Err(ReviewError::ClientBusy(_))
+        ));
+        let _other = ClientTurn::take(&clients, real).expect("another client is not held back");
+        drop(first);
+        let _again = ClientTurn::take(&clients, flood).expect("a turn given back");
     }
 
     #[test]

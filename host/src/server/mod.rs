@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -78,19 +78,47 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     match endpoints.access.clone() {
-        Access::Open => axum::serve(listener, router(endpoints))
+        Access::Open => axum::serve(listener, with_peers(router(endpoints)))
             .with_graceful_shutdown(shutdown)
             .await
             .context("serving health, metrics and explain"),
         Access::Reviewed { tls, .. } => {
             let listener = tls::TlsListener::new(listener, tls)
                 .context("serving health, metrics and explain over TLS")?;
-            axum::serve(listener, router(endpoints))
+            axum::serve(listener, with_peers(router(endpoints)))
                 .with_graceful_shutdown(shutdown)
                 .await
                 .context("serving health, metrics and explain over TLS")
         }
     }
+}
+
+/// The address a request came from, for the per-client bound on token reviews.
+#[derive(Debug, Clone, Copy)]
+struct Peer(SocketAddr);
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+    for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tls::TlsListener>>
+    for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tls::TlsListener>) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
+/// `router` with each request's client address.
+fn with_peers(
+    router: Router,
+) -> axum::extract::connect_info::IntoMakeServiceWithConnectInfo<Router, Peer> {
+    router.into_make_service_with_connect_info::<Peer>()
 }
 
 fn router(endpoints: Endpoints) -> Router {
@@ -110,6 +138,8 @@ enum Refusal {
     Forbidden(String),
     /// The API server could not be asked.
     Unavailable(String),
+    /// The client has too many tokens under review; it may try again in a second.
+    TooMany(String),
 }
 
 impl IntoResponse for Refusal {
@@ -123,12 +153,22 @@ impl IntoResponse for Refusal {
                 .into_response(),
             Self::Forbidden(why) => (StatusCode::FORBIDDEN, why).into_response(),
             Self::Unavailable(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+            Self::TooMany(why) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, "1")],
+                why,
+            )
+                .into_response(),
         }
     }
 }
 
 /// Who is asking, or why the request goes unanswered; `None` when access is open.
-async fn caller(access: &Access, headers: &HeaderMap) -> Result<Option<Caller>, Refusal> {
+async fn caller(
+    access: &Access,
+    headers: &HeaderMap,
+    peer: SocketAddr,
+) -> Result<Option<Caller>, Refusal> {
     let Access::Reviewed { reviewer, .. } = access else {
         return Ok(None);
     };
@@ -142,11 +182,12 @@ async fn caller(access: &Access, headers: &HeaderMap) -> Result<Option<Caller>, 
         .ok_or(Refusal::Unauthenticated(
             "a bearer token is required (Authorization: Bearer TOKEN)",
         ))?;
-    match reviewer.caller(token).await {
+    match reviewer.caller(token, peer.ip()).await {
         Ok(Some(caller)) => Ok(Some(caller)),
         Ok(None) => Err(Refusal::Unauthenticated(
             "the API server does not accept this token",
         )),
+        Err(busy @ access::ReviewError::ClientBusy(_)) => Err(Refusal::TooMany(busy.to_string())),
         Err(error) => {
             // The caller is not known yet: the cause goes to the log, not to them.
             tracing::warn!(%error, "cannot review a caller's token");
@@ -189,9 +230,13 @@ async fn readyz(State(endpoints): State<Endpoints>) -> impl IntoResponse {
     }
 }
 
-async fn metrics_text(State(endpoints): State<Endpoints>, headers: HeaderMap) -> Response {
+async fn metrics_text(
+    State(endpoints): State<Endpoints>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+    headers: HeaderMap,
+) -> Response {
     let access = &endpoints.access;
-    let checked = match caller(access, &headers).await {
+    let checked = match caller(access, &headers, peer).await {
         Ok(caller) => authorize(access, caller.as_ref(), Needs::Path("/metrics")).await,
         Err(refusal) => Err(refusal),
     };
@@ -229,11 +274,12 @@ fn one() -> usize {
 /// The records of one parent, for a caller who may `get` that parent.
 async fn explain(
     State(endpoints): State<Endpoints>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     headers: HeaderMap,
     Query(query): Query<ExplainQuery>,
 ) -> Response {
     let access = &endpoints.access;
-    let caller = match caller(access, &headers).await {
+    let caller = match caller(access, &headers, peer).await {
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response(),
     };

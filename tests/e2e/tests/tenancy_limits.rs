@@ -505,3 +505,167 @@ async fn a_source_that_drips_does_not_hold_up_another_policys_swap() -> anyhow::
     }
     delete_namespace(&client, &ns).await
 }
+
+/// A TCP proxy to `upstream` that delivers what a client sends `delay` after it arrives: an
+/// API server that answers slowly, as a loaded one does.
+async fn slow_proxy(upstream: SocketAddr, delay: Duration) -> anyhow::Result<SocketAddr> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (mut from_client, mut to_client) = inbound.into_split();
+                let (mut from_server, mut to_server) = outbound.into_split();
+                let (send, mut due) =
+                    tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 64 << 10];
+                    while let Ok(read) = from_client.read(&mut buffer).await {
+                        if read == 0
+                            || send
+                                .send((
+                                    tokio::time::Instant::now() + delay,
+                                    buffer[..read].to_vec(),
+                                ))
+                                .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    while let Some((at, bytes)) = due.recv().await {
+                        tokio::time::sleep_until(at).await;
+                        if to_server.write_all(&bytes).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+            });
+        }
+    });
+    Ok(address)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_tokens_from_one_client_do_not_keep_a_real_caller_from_the_metrics()
+-> anyhow::Result<()> {
+    const TEST: &str = "limits-tokens";
+    const FLOOD: usize = 96;
+    let (client, ns) = test_namespace(TEST).await?;
+    service_account(&client, &ns, "scraper").await?;
+    bind_cluster_role(
+        &client,
+        &format!("{ns}-metrics-reader"),
+        json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]),
+        account_subject(&ns, "scraper"),
+    )
+    .await?;
+    let scraper = service_account_token(&ns, "scraper").await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+
+    // The host reviews tokens through an API server that takes most of a second to answer.
+    let env = wasmctrl_testenv::TestEnv::get();
+    let kubeconfig = kube::config::Kubeconfig::read_from(env.kubeconfig())?;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    let upstream: SocketAddr = format!(
+        "{}:{}",
+        config.cluster_url.host().unwrap_or("127.0.0.1"),
+        config.cluster_url.port_u16().unwrap_or(443)
+    )
+    .parse()?;
+    let proxy = slow_proxy(upstream, Duration::from_millis(600)).await?;
+    config.cluster_url = format!("https://{proxy}").parse()?;
+    let access = wasmctrl::server::Access::Reviewed {
+        reviewer: std::sync::Arc::new(wasmctrl::server::access::Reviewer::new(
+            kube::Client::try_from(config)?,
+        )),
+        tls: wasmctrl::server::tls::server_config(None, &["localhost".to_owned()])?,
+    };
+    let listener = wasmctrl::server::bind("127.0.0.1:0".parse()?).await?;
+    let address = listener.local_addr()?;
+    let (stop_serving, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(wasmctrl::server::serve(
+        listener,
+        wasmctrl::server::Endpoints {
+            readiness: host.readiness.clone(),
+            metrics: host.metrics.clone(),
+            explain: host.explain.clone(),
+            access,
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    // A client at another loopback address sends made-up tokens as fast as it is answered.
+    let flooding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let answers = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+        u16,
+        usize,
+    >::new()));
+    let mut flood = Vec::new();
+    for task in 0..FLOOD {
+        let (flooding, answers) = (flooding.clone(), answers.clone());
+        flood.push(tokio::spawn(async move {
+            let Ok(http) = reqwest::Client::builder()
+                .danger_accept_invalid_certs(true)
+                .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+                .build()
+            else {
+                return;
+            };
+            let mut n = 0;
+            while flooding.load(std::sync::atomic::Ordering::SeqCst) {
+                n += 1;
+                let sent = http
+                    .get(format!("https://{address}/metrics"))
+                    .bearer_auth(format!("made-up-{task}-{n}"))
+                    .send()
+                    .await;
+                let status = sent.map_or(0, |r| r.status().as_u16());
+                *answers
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .entry(status)
+                    .or_default() += 1;
+                if status == 0 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // The scraper, from another address, is answered while the flood goes on.
+    let started = std::time::Instant::now();
+    let (status, body) = https_get(address, "/metrics", Some(&scraper)).await?;
+    let took = started.elapsed();
+    flooding.store(false, std::sync::atomic::Ordering::SeqCst);
+    for task in flood {
+        let _ = task.await;
+    }
+    let answers = answers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    eprintln!("limits: the scraper got {status} in {took:?} during a flood answered {answers:?}");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        answers.get(&429).copied().unwrap_or(0) > 0,
+        "the flooding client was told to slow down: {answers:?}"
+    );
+
+    let _ = stop_serving.send(());
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
