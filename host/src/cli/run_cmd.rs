@@ -76,6 +76,20 @@ pub struct RunCommand {
     /// while it compiles: never while its bytes arrive.
     #[arg(long, env = "WASMCTRL_MAX_CONCURRENT_LOADS", default_value_t = crate::registry::RegistryOptions::default().max_concurrent_loads)]
     max_concurrent_loads: usize,
+    /// The most memory per call (`spec.limits.memoryMib`) a team's NamespacedReconcilePolicy
+    /// may ask for, in MiB; more is refused on the team's object (`OverTeamLimit`).
+    #[arg(long, env = "WASMCTRL_NAMESPACED_MAX_MEMORY_MIB")]
+    namespaced_max_memory_mib: Option<u32>,
+    /// The most `spec.maxConcurrentReconciles` a team's NamespacedReconcilePolicy may ask
+    /// for; more is refused on the team's object (`OverTeamLimit`).
+    #[arg(long, env = "WASMCTRL_NAMESPACED_MAX_CONCURRENT_RECONCILES")]
+    namespaced_max_concurrent_reconciles: Option<u32>,
+    /// The registry and web hosts (`host[:port]`) a team's NamespacedReconcilePolicy may
+    /// fetch its plugin from, comma-separated; others are refused on the team's object
+    /// (`SourceHostNotAllowed`). Default: any host, which lets a team have the host make
+    /// requests to any address it can reach.
+    #[arg(long, env = "WASMCTRL_NAMESPACED_SOURCE_HOSTS", value_delimiter = ',')]
+    namespaced_source_hosts: Option<Vec<String>>,
     /// Plugins fetched at once, across all policies, one at a time per team (a namespace's
     /// NamespacedReconcilePolicies) or cluster policy; more wait their turn. Each may buffer
     /// up to the plugin size limit (64 MiB).
@@ -409,6 +423,17 @@ impl RunCommand {
             plugin_dirs: self.plugin_dirs()?,
             max_concurrent_loads: self.max_concurrent_loads.max(1),
             max_concurrent_fetches: self.max_concurrent_fetches.max(1),
+            team_bounds: crate::policy::namespaced::TeamBounds {
+                max_memory_mib: self.namespaced_max_memory_mib,
+                max_concurrent_reconciles: self.namespaced_max_concurrent_reconciles,
+                source_hosts: self.namespaced_source_hosts.as_ref().map(|hosts| {
+                    hosts
+                        .iter()
+                        .map(|h| h.trim().to_ascii_lowercase())
+                        .filter(|h| !h.is_empty())
+                        .collect()
+                }),
+            },
             explain: Arc::new(self.explain.explain()?),
             require_policy_identity: self.require_policy_identity,
             trust: match &self.extra_ca_file {

@@ -544,8 +544,11 @@ async fn run_namespaced_policies(shared: Arc<Shared>, stop: CancellationToken) {
             namespaced_policies::run(
                 shared.client.clone(),
                 shared.leadership.clone(),
-                shared.options.namespace.clone(),
-                shared.options.policy_selector.clone(),
+                (
+                    shared.options.namespace.clone(),
+                    shared.options.policy_selector.clone(),
+                ),
+                shared.options.team_bounds.clone(),
                 stop.clone().cancelled_owned(),
             )
         },

@@ -43,6 +43,7 @@ struct Context {
     client: Client,
     resource: ApiResource,
     leadership: Arc<Leadership>,
+    bounds: namespaced::TeamBounds,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,10 +61,11 @@ enum Error {
 pub(crate) async fn run(
     client: Client,
     leadership: Arc<Leadership>,
-    namespace: Option<String>,
-    selector: Option<String>,
+    scope: (Option<String>, Option<String>),
+    bounds: namespaced::TeamBounds,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
+    let (namespace, selector) = scope;
     let resource = namespaced::api_resource();
     let sources: Api<DynamicObject> = match &namespace {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
@@ -79,6 +81,7 @@ pub(crate) async fn run(
         client: client.clone(),
         resource: resource.clone(),
         leadership,
+        bounds,
     });
     let sweeper = sweep_while_leading(ctx.clone(), namespace, selector);
     let controller = Controller::new_with(sources, config, resource)
@@ -293,7 +296,7 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
             reason: "InvalidSpec",
             message: format!("spec: {error}"),
         })
-        .and_then(|spec| namespaced::confine(&namespace, spec));
+        .and_then(|spec| namespaced::confine(&namespace, spec, &ctx.bounds));
     let spec = match confined {
         Ok(spec) if made.is_none() || ours => spec,
         Ok(_) => {

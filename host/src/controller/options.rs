@@ -35,6 +35,9 @@ pub struct HostOptions {
     /// Plugins fetched at once, across all policies, one per tenant at a time: each may
     /// buffer up to the plugin size limit.
     pub max_concurrent_fetches: usize,
+    /// What a team's NamespacedReconcilePolicy may ask for: memory per call, concurrency,
+    /// and the hosts its sources may name.
+    pub team_bounds: crate::policy::namespaced::TeamBounds,
     /// Where the records of reconciles go, for `wasmctrl explain` and replay.
     pub explain: Arc<crate::explain::Explain>,
     /// Refuse a policy that names no ServiceAccount to act as (`IdentityRequired`) instead
@@ -69,6 +72,7 @@ impl Default for HostOptions {
             max_concurrent_loads: crate::registry::RegistryOptions::default().max_concurrent_loads,
             max_concurrent_fetches: crate::registry::RegistryOptions::default()
                 .max_concurrent_fetches,
+            team_bounds: crate::policy::namespaced::TeamBounds::default(),
             explain: Arc::new(crate::explain::Explain::in_memory(
                 crate::explain::ExplainOptions::default().bounds,
             )),

@@ -90,11 +90,104 @@ impl Refusal {
     }
 }
 
+/// What the host's admin lets a team's policy ask for beyond what confines it to its
+/// namespace (`--namespaced-max-memory-mib`, `--namespaced-max-concurrent-reconciles`,
+/// `--namespaced-source-hosts`). `None`: no bound but the host's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TeamBounds {
+    /// The most `spec.limits.memoryMib` may be (a policy without one gets the host's 64).
+    pub max_memory_mib: Option<u32>,
+    /// The most `spec.maxConcurrentReconciles` may be (a policy without one gets 4).
+    pub max_concurrent_reconciles: Option<u32>,
+    /// The registry and web hosts (`host[:port]`, as the source writes them) a team's
+    /// sources may name; `None` lets them name any.
+    pub source_hosts: Option<Vec<String>>,
+}
+
+/// What a policy that names no memory limit gets (the engine's default, 64 MiB).
+const DEFAULT_MEMORY_MIB: u32 = 64;
+/// What a policy that names no concurrency gets.
+const DEFAULT_CONCURRENT_RECONCILES: u32 = 4;
+
+impl TeamBounds {
+    /// Why `spec` asks for more than a team may, if it does.
+    fn problem(&self, spec: &ReconcilePolicySpec) -> Option<Refusal> {
+        let memory = spec
+            .limits
+            .as_ref()
+            .and_then(|l| l.memory_mib)
+            .unwrap_or(DEFAULT_MEMORY_MIB);
+        if let Some(max) = self.max_memory_mib
+            && memory > max
+        {
+            return Some(Refusal::new(
+                "OverTeamLimit",
+                format!(
+                    "spec.limits.memoryMib is {memory}; this host lets a NamespacedReconcilePolicy ask at most {max} (--namespaced-max-memory-mib)"
+                ),
+            ));
+        }
+        let concurrency = spec
+            .max_concurrent_reconciles
+            .unwrap_or(DEFAULT_CONCURRENT_RECONCILES);
+        if let Some(max) = self.max_concurrent_reconciles
+            && concurrency > max
+        {
+            return Some(Refusal::new(
+                "OverTeamLimit",
+                format!(
+                    "spec.maxConcurrentReconciles is {concurrency}; this host lets a NamespacedReconcilePolicy ask at most {max} (--namespaced-max-concurrent-reconciles)"
+                ),
+            ));
+        }
+        let allowed = self.source_hosts.as_ref()?;
+        let sources = std::iter::once(("spec.plugin.source", &spec.plugin.source)).chain(
+            spec.plugin
+                .candidate
+                .iter()
+                .map(|candidate| ("spec.plugin.candidate.source", &candidate.source)),
+        );
+        for (field, source) in sources {
+            let host = source_host(source);
+            if !host
+                .as_deref()
+                .is_some_and(|host| allowed.iter().any(|a| a.eq_ignore_ascii_case(host)))
+            {
+                return Some(Refusal::new(
+                    "SourceHostNotAllowed",
+                    format!(
+                        "{field} names {}; this host lets a NamespacedReconcilePolicy fetch only from {} (--namespaced-source-hosts)",
+                        host.map_or_else(|| "no host".to_owned(), |h| format!("{h:?}")),
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// The host (`host[:port]`) an `oci` or `http` source fetches from.
+fn source_host(source: &PluginSource) -> Option<String> {
+    if let Some(oci) = &source.oci {
+        let reference: oci_client::Reference = oci.reference.parse().ok()?;
+        return Some(reference.registry().to_ascii_lowercase());
+    }
+    let url = url::Url::parse(&source.http.as_ref()?.url).ok()?;
+    let host = url.host_str()?.to_ascii_lowercase();
+    Some(match url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host,
+    })
+}
+
 /// The spec of the ReconcilePolicy that runs `spec` for `namespace`: confined to it, acting as
-/// one of its accounts. Refused when it reaches outside the namespace.
+/// one of its accounts. Refused when it reaches outside the namespace, or asks for more than
+/// `bounds` let a team.
 pub fn confine(
     namespace: &str,
     mut spec: ReconcilePolicySpec,
+    bounds: &TeamBounds,
 ) -> Result<ReconcilePolicySpec, Refusal> {
     match &spec.service_account {
         None => {
@@ -154,6 +247,9 @@ pub fn confine(
             "spec.plugin.verify.keysFrom: its ConfigMaps are read with the host's rights; a NamespacedReconcilePolicy lists its keys in verify.keys".to_owned(),
         ));
     }
+    if let Some(refusal) = bounds.problem(&spec) {
+        return Err(refusal);
+    }
     Ok(spec)
 }
 
@@ -204,13 +300,18 @@ mod tests {
 
     #[test]
     fn a_policy_is_confined_to_its_namespace_and_acts_as_one_of_its_accounts() {
-        let confined = confine("team-a", spec(serde_json::json!({}))).map_err(|r| r.message);
+        let confined = confine(
+            "team-a",
+            spec(serde_json::json!({})),
+            &TeamBounds::default(),
+        )
+        .map_err(|r| r.message);
         assert_eq!(
             confined.map(|s| s.parent.namespace),
             Ok(Some("team-a".to_owned()))
         );
         let reason = |extra| {
-            confine("team-a", spec(extra))
+            confine("team-a", spec(extra), &TeamBounds::default())
                 .map(|_| ())
                 .map_err(|r| r.reason)
         };
@@ -267,12 +368,72 @@ mod tests {
         let spec = spec(
             serde_json::json!({"plugin": {"verify": {"keysFrom": [{"configMap": {"namespace": "wasmctrl", "name": "keys"}}]}}}),
         );
-        let refused = confine("team-a", spec).expect_err("refused");
+        let refused = confine("team-a", spec, &TeamBounds::default()).expect_err("refused");
         assert_eq!(refused.reason, "SourceNotAllowed");
         assert!(
             refused.message.contains("verify.keysFrom"),
             "{}",
             refused.message
+        );
+    }
+
+    #[test]
+    fn a_team_asks_no_more_than_the_admin_lets_it_and_fetches_only_from_allowed_hosts() {
+        let bounds = TeamBounds {
+            max_memory_mib: Some(256),
+            max_concurrent_reconciles: Some(8),
+            source_hosts: Some(vec![
+                "registry.example.com".to_owned(),
+                "plugins.example.com:8443".to_owned(),
+            ]),
+        };
+        let refusal = |extra| {
+            confine("team-a", spec(extra), &bounds)
+                .err()
+                .map(|r| (r.reason, r.message))
+        };
+        assert_eq!(
+            refusal(
+                serde_json::json!({"limits": {"memoryMib": 256}, "maxConcurrentReconciles": 8})
+            ),
+            None
+        );
+        let (reason, message) =
+            refusal(serde_json::json!({"limits": {"memoryMib": 2048}})).expect("too much memory");
+        assert_eq!(reason, "OverTeamLimit");
+        assert!(
+            message.contains("at most 256 (--namespaced-max-memory-mib)"),
+            "{message}"
+        );
+        let (reason, message) =
+            refusal(serde_json::json!({"maxConcurrentReconciles": 48})).expect("too many");
+        assert_eq!(reason, "OverTeamLimit");
+        assert!(
+            message.contains("--namespaced-max-concurrent-reconciles"),
+            "{message}"
+        );
+        let elsewhere = serde_json::json!({"plugin": {"source": {"oci": {"reference": "evil.example/p:1"}}, "digest": format!("sha256:{}", "0".repeat(64))}});
+        let (reason, message) = refusal(elsewhere).expect("another registry");
+        assert_eq!(reason, "SourceHostNotAllowed");
+        assert!(
+            message.contains("\"evil.example\"") && message.contains("registry.example.com"),
+            "{message}"
+        );
+        let allowed_http = serde_json::json!({"plugin": {"source": {"oci": null, "http": {"url": "https://plugins.example.com:8443/p.wasm"}}, "digest": format!("sha256:{}", "0".repeat(64))}});
+        assert_eq!(refusal(allowed_http), None);
+        let other_port = serde_json::json!({"plugin": {"source": {"oci": null, "http": {"url": "https://plugins.example.com/p.wasm"}}, "digest": format!("sha256:{}", "0".repeat(64))}});
+        assert_eq!(
+            refusal(other_port).map(|(r, _)| r),
+            Some("SourceHostNotAllowed")
+        );
+        // Without bounds, anything the namespace allows goes.
+        assert!(
+            confine(
+                "team-a",
+                spec(serde_json::json!({"limits": {"memoryMib": 2048}})),
+                &TeamBounds::default()
+            )
+            .is_ok()
         );
     }
 }

@@ -127,6 +127,8 @@ pub struct HostBuilder {
     max_concurrent_loads: Option<usize>,
     /// A standby that never leads: it watches and loads, but writes nothing.
     standby: bool,
+    /// What teams' NamespacedReconcilePolicies may ask for.
+    team_bounds: wasmctrl::policy::namespaced::TeamBounds,
 }
 
 impl HostBuilder {
@@ -147,6 +149,7 @@ impl HostBuilder {
             drain_timeout: Duration::from_secs(15),
             max_concurrent_loads: None,
             standby: false,
+            team_bounds: wasmctrl::policy::namespaced::TeamBounds::default(),
         }
     }
 
@@ -226,6 +229,14 @@ impl HostBuilder {
         self
     }
 
+    /// Bound what teams' NamespacedReconcilePolicies may ask for, as
+    /// `--namespaced-max-memory-mib`, `--namespaced-max-concurrent-reconciles` and
+    /// `--namespaced-source-hosts` do.
+    pub fn team_bounds(mut self, bounds: wasmctrl::policy::namespaced::TeamBounds) -> Self {
+        self.team_bounds = bounds;
+        self
+    }
+
     /// Let up to `calls` plugin calls run at once.
     pub fn max_concurrent_calls(mut self, calls: u32) -> Self {
         self.max_concurrent_calls = calls;
@@ -267,6 +278,7 @@ impl HostBuilder {
             max_concurrent_loads: self
                 .max_concurrent_loads
                 .unwrap_or(defaults.max_concurrent_loads),
+            team_bounds: self.team_bounds,
             ..defaults
         };
         let leadership = if self.standby {

@@ -332,15 +332,21 @@ async fn teams_with_only_namespace_rights_run_their_own_operators_for_one_parent
         may_impersonate(&client, &host_ns, team, None).await?;
         onboard_team(&client, team, &format!("{team}-user")).await?;
     }
+    // Served until the test ends (the server stops when dropped).
+    let server = serve_plugins(None)?;
+    // Teams may ask for 256 MiB a call and 16 reconciles at once, and fetch only from it.
     let host = HostUnderTest::cluster_wide(TEAMS)
         .as_service_account(&host_ns, "host")
         .require_policy_identity()
+        .team_bounds(wasmctrl::policy::namespaced::TeamBounds {
+            max_memory_mib: Some(256),
+            max_concurrent_reconciles: Some(16),
+            source_hosts: Some(vec![server.address.to_string()]),
+        })
         .start()
         .await?;
 
     // Each team, as a user with rights in its namespace only, runs the MyApp operator.
-    // Served until the test ends (the server stops when dropped).
-    let server = serve_plugins(None)?;
     let (url, digest) = myapp_plugin_url(server.address)?;
     let mut teams = Vec::new();
     for team in [&team_a, &team_b] {
@@ -409,16 +415,57 @@ async fn teams_with_only_namespace_rights_run_their_own_operators_for_one_parent
         |p| ready(p).is_some_and(|c| c["reason"] == "IdentityOutsideNamespace"),
     )
     .await?;
-    let cluster_policies = policies(&client);
-    assert!(
-        get(&cluster_policies, &format!("{team}.borrowed"))
-            .await?
-            .is_none()
+    // So is one asking for more than the admin lets a team, or fetching from elsewhere.
+    let elsewhere = format!(
+        "http://127.0.0.2:{}/myapp_plugin.wasm",
+        server.address.port()
     );
+    for (name, limits, source, reason) in [
+        (
+            "greedy",
+            json!({"memoryMib": 1024}),
+            json!({"http": {"url": url}}),
+            "OverTeamLimit",
+        ),
+        (
+            "elsewhere",
+            json!({}),
+            json!({"http": {"url": elsewhere}}),
+            "SourceHostNotAllowed",
+        ),
+    ] {
+        let mut spec = myapp_policy_spec(source, json!({}));
+        spec["plugin"]["digest"] = json!(digest);
+        spec["limits"] = limits;
+        spec["serviceAccount"] = json!({"namespace": team, "name": "operator"});
+        apply(
+            &namespaced_policies(team_client, team),
+            json!({"apiVersion": "wasmctrl.dev/v1alpha1", "kind": "NamespacedReconcilePolicy",
+                   "metadata": {"name": name, "labels": {TEST_LABEL: TEAMS}},
+                   "spec": spec}),
+        )
+        .await?;
+        wait_for_object(
+            &namespaced_policies(team_client, team),
+            name,
+            &format!("{name}: {reason}"),
+            |p| ready(p).is_some_and(|c| c["reason"] == reason),
+        )
+        .await?;
+    }
+    let cluster_policies = policies(&client);
+    for refused in ["borrowed", "greedy", "elsewhere"] {
+        assert!(
+            get(&cluster_policies, &format!("{team}.{refused}"))
+                .await?
+                .is_none(),
+            "{refused} was made"
+        );
+    }
 
     // Deleting its policy takes the policy the host made with it.
     for (team, team_client) in &teams {
-        for policy in ["myapp", "borrowed"] {
+        for policy in ["myapp", "borrowed", "greedy", "elsewhere"] {
             let _ = namespaced_policies(team_client, team)
                 .delete(policy, &Default::default())
                 .await;
