@@ -1,7 +1,7 @@
 //! The `wasmctrl` command line. `main.rs` parses and wires; each subcommand lives in its own
 //! module.
 
-mod call_memory;
+pub mod call_memory;
 mod explain_cmd;
 mod input;
 mod kinds;

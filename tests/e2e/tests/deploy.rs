@@ -1391,3 +1391,92 @@ fn plugin_verification_values_reach_the_host_as_files_it_reads() -> anyhow::Resu
     assert!(object(&defaults, "ConfigMap", "wasmctrl-verification").is_err());
     Ok(())
 }
+
+/// A memory quantity as the chart writes it (`1280Mi`, `2Gi`), in MiB.
+fn mebibytes(quantity: &str) -> anyhow::Result<u64> {
+    if let Some(gi) = quantity.strip_suffix("Gi") {
+        return Ok(gi.parse::<u64>()? * 1024);
+    }
+    Ok(quantity
+        .strip_suffix("Mi")
+        .with_context(|| format!("{quantity} is neither Mi nor Gi"))?
+        .parse()?)
+}
+
+/// The value of `--flag=VALUE` among the host's args.
+fn flag(args: &[String], flag: &str) -> anyhow::Result<u64> {
+    args.iter()
+        .find_map(|a| a.strip_prefix(&format!("{flag}=")))
+        .with_context(|| format!("no {flag}"))?
+        .parse()
+        .with_context(|| flag.to_owned())
+}
+
+#[test]
+fn the_pods_memory_limit_holds_the_host_its_fetches_its_compiles_and_its_calls()
+-> anyhow::Result<()> {
+    let objects = rendered_with(&[])?;
+    let args = args(&objects)?;
+    let limit = mebibytes(
+        pod(&objects)?["containers"][0]["resources"]["limits"]["memory"]
+            .as_str()
+            .context("a memory limit")?,
+    )?;
+    let host = wasmctrl::cli::call_memory::HOST_RESERVE_MIB;
+    let fetches = flag(&args, "--max-concurrent-fetches")?
+        * (wasmctrl::registry::MAX_PLUGIN_BYTES as u64 >> 20);
+    let compiles =
+        flag(&args, "--max-concurrent-loads")? * flag(&args, "--max-compile-memory-mib")?;
+    let calls = flag(&args, "--plugin-memory-budget-mib")?;
+    assert!(
+        host + fetches + compiles + calls <= limit,
+        "{limit} MiB holds not the host ({host}), fetches ({fetches}), compiles ({compiles}) and calls ({calls})"
+    );
+    assert!(flag(&args, "--max-plugin-memory-mib")? <= calls);
+
+    // Values that do not add up are refused, saying what is short.
+    let short = refusal(&["resources.limits.memory=1Gi"]);
+    assert!(
+        short.contains("below the 1280 MiB the host needs")
+            && short.contains("plugins.callMemoryBudgetMiB"),
+        "{short}"
+    );
+    let refused = refusal(&["plugins.callMemoryBudgetMiB=2048"]);
+    assert!(refused.contains("below the 2816 MiB"), "{refused}");
+    let refused = refusal(&["plugins.maxMemoryMiB=1024"]);
+    assert!(refused.contains("could never run"), "{refused}");
+    assert!(
+        rendered_with(&[
+            "resources.limits.memory=3Gi",
+            "plugins.callMemoryBudgetMiB=2048"
+        ])
+        .is_ok()
+    );
+
+    // A team's bounds reach the host as flags, and only when set.
+    assert!(
+        !args.iter().any(|a| a.starts_with("--namespaced-")),
+        "{args:?}"
+    );
+    let bounded = args_with(&[
+        "namespacedPolicies.maxMemoryMiB=128",
+        "namespacedPolicies.maxConcurrentReconciles=8",
+        "namespacedPolicies.sourceHosts={ghcr.io,registry.example.com:5000}",
+    ])?;
+    for expected in [
+        "--namespaced-max-memory-mib=128",
+        "--namespaced-max-concurrent-reconciles=8",
+        "--namespaced-source-hosts=ghcr.io,registry.example.com:5000",
+    ] {
+        assert!(
+            bounded.iter().any(|a| a == expected),
+            "{expected}: {bounded:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The host's args rendered with `values`.
+fn args_with(values: &[&str]) -> anyhow::Result<Vec<String>> {
+    args(&rendered_with(values)?)
+}
