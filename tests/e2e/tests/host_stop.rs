@@ -88,10 +88,10 @@ async fn a_host_returns_within_its_drain_time_whatever_its_policies_are_doing() 
     let parent = |kind: &str| json!({"apiVersion": format!("{GROUP}/v1"), "kind": kind, "metadata": {"name": "p"}, "spec": {}});
     let parents = |kind: &str| api(&client, &resource(GROUP, "v1", kind), &ns);
 
-    // A host that compiles every plugin afresh, two loads at a time.
+    // A host that compiles every plugin afresh, one at a time.
     let host = HostUnderTest::builder(TEST, &ns)
         .without_disk_cache()
-        .max_concurrent_loads(2)
+        .max_concurrent_loads(1)
         .drain_timeout(DRAIN)
         .start()
         .await?;
@@ -123,7 +123,7 @@ async fn a_host_returns_within_its_drain_time_whatever_its_policies_are_doing() 
     )
     .await?;
 
-    // A fetch that hangs mid-body, holding one load permit.
+    // A fetch that hangs mid-body, holding its policy's fetch permit.
     let dripping = dripping_server()?;
     let never_served = wasmctrl::plugin::Digest::of(b"never served").to_string();
     apply_policy(
@@ -146,7 +146,7 @@ async fn a_host_returns_within_its_drain_time_whatever_its_policies_are_doing() 
     })
     .await?;
 
-    // A compile in progress (the Python plugin, 19 MB), holding the other permit.
+    // A compile in progress (the Python plugin, 19 MB), holding the only compile permit.
     apply_policy(
         &client,
         TEST,
@@ -156,12 +156,12 @@ async fn a_host_returns_within_its_drain_time_whatever_its_policies_are_doing() 
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    // A load waiting for a permit.
+    // A load waiting for the compile permit (a plugin no policy has loaded).
     apply_policy(
         &client,
         TEST,
         "stop-waiting",
-        policy_for("Waiting", file_source("misbehave_plugin"), None, json!({})),
+        policy_for("Waiting", file_source("myapp_v2_plugin"), None, json!({})),
     )
     .await?;
     eventually(

@@ -108,7 +108,7 @@ fn serve(stream: TcpStream, address: SocketAddr, artifact: &Artifact) {
     } else if path.starts_with("/v2/endless-token/") && !authorized {
         let _ = write!(
             out,
-            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://{address}/token\",service=\"hostile\"\r\nContent-Length: 0\r\n\r\n"
+            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://{address}/token\",service=\"hostile\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         );
     } else if path.starts_with("/v2/endless-manifest/") && path.contains("/manifests/") {
         endless(out, "application/vnd.oci.image.manifest.v1+json");
@@ -131,7 +131,7 @@ fn serve(stream: TcpStream, address: SocketAddr, artifact: &Artifact) {
     } else if path.starts_with("/v2/lying-signature/") && path.contains("/blobs/") {
         endless(out, "application/octet-stream");
     } else {
-        let _ = write!(out, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+        let _ = write!(out, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     }
     let _ = out.flush();
 }
@@ -139,7 +139,7 @@ fn serve(stream: TcpStream, address: SocketAddr, artifact: &Artifact) {
 fn respond(mut out: &TcpStream, content_type: &str, body: &[u8]) {
     let _ = write!(
         out,
-        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     let _ = out.write_all(body);
@@ -149,7 +149,7 @@ fn respond(mut out: &TcpStream, content_type: &str, body: &[u8]) {
 fn endless(mut out: &TcpStream, content_type: &str) {
     let _ = write!(
         out,
-        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     );
     let chunk = vec![b' '; 64 << 10];
     let mut sent = 0;
