@@ -601,3 +601,69 @@ async fn a_policy_made_from_a_team_policy_that_is_gone_is_collected() -> anyhow:
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teams_policy_that_never_ran_does_not_keep_an_admins_policy_from_its_kind()
+-> anyhow::Result<()> {
+    const TEST: &str = "tenancy-claims";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    // The team's policy for Widgets comes first, acting as an account that does not exist.
+    let mut spec = json!({
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "plugin": {"source": {"oci": {"reference": "registry.example.com/widgets:1"}}, "digest": format!("sha256:{}", "0".repeat(64))},
+    });
+    spec["serviceAccount"] = json!({"namespace": ns, "name": "nobody"});
+    apply(
+        &namespaced_policies(&client, &ns),
+        json!({"apiVersion": "wasmctrl.dev/v1alpha1", "kind": "NamespacedReconcilePolicy",
+               "metadata": {"name": "claim", "labels": {TEST_LABEL: TEST}},
+               "spec": spec}),
+    )
+    .await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let policy_api = policies(&client);
+    let made = format!("{ns}.claim");
+    wait_for_object(&policy_api, &made, "the team's policy refused", |p| {
+        ready(p).is_some_and(|c| c["status"] == "False")
+    })
+    .await?;
+    // Creation times have one-second resolution.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // The admin's cluster policy for the same kind, made later, runs.
+    apply_policy(
+        &client,
+        TEST,
+        "tenancy-claims-admin",
+        json!({
+            "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+            "plugin": {"source": file_source("misbehave_plugin")},
+        }),
+    )
+    .await?;
+    let running = wait_for_object(
+        &policy_api,
+        "tenancy-claims-admin",
+        "the admin's policy runs",
+        |p| ready(p).is_some_and(|c| c["status"] == "True" || c["reason"] == "ParentKindTaken"),
+    )
+    .await?;
+    assert_eq!(
+        ready(&running).map(|c| c["status"].clone()),
+        Some(json!("True")),
+        "{}",
+        message(ready(&running))
+    );
+
+    host.stop().await?;
+    namespaced_policies(&client, &ns)
+        .delete("claim", &Default::default())
+        .await?;
+    policy_api
+        .delete("tenancy-claims-admin", &Default::default())
+        .await?;
+    delete_namespace(&client, &ns).await
+}

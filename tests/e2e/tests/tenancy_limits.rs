@@ -131,7 +131,10 @@ fn serve(stream: TcpStream, address: SocketAddr, artifact: &Artifact) {
     } else if path.starts_with("/v2/lying-signature/") && path.contains("/blobs/") {
         endless(out, "application/octet-stream");
     } else {
-        let _ = write!(out, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        let _ = write!(
+            out,
+            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
     }
     let _ = out.flush();
 }

@@ -7,11 +7,16 @@
 //! The policy that holds the kind keeps it: a policy holds it once its controller started
 //! (recorded in `status.claimedParent`) for as long as its spec names that group and kind.
 //! Another policy created or edited onto the kind is refused (`ParentKindTaken`), even an
-//! older one. Only when nobody holds it does the older policy come first (by creation time,
-//! then name). The check reads every policy in the cluster, not only those this host runs, so
-//! hosts that split policies between them agree too; the host re-checks whenever any policy
-//! changes ([`recheck`]), so a refused policy starts as soon as the holder goes, and of two
-//! that started at once the newer one stops.
+//! older one. Only a policy that holds the kind counts: one that never ran (its account does
+//! not exist, its plugin does not load) keeps nobody out, however old. And a team's policy
+//! (made from a NamespacedReconcilePolicy) never keeps an admin's cluster policy out: the
+//! admin's takes the kind even from a team's policy that holds it, and the team's is refused
+//! until the admin's goes. Of two policies of the same standing that both hold the kind
+//! (started at once), the older keeps it (by creation time, then name). The check reads
+//! every policy in the cluster, not only those this host runs, so hosts that split policies
+//! between them agree too; the host re-checks whenever any policy changes ([`recheck`]), so
+//! a refused policy starts as soon as the holder goes, and of two that started at once the
+//! one that loses stops.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -40,29 +45,35 @@ pub(crate) async fn claimed_by(
 }
 
 /// Among `others`, the policy whose parents may overlap `policy`'s and that keeps them
-/// instead: one that holds the kind (the older, when `policy` holds it too), or, when none
-/// does and `policy` does not either, the oldest that came before it. Pure, so the rule can be
-/// tested without a cluster.
+/// instead: one that holds the kind and outranks `policy` — an admin's over a team's
+/// whatever their ages, and of the same standing the older when `policy` holds the kind too.
+/// Pure, so the rule can be tested without a cluster.
 pub(crate) fn first_claim<'a>(
     policy: &ReconcilePolicy,
     policy_holds: bool,
     others: impl Iterator<Item = &'a ReconcilePolicy> + Clone,
 ) -> Option<&'a ReconcilePolicy> {
-    let rivals = others
+    let team = is_teams(policy);
+    others
         .filter(|other| other.metadata.uid != policy.metadata.uid)
         .filter(|other| other.metadata.deletion_timestamp.is_none())
-        .filter(|other| overlap(&policy.spec.parent, &other.spec.parent));
-    let holder = rivals
-        .clone()
+        .filter(|other| overlap(&policy.spec.parent, &other.spec.parent))
         .filter(|other| holds_its_kind(other))
-        .filter(|other| !policy_holds || age(other) < age(policy))
-        .min_by_key(|other| age(other));
-    if holder.is_some() || policy_holds {
-        return holder;
-    }
-    rivals
-        .filter(|other| age(other) < age(policy))
-        .min_by_key(|other| age(other))
+        .filter(|other| match (team, is_teams(other)) {
+            // A team's policy never keeps an admin's out ...
+            (false, true) => false,
+            // ... and an admin's keeps a team's out, whatever their ages.
+            (true, false) => true,
+            _ => !policy_holds || age(other) < age(policy),
+        })
+        .min_by_key(|other| (is_teams(other), age(other)))
+}
+
+/// Whether `policy` was made from a team's NamespacedReconcilePolicy.
+pub(crate) fn is_teams(policy: &ReconcilePolicy) -> bool {
+    policy
+        .annotations()
+        .contains_key(crate::policy::namespaced::SOURCE_ANNOTATION)
 }
 
 /// Whether `policy`'s status records that it holds the parent kind its spec names now. A
@@ -224,18 +235,57 @@ mod tests {
         first_claim(policy, holds_its_kind(policy), all.iter()).map(|p| p.name_any())
     }
 
+    /// `policy` as the host makes it from a team's NamespacedReconcilePolicy.
+    fn teams(mut policy: ReconcilePolicy) -> ReconcilePolicy {
+        let namespace = policy.spec.parent.namespace.clone().unwrap_or_default();
+        policy.metadata.annotations.get_or_insert_default().insert(
+            crate::policy::namespaced::SOURCE_ANNOTATION.to_owned(),
+            format!("{namespace}/p"),
+        );
+        policy
+    }
+
     #[test]
-    fn the_older_policy_keeps_the_kind() {
+    fn a_policy_that_never_ran_keeps_nobody_out_however_old() {
         let old = policy("old", 0, "MyApp", None);
         let new = policy("new", 10, "MyApp", None);
         let all = [old.clone(), new.clone()];
-        assert_eq!(claim(&new, &all).as_deref(), Some("old"));
+        assert_eq!(claim(&new, &all), None);
         assert_eq!(claim(&old, &all), None);
+        // Once one runs, it keeps the kind.
+        let all = [old.clone(), holding(new.clone())];
+        assert_eq!(claim(&old, &all).as_deref(), Some("new"));
+    }
+
+    #[test]
+    fn a_teams_policy_never_keeps_an_admins_out_and_an_admins_keeps_a_teams_out() {
+        // The team's policy came first and even holds the kind.
+        let team = holding(teams(policy("team-a.p", 0, "MyApp", Some("team-a"))));
+        let admin = policy("admin", 10, "MyApp", None);
+        let all = [team.clone(), admin.clone()];
+        assert_eq!(claim(&admin, &all), None, "the admin's runs");
+        let admin = holding(admin);
+        let all = [team.clone(), admin.clone()];
+        assert_eq!(claim(&team, &all).as_deref(), Some("admin"));
+        assert_eq!(
+            recheck(Stand::Running, &team, all.iter()),
+            Recheck::Restart,
+            "the team's stops"
+        );
+        assert_eq!(recheck(Stand::Running, &admin, all.iter()), Recheck::Keep);
+        // Between teams' policies the usual rule holds: a holder keeps, an idler does not.
+        let other_team = teams(policy("team-b.p", 5, "MyApp", None));
+        assert_eq!(
+            claim(&other_team, &[team.clone(), other_team.clone()]).as_deref(),
+            Some("team-a.p")
+        );
+        let idle = teams(policy("team-a.idle", 0, "MyApp", Some("team-a")));
+        assert_eq!(claim(&other_team, &[idle, other_team.clone()]), None);
     }
 
     #[test]
     fn another_version_of_the_same_kind_is_the_same_kind() {
-        let v1 = versioned("v1", 0, "example.com/v1", "Widget", None);
+        let v1 = holding(versioned("v1", 0, "example.com/v1", "Widget", None));
         let beta = versioned("beta", 10, "example.com/v1beta1", "Widget", None);
         let other_group = versioned("other", 20, "other.example.com/v1", "Widget", None);
         let all = [v1.clone(), beta.clone(), other_group.clone()];
@@ -320,8 +370,8 @@ mod tests {
     fn a_policy_being_deleted_claims_nothing_and_ties_break_by_name() {
         let mut leaving = holding(policy("leaving", 0, "MyApp", None));
         leaving.metadata.deletion_timestamp = leaving.metadata.creation_timestamp.clone();
-        let x = policy("x", 5, "MyApp", None);
-        let y = policy("y", 5, "MyApp", None);
+        let x = holding(policy("x", 5, "MyApp", None));
+        let y = holding(policy("y", 5, "MyApp", None));
         let all = [leaving, x.clone(), y.clone()];
         assert_eq!(claim(&x, &all), None);
         assert_eq!(claim(&y, &all).as_deref(), Some("x"));

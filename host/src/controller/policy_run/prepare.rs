@@ -213,7 +213,7 @@ fn duplicate_child_resource(children: &[(KindRef, ResolvedKind)]) -> Option<Stat
     })
 }
 
-/// No other policy holds the parent kind, or came first while nobody does.
+/// No other policy that outranks this one holds the parent kind (see [`parent_claims`]).
 async fn parent_unclaimed(client: &Client, policy: &ReconcilePolicy) -> Result<(), State> {
     match parent_claims::claimed_by(client, policy).await {
         Ok(None) => Ok(()),
@@ -234,10 +234,15 @@ async fn parent_unclaimed(client: &Client, policy: &ReconcilePolicy) -> Result<(
                     ours.api_version, ours.kind
                 )
             };
+            let why = if parent_claims::is_teams(policy) && !parent_claims::is_teams(&other) {
+                "it is an admin's cluster policy, which a team's policy never takes a kind from; ask the cluster's admin"
+            } else {
+                "it holds the kind: its controller runs for it; give both a different spec.parent.namespace, or delete one"
+            };
             Err(State::failed(
                 PARENT_KIND_TAKEN,
                 format!(
-                    "policy {holder} already reconciles {} {}{namespace}{version}; give both a different spec.parent.namespace, or delete one",
+                    "policy {holder} already reconciles {} {}{namespace}{version}: {why}",
                     theirs.api_version, theirs.kind,
                 ),
             ))
