@@ -115,11 +115,16 @@ impl CallSlots {
     }
 
     /// Lift `tenant`'s penalty: a call of its finished in time.
-    pub(crate) fn forgive(&self, tenant: &str) {
-        let mut state = self.lock();
-        if !state.penalized.is_empty() {
-            state.penalized.remove(tenant);
-        }
+    pub(crate) fn forgive(self: &Arc<Self>, tenant: &str) {
+        let undeliverable = {
+            let mut state = self.lock();
+            if state.penalized.remove(tenant).is_none() {
+                return;
+            }
+            // Its waiters may go now, with no slot coming back to hand them one.
+            self.dispatch(&mut state)
+        };
+        drop(undeliverable);
     }
 
     /// Whether `tenant` is penalized now.
@@ -186,6 +191,11 @@ impl CallSlots {
                 memory,
                 grant,
             });
+            // A waiter may have become free to go without any slot coming back (a penalty
+            // ran out, a waiter for memory gave up): hand out what is free now.
+            let undeliverable = self.dispatch(&mut state);
+            drop(state);
+            drop(undeliverable);
             receiver
         };
         receiver.await.map_err(|_| Refused::Closed)
@@ -205,37 +215,45 @@ impl CallSlots {
     /// waiters, fewest-held first; the next in line whose memory does not fit yet stops the
     /// handing out until enough comes back.
     fn release(self: &Arc<Self>, tenant: &Arc<str>, memory: usize) {
-        let mut undeliverable = Vec::new();
-        {
+        let undeliverable = {
             let mut state = self.lock();
             state.give_back(tenant, memory);
-            while state.free > 0 {
-                let Some(index) = self.next_waiter(&mut state) else {
-                    break;
-                };
-                if state.waiting[index].memory > state.memory_free {
-                    break;
-                }
-                let Some(waiter) = state.waiting.remove(index) else {
-                    break;
-                };
-                state.take(&waiter.tenant, waiter.memory);
-                let slot = Slot {
-                    slots: self.clone(),
-                    tenant: waiter.tenant.clone(),
-                    memory: waiter.memory,
-                    armed: true,
-                };
-                if let Err(mut slot) = waiter.grant.send(slot) {
-                    // The waiter gave up; take the grant back without recursing.
-                    slot.armed = false;
-                    undeliverable.push(slot);
-                    state.give_back(&waiter.tenant, waiter.memory);
-                }
-            }
-        }
+            self.dispatch(&mut state)
+        };
         drop(undeliverable);
         self.released.notify_waiters();
+    }
+
+    /// Pass free slots on to waiters, fewest-held first; the next in line whose memory does
+    /// not fit yet stops the handing out until enough comes back. Returns the grants whose
+    /// waiters had gone, to be dropped once the state is unlocked.
+    fn dispatch(self: &Arc<Self>, state: &mut State) -> Vec<Slot> {
+        let mut undeliverable = Vec::new();
+        while state.free > 0 {
+            let Some(index) = self.next_waiter(state) else {
+                break;
+            };
+            if state.waiting[index].memory > state.memory_free {
+                break;
+            }
+            let Some(waiter) = state.waiting.remove(index) else {
+                break;
+            };
+            state.take(&waiter.tenant, waiter.memory);
+            let slot = Slot {
+                slots: self.clone(),
+                tenant: waiter.tenant.clone(),
+                memory: waiter.memory,
+                armed: true,
+            };
+            if let Err(mut slot) = waiter.grant.send(slot) {
+                // The waiter gave up; take the grant back without recursing.
+                slot.armed = false;
+                undeliverable.push(slot);
+                state.give_back(&waiter.tenant, waiter.memory);
+            }
+        }
+        undeliverable
     }
 
     /// The waiter to serve next: among live waiters whose tenant is under its cap, the one
@@ -491,5 +509,26 @@ mod tests {
             .expect("slot");
         assert_eq!(slots.memory_reserved(), 90);
         drop((large, small));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_free_to_go_is_served_without_waiting_for_a_release() {
+        let slots = CallSlots::new(8, usize::MAX);
+        slots.penalize("loop", Duration::from_secs(60));
+        let first = slots.acquire("loop", 0).await.expect("slot");
+        let second = tokio::spawn({
+            let slots = slots.clone();
+            async move { slots.acquire("loop", 0).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!second.is_finished(), "one slot while penalized");
+        // Forgiven, it may hold more: its waiter goes at once, though no slot came back.
+        slots.forgive("loop");
+        let second = tokio::time::timeout(Duration::from_millis(200), second)
+            .await
+            .expect("served on forgiveness")
+            .expect("task")
+            .expect("slot");
+        drop((first, second));
     }
 }

@@ -157,7 +157,6 @@ impl Plugin {
         let started = std::time::Instant::now();
         let mut request = request;
         loop {
-            let released = slots.released();
             let slot = slots
                 .acquire(tenant, self.inner.limits.memory_bytes)
                 .await
@@ -175,8 +174,9 @@ impl Plugin {
                 Attempt::PoolExhausted(returned, _)
                     if started.elapsed() < self.inner.limits.timeout =>
                 {
-                    // Capacity comes back when some call ends.
-                    let _ = tokio::time::timeout(EPOCH_TICK * 20, released).await;
+                    // Capacity comes back when some call ends (this one's own slot, given
+                    // back already, does not count: the wait starts after it).
+                    let _ = tokio::time::timeout(EPOCH_TICK * 20, slots.released()).await;
                     request = returned;
                 }
                 attempt => return attempt.into_result(),

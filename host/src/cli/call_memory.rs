@@ -3,8 +3,8 @@
 //! Every call reserves its plugin's memory limit from the budget before it runs, so the
 //! budget is what all calls together may touch. In a pod the container's memory limit must
 //! hold the host itself, the compiles running beside it (child processes in the same
-//! cgroup) and the calls; the default is what the limit leaves once the first two are
-//! counted. Outside a memory-limited cgroup it is half the machine's memory, at most 4 GiB.
+//! cgroup), the buffers of fetches in flight and the calls; the default is what the limit
+//! leaves once the others are counted. Outside a memory-limited cgroup it is half the machine's memory, at most 4 GiB.
 
 use std::path::Path;
 
@@ -16,13 +16,13 @@ const FLOOR_MIB: u64 = 64;
 /// The most the default takes outside a cgroup limit.
 const UNCONTAINED_MAX_MIB: u64 = 4096;
 
-/// The default budget, in MiB, with `compiles_mib` taken by compiles at once: read from the
-/// cgroup's memory limit, else from the machine's memory.
-pub fn default_budget_mib(compiles_mib: u64) -> u64 {
+/// The default budget, in MiB, with `others_mib` taken by compiles and fetch buffers at
+/// once: read from the cgroup's memory limit, else from the machine's memory.
+pub fn default_budget_mib(others_mib: u64) -> u64 {
     derive_budget_mib(
         cgroup_memory_limit(Path::new("/sys/fs/cgroup")),
         machine_memory(Path::new("/proc/meminfo")),
-        compiles_mib,
+        others_mib,
     )
 }
 

@@ -384,8 +384,14 @@ impl RunCommand {
     fn engine(&self, cache_dir: Option<PathBuf>) -> anyhow::Result<PluginEngine> {
         let budget_mib = self.plugin_memory_budget_mib.unwrap_or_else(|| {
             let compiles = self.max_compile_memory_mib * self.max_concurrent_loads.max(1) as u64;
-            super::call_memory::default_budget_mib(compiles)
+            let fetches = (crate::registry::MAX_PLUGIN_BYTES >> 20) as u64
+                * self.max_concurrent_fetches.max(1) as u64;
+            super::call_memory::default_budget_mib(compiles + fetches)
         });
+        let budget_bytes = budget_mib
+            .checked_mul(1 << 20)
+            .and_then(|bytes| usize::try_from(bytes).ok())
+            .context("--plugin-memory-budget-mib is too large")?;
         if budget_mib < self.max_plugin_memory_mib as u64 {
             tracing::warn!(
                 budget_mib,
@@ -401,7 +407,7 @@ impl RunCommand {
             cache_dir,
             max_concurrent_calls: self.max_concurrent_calls,
             max_memory_bytes: self.max_plugin_memory_mib << 20,
-            memory_budget_bytes: Some(usize::try_from(budget_mib << 20).unwrap_or(usize::MAX)),
+            memory_budget_bytes: Some(budget_bytes),
             cache_max_bytes: self.cache_max_mib << 20,
             compiler: Compiler::Child(ChildCompiler {
                 max_memory_bytes: self.max_compile_memory_mib << 20,

@@ -6,11 +6,13 @@
 //! started or swapped together (a host restart, an edit of many policies, sources made to be
 //! large) would multiply both past the pod's memory. So fetches and compiles each take a
 //! permit, and the next waits for one:
-//! - a fetch holds a *fetch* permit while its bytes arrive, and a tenant holds at most one,
-//!   so a team whose source drips (each fetch is bounded in time and rate, see
+//! - a fetch holds a *fetch* permit while its bytes arrive and until they go to a compile
+//!   (so the fetches' bound holds the bytes waiting for a compile too), and a tenant holds
+//!   at most one, so a team whose source drips (each fetch is bounded in time and rate, see
 //!   `source::fetch`) holds up only its own next fetch;
 //! - a compile holds a *compile* permit for the compile alone (seconds), never while bytes
-//!   trickle in, so a swap or rollback of another policy starts within a compile's time;
+//!   trickle in, so a swap or rollback of another policy starts within a compile's time; the
+//!   permit stays with the compile to its end even when the load is given up;
 //! - a freed permit goes to the waiting tenant that holds the fewest, earliest first.
 //!
 //! Plugins served from memory or from the precompiled cache take no permit: they cost

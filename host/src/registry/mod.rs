@@ -334,7 +334,8 @@ impl PluginRegistry {
             Ok(authorized) => authorized,
             Err(error) => return Err(refused.map_or(error, LoadError::from)),
         };
-        // A fetch permit while the bytes arrive (one per tenant); the compile takes its own.
+        // A fetch permit (one per tenant) from the first byte until the bytes are compiling;
+        // the compile takes its own.
         let fetch_permit = self
             .budget
             .fetch(&request.tenant, policy, &self.metrics)
@@ -346,7 +347,6 @@ impl PluginRegistry {
             !verifiers.is_empty(),
         )
         .await;
-        drop(fetch_permit);
         let source::Fetched {
             bytes,
             manifest_digest,
@@ -374,14 +374,24 @@ impl PluginRegistry {
         if let Some(plugin) = self.find(&digest, &request.limits) {
             return Ok(self.keep(plugin, Origin::Loaded, signers));
         }
-        let _compile_permit = self
+        // The fetched bytes are let go of only once they are compiling, so the fetches'
+        // bound holds the bytes waiting for a compile too (compiles never wait on fetches).
+        let compile_permit = self
             .budget
             .compile(&request.tenant, policy, &self.metrics)
             .await;
-        let plugin = self
-            .engine
-            .load_async(bytes, pinned, request.limits)
-            .await?;
+        drop(fetch_permit);
+        // The compile keeps its permit to its end, even when this load is given up (the
+        // policy stopped or was edited): its child process runs on until then.
+        let engine = self.engine.clone();
+        let limits = request.limits;
+        let compiling = tokio::spawn(async move {
+            let _compile_permit = compile_permit;
+            engine.load_async(bytes, pinned, limits).await
+        });
+        let plugin = compiling
+            .await
+            .map_err(|e| plugin::LoadError::Sandbox(format!("plugin load task failed: {e}")))??;
         Ok(self.keep(plugin, Origin::Fetched, signers))
     }
 

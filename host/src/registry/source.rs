@@ -381,16 +381,7 @@ async fn fetch_oci(
         Some(Credentials::Basic(user, password)) => RegistryAuth::Basic(user, password),
         None => RegistryAuth::Anonymous,
     };
-    crate::ensure_crypto_provider();
-    let builder = reqwest::Client::builder()
-        .connect_timeout(HTTP_CONNECT_TIMEOUT)
-        .timeout(HTTP_TIMEOUT)
-        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")));
-    let http = trust
-        .apply_to_http(builder)?
-        .build()
-        .context("building the registry's HTTP client")?;
-    let registry = OciReader::new(http, source.insecure, auth);
+    let registry = OciReader::new(http_client(trust)?, source.insecure, auth);
     let what = source.reference.as_str();
     let failure = |error: PullError| {
         if error.is_retryable() {
@@ -500,15 +491,7 @@ async fn fetch_http(
     trust: &TrustRoots,
     want_signatures: bool,
 ) -> anyhow::Result<(Vec<u8>, Option<Signatures>)> {
-    crate::ensure_crypto_provider();
-    let builder = reqwest::Client::builder()
-        .connect_timeout(HTTP_CONNECT_TIMEOUT)
-        .timeout(HTTP_TIMEOUT)
-        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")));
-    let http = trust
-        .apply_to_http(builder)?
-        .build()
-        .context("building the HTTP client")?;
+    let http = http_client(trust)?;
     let bytes = with_retries(&source.url, || {
         download(&http, &source.url, credentials.as_ref(), MAX_PLUGIN_BYTES)
     })
@@ -533,6 +516,20 @@ async fn fetch_http(
             looked,
         }),
     ))
+}
+
+/// The client every HTTP and registry source is read with: its timeouts, and `trust`'s roots
+/// and no others.
+fn http_client(trust: &TrustRoots) -> anyhow::Result<reqwest::Client> {
+    crate::ensure_crypto_provider();
+    let builder = reqwest::Client::builder()
+        .connect_timeout(HTTP_CONNECT_TIMEOUT)
+        .timeout(HTTP_TIMEOUT)
+        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")));
+    trust
+        .apply_to_http(builder)?
+        .build()
+        .context("building the HTTP client for plugin sources")
 }
 
 /// The URL of the `.sig` bundle beside an HTTP source: `.sig` added to its path, the query

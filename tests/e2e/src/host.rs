@@ -37,6 +37,16 @@ pub struct HostUnderTest {
 }
 
 impl HostUnderTest {
+    /// The value of the host's metric `name` (a series without labels), or 0.
+    pub fn metric(&self, name: &str) -> f64 {
+        self.metrics
+            .encode()
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// A host for `test`, confined to `namespace`: it runs only the policies labelled
     /// `TEST_LABEL=test`, watches only `namespace`, takes plugin credentials only from it, and
     /// records an Event at most every 30 s per parent and reason. Unless the builder is told

@@ -65,16 +65,6 @@ fn dripping_server() -> anyhow::Result<DrippingServer> {
     })
 }
 
-/// The value of the host's metric `name` (no labels), or 0.
-fn gauge(host: &HostUnderTest, name: &str) -> f64 {
-    host.metrics
-        .encode()
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("{name} ")))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_returns_within_its_drain_time_whatever_its_policies_are_doing() -> anyhow::Result<()>
 {
@@ -167,7 +157,7 @@ async fn a_host_returns_within_its_drain_time_whatever_its_policies_are_doing() 
     eventually(
         "a load waiting for a permit",
         Duration::from_secs(30),
-        || async { Ok(gauge(&host, "wasmctrl_plugin_loads_waiting") >= 1.0) },
+        || async { Ok(host.metric("wasmctrl_plugin_loads_waiting") >= 1.0) },
     )
     .await?;
 

@@ -263,16 +263,6 @@ async fn a_registry_that_sends_without_end_costs_the_host_no_more_than_its_caps(
     delete_namespace(&client, &ns).await
 }
 
-/// The value of the host's metric `name` (no labels), or 0.
-fn metric(host: &HostUnderTest, name: &str) -> f64 {
-    host.metrics
-        .encode()
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("{name} ")))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_calls_that_touch_their_whole_allowance_stay_within_the_hosts_budget()
 -> anyhow::Result<()> {
@@ -359,7 +349,7 @@ async fn plugin_calls_that_touch_their_whole_allowance_stay_within_the_hosts_bud
         reserved >> 20
     );
     assert_eq!(
-        metric(&host, "wasmctrl_plugin_call_memory_budget_bytes"),
+        host.metric("wasmctrl_plugin_call_memory_budget_bytes"),
         (BUDGET_MIB << 20) as f64
     );
     assert!(

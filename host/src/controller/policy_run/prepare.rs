@@ -56,8 +56,10 @@ pub(crate) async fn prepare(
             })
         }
         Err(problem) => {
+            // A policy that cannot start holds no kind: only one whose controller runs
+            // keeps others out (see `parent_claims`).
+            status.set_claimed_parent(None);
             if problem.reason == PARENT_KIND_TAKEN {
-                status.set_claimed_parent(None);
                 standing.set(Stand::Refused);
             }
             status.set_ready(problem);
