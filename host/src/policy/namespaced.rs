@@ -117,28 +117,30 @@ impl TeamBounds {
             .as_ref()
             .and_then(|l| l.memory_mib)
             .unwrap_or(DEFAULT_MEMORY_MIB);
-        if let Some(max) = self.max_memory_mib
-            && memory > max
-        {
-            return Some(Refusal::new(
-                "OverTeamLimit",
-                format!(
-                    "spec.limits.memoryMib is {memory}; this host lets a NamespacedReconcilePolicy ask at most {max} (--namespaced-max-memory-mib)"
-                ),
-            ));
-        }
         let concurrency = spec
             .max_concurrent_reconciles
             .unwrap_or(DEFAULT_CONCURRENT_RECONCILES);
-        if let Some(max) = self.max_concurrent_reconciles
-            && concurrency > max
-        {
-            return Some(Refusal::new(
+        let over = [
+            ("spec.limits.memoryMib", memory, self.max_memory_mib, "--namespaced-max-memory-mib"),
+            (
+                "spec.maxConcurrentReconciles",
+                concurrency,
+                self.max_concurrent_reconciles,
+                "--namespaced-max-concurrent-reconciles",
+            ),
+        ]
+        .into_iter()
+        .find_map(|(field, asked, max, flag)| {
+            let max = max.filter(|max| asked > *max)?;
+            Some(Refusal::new(
                 "OverTeamLimit",
                 format!(
-                    "spec.maxConcurrentReconciles is {concurrency}; this host lets a NamespacedReconcilePolicy ask at most {max} (--namespaced-max-concurrent-reconciles)"
+                    "{field} is {asked}; this host lets a NamespacedReconcilePolicy ask at most {max} ({flag})"
                 ),
-            ));
+            ))
+        });
+        if over.is_some() {
+            return over;
         }
         let allowed = self.source_hosts.as_ref()?;
         let sources = std::iter::once(("spec.plugin.source", &spec.plugin.source)).chain(

@@ -37,6 +37,27 @@ pub struct HostUnderTest {
 }
 
 impl HostUnderTest {
+    /// Serve the host's endpoints with `access` on all interfaces (the API server's pod proxy
+    /// will not dial loopback) until the returned sender fires or is dropped.
+    pub async fn serve(
+        &self,
+        access: wasmctrl::server::Access,
+    ) -> anyhow::Result<(std::net::SocketAddr, tokio::sync::oneshot::Sender<()>)> {
+        let listener = wasmctrl::server::bind("0.0.0.0:0".parse()?).await?;
+        let address = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let endpoints = wasmctrl::server::Endpoints {
+            readiness: self.readiness.clone(),
+            metrics: self.metrics.clone(),
+            explain: self.explain.clone(),
+            access,
+        };
+        tokio::spawn(wasmctrl::server::serve(listener, endpoints, async move {
+            let _ = stopped.await;
+        }));
+        Ok((address, stop))
+    }
+
     /// The value of the host's metric `name` (a series without labels), or 0.
     pub fn metric(&self, name: &str) -> f64 {
         self.metrics

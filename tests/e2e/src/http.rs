@@ -145,3 +145,53 @@ pub async fn https_get(
     let status = response.status().as_u16();
     Ok((status, response.text().await?))
 }
+
+/// A loopback server that answers every request with the headers of a 64 MiB plugin body and
+/// sends a few bytes of it; then, holding the connection open, nothing (`drip: None`) or a
+/// byte every `drip`. Counts the connections it accepted.
+pub struct DrippingServer {
+    /// Where it listens, `127.0.0.1:<port>`.
+    pub address: std::net::SocketAddr,
+    /// Connections accepted so far.
+    pub connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Start a [`DrippingServer`]; it ends with the test's process (each test runs in a process
+/// of its own).
+pub fn dripping_server(drip: Option<std::time::Duration>) -> anyhow::Result<DrippingServer> {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let connections = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
+    let counted = connections.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n\0asm",
+                    64 << 20
+                );
+                let Some(every) = drip else {
+                    // Hold the connection, sending nothing, until the client goes.
+                    let _ = stream.read(&mut request);
+                    return;
+                };
+                while stream
+                    .write_all(b"\0")
+                    .and_then(|()| stream.flush())
+                    .is_ok()
+                {
+                    std::thread::sleep(every);
+                }
+            });
+        }
+    });
+    Ok(DrippingServer {
+        address,
+        connections,
+    })
+}

@@ -23,20 +23,20 @@ pub use chart::{
     install_chart_rbac_with, install_explain_reader, render,
 };
 pub use host::{HostBuilder, HostUnderTest, client_as, service_account_token};
-pub use http::{PluginServer, http_get, https_get, serve_plugins};
+pub use http::{DrippingServer, PluginServer, dripping_server, http_get, https_get, serve_plugins};
 pub use kinds::{
     TEST_GROUP, myapp, myapp_policy_in, myapp_policy_spec, myapps, test_crd, widget, widget_test,
     widgets,
 };
 pub use objects::{
-    COLLECT, api, apply, condition, event_reasons, get, resource, wait_collected, wait_for_object,
-    wait_for_object_within, wait_gone,
+    COLLECT, api, apply, condition, condition_message, event_reasons, get, resource,
+    wait_collected, wait_for_object, wait_for_object_within, wait_gone,
 };
 pub use policies::{apply_policy, delete_namespace, file_source, policies, test_namespace};
 pub use process::{
     SelfProcess, impersonating_kubeconfig, spawn_self, token_kubeconfig, wasmctrl_cli,
 };
-pub use rbac::{account_subject, bind_cluster_role, bind_role, service_account};
+pub use rbac::{account_subject, bind_cluster_role, bind_role, may_read_metrics, service_account};
 pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};
 
 /// Label that ties a test's policies to the host the test runs.

@@ -52,6 +52,14 @@ pub fn condition<'a>(object: &'a Value, type_: &str) -> Option<&'a Value> {
         .find(|c| c["type"] == type_)
 }
 
+/// The message of the condition `type_` of `object`'s status, or empty.
+pub fn condition_message(object: &Value, type_: &str) -> String {
+    condition(object, type_)
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Wait until `check` accepts the object (which must exist).
 pub async fn wait_for_object(
     api: &Api<DynamicObject>,

@@ -49,6 +49,18 @@ pub async fn bind_role(
     .await
 }
 
+/// What the chart's metrics-reader ClusterRole grants (`get /metrics`), bound to
+/// ServiceAccount `account` of `ns`.
+pub async fn may_read_metrics(client: &Client, ns: &str, account: &str) -> anyhow::Result<()> {
+    bind_cluster_role(
+        client,
+        &format!("{ns}-metrics-reader"),
+        serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]),
+        account_subject(ns, account),
+    )
+    .await
+}
+
 /// ClusterRole `name` with `rules`, bound cluster-wide to `subject`.
 pub async fn bind_cluster_role(
     client: &Client,

@@ -28,7 +28,7 @@ use wasmctrl_testenv::TestEnv;
 async fn serve(
     host: &HostUnderTest,
 ) -> anyhow::Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
-    serve_with(host, Access::Open).await
+    host.serve(Access::Open).await
 }
 
 /// Serve the host's endpoints as `wasmctrl run` does by default: over TLS with a self-signed
@@ -40,28 +40,7 @@ async fn serve_checked(
         reviewer: Arc::new(Reviewer::new(TestEnv::get().client().await?)),
         tls: wasmctrl::server::tls::server_config(None, &["localhost".to_owned()])?,
     };
-    serve_with(host, access).await
-}
-
-/// Serve on all interfaces (the API server's pod proxy will not dial loopback) until the
-/// returned sender fires.
-async fn serve_with(
-    host: &HostUnderTest,
-    access: Access,
-) -> anyhow::Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
-    let listener = wasmctrl::server::bind("0.0.0.0:0".parse()?).await?;
-    let address = listener.local_addr()?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let endpoints = wasmctrl::server::Endpoints {
-        readiness: host.readiness.clone(),
-        metrics: host.metrics.clone(),
-        explain: host.explain.clone(),
-        access,
-    };
-    tokio::spawn(wasmctrl::server::serve(listener, endpoints, async move {
-        let _ = stopped.await;
-    }));
-    Ok((address, stop))
+    host.serve(access).await
 }
 
 /// `wasmctrl ARGS…` for `explain`: what it prints.
@@ -481,14 +460,7 @@ async fn the_listener_answers_only_callers_the_api_server_vouches_for() -> anyho
         service_account(&client, &ns, account).await?;
     }
     may_get_widgets(&client, &ns, "reader").await?;
-    // What the chart's metrics-reader ClusterRole grants a scraper.
-    bind_cluster_role(
-        &client,
-        &format!("{ns}-metrics-reader"),
-        json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]),
-        account_subject(&ns, "scraper"),
-    )
-    .await?;
+    may_read_metrics(&client, &ns, "scraper").await?;
     let reader = service_account_token(&ns, "reader").await?;
     let stranger = service_account_token(&ns, "stranger").await?;
     let scraper = service_account_token(&ns, "scraper").await?;

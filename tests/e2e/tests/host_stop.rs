@@ -3,7 +3,6 @@
 //! for a permit, a reconcile inside a slow plugin call, and (on a standby) writes that wait
 //! for leadership.
 
-use std::io::{Read as _, Write as _};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -28,40 +27,6 @@ fn policy_for(kind: &str, source: Value, digest: Option<&str>, config: Value) ->
         "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
         "plugin": plugin,
         "limits": {"timeoutMs": 60000},
-    })
-}
-
-/// A loopback server that answers every request with the headers of a 64 MiB body, sends
-/// a few bytes of it, and then nothing, holding the connection open. Each accepted
-/// connection is counted.
-struct DrippingServer {
-    address: std::net::SocketAddr,
-    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-fn dripping_server() -> anyhow::Result<DrippingServer> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let address = listener.local_addr()?;
-    let connections = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
-    let counted = connections.clone();
-    // Ends with the test's process (each test runs in a process of its own).
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for mut stream in listener.incoming().flatten() {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let mut request = [0u8; 4096];
-            let _ = stream.read(&mut request);
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n\0asm",
-                64 << 20
-            );
-            held.push(stream);
-        }
-    });
-    Ok(DrippingServer {
-        address,
-        connections,
     })
 }
 
@@ -114,7 +79,7 @@ async fn a_host_returns_within_its_drain_time_whatever_its_policies_are_doing() 
     .await?;
 
     // A fetch that hangs mid-body, holding its policy's fetch permit.
-    let dripping = dripping_server()?;
+    let dripping = dripping_server(None)?;
     let never_served = wasmctrl::plugin::Digest::of(b"never served").to_string();
     apply_policy(
         &client,

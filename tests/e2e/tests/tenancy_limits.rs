@@ -238,10 +238,7 @@ async fn a_registry_that_sends_without_end_costs_the_host_no_more_than_its_caps(
             condition(p, "PluginLoaded").is_some_and(|c| c["status"] == "False")
         })
         .await?;
-        let message = condition(&refused, "PluginLoaded")
-            .and_then(|c| c["message"].as_str())
-            .unwrap_or_default()
-            .to_owned();
+        let message = condition_message(&refused, "PluginLoaded");
         assert!(message.contains(says), "{name}: {message}");
     }
     let grew = peak_rss()?.saturating_sub(before);
@@ -296,10 +293,7 @@ async fn plugin_calls_that_touch_their_whole_allowance_stay_within_the_hosts_bud
         condition(p, "PluginLoaded").is_some_and(|c| c["status"] == "False")
     })
     .await?;
-    let message = condition(&refused, "PluginLoaded")
-        .and_then(|c| c["message"].as_str())
-        .unwrap_or_default()
-        .to_owned();
+    let message = condition_message(&refused, "PluginLoaded");
     assert!(
         message.contains("budget") && message.contains("plugin-memory-budget-mib"),
         "{message}"
@@ -370,42 +364,6 @@ async fn plugin_calls_that_touch_their_whole_allowance_stay_within_the_hosts_bud
     delete_namespace(&client, &ns).await
 }
 
-/// A loopback server that answers every request with the headers of a 64 MiB body, sends a
-/// few bytes of it, then a byte every `every`, holding the connection open. Counts the
-/// connections it accepted.
-fn dripping_server(
-    every: Duration,
-) -> anyhow::Result<(SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>)> {
-    use std::io::Read as _;
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let address = listener.local_addr()?;
-    let connections = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
-    let counted = connections.clone();
-    // Ends with the test's process (each test runs in a process of its own).
-    std::thread::spawn(move || {
-        for mut stream in listener.incoming().flatten() {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut request = [0u8; 4096];
-                let _ = stream.read(&mut request);
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n\0asm",
-                    64 << 20
-                );
-                while stream
-                    .write_all(b"\0")
-                    .and_then(|()| stream.flush())
-                    .is_ok()
-                {
-                    std::thread::sleep(every);
-                }
-            });
-        }
-    });
-    Ok((address, connections))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_that_drips_does_not_hold_up_another_policys_swap() -> anyhow::Result<()> {
     const TEST: &str = "limits-drip";
@@ -441,7 +399,7 @@ async fn a_source_that_drips_does_not_hold_up_another_policys_swap() -> anyhow::
     .await?;
 
     // A source that sends a byte a second: slow enough to hold a fetch for minutes.
-    let (drip, connections) = dripping_server(Duration::from_secs(1))?;
+    let drip = dripping_server(Some(Duration::from_secs(1)))?;
     apply_policy(
         &client,
         TEST,
@@ -450,14 +408,14 @@ async fn a_source_that_drips_does_not_hold_up_another_policys_swap() -> anyhow::
             "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Dripper"},
             "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
             // A digest the host holds nowhere, so it must fetch.
-            "plugin": {"source": {"http": {"url": format!("http://{drip}/plugin.wasm")}}, "digest": sha256(b"dripped")},
+            "plugin": {"source": {"http": {"url": format!("http://{}/plugin.wasm", drip.address)}}, "digest": sha256(b"dripped")},
         }),
     )
     .await?;
     wasmctrl_testenv::cluster::eventually(
         "the dripping fetch under way",
         Duration::from_secs(30),
-        || async { Ok(connections.load(std::sync::atomic::Ordering::SeqCst) > 0) },
+        || async { Ok(drip.connections.load(std::sync::atomic::Ordering::SeqCst) > 0) },
     )
     .await?;
 
@@ -486,10 +444,7 @@ async fn a_source_that_drips_does_not_hold_up_another_policys_swap() -> anyhow::
         condition(p, "PluginLoaded").is_some_and(|c| c["status"] == "False")
     })
     .await?;
-    let message = condition(&given_up, "PluginLoaded")
-        .and_then(|c| c["message"].as_str())
-        .unwrap_or_default()
-        .to_owned();
+    let message = condition_message(&given_up, "PluginLoaded");
     assert!(message.contains("too slowly"), "{message}");
 
     host.stop().await?;
@@ -552,13 +507,7 @@ async fn made_up_tokens_from_one_client_do_not_keep_a_real_caller_from_the_metri
     const FLOOD: usize = 96;
     let (client, ns) = test_namespace(TEST).await?;
     service_account(&client, &ns, "scraper").await?;
-    bind_cluster_role(
-        &client,
-        &format!("{ns}-metrics-reader"),
-        json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]),
-        account_subject(&ns, "scraper"),
-    )
-    .await?;
+    may_read_metrics(&client, &ns, "scraper").await?;
     let scraper = service_account_token(&ns, "scraper").await?;
     let host = HostUnderTest::builder(TEST, &ns).start().await?;
 
@@ -584,21 +533,7 @@ async fn made_up_tokens_from_one_client_do_not_keep_a_real_caller_from_the_metri
         )),
         tls: wasmctrl::server::tls::server_config(None, &["localhost".to_owned()])?,
     };
-    let listener = wasmctrl::server::bind("127.0.0.1:0".parse()?).await?;
-    let address = listener.local_addr()?;
-    let (stop_serving, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(wasmctrl::server::serve(
-        listener,
-        wasmctrl::server::Endpoints {
-            readiness: host.readiness.clone(),
-            metrics: host.metrics.clone(),
-            explain: host.explain.clone(),
-            access,
-        },
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (address, stop_serving) = host.serve(access).await?;
 
     // A client at another loopback address sends made-up tokens as fast as it is answered.
     let flooding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
