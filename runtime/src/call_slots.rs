@@ -203,7 +203,8 @@ impl CallSlots {
 
     /// Whether a live waiter under its cap waits (for memory: a slot would have served it).
     fn someone_waits_for_memory(&self, state: &mut State) -> bool {
-        self.next_waiter(state).is_some()
+        // Most calls find nobody waiting: no sweep of the queue and penalties for them.
+        !state.waiting.is_empty() && self.next_waiter(state).is_some()
     }
 
     /// Wait until some slot is given back.
