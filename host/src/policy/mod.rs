@@ -91,13 +91,14 @@ pub struct ReconcilePolicySpec {
     pub redact_fields: Vec<String>,
 }
 
-/// The prune guard's settings. After a change (a new plugin, config or generation, a restart
-/// or a takeover) and until every parent has been reconciled once under it, the host deletes
-/// at most `max(pruneFloor, maxPruneFraction × children seen)` children, where the children
-/// seen are those of the parents reconciled since the change; a change that would delete more
-/// is held (`Ready=False`, `PruneHeld`) until an admin sets the `wasmctrl.dev/confirm-prune`
-/// annotation to the value `status.pruneGuard.confirm` names, or rolls back. Pruning outside
-/// such a window (a parent's spec shrinking) is never held.
+/// The prune guard's settings. Deletions count against two budgets of
+/// `max(pruneFloor, maxPruneFraction × children)`: one per change (a new plugin, config,
+/// candidate or generation, a restart or a takeover; a rollout's stages are one change),
+/// taken of the children of the parents reconciled since the change, while it rolls out; and
+/// one per `pruneWindowSeconds`, taken of every parent's children. A deletion past either is
+/// held (`Ready=False`, `PruneHeld`) until an admin sets the `wasmctrl.dev/confirm-prune`
+/// annotation to the value `status.pruneGuard.confirm` names (which lets exactly the held
+/// deletions proceed, once), or the change is rolled back.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct SafetySpec {
@@ -111,6 +112,13 @@ pub struct SafetySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub prune_floor: Option<u32>,
+    /// The period of the budget over time, in seconds (default 600): in any such period at
+    /// most `max(pruneFloor, maxPruneFraction × children)` are deleted, however the
+    /// deletions come (a plugin that turns on its children long after a change, parents'
+    /// specs shrinking together). 0 turns this budget off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub prune_window_seconds: Option<u32>,
 }
 
 /// A ServiceAccount, by namespace and name.
@@ -503,19 +511,26 @@ pub struct PruneGuardStatus {
     pub state: String,
     /// What opened the window (a swap, a new generation, a start or a takeover).
     pub since: String,
-    /// The `wasmctrl.dev/confirm-prune` annotation value that lets this window's held
-    /// deletions proceed.
+    /// The `wasmctrl.dev/confirm-prune` annotation value that lets the deletions held now
+    /// proceed: it is used once (the guard then shows a new one), and no other window's
+    /// value confirms this one.
     pub confirm: String,
-    /// Children deleted in this window.
+    /// Children deleted under this change.
     #[serde(default)]
     pub deleted: u64,
-    /// Deletions this window allows without a confirmation.
+    /// Deletions this change allows without a confirmation.
     #[serde(default)]
     pub allowed: u64,
-    /// The children of the parents reconciled so far in this window: what the share is
+    /// The children of the parents reconciled so far under this change: what its share is
     /// taken of.
     #[serde(default)]
     pub children_seen: u64,
+    /// Children deleted within the last `pruneWindowSeconds`.
+    #[serde(default)]
+    pub recently_deleted: u64,
+    /// Deletions allowed per `pruneWindowSeconds`, of every parent's children.
+    #[serde(default)]
+    pub recently_allowed: u64,
     /// Deletions held.
     #[serde(default)]
     pub held_deletions: u64,

@@ -108,21 +108,45 @@ pub struct RolloutStage {
     #[schemars(range(min = 0.0, max = 1.0))]
     pub max_would_fail: Option<f64>,
     /// The share (0 to 1) of shadowed parents whose children or status the candidate may
-    /// change (default 1: a new version is expected to change things).
+    /// change (default 0.5). A version meant to change every parent says so with 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub max_would_change: Option<f64>,
+    /// The share (0 to 1) of the children the active plugin answers for the shadowed parents
+    /// compared that the candidate's answers leave out, and so would prune were it serving
+    /// them (default: the policy's `safety.maxPruneFraction`, at least `safety.pruneFloor`
+    /// children): a candidate that empties its answers is rolled back before it serves more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_would_prune: Option<f64>,
     /// How much larger (0 to 1) the share of failing parents among those the candidate
     /// serves may be than among those the active plugin serves (default 0.05). Measured
-    /// against the rest, so an outage that fails every parent rolls nothing back.
+    /// against the rest, so an outage that fails every parent does not by itself roll a
+    /// candidate back; `maxFailing` is the ceiling that holds whatever the rest do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub max_failure_rate: Option<f64>,
-    /// How much larger (0 to 1) the share of parents whose `Ready` condition is not `True`
-    /// among those the candidate serves may be than among the rest (default: not gated).
+    /// The share (0 to 1) of the parents the candidate serves that may fail, whatever the
+    /// rest do (default 0.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub max_failing: Option<f64>,
+    /// How much larger (0 to 1) the share of parents that are not ready among those the
+    /// candidate serves may be than among the rest (default 0.1). A parent is not ready when
+    /// one of its children is not, as the host judges from the child's own status (a
+    /// Deployment updated and available, a StatefulSet or DaemonSet ready, a Job complete, a
+    /// PVC bound, any object's `observedGeneration` current and its `Ready` or `Available`
+    /// condition `True`), or when it has a `Ready` condition that is not `True`. The stage
+    /// waits while the candidate's parents are less ready, and rolls back if they still are
+    /// `progressDeadlineSeconds` after it began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub max_not_ready: Option<f64>,
+    /// How long the candidate's parents have, from the stage's start, to be as ready as the
+    /// rest (default 600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub progress_deadline_seconds: Option<u32>,
 }
 
 impl RolloutStage {

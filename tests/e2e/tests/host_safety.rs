@@ -1512,10 +1512,10 @@ async fn config_maps_named(
         .collect())
 }
 
-/// Ordinary pruning is never held: once every parent was reconciled under the policy's
-/// plugin, a parent whose spec drops its children loses them all, even under a prune guard
-/// that lets a change delete nothing. The same deletions made by a change (a new plugin
-/// config) are held, and rolling the change back deletes nothing.
+/// Ordinary pruning within the budget over time is not held: once every parent was
+/// reconciled under the policy's plugin, a parent whose spec drops its children loses them
+/// all. The same deletions made by a change (a new plugin config) are held, and rolling the
+/// change back deletes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parent_whose_spec_shrinks_loses_its_children_but_a_change_that_would_is_held()
 -> anyhow::Result<()> {
@@ -1524,7 +1524,8 @@ async fn a_parent_whose_spec_shrinks_loses_its_children_but_a_change_that_would_
     install_kinds(&client).await?;
     let guarded = |config: Value| {
         let mut spec = policy(config_maps_allowed(), config);
-        spec["safety"] = json!({"maxPruneFraction": 0, "pruneFloor": 0});
+        // Half of the 16 children per period; a change sees only b's 8 and may delete 4.
+        spec["safety"] = json!({"maxPruneFraction": 0.5, "pruneFloor": 0});
         spec
     };
     apply_policy(&client, TEST, TEST, guarded(json!({"specChildren": true}))).await?;
@@ -1553,7 +1554,7 @@ async fn a_parent_whose_spec_shrinks_loses_its_children_but_a_change_that_would_
     })
     .await?;
 
-    // a's spec drops all eight: deleted, though a change could delete none.
+    // a's spec drops all eight: deleted, half of the children within the period.
     apply(&widgets, with_items("a", 0)).await?;
     wasmctrl_testenv::cluster::eventually(
         "a's children pruned",
@@ -1596,6 +1597,98 @@ async fn a_parent_whose_spec_shrinks_loses_its_children_but_a_change_that_would_
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(config_maps_named(&client, &ns, "b-").await?.len(), 8);
+
+    host.stop().await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    delete_namespace(&client, &ns).await
+}
+
+/// A plugin that turns on the children it made long after it was swapped in — at a resync,
+/// with no change to the policy or the plugin — is held by the budget over time: at most
+/// `max(floor, share × children)` go per `pruneWindowSeconds`, the rest wait for an admin,
+/// whose confirmation (of that hold's own token) lets them go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_turns_on_its_children_long_after_its_swap_is_held() -> anyhow::Result<()> {
+    const TEST: &str = "safety-late-prune";
+    const COUNT: usize = 30;
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let spec = policy(
+        config_maps_allowed(),
+        json!({"ownChild": true, "dropLabelled": true}),
+    );
+    apply_policy(&client, TEST, TEST, spec).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    for i in 0..COUNT {
+        apply(&widgets, widget(&format!("w-{i:02}"), Some(i as u64))).await?;
+    }
+    let policy_api = policies(&client);
+    wait_for_object(&policy_api, TEST, "the start's window closed", |p| {
+        p["status"]["observedGeneration"] == p["metadata"]["generation"]
+            && p["status"]["parentsReconciled"] == COUNT as u64
+            && p["status"]["pruneGuard"].is_null()
+    })
+    .await?;
+    wasmctrl_testenv::cluster::eventually("every child", Duration::from_secs(30), || async {
+        Ok(config_maps_named(&client, &ns, "w-").await?.len() == COUNT)
+    })
+    .await?;
+
+    // Every parent labelled: the plugin now answers none of their children.
+    for i in 0..COUNT {
+        widgets
+            .patch(
+                &format!("w-{i:02}"),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"labels": {"drop": "true"}}})),
+            )
+            .await?;
+    }
+    let held = wait_for_object(&policy_api, TEST, "PruneHeld", |p| {
+        condition(p, "Ready").is_some_and(|c| c["reason"] == "PruneHeld")
+            && p["status"]["pruneGuard"]["heldDeletions"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept = config_maps_named(&client, &ns, "w-").await?.len();
+    // max(floor 5, 20% of 30) per period.
+    assert!(kept >= COUNT - 6, "only {kept} of {COUNT} kept: {held}");
+    let window = get(&policy_api, TEST).await?.expect("the policy")["status"]["pruneGuard"].clone();
+    assert_eq!(window["recentlyAllowed"], 6, "{window}");
+    assert_eq!(window["recentlyDeleted"], (COUNT - kept) as u64, "{window}");
+    let since = window["since"].as_str().unwrap_or_default();
+    assert!(since.contains("within 600s"), "{window}");
+
+    // A value that is not this hold's token confirms nothing; the token does.
+    let confirm =
+        |value: &str| json!({"metadata": {"annotations": {"wasmctrl.dev/confirm-prune": value}}});
+    let token = window["confirm"].as_str().unwrap_or_default().to_owned();
+    policy_api
+        .patch(
+            TEST,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(confirm(&format!("{token}0"))),
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(config_maps_named(&client, &ns, "w-").await?.len(), kept);
+    policy_api
+        .patch(
+            TEST,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(confirm(&token)),
+        )
+        .await?;
+    wasmctrl_testenv::cluster::eventually(
+        "every child pruned",
+        Duration::from_secs(60),
+        || async { Ok(config_maps_named(&client, &ns, "w-").await?.is_empty()) },
+    )
+    .await?;
 
     host.stop().await?;
     policy_api.delete(TEST, &Default::default()).await?;

@@ -1,7 +1,9 @@
 //! Rollouts that run themselves (`spec.plugin.rollout`), against the real control plane: a
 //! candidate that decides as the active plugin walks shadow → 10% → 50% → all with no edit,
 //! and one that fails for a quarter of its canary parents is rolled back by the host, with
-//! every parent back on the active plugin and nothing pruned.
+//! every parent back on the active plugin and nothing pruned. The gates a candidate cannot
+//! game: the prune guard counts a whole rollout as one change, a candidate that would prune
+//! past it is rolled back in shadow, and readiness is judged from the children's status.
 
 use std::time::Duration;
 
@@ -443,6 +445,276 @@ async fn a_candidate_that_fails_recorded_cases_is_rolled_back_before_it_serves_a
             .as_array()
             .is_some_and(|h| h.iter().any(|t| t["result"] == "Replayed")),
         "{state}"
+    );
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+/// `count` Widgets, each with its own child; waits until the policy reconciled them all and
+/// the prune guard's first window closed.
+async fn few_widgets_reconciled(
+    client: &kube::Client,
+    ns: &str,
+    test: &str,
+    count: usize,
+) -> anyhow::Result<kube::Api<kube::core::DynamicObject>> {
+    let widgets = widgets(client, ns);
+    for i in 0..count {
+        apply(&widgets, widget(&format!("w-{i:03}"), Some(i as u64))).await?;
+    }
+    wait_for_object_within(
+        &policies(client),
+        test,
+        "every Widget reconciled and the start's window closed",
+        Duration::from_secs(90),
+        |p| {
+            p["status"]["parentsReconciled"] == count as u64
+                && p["status"]["pruneGuard"].is_null()
+                && p["status"]["observedGeneration"] == p["metadata"]["generation"]
+        },
+    )
+    .await?;
+    Ok(widgets)
+}
+
+/// The `-own` ConfigMaps left in `ns`.
+async fn own_children(client: &kube::Client, ns: &str) -> anyhow::Result<usize> {
+    let list = api(client, &resource("", "v1", "ConfigMap"), ns)
+        .list(&Default::default())
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|c| {
+            c.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.ends_with("-own"))
+        })
+        .count())
+}
+
+/// A candidate that answers no children, walked through eight stages with no soak and its
+/// shadow gates opened wide, deletes no more than one change may: the prune guard counts the
+/// whole rollout as one change, so every stage does not bring a budget of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_empties_every_answer_is_held_by_the_prune_guard_through_every_stage()
+-> anyhow::Result<()> {
+    const TEST: &str = "rollout-empties";
+    const COUNT: usize = 30;
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
+    let dir = tempfile::tempdir()?;
+    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .plugin_dir(dir.path())
+        .start()
+        .await?;
+    few_widgets_reconciled(&client, &ns, TEST, COUNT).await?;
+    assert_eq!(own_children(&client, &ns).await?, COUNT);
+
+    let open = json!({"maxWouldPrune": 1.0, "maxWouldChange": 1.0});
+    let stages: Vec<Value> = [12, 25, 37, 50, 62, 75, 87, 100]
+        .into_iter()
+        .map(|percent| {
+            let mut stage = open.clone();
+            stage["percent"] = json!(percent);
+            stage
+        })
+        .collect();
+    let candidate = json!({"source": rebuilt, "digest": digest, "config": {}});
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_spec(Some(candidate), Some(json!({"stages": stages}))),
+    )
+    .await?;
+    let policy_api = policies(&client);
+    let held = wait_for_object_within(
+        &policy_api,
+        TEST,
+        "the rollout complete, its prunes held",
+        ROLLOUT,
+        |p| {
+            rollout_of(p)["phase"] == "Complete"
+                && condition(p, "Ready").is_some_and(|c| c["reason"] == "PruneHeld")
+        },
+    )
+    .await?;
+    // Every parent comes round under the last stage before the count.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let kept = own_children(&client, &ns).await?;
+    // max(floor 5, 20% of 30) for the whole change.
+    assert!(
+        kept >= COUNT - 6,
+        "only {kept} of {COUNT} children kept: {held}"
+    );
+    let window = &get(&policy_api, TEST).await?.expect("the policy")["status"]["pruneGuard"];
+    assert_eq!(window["state"], "Held", "{window}");
+    assert_eq!(window["deleted"], (COUNT - kept) as u64, "{window}");
+    assert_eq!(window["heldDeletions"], kept as u64, "{window}");
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+/// By default a candidate whose shadow answers would prune more than the prune guard lets a
+/// change is rolled back before it serves a parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_would_prune_past_the_guards_share_is_rolled_back_in_shadow()
+-> anyhow::Result<()> {
+    const TEST: &str = "rollout-would-prune";
+    const COUNT: usize = 30;
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
+    let dir = tempfile::tempdir()?;
+    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .plugin_dir(dir.path())
+        .start()
+        .await?;
+    few_widgets_reconciled(&client, &ns, TEST, COUNT).await?;
+
+    let stages = json!({"stages": [{"percent": 0, "maxWouldChange": 1.0}, {"percent": 100}]});
+    let candidate = json!({"source": rebuilt, "digest": digest, "config": {}});
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_spec(Some(candidate), Some(stages)),
+    )
+    .await?;
+    let policy_api = policies(&client);
+    let rolled_back =
+        wait_for_object_within(&policy_api, TEST, "the rollout rolled back", ROLLOUT, |p| {
+            rollout_of(p)["phase"] == "RolledBack"
+        })
+        .await?;
+    let rollout = rollout_of(&rolled_back);
+    assert_eq!(rollout["stageName"], "shadow", "{rollout}");
+    let message = rollout["message"].as_str().unwrap_or_default();
+    assert!(message.contains("maxWouldPrune"), "{message}");
+    assert_eq!(own_children(&client, &ns).await?, COUNT);
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+/// A candidate that writes `Ready=True` on its parents while the Deployments it changed never
+/// become available (their new pods fit no node) is rolled back at its stage's deadline: the
+/// host judges readiness from the children's own status, which the plugin cannot write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_claiming_ready_while_its_deployments_never_become_available_is_rolled_back()
+-> anyhow::Result<()> {
+    const TEST: &str = "rollout-not-ready";
+    const COUNT: usize = 10;
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
+    let dir = tempfile::tempdir()?;
+    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    let with_deployments = |candidate: Option<Value>, rollout: Option<Value>| {
+        let mut spec = policy_spec(candidate, rollout);
+        spec["children"] = json!([{"apiVersion": "apps/v1", "kind": "Deployment"}]);
+        spec["plugin"]["config"] = json!({"deployment": "registry.invalid/app:v1"});
+        spec
+    };
+    apply_policy(&client, TEST, TEST, with_deployments(None, None)).await?;
+    let host = HostUnderTest::builder(TEST, &ns)
+        .plugin_dir(dir.path())
+        .start()
+        .await?;
+    let widgets = widgets(&client, &ns);
+    for i in 0..COUNT {
+        apply(&widgets, widget(&format!("w-{i:03}"), Some(i as u64))).await?;
+    }
+    // The simulated node runs the active plugin's pods: its Deployments become available.
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
+    for i in 0..COUNT {
+        let name = format!("w-{i:03}-app");
+        wait_for_object_within(
+            &deployments,
+            &name,
+            "the Deployment available",
+            Duration::from_secs(90),
+            |d| {
+                d["status"]["availableReplicas"] == 1
+                    && d["status"]["observedGeneration"] == d["metadata"]["generation"]
+            },
+        )
+        .await?;
+    }
+    let policy_api = policies(&client);
+    wait_for_object_within(
+        &policy_api,
+        TEST,
+        "every Widget reconciled",
+        Duration::from_secs(90),
+        |p| p["status"]["parentsReconciled"] == COUNT as u64,
+    )
+    .await?;
+
+    let stages = json!({"stages": [
+        {"percent": 50, "maxWouldChange": 1.0, "progressDeadlineSeconds": 20},
+        {"percent": 100},
+    ]});
+    let candidate = json!({"source": rebuilt, "digest": digest,
+        "config": {"deployment": "registry.invalid/app:v2", "unschedulable": true, "claimReady": true}});
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        with_deployments(Some(candidate), Some(stages)),
+    )
+    .await?;
+    let waiting = wait_for_object_within(
+        &policy_api,
+        TEST,
+        "the canary waiting to be ready",
+        ROLLOUT,
+        |p| {
+            rollout_of(p)["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("to be ready"))
+        },
+    )
+    .await?;
+    let message = rollout_of(&waiting)["message"].as_str().unwrap_or_default();
+    assert!(message.contains("Deployment"), "{message}");
+    // A parent the candidate served claims Ready, and the stage waits all the same.
+    let claimed = widgets
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|w| serde_json::to_value(w).ok())
+        .any(|w| condition(&w, "Ready").is_some_and(|c| c["status"] == "True"));
+    assert!(
+        claimed,
+        "the candidate wrote Ready=True on a parent it served"
+    );
+    let rolled_back =
+        wait_for_object_within(&policy_api, TEST, "the rollout rolled back", ROLLOUT, |p| {
+            rollout_of(p)["phase"] == "RolledBack"
+        })
+        .await?;
+    let rollout = rollout_of(&rolled_back);
+    let message = rollout["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("maxNotReady") && message.contains("after the stage began"),
+        "{message}"
     );
 
     host.stop().await?;

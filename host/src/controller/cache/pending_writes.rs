@@ -95,6 +95,16 @@ impl PendingWrites {
         pending.hash == hash
     }
 
+    /// Whether the host updated the object while the cache still shows `cached_version`: what
+    /// the cache shows of it is older than the host's own write.
+    pub fn unseen(&self, key: &ObjectKey, cached_version: &str) -> bool {
+        let updates = crate::lock(&self.updates);
+        updates.by_object.get(key).is_some_and(|pending| {
+            pending.written.elapsed() <= FORGET_AFTER
+                && pending.decided_at.iter().any(|v| v == cached_version)
+        })
+    }
+
     /// The object was updated to `hash`, decided against the first of `versions` (the others
     /// written by the host on the way).
     pub fn updated(&self, key: ObjectKey, hash: &str, versions: Vec<String>) {
@@ -114,6 +124,16 @@ impl PendingWrites {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_update_is_unseen_until_the_cache_shows_another_version() {
+        let pending = PendingWrites::default();
+        assert!(!pending.unseen(&key("a"), "1"));
+        pending.updated(key("a"), "h", vec!["1".into()]);
+        assert!(pending.unseen(&key("a"), "1"));
+        assert!(!pending.unseen(&key("a"), "2"), "the write arrived");
+        assert!(!pending.unseen(&key("b"), "1"));
+    }
 
     fn key(name: &str) -> ObjectKey {
         (Some("ns".into()), name.into())

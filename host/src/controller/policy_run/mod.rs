@@ -354,7 +354,7 @@ fn starting_prune_guard(policy: &ReconcilePolicy, digest: &crate::plugin::Digest
     let generation = policy.metadata.generation;
     let guard = PruneGuard::new(
         PruneLimits::of(policy.spec.safety.as_ref()),
-        prune_guard::token(generation, digest),
+        prune_guard::change_key(generation, digest, None),
         format!(
             "the controller started (generation {}, plugin {})",
             generation.unwrap_or_default(),

@@ -154,15 +154,19 @@ fn held_state(policy: &str, window: &PruneGuardStatus, limits: PruneLimits) -> S
     State::failed(
         "PruneHeld",
         format!(
-            "holding {} deletion(s) across {} parent(s) since {}: until every parent was reconciled under a change, it may delete {} of the {} children seen so far ({}% of them, at least {}); {} deleted before the hold{examples}. To let the deletions proceed: kubectl annotate reconcilepolicy {policy} {CONFIRM_ANNOTATION}={} --overwrite; to cancel them, roll the change back",
+            "holding {} deletion(s) across {} parent(s) since {}: a change may delete {} of the {} children seen under it so far ({} deleted), and {} may go per {}s of the children of every parent ({} went in the last {}s) ({}% of them, at least {}){examples}. To let exactly the held deletions proceed: kubectl annotate reconcilepolicy {policy} {CONFIRM_ANNOTATION}={} --overwrite; to cancel them, roll the change back",
             window.held_deletions,
             window.held_parents,
             window.since,
             window.allowed,
             window.children_seen,
+            window.deleted,
+            window.recently_allowed,
+            limits.period.as_secs(),
+            window.recently_deleted,
+            limits.period.as_secs(),
             limits.max_fraction * 100.0,
             limits.floor,
-            window.deleted,
             window.confirm,
         ),
     )
@@ -203,7 +207,8 @@ pub(crate) fn candidate_counts(
         ..CandidateStatus::default()
     };
     let mut examples = Vec::new();
-    for (key, verdict) in verdicts.iter() {
+    for (key, shadowed) in verdicts.iter() {
+        let verdict = &shadowed.verdict;
         match verdict {
             Verdict::Unchanged => {
                 status.unchanged += 1;
@@ -311,12 +316,15 @@ mod tests {
             for i in (0..6).rev() {
                 shadow.insert(
                     key("a", &format!("p-{i}")),
-                    Verdict::WouldChange(format!("~ ConfigMap p-{i}")),
+                    Verdict::WouldChange(format!("~ ConfigMap p-{i}")).into(),
                 );
             }
-            shadow.insert(key("a", "p-6"), Verdict::WouldFail("trap".into()));
-            shadow.insert(key("a", "p-7"), Verdict::Unchanged);
-            shadow.insert(key("a", "deleted"), Verdict::WouldFail("gone".into()));
+            shadow.insert(key("a", "p-6"), Verdict::WouldFail("trap".into()).into());
+            shadow.insert(key("a", "p-7"), Verdict::Unchanged.into());
+            shadow.insert(
+                key("a", "deleted"),
+                Verdict::WouldFail("gone".into()).into(),
+            );
         }
         let status = candidate_counts(&state, &parents).expect("a candidate");
         assert_eq!(status.canary_parents, 3);

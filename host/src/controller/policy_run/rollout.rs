@@ -21,11 +21,14 @@ use kube::runtime::reflector::Store;
 use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::controller::cache::cached::CachedObject;
+use crate::controller::cache::stores::ChildCache;
 use crate::controller::policy_run::replay_gate;
 use crate::controller::policy_run::status::PolicyStatusWriter;
+use crate::controller::reconcile::children::readiness;
 use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::events::EventSink;
 use crate::controller::reconcile::parent::parent_key;
+use crate::controller::reconcile::prune_guard::PruneLimits;
 use crate::controller::reconcile::serving::Candidate;
 use crate::lock;
 use crate::plugin::Verdict;
@@ -42,6 +45,18 @@ const HISTORY: usize = 10;
 
 /// Parents named in a rollback's status.
 const EXAMPLES: usize = 5;
+
+/// `maxWouldChange` when a stage sets none.
+const DEFAULT_MAX_WOULD_CHANGE: f64 = 0.5;
+
+/// `maxFailing` when a stage sets none.
+const DEFAULT_MAX_FAILING: f64 = 0.5;
+
+/// `maxNotReady` when a stage sets none.
+const DEFAULT_MAX_NOT_READY: f64 = 0.1;
+
+/// `progressDeadlineSeconds` when a stage sets none.
+const DEFAULT_PROGRESS_DEADLINE: Duration = Duration::from_secs(600);
 
 /// The phases `status.rollout.phase` takes.
 mod phase {
@@ -61,12 +76,17 @@ pub(crate) struct Measured {
     pub evaluated: u64,
     pub would_fail: u64,
     pub would_change: u64,
+    /// The children the active plugin answered for the parents compared, and of those, the
+    /// children the candidate's answers leave out.
+    pub shadow_children: u64,
+    pub would_prune: u64,
     /// Parents the candidate serves.
     pub served: u64,
     /// Of those, parents whose last reconcile the candidate decided, or which are failing.
     pub served_decided: u64,
     pub served_failing: u64,
-    /// Of those the candidate decided, parents whose `Ready` condition is not `True`.
+    /// Of those the candidate decided, parents that are not ready (a child not ready, as
+    /// the host judges it, or a `Ready` condition that is not `True`).
     pub served_not_ready: u64,
     /// Parents the active plugin serves.
     pub rest: u64,
@@ -74,6 +94,8 @@ pub(crate) struct Measured {
     pub rest_not_ready: u64,
     /// A few parents that fail under the candidate, or would, `namespace/name`.
     pub examples: Vec<String>,
+    /// A few of the candidate's parents that are not ready, with why.
+    pub not_ready_examples: Vec<String>,
 }
 
 /// What the gates say about a stage.
@@ -109,16 +131,32 @@ fn to_compare(stage: &RolloutStage, m: &Measured) -> u64 {
         .min(m.shadowed)
 }
 
-/// Decide a stage from what was measured `elapsed` after it began.
-pub(crate) fn decide(stage: &RolloutStage, m: &Measured, elapsed: Duration) -> Decision {
-    if let Some(breach) = breach(stage, m) {
+/// Decide a stage from what was measured `elapsed` after it began; `prune` is the policy's
+/// prune guard, whose share and floor `maxWouldPrune` defaults to.
+pub(crate) fn decide(
+    stage: &RolloutStage,
+    prune: PruneLimits,
+    m: &Measured,
+    elapsed: Duration,
+) -> Decision {
+    if let Some(breach) = breach(stage, prune, m, elapsed) {
         return breach;
     }
     let to_compare = to_compare(stage, m);
     let served_all = m.served_decided >= m.served;
     let figures = format!(
-        "serving {} parent(s), {} failing; compared {} of {} shadowed, {} would fail, {} would change",
-        m.served, m.served_failing, m.evaluated, m.shadowed, m.would_fail, m.would_change
+        "serving {} parent(s), {} failing, {} not ready (the rest: {} of {}); compared {} of {} shadowed, {} would fail, {} would change, {} of {} children would be pruned",
+        m.served,
+        m.served_failing,
+        m.served_not_ready,
+        m.rest_not_ready,
+        m.rest,
+        m.evaluated,
+        m.shadowed,
+        m.would_fail,
+        m.would_change,
+        m.would_prune,
+        m.shadow_children
     );
     let soak = Duration::from_secs(u64::from(stage.soak_seconds.unwrap_or(0)));
     if elapsed < soak {
@@ -130,7 +168,8 @@ pub(crate) fn decide(stage: &RolloutStage, m: &Measured, elapsed: Duration) -> D
     let timed_out = stage
         .max_seconds
         .is_some_and(|max| elapsed >= Duration::from_secs(u64::from(max)));
-    if (m.evaluated >= to_compare && served_all) || timed_out {
+    let ready = readiness_gap(stage, m).is_none();
+    if (m.evaluated >= to_compare && served_all && ready) || timed_out {
         return Decision::Advance(figures);
     }
     let mut missing = Vec::new();
@@ -146,11 +185,49 @@ pub(crate) fn decide(stage: &RolloutStage, m: &Measured, elapsed: Duration) -> D
             m.served - m.served_decided
         ));
     }
+    if let Some(gap) = readiness_gap(stage, m) {
+        missing.push(format!("the candidate's parents to be ready ({gap})"));
+    }
     Decision::Wait(format!("waiting for {}; {figures}", missing.join(" and ")))
 }
 
+/// When the candidate's parents are less ready than the rest by more than `maxNotReady`:
+/// the figures, in words.
+fn readiness_gap(stage: &RolloutStage, m: &Measured) -> Option<String> {
+    let max_not_ready = stage.max_not_ready.unwrap_or(DEFAULT_MAX_NOT_READY);
+    if m.served == 0 || m.served_decided < m.served {
+        return None;
+    }
+    let (served, rest) = (
+        share(m.served_not_ready, m.served),
+        share(m.rest_not_ready, m.rest),
+    );
+    let examples = if m.not_ready_examples.is_empty() {
+        String::new()
+    } else {
+        format!("; e.g. {}", m.not_ready_examples.join(", "))
+    };
+    (served - rest > max_not_ready).then(|| {
+        format!(
+            "{} of the {} parents the candidate serves are not ready ({}), against {} of the {} the active plugin serves ({}); at most {} more allowed{examples}",
+            m.served_not_ready,
+            m.served,
+            percent(served),
+            m.rest_not_ready,
+            m.rest,
+            percent(rest),
+            percent(max_not_ready)
+        )
+    })
+}
+
 /// The first gate that failed, if one did.
-fn breach(stage: &RolloutStage, m: &Measured) -> Option<Decision> {
+fn breach(
+    stage: &RolloutStage,
+    prune: PruneLimits,
+    m: &Measured,
+    elapsed: Duration,
+) -> Option<Decision> {
     // Shadow gates: decided as soon as the failures already exceed what the share allows of
     // all the parents the stage will compare.
     let basis = m.evaluated.max(to_compare(stage, m));
@@ -166,7 +243,29 @@ fn breach(stage: &RolloutStage, m: &Measured) -> Option<Decision> {
             ),
         });
     }
-    let max_would_change = stage.max_would_change.unwrap_or(1.0);
+    let max_would_prune = stage.max_would_prune.unwrap_or(prune.max_fraction);
+    let budget = PruneLimits {
+        max_fraction: max_would_prune,
+        ..prune
+    };
+    let allowed = budget.allowed(m.shadow_children);
+    {
+        if m.would_prune > allowed {
+            return Some(Decision::RollBack {
+                gate: "maxWouldPrune",
+                message: format!(
+                    "the candidate would prune {} of the {} children of the {} shadowed parents compared (at most {} allowed: {} of them, at least {})",
+                    m.would_prune,
+                    m.shadow_children,
+                    m.evaluated,
+                    allowed,
+                    percent(max_would_prune),
+                    prune.floor
+                ),
+            });
+        }
+    }
+    let max_would_change = stage.max_would_change.unwrap_or(DEFAULT_MAX_WOULD_CHANGE);
     if m.would_change as f64 > max_would_change * basis as f64 {
         return Some(Decision::RollBack {
             gate: "maxWouldChange",
@@ -199,27 +298,31 @@ fn breach(stage: &RolloutStage, m: &Measured) -> Option<Decision> {
             ),
         });
     }
-    let served_all = m.served_decided >= m.served;
-    if let Some(max_not_ready) = stage.max_not_ready.filter(|_| served_all && m.served > 0) {
-        let (served, rest) = (
-            share(m.served_not_ready, m.served),
-            share(m.rest_not_ready, m.rest),
-        );
-        if served - rest > max_not_ready {
-            return Some(Decision::RollBack {
-                gate: "maxNotReady",
-                message: format!(
-                    "{} of the {} parents the candidate serves are not Ready ({}), against {} of the {} the active plugin serves ({}); at most {} more allowed",
-                    m.served_not_ready,
-                    m.served,
-                    percent(served),
-                    m.rest_not_ready,
-                    m.rest,
-                    percent(rest),
-                    percent(max_not_ready)
-                ),
-            });
-        }
+    let max_failing = stage.max_failing.unwrap_or(DEFAULT_MAX_FAILING);
+    if m.served > 0 && served_failing > max_failing {
+        return Some(Decision::RollBack {
+            gate: "maxFailing",
+            message: format!(
+                "{} of the {} parents the candidate serves fail ({}); at most {} may, whatever the rest do",
+                m.served_failing,
+                m.served,
+                percent(served_failing),
+                percent(max_failing)
+            ),
+        });
+    }
+    let deadline = stage
+        .progress_deadline_seconds
+        .map_or(DEFAULT_PROGRESS_DEADLINE, |s| {
+            Duration::from_secs(u64::from(s))
+        });
+    if elapsed >= deadline
+        && let Some(gap) = readiness_gap(stage, m)
+    {
+        return Some(Decision::RollBack {
+            gate: "maxNotReady",
+            message: format!("{gap}, {}s after the stage began", deadline.as_secs()),
+        });
     }
     None
 }
@@ -229,7 +332,6 @@ pub(crate) fn measure(
     ctx: &PolicyContext,
     candidate: &Candidate,
     parents: &Store<CachedObject>,
-    with_ready: bool,
 ) -> Measured {
     let digest = *candidate.serving.plugin.digest();
     let reconciled = lock(&ctx.outcomes.reconciled).clone();
@@ -243,7 +345,7 @@ pub(crate) fn measure(
             None => key.name.clone(),
         };
         let failing = ctx.outcomes.backoff.is_failing(&key);
-        let not_ready = with_ready && !is_ready(&parent);
+        let not_ready = not_ready(&parent, &ctx.caches.children);
         if candidate.serves(&parent.labels(), parent.metadata.uid.as_deref()) {
             m.served += 1;
             let decided = reconciled.get(&key).is_some_and(|d| *d == Some(digest));
@@ -253,14 +355,21 @@ pub(crate) fn measure(
                 m.examples.push(name);
             } else if decided {
                 m.served_decided += 1;
-                m.served_not_ready += u64::from(not_ready);
+                if let Some(why) = not_ready {
+                    m.served_not_ready += 1;
+                    m.not_ready_examples.push(format!("{name}: {why}"));
+                }
             }
         } else {
             m.rest += 1;
             m.rest_failing += u64::from(failing);
-            m.rest_not_ready += u64::from(not_ready && !failing);
+            m.rest_not_ready += u64::from(not_ready.is_some() && !failing);
             m.shadowed += 1;
-            match shadow.get(&key) {
+            if let Some(shadowed) = shadow.get(&key) {
+                m.shadow_children += shadowed.children;
+                m.would_prune += shadowed.would_prune;
+            }
+            match shadow.get(&key).map(|s| &s.verdict) {
                 None => {}
                 Some(Verdict::Unchanged) => m.evaluated += 1,
                 Some(Verdict::WouldChange(_)) => {
@@ -278,18 +387,45 @@ pub(crate) fn measure(
     m.examples.extend(shadow_examples);
     m.examples.sort();
     m.examples.truncate(EXAMPLES);
+    m.not_ready_examples.sort();
+    m.not_ready_examples.truncate(EXAMPLES);
     m
 }
 
-/// Whether the parent's `Ready` condition is `True`.
-fn is_ready(parent: &CachedObject) -> bool {
+/// Why `parent` is not ready, if it is not: the first of its children (in the caches) that
+/// the host judges not ready, or its own `Ready` condition when that is there and not
+/// `True`. A plugin writes the condition; it cannot write its children's status.
+fn not_ready(parent: &CachedObject, children: &[ChildCache]) -> Option<String> {
+    let uid = parent.metadata.uid.as_deref()?;
+    for cache in children {
+        for key in cache.by_controller.get(uid) {
+            let Some(child) = cache.store.get(&key) else {
+                continue;
+            };
+            let value = child.to_value();
+            let object = (child.metadata.namespace.clone(), child.name_any());
+            let version = child
+                .metadata
+                .resource_version
+                .as_deref()
+                .unwrap_or_default();
+            let why = if cache.pending.unseen(&object, version) {
+                // The cache still shows it as it was before the host's own update.
+                Some("updated, not yet observed".to_owned())
+            } else {
+                readiness::not_ready(&value)
+            };
+            if let Some(why) = why {
+                let kind = value["kind"].as_str().unwrap_or_default().to_owned();
+                return Some(format!("{kind} {} {why}", child.name_any()));
+            }
+        }
+    }
     parent.to_value()["status"]["conditions"]
-        .as_array()
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready" && c["status"] != "True")
+        .map(|c| format!("Ready={}", c["status"].as_str().unwrap_or("Unknown")))
 }
 
 /// The leader's rollout loop for one policy.
@@ -523,13 +659,8 @@ impl Driver {
         let elapsed = jiff::Timestamp::now()
             .duration_since(state.stage_since.0)
             .unsigned_abs();
-        let measured = measure(
-            &self.ctx,
-            candidate,
-            &self.parents,
-            stage.max_not_ready.is_some(),
-        );
-        let decision = decide(stage, &measured, elapsed);
+        let measured = measure(&self.ctx, candidate, &self.parents);
+        let decision = decide(stage, self.ctx.prune_guard.limits(), &measured, elapsed);
         if spec.paused {
             state.phase = phase::PAUSED.to_owned();
             state.message = format!(
@@ -742,6 +873,12 @@ mod tests {
 
     const NOW: Duration = Duration::from_secs(1);
 
+    const PRUNE: PruneLimits = PruneLimits {
+        max_fraction: 0.2,
+        floor: 5,
+        period: Duration::from_secs(600),
+    };
+
     #[test]
     fn a_shadow_stage_waits_for_every_shadowed_parent_then_advances() {
         let mut m = Measured {
@@ -750,19 +887,25 @@ mod tests {
             rest: 200,
             ..Measured::default()
         };
-        let waiting = decide(&stage(0), &m, NOW);
+        let waiting = decide(&stage(0), PRUNE, &m, NOW);
         assert!(
             matches!(&waiting, Decision::Wait(w) if w.contains("50 more shadowed")),
             "{waiting:?}"
         );
         m.evaluated = 200;
-        assert!(matches!(decide(&stage(0), &m, NOW), Decision::Advance(_)));
+        assert!(matches!(
+            decide(&stage(0), PRUNE, &m, NOW),
+            Decision::Advance(_)
+        ));
         let fewer = RolloutStage {
             min_parents: Some(100),
             ..stage(0)
         };
         m.evaluated = 100;
-        assert!(matches!(decide(&fewer, &m, NOW), Decision::Advance(_)));
+        assert!(matches!(
+            decide(&fewer, PRUNE, &m, NOW),
+            Decision::Advance(_)
+        ));
     }
 
     #[test]
@@ -774,7 +917,7 @@ mod tests {
             rest: 200,
             ..Measured::default()
         };
-        let decision = decide(&stage(0), &m, NOW);
+        let decision = decide(&stage(0), PRUNE, &m, NOW);
         assert!(
             matches!(&decision, Decision::RollBack { gate: "maxWouldFail", message } if message.contains("1 of 10")),
             "{decision:?}"
@@ -784,14 +927,17 @@ mod tests {
             max_would_fail: Some(0.05),
             ..stage(0)
         };
-        assert!(matches!(decide(&tolerant, &m, NOW), Decision::Wait(_)));
+        assert!(matches!(
+            decide(&tolerant, PRUNE, &m, NOW),
+            Decision::Wait(_)
+        ));
         let many = Measured {
             would_fail: 11,
             evaluated: 20,
             ..m
         };
         assert!(matches!(
-            decide(&tolerant, &many, NOW),
+            decide(&tolerant, PRUNE, &many, NOW),
             Decision::RollBack {
                 gate: "maxWouldFail",
                 ..
@@ -811,7 +957,7 @@ mod tests {
             examples: vec!["a/p-1".into()],
             ..Measured::default()
         };
-        let decision = decide(&stage(10), &failing, NOW);
+        let decision = decide(&stage(10), PRUNE, &failing, NOW);
         assert!(
             matches!(&decision, Decision::RollBack { gate: "maxFailureRate", message } if message.contains("5 of the 20")),
             "{decision:?}"
@@ -821,7 +967,7 @@ mod tests {
             ..failing.clone()
         };
         assert!(matches!(
-            decide(&stage(10), &outage, NOW),
+            decide(&stage(10), PRUNE, &outage, NOW),
             Decision::Advance(_)
         ));
         let one = Measured {
@@ -829,7 +975,7 @@ mod tests {
             ..failing
         };
         assert!(
-            matches!(decide(&stage(10), &one, NOW), Decision::Advance(_)),
+            matches!(decide(&stage(10), PRUNE, &one, NOW), Decision::Advance(_)),
             "1 of 20 is within the default 5%"
         );
     }
@@ -844,7 +990,7 @@ mod tests {
             evaluated: 180,
             ..Measured::default()
         };
-        let waiting = decide(&stage(10), &m, NOW);
+        let waiting = decide(&stage(10), PRUNE, &m, NOW);
         assert!(
             matches!(&waiting, Decision::Wait(w) if w.contains("8 served parent(s)")),
             "{waiting:?}"
@@ -857,13 +1003,13 @@ mod tests {
             soak_seconds: Some(30),
             ..stage(10)
         };
-        let early = decide(&soaking, &decided, Duration::from_secs(10));
+        let early = decide(&soaking, PRUNE, &decided, Duration::from_secs(10));
         assert!(
             matches!(&early, Decision::Wait(w) if w.contains("soaking for 20s")),
             "{early:?}"
         );
         assert!(matches!(
-            decide(&soaking, &decided, Duration::from_secs(30)),
+            decide(&soaking, PRUNE, &decided, Duration::from_secs(30)),
             Decision::Advance(_)
         ));
         let timed = RolloutStage {
@@ -875,17 +1021,13 @@ mod tests {
             ..decided
         };
         assert!(matches!(
-            decide(&timed, &undecided, Duration::from_secs(61)),
+            decide(&timed, PRUNE, &undecided, Duration::from_secs(61)),
             Decision::Advance(_)
         ));
     }
 
     #[test]
-    fn readiness_is_compared_with_the_rest_once_every_served_parent_is_decided() {
-        let gated = RolloutStage {
-            max_not_ready: Some(0.1),
-            ..stage(50)
-        };
+    fn a_less_ready_canary_waits_then_rolls_back_at_its_deadline() {
         let m = Measured {
             served: 100,
             served_decided: 100,
@@ -894,24 +1036,131 @@ mod tests {
             rest_not_ready: 10,
             shadowed: 100,
             evaluated: 100,
+            not_ready_examples: vec!["a/p-1: Deployment p-1 availableReplicas 0 of 1".into()],
             ..Measured::default()
         };
+        let waiting = decide(&stage(50), PRUNE, &m, NOW);
+        assert!(
+            matches!(&waiting, Decision::Wait(w) if w.contains("30 of the 100") && w.contains("Deployment p-1")),
+            "gated by default: {waiting:?}"
+        );
+        let late = decide(&stage(50), PRUNE, &m, DEFAULT_PROGRESS_DEADLINE);
+        assert!(
+            matches!(
+                &late,
+                Decision::RollBack {
+                    gate: "maxNotReady",
+                    ..
+                }
+            ),
+            "{late:?}"
+        );
+        let deadline = RolloutStage {
+            progress_deadline_seconds: Some(30),
+            ..stage(50)
+        };
         assert!(matches!(
-            decide(&gated, &m, NOW),
+            decide(&deadline, PRUNE, &m, Duration::from_secs(30)),
             Decision::RollBack {
                 gate: "maxNotReady",
                 ..
             }
         ));
-        assert!(
-            matches!(decide(&stage(50), &m, NOW), Decision::Advance(_)),
-            "not gated unless asked"
-        );
+        let lenient = RolloutStage {
+            max_not_ready: Some(0.5),
+            ..stage(50)
+        };
+        assert!(matches!(
+            decide(&lenient, PRUNE, &m, NOW),
+            Decision::Advance(_)
+        ));
         let close = Measured {
             served_not_ready: 15,
             ..m
         };
-        assert!(matches!(decide(&gated, &close, NOW), Decision::Advance(_)));
+        assert!(matches!(
+            decide(&stage(50), PRUNE, &close, NOW),
+            Decision::Advance(_)
+        ));
+    }
+
+    #[test]
+    fn a_candidate_that_would_prune_past_the_guards_share_is_rolled_back_in_shadow() {
+        let m = Measured {
+            shadowed: 30,
+            evaluated: 30,
+            would_change: 10,
+            shadow_children: 30,
+            would_prune: 7,
+            rest: 30,
+            ..Measured::default()
+        };
+        // The guard's 20 % of 30 is 6.
+        let decision = decide(&stage(0), PRUNE, &m, NOW);
+        assert!(
+            matches!(&decision, Decision::RollBack { gate: "maxWouldPrune", message } if message.contains("7 of the 30")),
+            "{decision:?}"
+        );
+        let within = Measured {
+            would_prune: 6,
+            ..m.clone()
+        };
+        assert!(matches!(
+            decide(&stage(0), PRUNE, &within, NOW),
+            Decision::Advance(_)
+        ));
+        let allowed = RolloutStage {
+            max_would_prune: Some(1.0),
+            ..stage(0)
+        };
+        assert!(matches!(
+            decide(&allowed, PRUNE, &m, NOW),
+            Decision::Advance(_)
+        ));
+    }
+
+    #[test]
+    fn by_default_a_candidate_may_change_half_the_parents_and_fail_on_half_its_own() {
+        let changes = Measured {
+            shadowed: 100,
+            evaluated: 100,
+            would_change: 51,
+            rest: 100,
+            ..Measured::default()
+        };
+        assert!(matches!(
+            decide(&stage(0), PRUNE, &changes, NOW),
+            Decision::RollBack {
+                gate: "maxWouldChange",
+                ..
+            }
+        ));
+        let everything = RolloutStage {
+            max_would_change: Some(1.0),
+            ..stage(0)
+        };
+        assert!(matches!(
+            decide(&everything, PRUNE, &changes, NOW),
+            Decision::Advance(_)
+        ));
+        // An outage failing the rest too passes the relative gate, not the ceiling.
+        let outage = Measured {
+            served: 20,
+            served_decided: 20,
+            served_failing: 11,
+            rest: 80,
+            rest_failing: 80,
+            shadowed: 80,
+            evaluated: 80,
+            ..Measured::default()
+        };
+        assert!(matches!(
+            decide(&stage(20), PRUNE, &outage, NOW),
+            Decision::RollBack {
+                gate: "maxFailing",
+                ..
+            }
+        ));
     }
 
     #[test]

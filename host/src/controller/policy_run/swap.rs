@@ -99,12 +99,19 @@ impl Swapper {
         }
     }
 
-    /// Open a prune guard window for a change to what decides (`since` says which); before
-    /// the change serves, so nothing it decides is pruned outside the window.
-    fn open_window(&self, policy: &ReconcilePolicy, digest: &Digest, since: String) {
+    /// Open a prune guard window for a change to what decides (`since` says which): the
+    /// `active` plugin and the `candidate` (if any) under the policy's generation. Before the
+    /// change serves, so nothing it decides is pruned outside the window.
+    fn open_window(
+        &self,
+        policy: &ReconcilePolicy,
+        active: &Digest,
+        candidate: Option<&Digest>,
+        since: String,
+    ) {
         let generation = policy.metadata.generation;
         self.prune_guard.open(
-            prune_guard::token(generation, digest),
+            prune_guard::change_key(generation, active, candidate),
             format!("{since} (generation {})", generation.unwrap_or_default()),
         );
     }
@@ -154,7 +161,13 @@ impl Swapper {
         } else {
             format!("a swap from plugin {} to {}", from.short(), to.short())
         };
-        self.open_window(policy, &to, since);
+        let candidate = self
+            .serving
+            .candidate
+            .load()
+            .as_ref()
+            .map(|c| *c.serving.plugin.digest());
+        self.open_window(policy, &to, candidate.as_ref(), since);
         self.serving
             .active
             .store(Arc::new(ActivePlugin { plugin, config }));
@@ -193,7 +206,7 @@ impl Swapper {
         let name = policy.name_any();
         let active = *self.serving.active.load().plugin.digest();
         let Some(spec) = &wanted else {
-            self.open_window(policy, &active, "the candidate's removal".to_owned());
+            self.open_window(policy, &active, None, "the candidate's removal".to_owned());
             self.serving.candidate.store(None);
             lock(&self.serving.shadow).clear();
             self.status.lock().await.set_candidate(None, None);
@@ -255,6 +268,7 @@ impl Swapper {
                 self.open_window(
                     policy,
                     &active,
+                    Some(&digest),
                     format!("candidate {} ({mode})", digest.short()),
                 );
                 self.serving.candidate.store(Some(Arc::new(candidate)));

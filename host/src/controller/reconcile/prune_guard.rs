@@ -1,25 +1,39 @@
-//! The prune guard: a change that would delete much of what a policy made waits for an admin.
+//! The prune guard: deletions beyond a share of what a policy made wait for an admin.
 //!
-//! A plugin that loads fine but answers no children, or a policy edit that empties a
-//! selector, would otherwise prune every parent's children as fast as the controller runs.
-//! So each change opens a *window* — a swap of the plugin or its config, a candidate change, a
-//! new generation (which restarts the controller), the host starting or taking over — that
-//! lasts until every parent has been reconciled once under it. Within a window the host
-//! deletes at most `max(floor, fraction × children seen)` children in all, where the children
-//! seen are those of the parents reconciled so far in the window: the share is judged on the
-//! evidence as it comes, so a change that prunes everything is caught after `floor`
-//! deletions, not after a fraction of the whole policy. The first reconcile that would go
-//! beyond that holds its deletions, and so does every later one in the window (applies still
-//! happen). The hold ends when an admin sets [`CONFIRM_ANNOTATION`] to the
-//! window's token (the held deletions then proceed), or when the next change opens a new
-//! window (rolling back: nothing was deleted). Outside a window — the steady state — pruning
-//! is never held: a parent whose spec shrinks loses its children as asked.
+//! A plugin that loads fine but answers no children, a candidate walked through a rollout,
+//! or a plugin that turns on its children long after it was swapped in would otherwise prune
+//! every parent's children as fast as the controller runs. The guard counts deletions against
+//! two budgets, and a deletion must fit both:
+//!
+//! - **Per change.** A change of what decides — the policy's generation, the active plugin,
+//!   the candidate — may delete at most `max(floor, fraction × children seen)` children in
+//!   all, where the children seen are those of the parents reconciled since the change: the
+//!   share is judged on the evidence as it comes, so a change that prunes everything is caught
+//!   after `floor` deletions. The budget is the change's, not a stage's: a rollout moving its
+//!   candidate's share, a restart of the controller's window or a takeover goes on counting
+//!   against it.
+//! - **Over time.** In any `pruneWindowSeconds`, at most `max(floor, fraction × children
+//!   known)`, the children known being those of every parent reconciled so far. A plugin that
+//!   waits for the change's window to close and then prunes everything at a resync is held
+//!   as a change would be.
+//!
+//! Each change opens a *window* that lasts until every parent was reconciled once under it;
+//! going past a budget holds the deletions (in a window of its own, in the steady state).
+//! The first reconcile that would go beyond holds its deletions, and so does every later one
+//! in the window (applies still happen). A hold ends when an admin sets
+//! [`CONFIRM_ANNOTATION`] to the window's token, which lets the window's deletions proceed
+//! until it closes; or when the next change opens a new window (rolling back: nothing was
+//! deleted). Every window has a token of its own — the change (generation and full digests)
+//! and a nonce — so a confirmation is used once: it never confirms a later window, a later
+//! stage of a rollout, a restart, a takeover or another host's window.
 //!
 //! The guard is consulted by the prune step, told about every finished reconcile, and read
 //! by the policy's status report; all its arithmetic is here, tested without a cluster.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasher as _, Hasher as _};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::ObjectRef;
 
@@ -37,16 +51,21 @@ pub const DEFAULT_MAX_PRUNE_FRACTION: f64 = 0.2;
 /// `spec.safety.pruneFloor` when unset.
 pub const DEFAULT_PRUNE_FLOOR: u64 = 5;
 
+/// `spec.safety.pruneWindowSeconds` when unset.
+pub const DEFAULT_PRUNE_WINDOW: Duration = Duration::from_secs(600);
+
 /// Held deletions the status names as examples.
 const EXAMPLES: usize = 5;
 
-/// How much a window may delete.
+/// How much may be deleted.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct PruneLimits {
     /// The share of the policy's children, 0 to 1.
     pub max_fraction: f64,
     /// Deletions always allowed.
     pub floor: u64,
+    /// The rolling period of the budget over time; zero for none.
+    pub period: Duration,
 }
 
 impl PruneLimits {
@@ -59,11 +78,14 @@ impl PruneLimits {
                 .filter(|f| f.is_finite())
                 .map_or(DEFAULT_MAX_PRUNE_FRACTION, |f| f.clamp(0.0, 1.0)),
             floor: safety.prune_floor.map_or(DEFAULT_PRUNE_FLOOR, u64::from),
+            period: safety
+                .prune_window_seconds
+                .map_or(DEFAULT_PRUNE_WINDOW, |s| Duration::from_secs(u64::from(s))),
         }
     }
 
-    /// Deletions a window that has seen `children` children allows: the floor, or the share
-    /// of them rounded down, whichever is more.
+    /// Deletions a budget over `children` children allows: the floor, or the share of them
+    /// rounded down, whichever is more.
     pub fn allowed(&self, children: u64) -> u64 {
         // Exact for any child count a cluster holds (below 2^53).
         #[allow(
@@ -88,19 +110,59 @@ pub(crate) enum Admission {
 /// A parent's key, as every policy map holds it.
 type ParentKey = ObjectRef<CachedObject>;
 
-/// One window: from a change until every parent was reconciled once under it.
+/// Children by parent, and their sum.
+#[derive(Debug, Default)]
+struct Tally {
+    children: HashMap<ParentKey, u64>,
+    total: u64,
+}
+
+impl Tally {
+    fn set(&mut self, parent: &ParentKey, children: u64) {
+        let before = self.children.insert(parent.clone(), children).unwrap_or(0);
+        self.total = self.total - before + children;
+    }
+
+    fn retain(&mut self, exists: impl Fn(&ParentKey) -> bool) {
+        self.children.retain(|key, _| exists(key));
+        self.total = self.children.values().sum();
+    }
+}
+
+/// The change deletions in a window are counted against: its budget outlives the window, so
+/// a rollout that moves its candidate's share (and so reopens the window) spends the same one.
+#[derive(Debug)]
+struct Change {
+    /// The policy's generation and the full digests of the active plugin and the candidate.
+    key: String,
+    /// Children deleted in its windows.
+    deleted: u64,
+    /// The children each parent reconciled in its windows kept (at its last reconcile):
+    /// with those deleted, what its share is taken of.
+    seen: Tally,
+}
+
+impl Change {
+    fn new(key: String) -> Self {
+        Self {
+            key,
+            deleted: 0,
+            seen: Tally::default(),
+        }
+    }
+}
+
+/// One window: from a change (or a hold in the steady state) until every parent was
+/// reconciled once under it.
 #[derive(Debug)]
 struct Window {
     /// What opened it, for the status.
     since: String,
-    /// Children deleted in it.
-    deleted: u64,
-    /// The children each parent reconciled in it had (at its last reconcile): what the share
-    /// is taken of.
-    seen: HashMap<ParentKey, u64>,
-    /// Their sum.
-    seen_total: u64,
-    /// Set once a reconcile would have gone past the limit; stays until confirmed or replaced.
+    /// What confirms it: the change's key and a nonce of its own.
+    token: String,
+    /// Whether an admin set [`CONFIRM_ANNOTATION`] to the token: its deletions then proceed.
+    confirmed: bool,
+    /// Set once a reconcile would have gone past a budget; stays until confirmed or replaced.
     held: bool,
     /// Deletions held, by parent: `Kind name` each.
     holding: HashMap<ParentKey, Vec<String>>,
@@ -113,18 +175,59 @@ struct State {
     limits: PruneLimits,
     /// Counts windows, so a reconcile that began in an earlier one is not taken as a visit.
     epoch: u64,
-    /// What confirms the current window's held deletions: the policy's generation and
-    /// plugin, kept in the steady state for a window opened without a change of either.
-    token: String,
+    change: Change,
     /// `None` in the steady state.
     window: Option<Window>,
-    /// The policy's [`CONFIRM_ANNOTATION`].
-    confirmation: Option<String>,
+    /// The children every parent reconciled so far kept: with those deleted within the
+    /// period, what the budget over time is taken of.
+    known: Tally,
+    /// Deletions made within the last `limits.period`, oldest first.
+    recent: VecDeque<(Instant, u64)>,
 }
 
 impl State {
-    fn confirmed(&self) -> bool {
-        self.confirmation.as_deref() == Some(self.token.as_str())
+    /// Deletions within the last period, dropping older ones.
+    fn recently_deleted(&mut self, now: Instant) -> u64 {
+        let period = self.limits.period;
+        while self
+            .recent
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= period)
+        {
+            self.recent.pop_front();
+        }
+        self.recent.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Whether `count` more deletions fit the budget over time.
+    fn within_period(&mut self, count: u64, now: Instant) -> bool {
+        let recently = self.recently_deleted(now);
+        self.limits.period.is_zero()
+            || recently + count <= self.limits.allowed(self.known.total + recently)
+    }
+
+    /// `count` of `parent`'s `observed` children were deleted: they no longer count as the
+    /// parent's, but as deleted (so the share is taken of the same children before and after).
+    fn deleted(&mut self, parent: &ParentKey, observed: u64, count: u64, now: Instant) {
+        let remaining = observed.saturating_sub(count);
+        self.known.set(parent, remaining);
+        if self.window.is_some() {
+            self.change.seen.set(parent, remaining);
+            self.change.deleted += count;
+        }
+        self.recent.push_back((now, count));
+    }
+
+    fn open(&mut self, since: String) -> &mut Window {
+        self.epoch += 1;
+        self.window.insert(Window {
+            since,
+            token: token(&self.change.key),
+            confirmed: false,
+            held: false,
+            holding: HashMap::new(),
+            visited: HashSet::new(),
+        })
     }
 }
 
@@ -135,44 +238,39 @@ pub(crate) struct PruneGuard {
 }
 
 impl PruneGuard {
-    /// A guard whose first window opens now: a controller that starts does not know what the
-    /// last one did, nor whether its plugin is the one that made the children.
-    pub fn new(limits: PruneLimits, token: String, since: String) -> Self {
+    /// A guard whose first window opens now, for the change `key` ([`change_key`]): a
+    /// controller that starts does not know what the last one did, nor whether its plugin is
+    /// the one that made the children.
+    pub fn new(limits: PruneLimits, key: String, since: String) -> Self {
         let guard = Self {
             state: Mutex::new(State {
                 limits,
                 epoch: 0,
-                token: String::new(),
+                change: Change::new(key.clone()),
                 window: None,
-                confirmation: None,
+                known: Tally::default(),
+                recent: VecDeque::new(),
             }),
         };
-        guard.open(token, since);
+        guard.open(key, since);
         guard
     }
 
-    /// A change: open a new window, confirmed by `token`, forgetting the last one and
-    /// anything it held.
-    pub fn open(&self, token: String, since: String) {
+    /// A change, `key`: open a new window, forgetting the last one and anything it held. A
+    /// change other than the last starts a budget of its own.
+    pub fn open(&self, key: String, since: String) {
         let mut state = lock(&self.state);
-        state.token = token;
-        state.epoch += 1;
-        state.window = Some(Window {
-            since,
-            deleted: 0,
-            seen: HashMap::new(),
-            seen_total: 0,
-            held: false,
-            holding: HashMap::new(),
-            visited: HashSet::new(),
-        });
+        if state.change.key != key {
+            state.change = Change::new(key);
+        }
+        state.open(since);
     }
 
-    /// A change of who writes (a takeover) rather than of what decides: a new window under
-    /// the same token, so a confirmation given for it still holds.
+    /// A change of who writes (a takeover) or of how far a rollout reaches, rather than of
+    /// what decides: a new window (with a new token), counted against the same change.
     pub fn reopen(&self, since: String) {
-        let token = lock(&self.state).token.clone();
-        self.open(token, since);
+        let key = lock(&self.state).change.key.clone();
+        self.open(key, since);
     }
 
     /// The window a reconcile starting now belongs to.
@@ -180,44 +278,94 @@ impl PruneGuard {
         lock(&self.state).epoch
     }
 
-    /// The policy's confirmation annotation changed (or was read at start). Whether it lets
-    /// a held window's deletions proceed now.
+    /// The policy's confirmation annotation changed (or was read at start). It confirms the
+    /// window whose token it names, and no other. Whether it lets held deletions proceed now.
     pub fn set_confirmation(&self, confirmation: Option<&str>) -> bool {
         let mut state = lock(&self.state);
-        state.confirmation = confirmation.map(str::to_owned);
-        state
-            .window
-            .as_ref()
-            .is_some_and(|w| w.held && state.confirmed())
+        let Some(window) = &mut state.window else {
+            return false;
+        };
+        if window.confirmed || confirmation != Some(window.token.as_str()) {
+            return false;
+        }
+        window.confirmed = true;
+        window.held
     }
 
     /// May `parent`, which has `observed` children, delete `children` of them (`Kind name`
     /// each)? Every reconcile that reaches the prune step asks, with nothing to delete too:
-    /// its children are part of what the share is taken of. Counts what it lets go;
+    /// its children are part of what the shares are taken of. Counts what it lets go;
     /// remembers what it holds.
     pub fn admit(&self, parent: &ParentKey, observed: u64, children: &[String]) -> Admission {
+        self.admit_at(parent, observed, children, Instant::now())
+    }
+
+    fn admit_at(
+        &self,
+        parent: &ParentKey,
+        observed: u64,
+        children: &[String],
+        now: Instant,
+    ) -> Admission {
         let mut state = lock(&self.state);
-        let limits = state.limits;
-        let confirmed = state.confirmed();
-        let Some(window) = &mut state.window else {
-            return Admission::Prune;
-        };
-        let before = window.seen.insert(parent.clone(), observed).unwrap_or(0);
-        window.seen_total = window.seen_total - before + observed;
+        let state = &mut *state;
+        state.known.set(parent, observed);
+        if state.window.is_some() {
+            state.change.seen.set(parent, observed);
+        }
         if children.is_empty() {
             // Held before, wanted again now (or gone by other hands): nothing held for it, and
             // a hold with nothing left to hold is over.
-            window.holding.remove(parent);
-            window.held &= !window.holding.is_empty();
+            if let Some(window) = &mut state.window {
+                window.holding.remove(parent);
+                window.held &= !window.holding.is_empty();
+            }
             return Admission::Prune;
         }
         let count = children.len() as u64;
-        let within = window.deleted + count <= limits.allowed(window.seen_total);
-        if confirmed || (!window.held && within) {
-            window.deleted += count;
+        if let Some(window) = &mut state.window
+            && window.confirmed
+        {
+            // An admin let this window's deletions go: counted for the status, against no
+            // budget over time.
             window.holding.remove(parent);
+            state.known.set(parent, observed.saturating_sub(count));
+            state
+                .change
+                .seen
+                .set(parent, observed.saturating_sub(count));
+            state.change.deleted += count;
             return Admission::Prune;
         }
+        let within_period = state.within_period(count, now);
+        let limits = state.limits;
+        let within_change = state.change.deleted + count
+            <= limits.allowed(state.change.seen.total + state.change.deleted);
+        match &mut state.window {
+            Some(window) if !window.held && within_change && within_period => {
+                window.holding.remove(parent);
+                state.deleted(parent, observed, count, now);
+                return Admission::Prune;
+            }
+            Some(_) => {}
+            None if within_period => {
+                state.deleted(parent, observed, count, now);
+                return Admission::Prune;
+            }
+            None => {
+                let recently = state.recently_deleted(now);
+                let since = format!(
+                    "{recently} deletions, {} allowed of the {} children known within {}s",
+                    limits.allowed(state.known.total + recently),
+                    state.known.total + recently,
+                    limits.period.as_secs()
+                );
+                state.open(since);
+            }
+        }
+        let Some(window) = &mut state.window else {
+            return Admission::Prune;
+        };
         window.held = true;
         window.holding.insert(parent.clone(), children.to_vec());
         Admission::Hold
@@ -234,19 +382,18 @@ impl PruneGuard {
         }
     }
 
-    /// Close the window if every one of the `parents` that `exist` was reconciled under it,
-    /// unless it holds deletions no one confirmed. Returns whether it closed.
+    /// Forget parents that no longer `exist`, and close the window if every one of the
+    /// `parents` was reconciled under it, unless it holds deletions no one confirmed (or
+    /// confirmed ones not made yet). Returns whether it closed.
     pub fn close_if_rolled_out(&self, exists: impl Fn(&ParentKey) -> bool, parents: usize) -> bool {
         let mut state = lock(&self.state);
-        let confirmed = state.confirmed();
+        state.known.retain(&exists);
         let Some(window) = &mut state.window else {
             return false;
         };
         window.visited.retain(|key| exists(key));
         window.holding.retain(|key, _| exists(key));
-        // Held parents were visited, but their deletions proceed only at their next reconcile
-        // after the confirmation.
-        if (window.held && !confirmed)
+        if (window.held && !window.confirmed)
             || !window.holding.is_empty()
             || window.visited.len() < parents
         {
@@ -262,17 +409,17 @@ impl PruneGuard {
         state
             .window
             .as_ref()
-            .filter(|w| w.held && !state.confirmed())
+            .filter(|w| w.held && !w.confirmed)
             .map_or(0, |w| w.holding.values().map(|c| c.len() as u64).sum())
     }
 
     /// The window as the policy's status shows it (`None` in the steady state).
     pub fn status(&self) -> Option<PruneGuardStatus> {
-        let state = lock(&self.state);
+        let mut state = lock(&self.state);
+        let recently_deleted = state.recently_deleted(Instant::now());
         let window = state.window.as_ref()?;
-        let children = window.seen_total;
-        let confirmed = state.confirmed();
-        let held = window.held && !confirmed;
+        let seen = state.change.seen.total + state.change.deleted;
+        let held = window.held && !window.confirmed;
         let (held_deletions, held_parents, examples) = if held {
             let mut parents: Vec<(String, &Vec<String>)> = window
                 .holding
@@ -296,17 +443,21 @@ impl PruneGuard {
             (0, 0, Vec::new())
         };
         Some(PruneGuardStatus {
-            state: match (held, confirmed) {
-                (true, _) => "Held",
-                (false, true) => "Confirmed",
-                (false, false) => "Watching",
+            state: if held {
+                "Held"
+            } else if window.confirmed {
+                "Confirmed"
+            } else {
+                "Watching"
             }
             .to_owned(),
             since: window.since.clone(),
-            confirm: state.token.clone(),
-            deleted: window.deleted,
-            allowed: state.limits.allowed(children),
-            children_seen: children,
+            confirm: window.token.clone(),
+            deleted: state.change.deleted,
+            allowed: state.limits.allowed(seen),
+            children_seen: seen,
+            recently_deleted,
+            recently_allowed: state.limits.allowed(state.known.total + recently_deleted),
             held_deletions,
             held_parents,
             examples,
@@ -337,10 +488,32 @@ fn display(key: &ParentKey) -> String {
     }
 }
 
-/// The token that confirms a window: the policy's generation and the active plugin's short
-/// digest, so a confirmation never carries over to a later change.
-pub(crate) fn token(generation: Option<i64>, digest: &crate::plugin::Digest) -> String {
-    format!("{}-{}", generation.unwrap_or_default(), digest.short())
+/// What identifies a change: the policy's generation and the full digests of the active
+/// plugin and of the candidate, if one is loaded.
+pub(crate) fn change_key(
+    generation: Option<i64>,
+    active: &crate::plugin::Digest,
+    candidate: Option<&crate::plugin::Digest>,
+) -> String {
+    let mut key = format!("{}-{}", generation.unwrap_or_default(), active.hex());
+    if let Some(candidate) = candidate {
+        key.push('-');
+        key.push_str(&candidate.hex());
+    }
+    key
+}
+
+/// A token for a window or a hold of the change `key`: the key and a nonce no earlier window
+/// (of this host or any other) had.
+fn token(key: &str) -> String {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.write(key.as_bytes());
+    format!("{key}.{:08x}", hasher.finish() & 0xffff_ffff)
 }
 
 #[cfg(test)]
@@ -358,6 +531,7 @@ mod tests {
         PruneLimits {
             max_fraction,
             floor,
+            period: DEFAULT_PRUNE_WINDOW,
         }
     }
 
@@ -367,6 +541,22 @@ mod tests {
 
     fn children(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("ConfigMap c-{i}")).collect()
+    }
+
+    fn token_of(g: &PruneGuard) -> String {
+        g.status().expect("a window").confirm
+    }
+
+    /// Reconcile `parents` parents of `each` children with nothing to delete, and close the
+    /// window: the steady state, knowing them all.
+    fn steady(g: &PruneGuard, parents: usize, each: u64) {
+        let epoch = g.epoch();
+        for i in 0..parents {
+            let parent = key(&format!("p-{i:03}"));
+            assert_eq!(g.admit(&parent, each, &[]), Admission::Prune);
+            g.visited(epoch, parent);
+        }
+        assert!(g.close_if_rolled_out(|_| true, parents));
     }
 
     #[test]
@@ -386,6 +576,7 @@ mod tests {
         let safety = |fraction: Option<f64>, floor: Option<u32>| SafetySpec {
             max_prune_fraction: fraction,
             prune_floor: floor,
+            prune_window_seconds: None,
         };
         assert_eq!(
             PruneLimits::of(Some(&safety(Some(0.5), Some(0)))),
@@ -399,6 +590,11 @@ mod tests {
             PruneLimits::of(Some(&safety(Some(f64::NAN), None))),
             limits(0.2, 5)
         );
+        let no_period = SafetySpec {
+            prune_window_seconds: Some(0),
+            ..SafetySpec::default()
+        };
+        assert_eq!(PruneLimits::of(Some(&no_period)).period, Duration::ZERO);
     }
 
     #[test]
@@ -420,7 +616,7 @@ mod tests {
         assert_eq!((status.held_deletions, status.held_parents), (195, 195));
         assert_eq!(status.examples.len(), 5);
         assert_eq!(status.examples[0], "a/p-005 → ConfigMap c-0");
-        assert_eq!(status.confirm, "3-abc");
+        assert!(status.confirm.starts_with("3-abc."), "{}", status.confirm);
     }
 
     #[test]
@@ -476,33 +672,39 @@ mod tests {
     }
 
     #[test]
-    fn a_confirmation_for_this_window_lets_the_held_deletions_go() {
-        let g = guard(0.0, 0);
-        assert!(!g.set_confirmation(Some("3-abc")), "nothing held yet");
-        assert_eq!(
-            g.admit(&key("p"), 2, &children(2)),
-            Admission::Prune,
-            "confirmed beforehand"
-        );
-
+    fn a_confirmation_lets_its_windows_deletions_go_and_no_other_windows() {
         let g = guard(0.0, 0);
         assert_eq!(g.admit(&key("p"), 2, &children(2)), Admission::Hold);
-        assert!(!g.set_confirmation(Some("2-abc")), "another window's token");
+        let first = token_of(&g);
+        assert!(first.starts_with("3-abc."), "{first}");
+        assert!(!g.set_confirmation(Some("3-abc.00000000")), "another value");
         assert_eq!(g.admit(&key("p"), 2, &children(2)), Admission::Hold);
-        assert!(g.set_confirmation(Some("3-abc")));
+        assert!(g.set_confirmation(Some(&first)));
         assert_eq!(g.held(), 0);
         assert_eq!(g.status().expect("open").state, "Confirmed");
         assert_eq!(g.admit(&key("p"), 2, &children(2)), Admission::Prune);
-        assert_eq!(g.status().expect("open").deleted, 2);
+        assert_eq!(g.admit(&key("q"), 3, &children(3)), Admission::Prune);
+        assert_eq!(g.status().expect("open").deleted, 5);
 
-        // The next change is a window of its own: the old confirmation does not carry over.
+        // A rollout's next stage, a takeover: a window of its own, with a token of its own.
+        g.reopen("the rollout of candidate abc to 50%".into());
+        let second = token_of(&g);
+        assert_ne!(second, first);
+        assert_eq!(g.admit(&key("r"), 2, &children(2)), Admission::Hold);
+        assert!(!g.set_confirmation(Some(&first)), "used");
+        assert!(g.set_confirmation(Some(&second)));
+
+        // The next change: no confirmation carries over.
         g.open("4-def".into(), "another swap".into());
-        assert_eq!(g.admit(&key("q"), 2, &children(2)), Admission::Hold);
+        assert_eq!(g.admit(&key("s"), 2, &children(2)), Admission::Hold);
+        assert!(token_of(&g).starts_with("4-def."));
+        assert!(!g.set_confirmation(Some(&second)));
     }
 
     #[test]
-    fn a_new_window_forgets_what_the_last_one_held() {
-        let g = guard(0.0, 0);
+    fn a_new_change_forgets_what_the_last_one_held_and_deleted() {
+        let g = guard(0.0, 1);
+        assert_eq!(g.admit(&key("o"), 1, &children(1)), Admission::Prune);
         assert_eq!(g.admit(&key("p"), 3, &children(3)), Admission::Hold);
         g.open("5-old".into(), "rolled back".into());
         assert_eq!(g.held(), 0);
@@ -512,21 +714,101 @@ mod tests {
     }
 
     #[test]
-    fn a_takeover_reopens_the_window_under_the_same_token() {
-        let g = guard(0.0, 0);
-        assert_eq!(g.admit(&key("p"), 1, &children(1)), Admission::Hold);
-        g.reopen("took over".into());
+    fn a_rollout_stage_or_a_takeover_counts_against_the_same_change() {
+        // Eight stages, each reopening the window: five deletions in all, not five a stage.
+        let g = guard(0.2, 5);
+        let mut pruned = 0;
+        for stage in 0..8 {
+            g.reopen(format!("stage {stage}"));
+            for i in 0..4 {
+                let parent = key(&format!("p-{stage}-{i}"));
+                if g.admit(&parent, 1, &children(1)) == Admission::Prune {
+                    pruned += 1;
+                }
+            }
+        }
+        assert_eq!(pruned, 5);
         let status = g.status().expect("open");
-        assert_eq!(
-            (status.state.as_str(), status.confirm.as_str()),
-            ("Watching", "3-abc")
-        );
-        assert_eq!(g.admit(&key("p"), 1, &children(1)), Admission::Hold);
-        assert!(g.set_confirmation(Some("3-abc")));
+        assert_eq!((status.deleted, status.state.as_str()), (5, "Held"));
+        g.reopen("this replica took over".into());
+        // 33 children seen now: 6 in all may go, one more than went.
+        assert_eq!(g.admit(&key("late"), 1, &children(1)), Admission::Prune);
+        assert_eq!(g.admit(&key("later"), 1, &children(1)), Admission::Hold);
     }
 
     #[test]
-    fn the_window_closes_once_every_parent_was_reconciled_in_it_and_then_nothing_is_held() {
+    fn the_steady_state_is_held_past_the_share_per_period() {
+        let g = guard(0.2, 5);
+        steady(&g, 100, 1);
+        assert!(g.status().is_none());
+        let start = Instant::now();
+        // 100 children known: 20 may go per period; the 21st opens a held window.
+        for i in 0..20 {
+            let parent = key(&format!("p-{i:03}"));
+            assert_eq!(
+                g.admit_at(&parent, 1, &children(1), start),
+                Admission::Prune
+            );
+        }
+        let parent = key("p-020");
+        assert_eq!(g.admit_at(&parent, 1, &children(1), start), Admission::Hold);
+        let status = g.status().expect("a hold opens a window");
+        assert_eq!(status.state, "Held");
+        assert_eq!((status.recently_deleted, status.recently_allowed), (20, 20));
+        assert!(status.since.contains("within 600s"), "{}", status.since);
+        // Confirmed: the held one goes; the window closes once every parent was seen.
+        assert!(g.set_confirmation(Some(&status.confirm)));
+        assert_eq!(
+            g.admit_at(&parent, 1, &children(1), start),
+            Admission::Prune
+        );
+        let epoch = g.epoch();
+        for i in 0..100 {
+            g.visited(epoch, key(&format!("p-{i:03}")));
+        }
+        assert!(g.close_if_rolled_out(|_| true, 100));
+        // A period later, the budget is whole again.
+        let later = start + DEFAULT_PRUNE_WINDOW;
+        assert_eq!(
+            g.admit_at(&key("p-030"), 1, &children(1), later),
+            Admission::Prune
+        );
+    }
+
+    #[test]
+    fn a_period_of_zero_never_holds_the_steady_state() {
+        let g = PruneGuard::new(
+            PruneLimits {
+                period: Duration::ZERO,
+                ..limits(0.0, 0)
+            },
+            "3-abc".into(),
+            "start".into(),
+        );
+        steady(&g, 2, 10);
+        assert_eq!(g.admit(&key("p-000"), 10, &children(10)), Admission::Prune);
+        assert_eq!(g.held(), 0);
+    }
+
+    #[test]
+    fn a_window_counts_against_the_budget_over_time_too() {
+        // Changes one after another each get a budget of their own (the floor, here); the
+        // period's share caps them all: half of the ten children known.
+        let g = guard(0.5, 1);
+        steady(&g, 10, 1);
+        let mut pruned = 0;
+        for change in 0..10 {
+            g.open(format!("{change}-x"), format!("change {change}"));
+            let parent = key(&format!("p-{change:03}"));
+            if g.admit(&parent, 1, &children(1)) == Admission::Prune {
+                pruned += 1;
+            }
+        }
+        assert_eq!(pruned, 5);
+    }
+
+    #[test]
+    fn the_window_closes_once_every_parent_was_reconciled_in_it() {
         let g = guard(0.0, 0);
         let epoch = g.epoch();
         g.visited(epoch, key("p"));
@@ -542,9 +824,6 @@ mod tests {
         g.visited(epoch, key("q"));
         assert!(g.close_if_rolled_out(|k| k.name != "gone", 2));
         assert!(g.status().is_none(), "steady state");
-        // The steady state never holds: a parent's spec may drop all its children.
-        assert_eq!(g.admit(&key("p"), 10, &children(10)), Admission::Prune);
-        assert_eq!(g.held(), 0);
     }
 
     #[test]
@@ -554,7 +833,7 @@ mod tests {
         assert_eq!(g.admit(&key("p"), 1, &children(1)), Admission::Hold);
         g.visited(epoch, key("p"));
         assert!(!g.close_if_rolled_out(|_| true, 1), "held");
-        assert!(g.set_confirmation(Some("3-abc")));
+        assert!(g.set_confirmation(Some(&token_of(&g))));
         assert!(
             !g.close_if_rolled_out(|_| true, 1),
             "the held deletions have not gone yet"
@@ -570,7 +849,16 @@ mod tests {
         assert_eq!(g.admit(&key("p"), 1, &children(1)), Admission::Hold);
         g.visited(epoch, key("p"));
         g.visited(epoch, key("q"));
-        assert!(g.set_confirmation(Some("3-abc")));
+        assert!(g.set_confirmation(Some(&token_of(&g))));
         assert!(g.close_if_rolled_out(|k| k.name != "p", 1));
+    }
+
+    #[test]
+    fn tokens_name_the_change_and_never_repeat() {
+        let digest = crate::plugin::Digest::of(b"active");
+        let candidate = crate::plugin::Digest::of(b"candidate");
+        let key = change_key(Some(7), &digest, Some(&candidate));
+        assert_eq!(key, format!("7-{}-{}", digest.hex(), candidate.hex()));
+        assert_ne!(token(&key), token(&key));
     }
 }

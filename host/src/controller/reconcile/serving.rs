@@ -20,7 +20,29 @@ pub(crate) struct Serving {
     /// The candidate plugin, if the policy names one.
     pub candidate: arc_swap::ArcSwapOption<Candidate>,
     /// The candidate's shadow verdict per parent, since it was loaded.
-    pub shadow: Mutex<HashMap<ObjectRef<CachedObject>, Verdict>>,
+    pub shadow: Mutex<HashMap<ObjectRef<CachedObject>, Shadowed>>,
+}
+
+/// The candidate's shadow run for one parent.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Shadowed {
+    pub verdict: Verdict,
+    /// The children the active plugin answered.
+    pub children: u64,
+    /// Of those, the children the candidate's answer leaves out: what it would prune were it
+    /// serving this parent.
+    pub would_prune: u64,
+}
+
+impl From<Verdict> for Shadowed {
+    /// A verdict with no children counted.
+    fn from(verdict: Verdict) -> Self {
+        Self {
+            verdict,
+            children: 0,
+            would_prune: 0,
+        }
+    }
 }
 
 impl Serving {

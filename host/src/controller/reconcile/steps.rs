@@ -25,7 +25,7 @@ use super::error::{ReconcileError, describe};
 use super::events::{Published, truncate};
 use super::parent::{ParentIdentity, parent_key};
 use super::request::{self, Observed};
-use super::serving::ActivePlugin;
+use super::serving::{ActivePlugin, Shadowed};
 use super::status::Outcome;
 use super::trace::Trace;
 use super::writes::{self, Applied};
@@ -258,7 +258,15 @@ impl<'a> Reconcile<'a> {
                     &ctx.redaction,
                 );
                 lock(&self.trace).shadowed(&verdict);
-                lock(&ctx.serving.shadow).insert(key, verdict);
+                let (children, would_prune) = would_prune(&answer, &shadow_answer);
+                lock(&ctx.serving.shadow).insert(
+                    key,
+                    Shadowed {
+                        verdict,
+                        children,
+                        would_prune,
+                    },
+                );
                 answer
             })
             .await?;
@@ -539,6 +547,37 @@ fn shadow_verdict(
     redaction
         .in_status()
         .hiding(|hide| compare_hiding(answer, shadow_answer, hide))
+}
+
+/// How many children the active plugin answered, and how many of them the candidate's answer
+/// leaves out (by kind and name): none when either failed, which counts as a failure instead.
+fn would_prune(
+    answer: &Result<ReconcileResponse, CallError>,
+    shadow_answer: &Result<ReconcileResponse, CallError>,
+) -> (u64, u64) {
+    let (Ok(answer), Ok(shadow_answer)) = (answer, shadow_answer) else {
+        return (0, 0);
+    };
+    let identity = |child: &JsonObject| {
+        let text = |v: Option<&serde_json::Value>| {
+            v.and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let metadata = child.get("metadata");
+        (
+            text(child.get("kind")),
+            text(metadata.and_then(|m| m.get("namespace"))),
+            text(metadata.and_then(|m| m.get("name"))),
+        )
+    };
+    let kept: std::collections::HashSet<_> = shadow_answer.children.iter().map(identity).collect();
+    let dropped = answer
+        .children
+        .iter()
+        .filter(|child| !kept.contains(&identity(child)))
+        .count();
+    (answer.children.len() as u64, dropped as u64)
 }
 
 /// The plugin's requeue delay, never below [`MIN_REQUEUE`]; `otherwise` without one.

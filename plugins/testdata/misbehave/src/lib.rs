@@ -39,6 +39,20 @@ struct Config {
     /// have a plugin fail for a known share of its parents.
     #[serde(default, rename = "failMarked")]
     fail_marked: bool,
+    /// With `ownChild`, leave the own child out for a parent labelled `drop: "true"`, so a
+    /// test can have the plugin turn on children it made, with no change to the plugin.
+    #[serde(default, rename = "dropLabelled")]
+    drop_labelled: bool,
+    /// Also desire a Deployment `<parent>-app` of one replica running this image.
+    #[serde(default)]
+    deployment: Option<String>,
+    /// With `deployment`, give its pods a node selector no node matches: they never run, so
+    /// the Deployment never becomes available.
+    #[serde(default)]
+    unschedulable: bool,
+    /// Claim the parent is ready: a `Ready=True` condition in the status it writes.
+    #[serde(default, rename = "claimReady")]
+    claim_ready: bool,
     /// Touch this many MiB of memory (every page written) before answering, so a test can
     /// make each call hold that much resident.
     #[serde(default, rename = "touchMib")]
@@ -80,7 +94,9 @@ impl Reconciler for Misbehave {
         for child in &request.config.children {
             response.add_child(child)?;
         }
-        if request.config.own_child {
+        let dropped =
+            request.config.drop_labelled && request.parent["metadata"]["labels"]["drop"] == "true";
+        if request.config.own_child && !dropped {
             let data: serde_json::Map<String, Value> = request.parent["spec"]
                 .as_object()
                 .map(|spec| {
@@ -93,6 +109,25 @@ impl Reconciler for Misbehave {
                 "apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": format!("{name}-own")},
                 "data": data,
+            }))?;
+        }
+        if let Some(image) = &request.config.deployment {
+            let app = format!("{name}-app");
+            let mut pod = json!({"containers": [{"name": "app", "image": image}]});
+            if request.config.unschedulable {
+                pod["nodeSelector"] = json!({"wasmctrl.test/nowhere": "true"});
+            }
+            response.add_child(&json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": app},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": app}},
+                    "template": {
+                        "metadata": {"labels": {"app": app}},
+                        "spec": pod,
+                    },
+                },
             }))?;
         }
         if request.config.spec_children {
@@ -180,12 +215,19 @@ impl Reconciler for Misbehave {
             "stderr" => eprintln!("misbehave reconciled {name}"),
             _ => {}
         }
-        response.set_status(&json!({
+        let mut status = json!({
             "parent": name,
             "calls": calls,
             "children": request.children.len(),
             "related": request.related.len(),
-        }))?;
+        });
+        if request.config.claim_ready {
+            status["conditions"] = json!([{
+                "type": "Ready", "status": "True", "reason": "Claimed",
+                "message": "the plugin says so", "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }]);
+        }
+        response.set_status(&status)?;
         Ok(response)
     }
 }

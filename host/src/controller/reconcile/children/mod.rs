@@ -8,9 +8,11 @@
 //! | `stamp` | ownership: the controller reference and labels the host sets, and whose child an object is |
 //! | `converge` | whether an observed child already is as desired, and where it differs |
 //! | `prune` | which observed children are no longer desired |
+//! | `readiness` | whether an observed child is ready, from its own status |
 
 mod converge;
 mod prune;
+pub(crate) mod readiness;
 mod stamp;
 mod validate;
 

@@ -1,0 +1,194 @@
+//! Whether a child is ready, judged by the host from the child's own status: what a rollout's
+//! readiness gate reads, so a plugin cannot pass it by writing `Ready=True` on its parent.
+//!
+//! The rules follow what each kind's controller reports (and what `kubectl rollout status`
+//! reads): a Deployment is ready once its controller saw its latest spec and every replica
+//! is updated and available; a StatefulSet or a DaemonSet once every replica is updated and
+//! ready; a Job once complete; a PersistentVolumeClaim once bound; a Pod once `Ready`; a
+//! CustomResourceDefinition once established. Any other object is ready unless its status
+//! says otherwise: an `observedGeneration` behind its `metadata.generation`, or a `Ready` or
+//! `Available` condition that is not `True`. An object with no status at all (a ConfigMap,
+//! a Secret) is ready.
+
+use serde_json::Value;
+
+/// Why a child is not ready, or `None` when it is.
+pub(crate) fn not_ready(child: &Value) -> Option<String> {
+    let api_version = child["apiVersion"].as_str().unwrap_or_default();
+    let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
+    let kind = child["kind"].as_str().unwrap_or_default();
+    let status = &child["status"];
+    if let Some(behind) = generation_behind(child) {
+        return Some(behind);
+    }
+    match (group, kind) {
+        ("apps", "Deployment") => replicas(child, &["updatedReplicas", "availableReplicas"])
+            .or_else(|| {
+                // Old replicas still running: the rollout is not over.
+                let total = count(&status["replicas"]);
+                let updated = count(&status["updatedReplicas"]);
+                (total > updated)
+                    .then(|| format!("{} old replica(s) still running", total - updated))
+            }),
+        ("apps", "StatefulSet") => replicas(child, &["updatedReplicas", "readyReplicas"]),
+        ("apps", "DaemonSet") => {
+            let desired = count(&status["desiredNumberScheduled"]);
+            ["updatedNumberScheduled", "numberReady"]
+                .into_iter()
+                .find(|field| count(&status[*field]) < desired)
+                .map(|field| format!("{field} {} of {desired}", count(&status[field])))
+        }
+        ("batch", "Job") => (!condition_true(status, "Complete")).then(|| {
+            if condition_true(status, "Failed") {
+                "failed".to_owned()
+            } else {
+                "not complete".to_owned()
+            }
+        }),
+        ("", "PersistentVolumeClaim") => {
+            let phase = status["phase"].as_str().unwrap_or("Pending");
+            (phase != "Bound").then(|| format!("phase {phase}"))
+        }
+        ("", "Pod") => (!condition_true(status, "Ready")).then(|| "not Ready".to_owned()),
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+            (!condition_true(status, "Established")).then(|| "not Established".to_owned())
+        }
+        _ => ["Ready", "Available"].into_iter().find_map(|type_| {
+            let condition = find_condition(status, type_)?;
+            (condition["status"] != "True").then(|| {
+                format!(
+                    "{type_}={}",
+                    condition["status"].as_str().unwrap_or("Unknown")
+                )
+            })
+        }),
+    }
+}
+
+/// `observedGeneration N behind generation M`, when the status is about an older spec.
+fn generation_behind(child: &Value) -> Option<String> {
+    let generation = child["metadata"]["generation"].as_i64()?;
+    let observed = child["status"]["observedGeneration"].as_i64();
+    let workload = matches!(
+        child["kind"].as_str(),
+        Some("Deployment" | "StatefulSet" | "DaemonSet")
+    );
+    match observed {
+        Some(observed) if observed < generation => Some(format!(
+            "status.observedGeneration {observed} is behind generation {generation}"
+        )),
+        // A workload's controller always reports what it saw; nothing yet is not ready.
+        None if workload => Some("its controller has not reported on it yet".to_owned()),
+        _ => None,
+    }
+}
+
+/// The first of `fields` of the status below the desired replicas (`spec.replicas`, 1 when
+/// unset), in words.
+fn replicas(child: &Value, fields: &[&str]) -> Option<String> {
+    let desired = child["spec"]["replicas"].as_u64().unwrap_or(1);
+    fields
+        .iter()
+        .find(|field| count(&child["status"][**field]) < desired)
+        .map(|field| format!("{field} {} of {desired}", count(&child["status"][*field])))
+}
+
+fn count(value: &Value) -> u64 {
+    value.as_u64().unwrap_or(0)
+}
+
+fn find_condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
+    status["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+fn condition_true(status: &Value, type_: &str) -> bool {
+    find_condition(status, type_).is_some_and(|c| c["status"] == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn deployment(generation: i64, status: Value) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "generation": generation},
+            "spec": {"replicas": 2}, "status": status})
+    }
+
+    #[test]
+    fn a_deployment_is_ready_once_its_latest_spec_is_updated_and_available() {
+        let available = json!({"observedGeneration": 3, "replicas": 2, "updatedReplicas": 2,
+            "availableReplicas": 2});
+        assert_eq!(not_ready(&deployment(3, available.clone())), None);
+        let behind = not_ready(&deployment(4, available)).expect("a newer spec");
+        assert!(behind.contains("behind generation 4"), "{behind}");
+        let unavailable = json!({"observedGeneration": 3, "replicas": 2, "updatedReplicas": 2,
+            "availableReplicas": 1});
+        assert_eq!(
+            not_ready(&deployment(3, unavailable)).as_deref(),
+            Some("availableReplicas 1 of 2")
+        );
+        let rolling = json!({"observedGeneration": 3, "replicas": 3, "updatedReplicas": 2,
+            "availableReplicas": 2});
+        assert_eq!(
+            not_ready(&deployment(3, rolling)).as_deref(),
+            Some("1 old replica(s) still running")
+        );
+        assert!(
+            not_ready(&deployment(1, Value::Null)).is_some(),
+            "never reported"
+        );
+    }
+
+    #[test]
+    fn jobs_claims_pods_and_crds_have_their_own_rule() {
+        let job = |conditions: Value| {
+            json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+                "status": {"conditions": conditions}})
+        };
+        assert_eq!(
+            not_ready(&job(json!([{"type": "Complete", "status": "True"}]))),
+            None
+        );
+        assert_eq!(
+            not_ready(&job(json!([{"type": "Failed", "status": "True"}]))).as_deref(),
+            Some("failed")
+        );
+        let claim = |phase: &str| {
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "c"}, "status": {"phase": phase}})
+        };
+        assert_eq!(not_ready(&claim("Bound")), None);
+        assert_eq!(
+            not_ready(&claim("Pending")).as_deref(),
+            Some("phase Pending")
+        );
+        let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "x"}, "status": {"conditions": [{"type": "Established", "status": "False"}]}});
+        assert_eq!(not_ready(&crd).as_deref(), Some("not Established"));
+    }
+
+    #[test]
+    fn any_other_object_is_ready_unless_its_status_says_otherwise() {
+        let config_map =
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
+        assert_eq!(not_ready(&config_map), None);
+        let custom = |generation: i64, observed: i64, ready: &str| {
+            json!({"apiVersion": "example.com/v1", "kind": "Database",
+                "metadata": {"name": "db", "generation": generation},
+                "status": {"observedGeneration": observed,
+                    "conditions": [{"type": "Ready", "status": ready}]}})
+        };
+        assert_eq!(not_ready(&custom(2, 2, "True")), None);
+        assert_eq!(
+            not_ready(&custom(2, 2, "False")).as_deref(),
+            Some("Ready=False")
+        );
+        assert!(not_ready(&custom(3, 2, "True")).is_some());
+    }
+}
