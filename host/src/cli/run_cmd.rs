@@ -47,7 +47,8 @@ pub struct RunCommand {
     /// installed with namespaced RBAC). Default: all namespaces.
     #[arg(long, env = "WASMCTRL_NAMESPACE")]
     namespace: Option<String>,
-    /// Run only the ReconcilePolicies matching this label selector (e.g. `shard=a`).
+    /// Run only the ReconcilePolicies matching this label selector (e.g. `shard=a`), and the
+    /// NamespacedReconcilePolicies of the namespaces whose labels match it.
     #[arg(long, env = "WASMCTRL_POLICY_SELECTOR")]
     policy_selector: Option<String>,
     /// Plugin calls that may run at once, across all policies.
@@ -418,6 +419,11 @@ impl RunCommand {
     }
 
     fn host_options(&self) -> anyhow::Result<HostOptions> {
+        if let Some(selector) = &self.policy_selector {
+            crate::policy::placement::PolicySelector::parse(selector)
+                .map_err(anyhow::Error::msg)
+                .context("--policy-selector")?;
+        }
         Ok(HostOptions {
             resync: Duration::from_secs(self.resync_seconds.max(1)),
             backoff_base: Duration::from_millis(self.backoff_base_ms.max(1)),

@@ -546,7 +546,11 @@ async fn run_namespaced_policies(shared: Arc<Shared>, stop: CancellationToken) {
                 shared.leadership.clone(),
                 (
                     shared.options.namespace.clone(),
-                    shared.options.policy_selector.clone(),
+                    shared.options.policy_selector.clone().and_then(|text| {
+                        crate::policy::placement::PolicySelector::parse(&text)
+                            .inspect_err(|error| tracing::error!(%error, "--policy-selector"))
+                            .ok()
+                    }),
                 ),
                 shared.options.team_bounds.clone(),
                 stop.clone().cancelled_owned(),

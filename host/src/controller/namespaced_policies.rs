@@ -2,8 +2,12 @@
 //!
 //! For each NamespacedReconcilePolicy `<name>` in `<namespace>`, the host applies a
 //! ReconcilePolicy `<namespace>.<name>` with the same spec, confined to the namespace and
-//! acting as one of its accounts, labelled as the source is (so `--policy-selector` splits
-//! them as it splits any policy) and marked with the source's uid. The ReconcilePolicy's
+//! acting as one of its accounts, and marked with the source's uid. Which host does it is
+//! the admin's decision, never the team's: a host with a `--policy-selector` takes the team
+//! policies of the namespaces whose labels match it, and labels the ReconcilePolicy as the
+//! namespace is (so its own selector runs it); the labels a team sets on its policy are not
+//! copied. When a namespace's labels change, its policies follow: a host whose selector no
+//! longer matches relabels what it made, and the host that matches now takes it. The ReconcilePolicy's
 //! status is copied back, so the team sees its policy's state where it made it. A
 //! finalizer on the source lets the ReconcilePolicy — and the parents it releases — go first
 //! when the source is deleted. Only the leader writes.
@@ -17,17 +21,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions};
 use kube::core::ApiResource;
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
 
 use crate::controller::policy_run::release;
 use crate::leader::Leadership;
 use crate::policy::namespaced::{self, Refusal};
+use crate::policy::placement::PolicySelector;
 use crate::policy::{ReconcilePolicy, ReconcilePolicySpec};
 
 /// On each NamespacedReconcilePolicy: its ReconcilePolicy goes before it does.
@@ -44,6 +55,14 @@ struct Context {
     resource: ApiResource,
     leadership: Arc<Leadership>,
     bounds: namespaced::TeamBounds,
+    /// With a `--policy-selector`: which namespaces' team policies are this host's.
+    placement: Option<Placement>,
+}
+
+/// The host's selector, and every namespace's labels to match it against.
+struct Placement {
+    selector: PolicySelector,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,11 +76,11 @@ enum Error {
 }
 
 /// Run until `stop`: turn every NamespacedReconcilePolicy the host watches (in `namespace`,
-/// or all; matching `selector`, if any) into its ReconcilePolicy.
+/// or all; in a namespace whose labels match `selector`, if any) into its ReconcilePolicy.
 pub(crate) async fn run(
     client: Client,
     leadership: Arc<Leadership>,
-    scope: (Option<String>, Option<String>),
+    scope: (Option<String>, Option<PolicySelector>),
     bounds: namespaced::TeamBounds,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
@@ -71,20 +90,58 @@ pub(crate) async fn run(
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
         None => Api::all_with(client.clone(), &resource),
     };
-    let mut config = watcher::Config::default();
-    if let Some(selector) = &selector {
-        config = config.labels(selector);
-    }
     let made = watcher::Config::default().labels(SOURCE_UID_LABEL);
     let mapped = resource.clone();
+    let controller = Controller::new_with(sources, watcher::Config::default(), resource.clone());
+    // Namespaces' labels place team policies; a change of them re-runs the namespace's.
+    let (placement, namespace_changes) = match selector.clone() {
+        Some(selector) => {
+            let (store, writer) = reflector::store();
+            let namespaces = Api::<PartialObjectMeta<Namespace>>::all(client.clone());
+            let changes = reflector::reflector(
+                writer,
+                watcher(namespaces, watcher::Config::default())
+                    .backoff(crate::watch_backoff::WatchBackoff::default()),
+            )
+            .touched_objects();
+            (
+                Some(Placement {
+                    selector,
+                    namespaces: store,
+                }),
+                Some(changes),
+            )
+        }
+        None => (None, None),
+    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         resource: resource.clone(),
         leadership,
         bounds,
+        placement,
     });
-    let sweeper = sweep_while_leading(ctx.clone(), namespace, selector);
-    let controller = Controller::new_with(sources, config, resource)
+    let sweeper = sweep_while_leading(
+        ctx.clone(),
+        namespace,
+        selector.map(|s| s.as_str().to_owned()),
+    );
+    let mut controller = controller;
+    if let Some(changes) = namespace_changes {
+        let sources = controller.store();
+        let resource = resource.clone();
+        controller =
+            controller.watches_stream(changes, move |changed: PartialObjectMeta<Namespace>| {
+                let name = changed.name_any();
+                sources
+                    .state()
+                    .into_iter()
+                    .filter(|source| source.namespace().as_deref() == Some(name.as_str()))
+                    .map(|source| ObjectRef::from_obj_with(source.as_ref(), resource.clone()))
+                    .collect::<Vec<_>>()
+            });
+    }
+    let controller = controller
         .watches(
             Api::<ReconcilePolicy>::all(client),
             made,
@@ -260,6 +317,10 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
         .is_some_and(|p| p.labels().get(SOURCE_UID_LABEL) == Some(&uid));
     let sources: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.resource);
+    let Some(placed) = placement(&ctx, &namespace, made.as_ref(), ours).await else {
+        // Another host's (or no host's, until an admin labels the namespace for one).
+        return Ok(Action::await_change());
+    };
 
     if source.metadata.deletion_timestamp.is_some() {
         if ours && let Some(made) = &made {
@@ -314,7 +375,8 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
             return Ok(Action::await_change());
         }
     };
-    let mut labels = source.labels().clone();
+    // The namespace's labels, which the admin sets, never the team's own.
+    let mut labels = placed;
     labels.insert(SOURCE_UID_LABEL.to_owned(), uid);
     let policy = json!({
         "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
@@ -334,6 +396,38 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
         .await?;
     mirror_status(&sources, &source, &applied).await?;
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// The labels the ReconcilePolicy made from a team policy in `namespace` gets, if this host
+/// is the one to make it: every host without a selector; a host with one when the
+/// namespace's labels match it — or when they no longer do but the policy it made (`made`,
+/// `ours`) still carries labels that do, so that relabelling moves it to the host that
+/// matches now.
+async fn placement(
+    ctx: &Context,
+    namespace: &str,
+    made: Option<&ReconcilePolicy>,
+    ours: bool,
+) -> Option<BTreeMap<String, String>> {
+    let Some(placement) = &ctx.placement else {
+        return Some(BTreeMap::new());
+    };
+    // Before the namespaces are listed, every namespace would look unlabelled.
+    placement.namespaces.wait_until_ready().await.ok()?;
+    let labels = placement
+        .namespaces
+        .get(&ObjectRef::new(namespace))
+        .map(|n| n.labels().clone())
+        .unwrap_or_default();
+    if placement.selector.matches(&labels) {
+        return Some(labels);
+    }
+    let stale = made.filter(|_| ours).is_some_and(|made| {
+        let mut carried = made.labels().clone();
+        carried.remove(SOURCE_UID_LABEL);
+        carried != labels && placement.selector.matches(&carried)
+    });
+    stale.then_some(labels)
 }
 
 /// Add or remove [`FINALIZER`] on `source`, bound to the resourceVersion read.

@@ -7,6 +7,7 @@
 
 pub mod namespaced;
 pub mod permissions;
+pub mod placement;
 mod rollout;
 mod verify;
 

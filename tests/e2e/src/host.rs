@@ -160,6 +160,7 @@ pub struct HostBuilder {
     standby: bool,
     /// What teams' NamespacedReconcilePolicies may ask for.
     team_bounds: wasmctrl::policy::namespaced::TeamBounds,
+    default_verify: Option<wasmctrl::policy::VerifySpec>,
 }
 
 impl HostBuilder {
@@ -181,6 +182,7 @@ impl HostBuilder {
             max_concurrent_loads: None,
             standby: false,
             team_bounds: wasmctrl::policy::namespaced::TeamBounds::default(),
+            default_verify: None,
         }
     }
 
@@ -209,6 +211,12 @@ impl HostBuilder {
     /// `--keyless-trust-roots` and `--rekor-public-keys` do.
     pub fn signing(mut self, trust: wasmctrl::signing::HostTrust) -> Self {
         self.signing = trust;
+        self
+    }
+
+    /// Require every plugin to be signed as `verify` says, as `--plugin-verify` does.
+    pub fn plugin_verify(mut self, verify: wasmctrl::policy::VerifySpec) -> Self {
+        self.default_verify = Some(verify);
         self
     }
 
@@ -310,6 +318,7 @@ impl HostBuilder {
                 .max_concurrent_loads
                 .unwrap_or(defaults.max_concurrent_loads),
             team_bounds: self.team_bounds,
+            default_verify: self.default_verify,
             ..defaults
         };
         let leadership = if self.standby {

@@ -32,7 +32,9 @@ pub use objects::{
     COLLECT, api, apply, condition, condition_message, event_reasons, get, resource,
     wait_collected, wait_for_object, wait_for_object_within, wait_gone,
 };
-pub use policies::{apply_policy, delete_namespace, file_source, policies, test_namespace};
+pub use policies::{
+    apply_policy, delete_namespace, file_source, place_namespace, policies, test_namespace,
+};
 pub use process::{
     SelfProcess, impersonating_kubeconfig, spawn_self, token_kubeconfig, wasmctrl_cli,
 };

@@ -23,14 +23,31 @@ static TEST_NAMESPACES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mut
 
 /// A fresh namespace for `test` and an admin client. Policies the test applies reconcile
 /// parents in this namespace only (`spec.parent.namespace`), so tests that share a parent
-/// kind run side by side without claiming it from each other.
+/// kind run side by side without claiming it from each other. The namespace is labelled
+/// `TEST_LABEL=test`, so the team policies made in it are placed with the test's host.
 pub async fn test_namespace(test: &str) -> anyhow::Result<(Client, String)> {
     let (client, namespace) = TestEnv::get().namespace(test).await?;
+    place_namespace(&client, &namespace, test).await?;
     TEST_NAMESPACES
         .lock()
         .expect("not poisoned")
         .push((test.to_owned(), namespace.clone()));
     Ok((client, namespace))
+}
+
+/// Label `namespace` as an admin places it with the host of `test`: its team policies run
+/// there (a host's `--policy-selector` matches its namespaces' labels).
+pub async fn place_namespace(client: &Client, namespace: &str, test: &str) -> anyhow::Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            namespace,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {TEST_LABEL: test}}})),
+        )
+        .await
+        .with_context(|| format!("labelling namespace {namespace}"))?;
+    Ok(())
 }
 
 /// Delete a test's namespace once it passed (a failed test leaves it for inspection).

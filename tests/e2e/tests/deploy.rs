@@ -1233,6 +1233,7 @@ async fn a_host_watching_one_namespace_runs_on_the_charts_namespaced_rbac_and_ho
     const RELEASE: &str = "rbac-ns-e2e";
     let (client, host_ns) = test_namespace(TEST).await?;
     let (_, watched) = test_namespace("deploy-rbac-ns-team").await?;
+    place_namespace(&client, &watched, TEST).await?;
     install_repo_crds(&client).await?;
     let host_account = install_chart_rbac_with(
         &client,

@@ -55,6 +55,8 @@ async fn host_rights(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
             {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
             {"apiGroups": ["wasmctrl.dev"], "resources": ["namespacedreconcilepolicies"], "verbs": ["get", "list", "watch", "patch"]},
             {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies/status", "namespacedreconcilepolicies/status"], "verbs": ["get", "patch"]},
+            // Team policies are placed by their namespace's labels.
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
         ]),
         account_subject(ns, "host"),
     )
@@ -323,6 +325,10 @@ async fn teams_with_only_namespace_rights_run_their_own_operators_for_one_parent
     let (client, host_ns) = test_namespace(TEAMS).await?;
     let (_, team_a) = test_namespace("tenancy-team-a").await?;
     let (_, team_b) = test_namespace("tenancy-team-b").await?;
+    // The admin places both teams with this host.
+    for team in [&team_a, &team_b] {
+        place_namespace(&client, team, TEAMS).await?;
+    }
     install_repo_crds(&client).await?;
     // The host: its own rights, and impersonating any account of the two teams' namespaces
     // (the chart's `policyIdentity.namespaces`).
@@ -527,6 +533,7 @@ const ORPHANS: &str = "tenancy-orphans";
 async fn a_policy_made_from_a_team_policy_that_is_gone_is_collected() -> anyhow::Result<()> {
     let (client, host_ns) = test_namespace(ORPHANS).await?;
     let (_, team) = test_namespace("tenancy-orphans-team").await?;
+    place_namespace(&client, &team, ORPHANS).await?;
     install_repo_crds(&client).await?;
     service_account(&client, &host_ns, "host").await?;
     host_rights(&client, &host_ns).await?;
@@ -665,5 +672,114 @@ async fn a_teams_policy_that_never_ran_does_not_keep_an_admins_policy_from_its_k
     policy_api
         .delete("tenancy-claims-admin", &Default::default())
         .await?;
+    delete_namespace(&client, &ns).await
+}
+
+/// Which host runs a team's policy is the admin's decision: the namespace's labels place it,
+/// and a label the team puts on its policy to move it to a host without a verify floor moves
+/// nothing. The host the namespace is placed with refuses the unsigned plugin; the other
+/// never runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teams_label_does_not_move_its_policy_to_a_host_without_a_verify_floor()
+-> anyhow::Result<()> {
+    const TEST: &str = "tenancy-placement";
+    const LAX: &str = "tenancy-placement-lax";
+    // Labelled by the admin for the strict host (TEST).
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    service_account(&client, &ns, "operator").await?;
+    role(
+        &client,
+        &ns,
+        "operator",
+        "operator",
+        json!([
+            {"apiGroups": [TEST_GROUP], "resources": ["widgets", "widgets/status", "widgets/finalizers"], "verbs": ["get", "list", "watch", "patch", "update"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": CHILD_VERBS},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ]),
+    )
+    .await?;
+    let key = wasmctrl::signing::sign::SigningKey::generate()?;
+    let floor = wasmctrl::policy::VerifySpec {
+        keys: vec![key.public_pem()?],
+        ..Default::default()
+    };
+    let strict = HostUnderTest::builder(TEST, &ns)
+        .plugin_verify(floor)
+        .start()
+        .await?;
+    let lax = HostUnderTest::builder(LAX, &ns).start().await?;
+
+    let server = serve_plugins(None)?;
+    let plugin = std::fs::read(wasmctrl_testenv::plugins::guest("misbehave_plugin"))?;
+    let spec = json!({
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "plugin": {
+            "source": {"http": {"url": format!("http://{}/misbehave_plugin.wasm", server.address)}},
+            "digest": wasmctrl::plugin::Digest::of(&plugin).to_string(),
+            "config": {"ownChild": true},
+        },
+        "serviceAccount": {"namespace": ns, "name": "operator"},
+    });
+    let sources = namespaced_policies(&client, &ns);
+    apply(
+        &sources,
+        json!({"apiVersion": "wasmctrl.dev/v1alpha1", "kind": "NamespacedReconcilePolicy",
+               "metadata": {"name": "unsigned", "labels": {TEST_LABEL: LAX}},
+               "spec": spec}),
+    )
+    .await?;
+    apply(&widgets(&client, &ns), widget("w", Some(1))).await?;
+
+    let policy_api = policies(&client);
+    let made = format!("{ns}.unsigned");
+    let refused = wait_for_object(&policy_api, &made, "the unsigned plugin refused", |p| {
+        condition(p, "PluginLoaded").is_some_and(|c| c["status"] == "False")
+    })
+    .await?;
+    assert_eq!(
+        refused["metadata"]["labels"][TEST_LABEL], TEST,
+        "placed by the namespace's label: {refused}"
+    );
+    let message = message(condition(&refused, "PluginLoaded"));
+    assert!(message.contains("sign"), "{message}");
+    wait_for_object(&sources, "unsigned", "the team told", |p| {
+        condition(p, "PluginLoaded").is_some_and(|c| c["status"] == "False")
+    })
+    .await?;
+    // Neither host made the Widget's child: the lax host never ran the policy.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        get(
+            &api(&client, &resource("", "v1", "ConfigMap"), &ns),
+            "w-own"
+        )
+        .await?
+        .is_none(),
+        "the unsigned plugin ran"
+    );
+
+    // The admin moves the namespace to the lax host: its policy follows.
+    place_namespace(&client, &ns, LAX).await?;
+    wait_for_object(&policy_api, &made, "the policy moved", |p| {
+        p["metadata"]["labels"][TEST_LABEL] == LAX
+            && condition(p, "PluginLoaded").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    wasmctrl_testenv::cluster::eventually("the child made", Duration::from_secs(30), || async {
+        Ok(get(
+            &api(&client, &resource("", "v1", "ConfigMap"), &ns),
+            "w-own",
+        )
+        .await?
+        .is_some())
+    })
+    .await?;
+
+    strict.stop().await?;
+    lax.stop().await?;
+    sources.delete("unsigned", &Default::default()).await?;
     delete_namespace(&client, &ns).await
 }
