@@ -1,7 +1,12 @@
 //! `wasmctrl rbac`: the RBAC objects that exactly the given policies need — the same rules
 //! the host checks before it runs a policy. A policy that names a ServiceAccount gets that
 //! account, its rules bound to it, and the grant that lets the host impersonate it; the rules
-//! of a policy that names none go to the host's own ServiceAccount.
+//! of a policy that names none go to the host's own ServiceAccount. NamespacedReconcilePolicies
+//! are read as the host runs them: confined to their namespace.
+//!
+//! Every object it prints is named after the policies it was run for (unless `--name` says
+//! otherwise), so running it once per policy composes: a later run adds its own objects and
+//! replaces none of an earlier one's.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -26,9 +31,11 @@ pub struct RbacCommand {
     /// The host's ServiceAccount, as NAMESPACE/NAME.
     #[arg(long, default_value = "wasmctrl/wasmctrl")]
     service_account: String,
-    /// Name of the generated roles and bindings.
-    #[arg(long, default_value = "wasmctrl-policies")]
-    name: String,
+    /// Name of the generated roles and bindings. Default: `wasmctrl-<policy>` for one
+    /// policy, `wasmctrl-policies-<hash of their names>` for several, so runs for different
+    /// policies never replace each other's objects.
+    #[arg(long)]
+    name: Option<String>,
     /// The namespace the host is confined to (its `--namespace`), if any.
     #[arg(long)]
     namespace: Option<String>,
@@ -73,6 +80,36 @@ impl RbacCommand {
                             })?;
                         policies.push((name, spec));
                     }
+                    Some("NamespacedReconcilePolicy") => {
+                        let name = object["metadata"]["name"].as_str().unwrap_or("?");
+                        let namespace = object["metadata"]["namespace"].as_str().with_context(
+                            || {
+                                format!(
+                                    "{}: NamespacedReconcilePolicy {name} names no metadata.namespace",
+                                    path.display()
+                                )
+                            },
+                        )?;
+                        let spec: ReconcilePolicySpec =
+                            serde_json::from_value(object["spec"].clone()).with_context(|| {
+                                format!("{}: policy {name} has an invalid spec", path.display())
+                            })?;
+                        // As the host runs it: confined, acting as an account of its namespace.
+                        let spec = crate::policy::namespaced::confine(
+                            namespace,
+                            spec,
+                            &crate::policy::namespaced::TeamBounds::default(),
+                        )
+                        .map_err(|refusal| {
+                            anyhow::anyhow!(
+                                "{}: NamespacedReconcilePolicy {namespace}/{name} would be refused ({}): {}",
+                                path.display(),
+                                refusal.reason,
+                                refusal.message
+                            )
+                        })?;
+                        policies.push((crate::policy::namespaced::cluster_name(namespace, name), spec));
+                    }
                     Some("CustomResourceDefinition") => {
                         kinds.add_crd(&object).with_context(|| {
                             format!("{}: a CustomResourceDefinition", path.display())
@@ -83,7 +120,10 @@ impl RbacCommand {
             }
         }
         if policies.is_empty() {
-            bail!("no ReconcilePolicy in {:?}", self.files);
+            bail!(
+                "no ReconcilePolicy or NamespacedReconcilePolicy in {:?}",
+                self.files
+            );
         }
         let needed = self.needed(&policies, &mut kinds).await?;
         let host = Subject {
@@ -146,8 +186,9 @@ impl RbacCommand {
         mut needed: BTreeMap<Option<ServiceAccountRef>, Vec<Permission>>,
         policies: &[(String, ReconcilePolicySpec)],
     ) -> Vec<Value> {
+        let name = self.name_for(policies);
         let mut documents = documents(
-            &self.name,
+            &name,
             host,
             &permissions::rules(needed.remove(&None).unwrap_or_default()),
             &named_reads(policies),
@@ -164,7 +205,7 @@ impl RbacCommand {
                 name: &account.name,
             };
             documents.extend(self::documents(
-                &format!("{}-{}-{}", self.name, account.namespace, account.name),
+                &format!("{name}-{}-{}", account.namespace, account.name),
                 &subject,
                 &permissions::rules(permissions.iter().cloned()),
                 &BTreeMap::new(),
@@ -175,7 +216,7 @@ impl RbacCommand {
                 .push(&account.name);
         }
         for (namespace, names) in impersonated {
-            let role = format!("{}-impersonate", self.name);
+            let role = format!("{name}-impersonate");
             documents.push(json!({
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                 "metadata": {"name": role, "namespace": namespace, "labels": labels()},
@@ -189,6 +230,25 @@ impl RbacCommand {
             }));
         }
         documents
+    }
+}
+
+impl RbacCommand {
+    /// `--name`, or one made from the policies' names.
+    fn name_for(&self, policies: &[(String, ReconcilePolicySpec)]) -> String {
+        use sha2::Digest as _;
+        if let Some(name) = &self.name {
+            return name.clone();
+        }
+        match policies {
+            [(only, _)] => format!("wasmctrl-{only}"),
+            many => {
+                let mut names: Vec<&str> = many.iter().map(|(name, _)| name.as_str()).collect();
+                names.sort_unstable();
+                let hash = sha2::Sha256::digest(names.join("\n").as_bytes());
+                format!("wasmctrl-policies-{}", &hex::encode(hash)[..10])
+            }
+        }
     }
 }
 
@@ -364,21 +424,107 @@ mod tests {
 
     /// `wasmctrl rbac` on the given policy documents, as objects.
     async fn render(policies: &str, host_namespace: Option<&str>) -> Vec<Value> {
+        render_named(policies, host_namespace, Some("wasmctrl-policies"))
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    /// The same with `--name` (or none).
+    async fn render_named(
+        policies: &str,
+        host_namespace: Option<&str>,
+        name: Option<&str>,
+    ) -> anyhow::Result<Vec<Value>> {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let file = dir.path().join("policies.yaml");
         std::fs::write(&file, policies).unwrap_or_else(|e| panic!("{e}"));
         let command = RbacCommand {
             files: vec![file],
             service_account: "wasmctrl/wasmctrl".into(),
-            name: "wasmctrl-policies".into(),
+            name: name.map(str::to_owned),
             namespace: host_namespace.map(str::to_owned),
             discover: false,
         };
-        let text = command.render().await.unwrap_or_else(|e| panic!("{e:#}"));
-        serde_yaml_ng::Deserializer::from_str(&text)
+        let text = command.render().await?;
+        Ok(serde_yaml_ng::Deserializer::from_str(&text)
             .filter_map(|document| serde::Deserialize::deserialize(document).ok())
             .filter(|document: &Value| !document.is_null())
+            .collect())
+    }
+
+    /// Kind, namespace and name of each object.
+    fn identities(documents: &[Value]) -> Vec<(String, String, String)> {
+        documents
+            .iter()
+            .map(|d| {
+                let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                (
+                    text(&d["kind"]),
+                    text(&d["metadata"]["namespace"]),
+                    text(&d["metadata"]["name"]),
+                )
+            })
             .collect()
+    }
+
+    fn policy(name: &str, account: &str) -> String {
+        format!(
+            "apiVersion: wasmctrl.dev/v1alpha1\nkind: ReconcilePolicy\nmetadata: {{name: {name}}}\nspec:\n  parent: {{apiVersion: apps/v1, kind: Deployment, namespace: shop}}\n  serviceAccount: {{namespace: shop, name: {account}}}\n  children: [{{apiVersion: v1, kind: Service}}]\n  plugin: {{source: {{oci: {{reference: r.example/p:1}}}}, digest: sha256:{}}}\n",
+            "0".repeat(64)
+        )
+    }
+
+    #[tokio::test]
+    async fn runs_for_two_policies_sharing_a_namespace_replace_none_of_each_others_objects() {
+        let first = render_named(&policy("web", "web-operator"), None, None)
+            .await
+            .expect("web");
+        let second = render_named(&policy("shop", "shop-operator"), None, None)
+            .await
+            .expect("shop");
+        let (a, b) = (identities(&first), identities(&second));
+        for object in &a {
+            assert!(
+                object.0 == "ServiceAccount" || !b.contains(object),
+                "both runs print {object:?}"
+            );
+        }
+        let grant = |documents: &[Value], account: &str| {
+            documents.iter().any(|d| {
+                d["kind"] == "Role"
+                    && d["rules"][0]["verbs"] == json!(["impersonate"])
+                    && d["rules"][0]["resourceNames"] == json!([account])
+            })
+        };
+        assert!(grant(&first, "web-operator") && grant(&second, "shop-operator"));
+        assert!(
+            a.iter().any(|(kind, _, name)| kind == "Role" && name == "wasmctrl-web-impersonate"),
+            "{a:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_namespaced_policy_is_read_as_the_host_runs_it() {
+        let team = format!(
+            "apiVersion: wasmctrl.dev/v1alpha1\nkind: NamespacedReconcilePolicy\nmetadata: {{name: web, namespace: team-a}}\nspec:\n  parent: {{apiVersion: apps/v1, kind: Deployment}}\n  serviceAccount: {{namespace: team-a, name: operator}}\n  children: [{{apiVersion: v1, kind: Service}}]\n  plugin: {{source: {{oci: {{reference: r.example/p:1}}}}, digest: sha256:{}}}\n",
+            "0".repeat(64)
+        );
+        let documents = render_named(&team, None, None).await.expect("rendered");
+        let role = documents
+            .iter()
+            .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "wasmctrl-team-a.web-team-a-operator")
+            .unwrap_or_else(|| panic!("{documents:#?}"));
+        assert_eq!(role["metadata"]["namespace"], "team-a", "confined: {role}");
+        assert!(role["rules"].to_string().contains("deployments"), "{role}");
+
+        let elsewhere = team.replace("{namespace: team-a, name: operator}", "{namespace: kube-system, name: operator}");
+        let error = render_named(&elsewhere, None, None)
+            .await
+            .expect_err("an account outside the namespace");
+        assert!(
+            format!("{error:#}").contains("IdentityOutsideNamespace"),
+            "{error:#}"
+        );
     }
 
     const POLICIES: &str = r#"

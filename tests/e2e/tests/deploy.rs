@@ -43,6 +43,16 @@ fn the_chart_lints_renders_the_committed_manifests_and_refuses_nonsense() -> any
         let crd = std::fs::read_to_string(root.join(file))?;
         check_committed(&root.join(CHART).join(file), &crd)?;
     }
+    // And only those: an example's CRD goes with the example, not into every cluster.
+    let mut shipped: Vec<String> = std::fs::read_dir(root.join(CHART).join("crds"))?
+        .map(|entry| Ok(entry?.file_name().to_string_lossy().into_owned()))
+        .collect::<anyhow::Result<_>>()?;
+    shipped.sort();
+    assert_eq!(
+        shipped,
+        ["namespacedreconcilepolicy.yaml", "reconcilepolicy.yaml"],
+        "the chart's crds/"
+    );
 
     let lint = helm(&["lint", "--strict", CHART])?;
     assert!(
@@ -67,6 +77,19 @@ fn the_chart_lints_renders_the_committed_manifests_and_refuses_nonsense() -> any
 
     let objects = documents(&rendered)?;
     let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+    let crds: Vec<&str> = objects
+        .iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        crds,
+        [
+            "namespacedreconcilepolicies.wasmctrl.dev",
+            "reconcilepolicies.wasmctrl.dev"
+        ],
+        "the rendered manifests install wasmctrl's own CRDs only"
+    );
     for kind in [
         "CustomResourceDefinition",
         "Namespace",
