@@ -32,6 +32,8 @@ enum Command {
     },
     /// Regenerate the CRD YAML in crds/ from the Rust types.
     Crds,
+    /// Regenerate docs/reference/ (the CLI and policy field references).
+    Reference,
     /// Regenerate deploy/manifests/ (and the chart's CRD copy) from the Helm chart.
     Manifests,
     /// Manage the local control plane.
@@ -79,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         Command::BuildPlugins { plugins } if plugins.is_empty() => tasks::build_plugins(),
         Command::BuildPlugins { plugins } => tasks::build_named_plugins(&plugins),
         Command::Crds => tasks::crds(),
+        Command::Reference => tasks::reference(),
         Command::Manifests => tasks::manifests(),
         Command::Cluster { command } => cluster_cmd::run(command),
         Command::Dist => dist::dist(),

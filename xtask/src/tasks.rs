@@ -125,6 +125,15 @@ pub fn crds() -> anyhow::Result<()> {
     )
 }
 
+pub fn reference() -> anyhow::Result<()> {
+    run(
+        "regenerating docs/reference/",
+        cargo()
+            .env("WASMCTRL_BLESS", "1")
+            .args(["test", "-p", "wasmctrl", "--test", "reference"]),
+    )
+}
+
 /// Build the image into target/image/wasmctrl (an OCI layout), push it if asked, and say
 /// how big it is.
 pub fn image(profile: &str, push: Option<&str>, insecure: bool) -> anyhow::Result<()> {
@@ -137,11 +146,53 @@ pub fn image(profile: &str, push: Option<&str>, insecure: bool) -> anyhow::Resul
         image.layout.display()
     );
     if let Some(reference) = push {
+        let reference = with_default_tag(reference);
         let runtime = tokio::runtime::Runtime::new()?;
-        let url = runtime.block_on(wasmctrl_testenv::image::push(&image, reference, insecure))?;
+        let url = runtime.block_on(wasmctrl_testenv::image::push(&image, &reference, insecure))?;
         println!("image: pushed to {url}");
     }
     Ok(())
+}
+
+/// `reference`, tagged with the release's version when it names no tag or digest: the tag
+/// the chart pulls by default (its `appVersion`), never an implicit `latest`.
+fn with_default_tag(reference: &str) -> String {
+    let name = reference.rsplit('/').next().unwrap_or(reference);
+    if name.contains(':') || name.contains('@') {
+        reference.to_owned()
+    } else {
+        format!("{reference}:{}", env!("CARGO_PKG_VERSION"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_push_without_a_tag_takes_the_charts_default_tag() {
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            with_default_tag("registry.example.com:5000/wasmctrl"),
+            format!("registry.example.com:5000/wasmctrl:{version}")
+        );
+        assert_eq!(
+            with_default_tag("r.example/wasmctrl:dev"),
+            "r.example/wasmctrl:dev"
+        );
+        assert_eq!(
+            with_default_tag("r.example/wasmctrl@sha256:abc"),
+            "r.example/wasmctrl@sha256:abc"
+        );
+        let chart = std::fs::read_to_string(
+            wasmctrl_testenv::repo_root().join("deploy/chart/wasmctrl/Chart.yaml"),
+        )
+        .expect("Chart.yaml");
+        assert!(
+            chart.contains(&format!("appVersion: \"{version}\"")),
+            "the chart's appVersion is the workspace version {version}: {chart}"
+        );
+    }
 }
 
 /// Render the chart into deploy/manifests/ with the pinned helm (the test that keeps them

@@ -108,7 +108,10 @@ impl RbacCommand {
                                 refusal.message
                             )
                         })?;
-                        policies.push((crate::policy::namespaced::cluster_name(namespace, name), spec));
+                        policies.push((
+                            crate::policy::namespaced::cluster_name(namespace, name),
+                            spec,
+                        ));
                     }
                     Some("CustomResourceDefinition") => {
                         kinds.add_crd(&object).with_context(|| {
@@ -498,7 +501,8 @@ mod tests {
         };
         assert!(grant(&first, "web-operator") && grant(&second, "shop-operator"));
         assert!(
-            a.iter().any(|(kind, _, name)| kind == "Role" && name == "wasmctrl-web-impersonate"),
+            a.iter()
+                .any(|(kind, _, name)| kind == "Role" && name == "wasmctrl-web-impersonate"),
             "{a:?}"
         );
     }
@@ -512,12 +516,18 @@ mod tests {
         let documents = render_named(&team, None, None).await.expect("rendered");
         let role = documents
             .iter()
-            .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "wasmctrl-team-a.web-team-a-operator")
+            .find(|d| {
+                d["kind"] == "Role"
+                    && d["metadata"]["name"] == "wasmctrl-team-a.web-team-a-operator"
+            })
             .unwrap_or_else(|| panic!("{documents:#?}"));
         assert_eq!(role["metadata"]["namespace"], "team-a", "confined: {role}");
         assert!(role["rules"].to_string().contains("deployments"), "{role}");
 
-        let elsewhere = team.replace("{namespace: team-a, name: operator}", "{namespace: kube-system, name: operator}");
+        let elsewhere = team.replace(
+            "{namespace: team-a, name: operator}",
+            "{namespace: kube-system, name: operator}",
+        );
         let error = render_named(&elsewhere, None, None)
             .await
             .expect_err("an account outside the namespace");
