@@ -537,6 +537,17 @@ impl Running {
 /// Turn NamespacedReconcilePolicies into ReconcilePolicies until `stop`; a panic restarts
 /// the loop, as it restarts a policy's controller.
 async fn run_namespaced_policies(shared: Arc<Shared>, stop: CancellationToken) {
+    // A selector that does not parse places nothing here, rather than everything.
+    let selector = match shared.options.policy_selector.as_deref() {
+        None => None,
+        Some(text) => match crate::policy::placement::PolicySelector::parse(text) {
+            Ok(selector) => Some(selector),
+            Err(error) => {
+                tracing::error!(%error, "--policy-selector: no team policy is placed on this host");
+                return;
+            }
+        },
+    };
     supervise::supervise(
         "namespaced policies",
         &stop,
@@ -544,14 +555,7 @@ async fn run_namespaced_policies(shared: Arc<Shared>, stop: CancellationToken) {
             namespaced_policies::run(
                 shared.client.clone(),
                 shared.leadership.clone(),
-                (
-                    shared.options.namespace.clone(),
-                    shared.options.policy_selector.clone().and_then(|text| {
-                        crate::policy::placement::PolicySelector::parse(&text)
-                            .inspect_err(|error| tracing::error!(%error, "--policy-selector"))
-                            .ok()
-                    }),
-                ),
+                (shared.options.namespace.clone(), selector.clone()),
                 shared.options.team_bounds.clone(),
                 stop.clone().cancelled_owned(),
             )

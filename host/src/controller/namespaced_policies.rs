@@ -36,6 +36,7 @@ use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
 
 use crate::controller::policy_run::release;
+use crate::controller::reconcile::prune_guard::CONFIRM_ANNOTATION;
 use crate::leader::Leadership;
 use crate::policy::namespaced::{self, Refusal};
 use crate::policy::placement::PolicySelector;
@@ -73,7 +74,15 @@ enum Error {
     Serde(#[from] serde_json::Error),
     #[error("NamespacedReconcilePolicy {0} has no namespace")]
     NoNamespace(String),
+    #[error(
+        "the namespaces' labels, which place team policies, could not be listed (the host needs get, list and watch on namespaces)"
+    )]
+    NamespacesUnknown,
 }
+
+/// How long a reconcile waits for the first list of namespaces before it fails (and is
+/// retried), so a host that may not list them says so instead of waiting in silence.
+const NAMESPACES_READY: Duration = Duration::from_secs(30);
 
 /// Run until `stop`: turn every NamespacedReconcilePolicy the host watches (in `namespace`,
 /// or all; in a namespace whose labels match `selector`, if any) into its ReconcilePolicy.
@@ -317,11 +326,9 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
         .is_some_and(|p| p.labels().get(SOURCE_UID_LABEL) == Some(&uid));
     let sources: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.resource);
-    let Some(placed) = placement(&ctx, &namespace, made.as_ref(), ours).await else {
-        // Another host's (or no host's, until an admin labels the namespace for one).
-        return Ok(Action::await_change());
-    };
 
+    // A deletion is seen through by any host, placed or not: what it does is the same
+    // whoever does it, and a namespace no host's selector matches must not hang on it.
     if source.metadata.deletion_timestamp.is_some() {
         if ours && let Some(made) = &made {
             // Its own finalizer releases its parents first; wait for it to be gone.
@@ -333,6 +340,10 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
         set_finalizer(&sources, &source, false).await?;
         return Ok(Action::await_change());
     }
+    let Some(placed) = placement(&ctx, &namespace, made.as_ref(), ours).await? else {
+        // Another host's (or no host's, until an admin labels the namespace for one).
+        return Ok(Action::await_change());
+    };
     set_finalizer(&sources, &source, true).await?;
     // Made from an earlier source of this name, whose finalizer did not hold it: that
     // policy goes (releasing its parents), then this one is made.
@@ -375,6 +386,15 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
             return Ok(Action::await_change());
         }
     };
+    // The team answers its own prune guard's holds: its confirmation goes with the policy.
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(
+        SOURCE_ANNOTATION.to_owned(),
+        json!(format!("{namespace}/{name}")),
+    );
+    if let Some(confirm) = source.annotations().get(CONFIRM_ANNOTATION) {
+        annotations.insert(CONFIRM_ANNOTATION.to_owned(), json!(confirm));
+    }
     // The namespace's labels, which the admin sets, never the team's own.
     let mut labels = placed;
     labels.insert(SOURCE_UID_LABEL.to_owned(), uid);
@@ -383,7 +403,7 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
         "metadata": {
             "name": made_name,
             "labels": labels,
-            "annotations": {SOURCE_ANNOTATION: format!("{namespace}/{name}")},
+            "annotations": annotations,
         },
         "spec": spec,
     });
@@ -408,26 +428,29 @@ async fn placement(
     namespace: &str,
     made: Option<&ReconcilePolicy>,
     ours: bool,
-) -> Option<BTreeMap<String, String>> {
+) -> Result<Option<BTreeMap<String, String>>, Error> {
     let Some(placement) = &ctx.placement else {
-        return Some(BTreeMap::new());
+        return Ok(Some(BTreeMap::new()));
     };
     // Before the namespaces are listed, every namespace would look unlabelled.
-    placement.namespaces.wait_until_ready().await.ok()?;
+    match tokio::time::timeout(NAMESPACES_READY, placement.namespaces.wait_until_ready()).await {
+        Ok(Ok(())) => {}
+        _ => return Err(Error::NamespacesUnknown),
+    }
     let labels = placement
         .namespaces
         .get(&ObjectRef::new(namespace))
         .map(|n| n.labels().clone())
         .unwrap_or_default();
     if placement.selector.matches(&labels) {
-        return Some(labels);
+        return Ok(Some(labels));
     }
     let stale = made.filter(|_| ours).is_some_and(|made| {
         let mut carried = made.labels().clone();
         carried.remove(SOURCE_UID_LABEL);
         carried != labels && placement.selector.matches(&carried)
     });
-    stale.then_some(labels)
+    Ok(stale.then_some(labels))
 }
 
 /// Add or remove [`FINALIZER`] on `source`, bound to the resourceVersion read.

@@ -1144,7 +1144,24 @@ async fn a_swap_to_a_plugin_that_answers_nothing_is_held_until_confirmed_or_roll
     // The bad swap again, this time confirmed: the held deletions proceed.
     let kept = live(children_by_parent(&client, &ns).await?);
     apply_policy(&client, TEST, TEST, widget_policy(&ns, json!({}))).await?;
-    let window = wait_held(&client, TEST).await?;
+    wait_held(&client, TEST).await?;
+    // A confirmation lets exactly what is held go: the admin confirms once every parent
+    // came round and the hold names all that the change would delete.
+    let accounted = |window: &Value| {
+        window["heldDeletions"].as_u64().unwrap_or(0) + window["deleted"].as_u64().unwrap_or(0)
+    };
+    let started_waiting = Instant::now();
+    let window = loop {
+        let window = prune_guard(&client, TEST).await?;
+        if accounted(&window) == PARENTS as u64 {
+            break window;
+        }
+        anyhow::ensure!(
+            started_waiting.elapsed() < CONVERGE,
+            "not every deletion held or made: {window}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     let token = window["confirm"].as_str().context("a confirmation token")?;
     let started = Instant::now();
     policies(&client)

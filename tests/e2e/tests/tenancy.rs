@@ -778,8 +778,18 @@ async fn a_teams_label_does_not_move_its_policy_to_a_host_without_a_verify_floor
     })
     .await?;
 
+    // The team's policy goes (its finalizer lets the made policy go first) before the hosts.
+    sources.delete("unsigned", &Default::default()).await?;
+    wasmctrl_testenv::cluster::eventually(
+        "the team's policy gone",
+        Duration::from_secs(30),
+        || async {
+            Ok(get(&sources, "unsigned").await?.is_none()
+                && get(&policy_api, &made).await?.is_none())
+        },
+    )
+    .await?;
     strict.stop().await?;
     lax.stop().await?;
-    sources.delete("unsigned", &Default::default()).await?;
     delete_namespace(&client, &ns).await
 }

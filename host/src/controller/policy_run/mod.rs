@@ -263,7 +263,7 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
     }
     .run(updates.clone());
     let swapper = swapper.run(policy.clone(), updates, candidate);
-    let report = report_periodically(&ctx, &parents, &status, &setup.health, running);
+    let report = report_periodically(&ctx, &policy, &parents, &status, &setup.health, running);
     // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {
         () = run => {}
@@ -562,6 +562,7 @@ fn requeue_on_takeover(
 /// Every [`STATUS_INTERVAL`], write the policy's counts and watch health (when they changed).
 async fn report_periodically(
     ctx: &PolicyContext,
+    policy: &ReconcilePolicy,
     parents: &Store<CachedObject>,
     status: &tokio::sync::Mutex<PolicyStatusWriter>,
     health: &WatchHealth,
@@ -573,7 +574,7 @@ async fn report_periodically(
         let active = ctx.serving.digest_serving_all();
         let counts = report::counts(&ctx.outcomes, parents, &active);
         let candidate = report::candidate_counts(&ctx.serving, parents);
-        let (window, held) = report::prune_guard(&ctx.prune_guard, parents, &ctx.policy);
+        let (window, held) = report::prune_guard(&ctx.prune_guard, parents, policy);
         ctx.metrics
             .set_prune_held(window.as_ref().map_or(0, |w| w.held_deletions));
         let mut status = status.lock().await;

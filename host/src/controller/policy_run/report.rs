@@ -128,11 +128,12 @@ pub(crate) fn counts(
 pub(crate) fn prune_guard(
     guard: &PruneGuard,
     parents: &Store<CachedObject>,
-    policy: &str,
+    policy: &ReconcilePolicy,
 ) -> (Option<PruneGuardStatus>, Option<State>) {
+    let name = policy.name_any();
     if guard.close_if_rolled_out(|key| parents.get(key).is_some(), parents.state().len()) {
         tracing::info!(
-            policy,
+            policy = %name,
             "every parent reconciled since the last change; pruning is no longer counted"
         );
     }
@@ -140,12 +141,25 @@ pub(crate) fn prune_guard(
     let held = window
         .as_ref()
         .filter(|w| w.state == "Held")
-        .map(|w| held_state(policy, w, guard.limits()));
+        .map(|w| held_state(&annotate_target(policy), w, guard.limits()));
     (window, held)
 }
 
 /// `Ready=False, PruneHeld`: how much is held, why, a few examples, and how to answer.
-fn held_state(policy: &str, window: &PruneGuardStatus, limits: PruneLimits) -> State {
+/// What an admin annotates to confirm: the policy, or, for one made from a team's
+/// NamespacedReconcilePolicy, the team's object (whose annotation the host carries over).
+fn annotate_target(policy: &ReconcilePolicy) -> String {
+    match policy
+        .annotations()
+        .get(crate::policy::namespaced::SOURCE_ANNOTATION)
+        .and_then(|source| source.split_once('/'))
+    {
+        Some((namespace, name)) => format!("namespacedreconcilepolicy -n {namespace} {name}"),
+        None => format!("reconcilepolicy {}", policy.name_any()),
+    }
+}
+
+fn held_state(target: &str, window: &PruneGuardStatus, limits: PruneLimits) -> State {
     let examples = if window.examples.is_empty() {
         String::new()
     } else {
@@ -154,7 +168,7 @@ fn held_state(policy: &str, window: &PruneGuardStatus, limits: PruneLimits) -> S
     State::failed(
         "PruneHeld",
         format!(
-            "holding {} deletion(s) across {} parent(s) since {}: a change may delete {} of the {} children seen under it so far ({} deleted), and {} may go per {}s of the children of every parent ({} went in the last {}s) ({}% of them, at least {}){examples}. To let exactly the held deletions proceed: kubectl annotate reconcilepolicy {policy} {CONFIRM_ANNOTATION}={} --overwrite; to cancel them, roll the change back",
+            "holding {} deletion(s) across {} parent(s) since {}: a change may delete {} of the {} children seen under it so far ({} deleted), and {} may go per {}s of the children of every parent ({} went in the last {}s) ({}% of them, at least {}){examples}. To let exactly the held deletions proceed: kubectl annotate {target} {CONFIRM_ANNOTATION}={} --overwrite; to cancel them, roll the change back",
             window.held_deletions,
             window.held_parents,
             window.since,

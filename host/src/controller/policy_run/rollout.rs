@@ -195,7 +195,9 @@ pub(crate) fn decide(
 /// the figures, in words.
 fn readiness_gap(stage: &RolloutStage, m: &Measured) -> Option<String> {
     let max_not_ready = stage.max_not_ready.unwrap_or(DEFAULT_MAX_NOT_READY);
-    if m.served == 0 || m.served_decided < m.served {
+    // Judged against the rest: with none (a stage at 100 %), there is nothing to compare
+    // with, and a cluster where some parents are never ready would hold every rollout.
+    if m.served == 0 || m.rest == 0 || m.served_decided < m.served {
         return None;
     }
     let (served, rest) = (
@@ -740,7 +742,8 @@ impl Driver {
     }
 
     /// Have the candidate serve `percent` of the parents, or stop it (`None`): when that is
-    /// a change, a prune guard window opens and every parent is re-enqueued.
+    /// a change, a prune guard window opens (counted against the rollout's change, or, for a
+    /// rollback, a change of its own) and every parent is re-enqueued.
     fn apply(&self, candidate: &Candidate, percent: Option<u8>) {
         let stop = percent.is_none();
         let percent = percent.unwrap_or(0);
@@ -755,7 +758,12 @@ impl Driver {
         } else {
             format!("the rollout of candidate {digest} to {percent}%")
         };
-        self.ctx.prune_guard.reopen(since);
+        if stop {
+            // The active plugin's cleanup of what the candidate made is not the candidate's.
+            self.ctx.prune_guard.roll_back(since);
+        } else {
+            self.ctx.prune_guard.reopen(since);
+        }
         tracing::info!(policy = %self.ctx.policy, candidate = %digest, percent, stopped = stop, "rollout share changed; re-enqueuing every parent");
         let _ = self.requeue_all.send(());
     }

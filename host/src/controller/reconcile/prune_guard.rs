@@ -21,11 +21,15 @@
 //! going past a budget holds the deletions (in a window of its own, in the steady state).
 //! The first reconcile that would go beyond holds its deletions, and so does every later one
 //! in the window (applies still happen). A hold ends when an admin sets
-//! [`CONFIRM_ANNOTATION`] to the window's token, which lets the window's deletions proceed
-//! until it closes; or when the next change opens a new window (rolling back: nothing was
-//! deleted). Every window has a token of its own — the change (generation and full digests)
-//! and a nonce — so a confirmation is used once: it never confirms a later window, a later
-//! stage of a rollout, a restart, a takeover or another host's window.
+//! [`CONFIRM_ANNOTATION`] to the window's token, which lets exactly the deletions held then
+//! proceed; or when the next change opens a new window (rolling back: nothing was deleted).
+//! Every window has a token of its own — the change (generation and full digests) and a
+//! nonce — and a confirmation replaces it, so a confirmation is used once: it never confirms
+//! a later hold, a later stage of a rollout, a restart, a takeover or another host's window.
+//!
+//! What a share is taken of counts each parent's children as first seen (under a change) or
+//! as they stood a period ago (over time), so a plugin cannot first make children (applies
+//! are never held) to enlarge the share it then prunes.
 //!
 //! The guard is consulted by the prune step, told about every finished reconcile, and read
 //! by the policy's status report; all its arithmetic is here, tested without a cluster.
@@ -110,22 +114,87 @@ pub(crate) enum Admission {
 /// A parent's key, as every policy map holds it.
 type ParentKey = ObjectRef<CachedObject>;
 
-/// Children by parent, and their sum.
-#[derive(Debug, Default)]
+/// Children by parent, and their sum: what a share is taken of. A parent's count falls at
+/// once and rises only once the higher count has stood for `rise_after` (a parent seen for
+/// the first time counts as it is), so a plugin cannot first make children (applies are never
+/// held) to enlarge the share it then prunes.
+#[derive(Debug)]
 struct Tally {
-    children: HashMap<ParentKey, u64>,
+    children: HashMap<ParentKey, Count>,
     total: u64,
+    rise_after: Duration,
+    /// Rises waiting for their time, oldest first.
+    rises: VecDeque<(Instant, ParentKey)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Count {
+    value: u64,
+    /// A higher count seen since, and when it was first seen.
+    rising: Option<(u64, Instant)>,
 }
 
 impl Tally {
-    fn set(&mut self, parent: &ParentKey, children: u64) {
-        let before = self.children.insert(parent.clone(), children).unwrap_or(0);
-        self.total = self.total - before + children;
+    fn new(rise_after: Duration) -> Self {
+        Self {
+            children: HashMap::new(),
+            total: 0,
+            rise_after,
+            rises: VecDeque::new(),
+        }
+    }
+
+    /// `parent` has `children` now.
+    fn observe(&mut self, parent: &ParentKey, children: u64, now: Instant) {
+        self.promote(now);
+        let Some(count) = self.children.get_mut(parent) else {
+            self.children.insert(
+                parent.clone(),
+                Count {
+                    value: children,
+                    rising: None,
+                },
+            );
+            self.total += children;
+            return;
+        };
+        if children <= count.value || self.rise_after.is_zero() {
+            self.total = self.total - count.value + children;
+            *count = Count {
+                value: children,
+                rising: None,
+            };
+        } else if count.rising.is_none_or(|(value, _)| value != children) {
+            count.rising = Some((children, now));
+            self.rises.push_back((now, parent.clone()));
+        }
+    }
+
+    /// Take the rises that have stood long enough.
+    fn promote(&mut self, now: Instant) {
+        while let Some((since, _)) = self.rises.front()
+            && now.saturating_duration_since(*since) >= self.rise_after
+        {
+            let Some((since, parent)) = self.rises.pop_front() else {
+                break;
+            };
+            if let Some(count) = self.children.get_mut(&parent)
+                && let Some((value, at)) = count.rising
+                && at == since
+            {
+                self.total = self.total - count.value + value;
+                *count = Count {
+                    value,
+                    rising: None,
+                };
+            }
+        }
     }
 
     fn retain(&mut self, exists: impl Fn(&ParentKey) -> bool) {
         self.children.retain(|key, _| exists(key));
-        self.total = self.children.values().sum();
+        self.rises.retain(|(_, key)| exists(key));
+        self.total = self.children.values().map(|c| c.value).sum();
     }
 }
 
@@ -147,7 +216,8 @@ impl Change {
         Self {
             key,
             deleted: 0,
-            seen: Tally::default(),
+            // Under a change, a parent counts as first seen: no rise is ever taken.
+            seen: Tally::new(Duration::MAX),
         }
     }
 }
@@ -158,10 +228,11 @@ impl Change {
 struct Window {
     /// What opened it, for the status.
     since: String,
-    /// What confirms it: the change's key and a nonce of its own.
+    /// What confirms its hold: the change's key and a nonce of its own, new at each
+    /// confirmation.
     token: String,
-    /// Whether an admin set [`CONFIRM_ANNOTATION`] to the token: its deletions then proceed.
-    confirmed: bool,
+    /// Deletions an admin confirmed, by parent, until the parent's next reconcile makes them.
+    approved: HashMap<ParentKey, Vec<String>>,
     /// Set once a reconcile would have gone past a budget; stays until confirmed or replaced.
     held: bool,
     /// Deletions held, by parent: `Kind name` each.
@@ -201,6 +272,7 @@ impl State {
 
     /// Whether `count` more deletions fit the budget over time.
     fn within_period(&mut self, count: u64, now: Instant) -> bool {
+        self.known.promote(now);
         let recently = self.recently_deleted(now);
         self.limits.period.is_zero()
             || recently + count <= self.limits.allowed(self.known.total + recently)
@@ -209,13 +281,20 @@ impl State {
     /// `count` of `parent`'s `observed` children were deleted: they no longer count as the
     /// parent's, but as deleted (so the share is taken of the same children before and after).
     fn deleted(&mut self, parent: &ParentKey, observed: u64, count: u64, now: Instant) {
-        let remaining = observed.saturating_sub(count);
-        self.known.set(parent, remaining);
+        self.forget_deleted(parent, observed, count, now);
         if self.window.is_some() {
-            self.change.seen.set(parent, remaining);
             self.change.deleted += count;
         }
         self.recent.push_back((now, count));
+    }
+
+    /// The parent's counts, less `count` deleted.
+    fn forget_deleted(&mut self, parent: &ParentKey, observed: u64, count: u64, now: Instant) {
+        let remaining = observed.saturating_sub(count);
+        self.known.observe(parent, remaining, now);
+        if self.window.is_some() {
+            self.change.seen.observe(parent, remaining, now);
+        }
     }
 
     fn open(&mut self, since: String) -> &mut Window {
@@ -223,7 +302,7 @@ impl State {
         self.window.insert(Window {
             since,
             token: token(&self.change.key),
-            confirmed: false,
+            approved: HashMap::new(),
             held: false,
             holding: HashMap::new(),
             visited: HashSet::new(),
@@ -248,7 +327,7 @@ impl PruneGuard {
                 epoch: 0,
                 change: Change::new(key.clone()),
                 window: None,
-                known: Tally::default(),
+                known: Tally::new(limits.period),
                 recent: VecDeque::new(),
             }),
         };
@@ -273,23 +352,37 @@ impl PruneGuard {
         self.open(key, since);
     }
 
+    /// A rollout rolled back: the active plugin serves every parent again, and its cleanup of
+    /// what the candidate made is a change of its own, not counted against the candidate's.
+    pub fn roll_back(&self, since: String) {
+        let key = format!("{}+rollback", lock(&self.state).change.key);
+        self.open(key, since);
+    }
+
     /// The window a reconcile starting now belongs to.
     pub fn epoch(&self) -> u64 {
         lock(&self.state).epoch
     }
 
-    /// The policy's confirmation annotation changed (or was read at start). It confirms the
-    /// window whose token it names, and no other. Whether it lets held deletions proceed now.
+    /// The policy's confirmation annotation changed (or was read at start). When it names the
+    /// held window's token, exactly the deletions held at this moment proceed (at their
+    /// parents' next reconciles, against no budget); the window takes a new token, so the
+    /// same value confirms nothing more, and a deletion past the budgets after it is held
+    /// again. Whether it let held deletions proceed.
     pub fn set_confirmation(&self, confirmation: Option<&str>) -> bool {
         let mut state = lock(&self.state);
+        let key = state.change.key.clone();
         let Some(window) = &mut state.window else {
             return false;
         };
-        if window.confirmed || confirmation != Some(window.token.as_str()) {
+        if !window.held || confirmation != Some(window.token.as_str()) {
             return false;
         }
-        window.confirmed = true;
-        window.held
+        let holding = std::mem::take(&mut window.holding);
+        window.approved.extend(holding);
+        window.held = false;
+        window.token = token(&key);
+        true
     }
 
     /// May `parent`, which has `observed` children, delete `children` of them (`Kind name`
@@ -309,32 +402,30 @@ impl PruneGuard {
     ) -> Admission {
         let mut state = lock(&self.state);
         let state = &mut *state;
-        state.known.set(parent, observed);
+        state.known.observe(parent, observed, now);
         if state.window.is_some() {
-            state.change.seen.set(parent, observed);
+            // Counted as first seen under the change: a count that rises later does not
+            // enlarge the change's share.
+            state.change.seen.observe(parent, observed, now);
         }
         if children.is_empty() {
             // Held before, wanted again now (or gone by other hands): nothing held for it, and
             // a hold with nothing left to hold is over.
             if let Some(window) = &mut state.window {
                 window.holding.remove(parent);
+                window.approved.remove(parent);
                 window.held &= !window.holding.is_empty();
             }
             return Admission::Prune;
         }
         let count = children.len() as u64;
         if let Some(window) = &mut state.window
-            && window.confirmed
+            && let Some(approved) = window.approved.remove(parent)
+            && children.iter().all(|c| approved.contains(c))
         {
-            // An admin let this window's deletions go: counted for the status, against no
-            // budget over time.
-            window.holding.remove(parent);
-            state.known.set(parent, observed.saturating_sub(count));
-            state
-                .change
-                .seen
-                .set(parent, observed.saturating_sub(count));
-            state.change.deleted += count;
+            // Confirmed by an admin: these go, against no budget. Anything more than was
+            // confirmed is judged afresh below.
+            state.forget_deleted(parent, observed, count, now);
             return Admission::Prune;
         }
         let within_period = state.within_period(count, now);
@@ -383,8 +474,8 @@ impl PruneGuard {
     }
 
     /// Forget parents that no longer `exist`, and close the window if every one of the
-    /// `parents` was reconciled under it, unless it holds deletions no one confirmed (or
-    /// confirmed ones not made yet). Returns whether it closed.
+    /// `parents` was reconciled under it, unless it holds deletions (or confirmed ones are
+    /// not made yet). Returns whether it closed.
     pub fn close_if_rolled_out(&self, exists: impl Fn(&ParentKey) -> bool, parents: usize) -> bool {
         let mut state = lock(&self.state);
         state.known.retain(&exists);
@@ -393,8 +484,10 @@ impl PruneGuard {
         };
         window.visited.retain(|key| exists(key));
         window.holding.retain(|key, _| exists(key));
-        if (window.held && !window.confirmed)
+        window.approved.retain(|key, _| exists(key));
+        if window.held
             || !window.holding.is_empty()
+            || !window.approved.is_empty()
             || window.visited.len() < parents
         {
             return false;
@@ -409,17 +502,19 @@ impl PruneGuard {
         state
             .window
             .as_ref()
-            .filter(|w| w.held && !w.confirmed)
+            .filter(|w| w.held)
             .map_or(0, |w| w.holding.values().map(|c| c.len() as u64).sum())
     }
 
     /// The window as the policy's status shows it (`None` in the steady state).
     pub fn status(&self) -> Option<PruneGuardStatus> {
         let mut state = lock(&self.state);
-        let recently_deleted = state.recently_deleted(Instant::now());
+        let now = Instant::now();
+        state.known.promote(now);
+        let recently_deleted = state.recently_deleted(now);
         let window = state.window.as_ref()?;
         let seen = state.change.seen.total + state.change.deleted;
-        let held = window.held && !window.confirmed;
+        let held = window.held;
         let (held_deletions, held_parents, examples) = if held {
             let mut parents: Vec<(String, &Vec<String>)> = window
                 .holding
@@ -445,10 +540,10 @@ impl PruneGuard {
         Some(PruneGuardStatus {
             state: if held {
                 "Held"
-            } else if window.confirmed {
-                "Confirmed"
-            } else {
+            } else if window.approved.is_empty() {
                 "Watching"
+            } else {
+                "Confirmed"
             }
             .to_owned(),
             since: window.since.clone(),
@@ -672,33 +767,90 @@ mod tests {
     }
 
     #[test]
-    fn a_confirmation_lets_its_windows_deletions_go_and_no_other_windows() {
+    fn a_confirmation_lets_exactly_the_held_deletions_go_once() {
         let g = guard(0.0, 0);
         assert_eq!(g.admit(&key("p"), 2, &children(2)), Admission::Hold);
+        assert_eq!(g.admit(&key("q"), 2, &children(2)), Admission::Hold);
         let first = token_of(&g);
         assert!(first.starts_with("3-abc."), "{first}");
         assert!(!g.set_confirmation(Some("3-abc.00000000")), "another value");
-        assert_eq!(g.admit(&key("p"), 2, &children(2)), Admission::Hold);
         assert!(g.set_confirmation(Some(&first)));
         assert_eq!(g.held(), 0);
         assert_eq!(g.status().expect("open").state, "Confirmed");
-        assert_eq!(g.admit(&key("p"), 2, &children(2)), Admission::Prune);
-        assert_eq!(g.admit(&key("q"), 3, &children(3)), Admission::Prune);
-        assert_eq!(g.status().expect("open").deleted, 5);
-
-        // A rollout's next stage, a takeover: a window of its own, with a token of its own.
-        g.reopen("the rollout of candidate abc to 50%".into());
-        let second = token_of(&g);
-        assert_ne!(second, first);
-        assert_eq!(g.admit(&key("r"), 2, &children(2)), Admission::Hold);
         assert!(!g.set_confirmation(Some(&first)), "used");
+        assert_ne!(token_of(&g), first, "a new token for the next hold");
+        assert_eq!(g.admit(&key("p"), 2, &children(2)), Admission::Prune);
+        // Not a blank cheque: a parent not held then, or more than was held, is judged anew.
+        assert_eq!(g.admit(&key("r"), 2, &children(2)), Admission::Hold);
+        assert_eq!(
+            g.admit(&key("q"), 3, &children(3)),
+            Admission::Hold,
+            "more than was confirmed"
+        );
+        let second = token_of(&g);
+        assert!(!g.set_confirmation(Some(&first)));
         assert!(g.set_confirmation(Some(&second)));
+        assert_eq!(g.admit(&key("r"), 2, &children(2)), Admission::Prune);
+
+        // A rollout's next stage, a takeover: a token of its own.
+        g.reopen("the rollout of candidate abc to 50%".into());
+        assert_eq!(g.admit(&key("s"), 2, &children(2)), Admission::Hold);
+        assert!(!g.set_confirmation(Some(&second)));
 
         // The next change: no confirmation carries over.
         g.open("4-def".into(), "another swap".into());
-        assert_eq!(g.admit(&key("s"), 2, &children(2)), Admission::Hold);
+        assert_eq!(g.admit(&key("t"), 2, &children(2)), Admission::Hold);
         assert!(token_of(&g).starts_with("4-def."));
-        assert!(!g.set_confirmation(Some(&second)));
+    }
+
+    #[test]
+    fn children_made_to_enlarge_the_share_do_not_count_until_a_period_later() {
+        // Ten parents of one child each, known in the steady state.
+        let g = guard(0.2, 0);
+        steady(&g, 10, 1);
+        let start = Instant::now();
+        // The plugin makes four more children per parent (applies are never held), then
+        // prunes the real one of each: 1 of 5 is 20 %, but the share is of what stood before.
+        let mut pruned = 0;
+        for i in 0..10 {
+            let parent = key(&format!("p-{i:03}"));
+            g.admit_at(&parent, 5, &[], start);
+            if g.admit_at(&parent, 5, &children(1), start) == Admission::Prune {
+                pruned += 1;
+            }
+        }
+        assert_eq!(pruned, 2, "20 % of the ten children that stood");
+        // Counts that stood a whole period are believed: 8 parents of 5 and 2 of 4, with the
+        // 2 deleted, are 50 children, and 20 % of them is 10.
+        let later = start + DEFAULT_PRUNE_WINDOW;
+        g.admit_at(&key("p-009"), 5, &[], later);
+        assert_eq!(g.status().map(|s| s.recently_allowed), Some(10));
+
+        // Under a change, a parent's children count as first seen.
+        let g = guard(0.2, 0);
+        for i in 0..5 {
+            let parent = key(&format!("q-{i}"));
+            g.admit(&parent, 1, &[]);
+            assert_eq!(g.admit(&parent, 5, &children(1)), Admission::Hold, "{i}");
+        }
+    }
+
+    #[test]
+    fn a_rollback_opens_a_budget_of_its_own() {
+        // The budget per change alone (the one over time still spans changes).
+        let g = PruneGuard::new(
+            PruneLimits {
+                period: Duration::ZERO,
+                ..limits(0.0, 1)
+            },
+            "3-abc".into(),
+            "a swap".into(),
+        );
+        assert_eq!(g.admit(&key("p"), 1, &children(1)), Admission::Prune);
+        assert_eq!(g.admit(&key("q"), 1, &children(1)), Admission::Hold);
+        g.roll_back("the rollback of candidate abc".into());
+        assert!(token_of(&g).starts_with("3-abc+rollback."));
+        assert_eq!(g.admit(&key("q"), 1, &children(1)), Admission::Prune);
     }
 
     #[test]

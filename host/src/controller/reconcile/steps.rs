@@ -564,11 +564,11 @@ fn would_prune(
                 .unwrap_or_default()
                 .to_owned()
         };
-        let metadata = child.get("metadata");
+        // By kind and name: every child is in the parent's namespace (or cluster-scoped), so
+        // a namespace written out or left to default is the same child.
         (
             text(child.get("kind")),
-            text(metadata.and_then(|m| m.get("namespace"))),
-            text(metadata.and_then(|m| m.get("name"))),
+            text(child.get("metadata").and_then(|m| m.get("name"))),
         )
     };
     let kept: std::collections::HashSet<_> = shadow_answer.children.iter().map(identity).collect();

@@ -3,8 +3,10 @@
 //!
 //! The rules follow what each kind's controller reports (and what `kubectl rollout status`
 //! reads): a Deployment is ready once its controller saw its latest spec and every replica
-//! is updated and available; a StatefulSet or a DaemonSet once every replica is updated and
-//! ready; a Job once complete; a PersistentVolumeClaim once bound; a Pod once `Ready`; a
+//! is updated and available; a StatefulSet or a DaemonSet once every replica is ready and
+//! those its update strategy updates (none with `OnDelete`, those at or above a partition)
+//! are updated; a Job once complete; a PersistentVolumeClaim once bound; a Pod once `Ready`
+//! (or `Succeeded`); a
 //! CustomResourceDefinition once established. Any other object is ready unless its status
 //! says otherwise: an `observedGeneration` behind its `metadata.generation`, or a `Ready` or
 //! `Available` condition that is not `True`. An object with no status at all (a ConfigMap,
@@ -30,11 +32,37 @@ pub(crate) fn not_ready(child: &Value) -> Option<String> {
                 (total > updated)
                     .then(|| format!("{} old replica(s) still running", total - updated))
             }),
-        ("apps", "StatefulSet") => replicas(child, &["updatedReplicas", "readyReplicas"]),
+        ("apps", "StatefulSet") => {
+            // As `kubectl rollout status`: with OnDelete, updates wait for someone to delete
+            // pods; with a partition, only the pods at or above it are updated.
+            let strategy = &child["spec"]["updateStrategy"];
+            let desired = child["spec"]["replicas"].as_u64().unwrap_or(1);
+            let partition = strategy["rollingUpdate"]["partition"].as_u64().unwrap_or(0);
+            let updated_needed = if strategy["type"] == "OnDelete" {
+                0
+            } else {
+                desired.saturating_sub(partition)
+            };
+            if count(&status["readyReplicas"]) < desired {
+                Some(format!(
+                    "readyReplicas {} of {desired}",
+                    count(&status["readyReplicas"])
+                ))
+            } else if count(&status["updatedReplicas"]) < updated_needed {
+                Some(format!(
+                    "updatedReplicas {} of {updated_needed}",
+                    count(&status["updatedReplicas"])
+                ))
+            } else {
+                None
+            }
+        }
         ("apps", "DaemonSet") => {
             let desired = count(&status["desiredNumberScheduled"]);
+            let on_delete = child["spec"]["updateStrategy"]["type"] == "OnDelete";
             ["updatedNumberScheduled", "numberReady"]
                 .into_iter()
+                .filter(|field| !(on_delete && *field == "updatedNumberScheduled"))
                 .find(|field| count(&status[*field]) < desired)
                 .map(|field| format!("{field} {} of {desired}", count(&status[field])))
         }
@@ -49,7 +77,9 @@ pub(crate) fn not_ready(child: &Value) -> Option<String> {
             let phase = status["phase"].as_str().unwrap_or("Pending");
             (phase != "Bound").then(|| format!("phase {phase}"))
         }
-        ("", "Pod") => (!condition_true(status, "Ready")).then(|| "not Ready".to_owned()),
+        // A Pod that ran to completion is done, not failing.
+        ("", "Pod") => (status["phase"] != "Succeeded" && !condition_true(status, "Ready"))
+            .then(|| "not Ready".to_owned()),
         ("apiextensions.k8s.io", "CustomResourceDefinition") => {
             (!condition_true(status, "Established")).then(|| "not Established".to_owned())
         }
@@ -171,6 +201,28 @@ mod tests {
         let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
             "metadata": {"name": "x"}, "status": {"conditions": [{"type": "Established", "status": "False"}]}});
         assert_eq!(not_ready(&crd).as_deref(), Some("not Established"));
+    }
+
+    #[test]
+    fn a_statefulset_follows_its_update_strategy() {
+        let set = |strategy: Value, updated: u64| {
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "metadata": {"name": "s", "generation": 2},
+                "spec": {"replicas": 3, "updateStrategy": strategy},
+                "status": {"observedGeneration": 2, "readyReplicas": 3, "updatedReplicas": updated}})
+        };
+        assert!(not_ready(&set(json!({"type": "RollingUpdate"}), 2)).is_some());
+        assert_eq!(
+            not_ready(&set(
+                json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 2}}),
+                1
+            )),
+            None
+        );
+        assert_eq!(not_ready(&set(json!({"type": "OnDelete"}), 0)), None);
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "status": {"phase": "Succeeded"}});
+        assert_eq!(not_ready(&pod), None);
     }
 
     #[test]
