@@ -12,6 +12,7 @@ mod plugin_oci;
 mod plugin_sign;
 mod rbac_cmd;
 mod run_cmd;
+mod uninstall_cmd;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ pub use explain_cmd::ExplainCommand;
 pub use plugin_cmd::{CasesDiffer, PluginCommand, RunOutput};
 pub use rbac_cmd::RbacCommand;
 pub use run_cmd::RunCommand;
+pub use uninstall_cmd::UninstallCommand;
 
 /// wasmctrl: a Kubernetes operator host whose reconcile logic runs in sandboxed Wasm plugins.
 #[derive(Debug, Parser)]
@@ -57,6 +59,8 @@ pub enum Command {
     Rbac(RbacCommand),
     /// Show why a parent looks the way it does: its last reconciles, as the host recorded them.
     Explain(ExplainCommand),
+    /// Release every finalizer wasmctrl holds and delete the policies, once the hosts are gone.
+    Uninstall(UninstallCommand),
     /// Print this wasmctrl's version and the plugin contract versions it serves.
     Version,
     /// Print a shell completion script, e.g. `source <(wasmctrl completion bash)`.
@@ -109,6 +113,7 @@ impl Cli {
             Command::Run(command) => command.run(cache_dir).await,
             Command::Rbac(command) => command.run().await,
             Command::Explain(command) => command.run().await,
+            Command::Uninstall(command) => command.run().await,
             Command::Completion { shell } => {
                 clap_complete::generate(
                     shell,

@@ -24,6 +24,7 @@ mod stopping;
 mod supervise;
 #[cfg(test)]
 mod testing;
+pub mod uninstall;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -1708,3 +1708,123 @@ async fn a_plugin_that_turns_on_its_children_long_after_its_swap_is_held() -> an
     policy_api.delete(TEST, &Default::default()).await?;
     delete_namespace(&client, &ns).await
 }
+
+/// `wasmctrl uninstall`, once the host is gone, leaves no finalizer behind: the parents',
+/// the policy's and the team policy's are released and the policies deleted, so parents and
+/// namespaces can go. While a host holds the leader Lease it refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstall_leaves_no_finalizer_behind_and_waits_for_the_hosts_to_go() -> anyhow::Result<()>
+{
+    const TEST: &str = "safety-uninstall";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let mut spec = policy(config_maps_allowed(), json!({"ownChild": true}));
+    spec["finalize"] = json!(true);
+    apply_policy(&client, TEST, TEST, spec.clone()).await?;
+    // A team's policy in the test's namespace (its account does not exist: it only needs
+    // its finalizer).
+    let mut team_spec = spec;
+    team_spec["parent"] = json!({"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Gadget"});
+    team_spec["plugin"] = json!({"source": {"oci": {"reference": "registry.example.com/p:1"}},
+        "digest": format!("sha256:{}", "0".repeat(64))});
+    team_spec["serviceAccount"] = json!({"namespace": ns, "name": "nobody"});
+    let team = api(
+        &client,
+        &resource("wasmctrl.dev", "v1alpha1", "NamespacedReconcilePolicy"),
+        &ns,
+    );
+    apply(
+        &team,
+        json!({"apiVersion": "wasmctrl.dev/v1alpha1", "kind": "NamespacedReconcilePolicy",
+               "metadata": {"name": "team", "labels": {TEST_LABEL: TEST}}, "spec": team_spec}),
+    )
+    .await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    for name in ["a", "b", "c"] {
+        apply(&widgets, widget(name, Some(1))).await?;
+        wait_for_object(&widgets, name, "the policy's finalizer", |w| {
+            finalizers(w).contains(&format!("wasmctrl.dev/{TEST}"))
+        })
+        .await?;
+    }
+    let policy_api = policies(&client);
+    wait_for_object(&policy_api, TEST, "the policy's own finalizer", |p| {
+        finalizers(p).contains(&"wasmctrl.dev/release-parents".to_owned())
+    })
+    .await?;
+    wait_for_object(&team, "team", "the team policy's finalizer", |p| {
+        finalizers(p).contains(&"wasmctrl.dev/namespaced-policy".to_owned())
+    })
+    .await?;
+    host.stop().await?;
+
+    let uninstall = |lease: &str| {
+        let args = [
+            "wasmctrl".to_owned(),
+            "uninstall".to_owned(),
+            "--lease".to_owned(),
+            format!("{ns}/{lease}"),
+            "--selector".to_owned(),
+            format!("{TEST_LABEL}={TEST}"),
+        ];
+        let client = client.clone();
+        async move {
+            let cli = <wasmctrl::cli::Cli as clap::Parser>::try_parse_from(args)?;
+            let wasmctrl::cli::Command::Uninstall(command) = cli.command else {
+                anyhow::bail!("not the uninstall command");
+            };
+            command.run_with(&client).await
+        }
+    };
+    // A host that renewed its Lease just now: the uninstall waits for it to go.
+    let leases = api(
+        &client,
+        &resource("coordination.k8s.io", "v1", "Lease"),
+        &ns,
+    );
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    apply(
+        &leases,
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "held"},
+               "spec": {"holderIdentity": "replica-1", "leaseDurationSeconds": 15,
+                        "renewTime": now, "acquireTime": now}}),
+    )
+    .await?;
+    let refused = uninstall("held").await.expect_err("a host holds the Lease");
+    assert!(
+        format!("{refused:#}").contains("still holds"),
+        "{refused:#}"
+    );
+    assert!(
+        finalizers(&get(&widgets, "a").await?.expect("a"))
+            .contains(&format!("wasmctrl.dev/{TEST}"))
+    );
+
+    uninstall("absent").await?;
+    for name in ["a", "b", "c"] {
+        let widget = get(&widgets, name).await?.expect("the widget");
+        assert!(
+            !finalizers(&widget)
+                .iter()
+                .any(|f| f.starts_with("wasmctrl.dev/")),
+            "{widget}"
+        );
+    }
+    wasmctrl_testenv::cluster::eventually("the policies gone", Duration::from_secs(30), || async {
+        Ok(get(&policy_api, TEST).await?.is_none()
+            && get(&team, "team").await?.is_none()
+            && get(&policy_api, &format!("{ns}.team")).await?.is_none())
+    })
+    .await?;
+    // Nothing holds the parents any more: they go when deleted.
+    widgets.delete("a", &Default::default()).await?;
+    wasmctrl_testenv::cluster::eventually("a deleted", Duration::from_secs(30), || async {
+        Ok(get(&widgets, "a").await?.is_none())
+    })
+    .await?;
+    delete_namespace(&client, &ns).await
+}
