@@ -93,6 +93,41 @@ fn scaffold_outside_a_workspace(parent: &Path) -> PathBuf {
     dir
 }
 
+/// The scaffold's deploy path: the policy acts as an account of its own, as the chart's hosts
+/// require, `wasmctrl rbac` (the README's step before the policy) prints that account and the
+/// host's grant, and the README's steps come in that order with a local host's address.
+fn deploys_as_its_readme_says(dir: &Path, policy: &serde_json::Value) {
+    assert_eq!(
+        policy["spec"]["serviceAccount"],
+        serde_json::json!({"namespace": "default", "name": "backupschedule-operator"})
+    );
+    let rbac = wasmctrl(dir, &["rbac", "deploy/crd.yaml", "deploy/policy.yaml"]);
+    assert!(rbac.status.success(), "{}", text(&rbac.stderr));
+    let printed = text(&rbac.stdout);
+    assert!(
+        printed.contains("kind: ServiceAccount")
+            && printed.contains("name: backupschedule-operator")
+            && printed.contains("impersonate")
+            && printed.contains("backupschedules"),
+        "{printed}"
+    );
+    // The README's steps, in order: RBAC before the policy, and explain told where the host
+    // is when it runs locally.
+    let readme = std::fs::read_to_string(dir.join("README.md")).expect("README.md");
+    let rbac_at = readme
+        .find("wasmctrl rbac deploy/crd.yaml")
+        .expect("the rbac step");
+    let policy_at = readme
+        .find("kubectl apply -f deploy/policy.yaml")
+        .expect("the policy step");
+    assert!(rbac_at < policy_at, "{readme}");
+    assert!(
+        readme.contains("wasmctrl explain BackupSchedule/example --host http://127.0.0.1:8080"),
+        "{readme}"
+    );
+    assert!(readme.contains("wasmctrl run --plugin-dir ."), "{readme}");
+}
+
 #[test]
 fn a_new_plugin_builds_passes_its_tests_and_golden_cases_and_runs_outside_a_workspace() {
     let parent = tempfile::tempdir().expect("temp dir");
@@ -141,37 +176,7 @@ fn a_new_plugin_builds_passes_its_tests_and_golden_cases_and_runs_outside_a_work
         policy["spec"]["plugin"]["source"]["file"]["path"],
         "target/wasm32-wasip2/plugin/backup_plugin.wasm"
     );
-    // It acts as an account of its own, as the chart's hosts require, and `wasmctrl rbac`
-    // (the README's step before the policy) prints that account and the host's grant.
-    assert_eq!(
-        policy["spec"]["serviceAccount"],
-        serde_json::json!({"namespace": "default", "name": "backupschedule-operator"})
-    );
-    let rbac = wasmctrl(&dir, &["rbac", "deploy/crd.yaml", "deploy/policy.yaml"]);
-    assert!(rbac.status.success(), "{}", text(&rbac.stderr));
-    let printed = text(&rbac.stdout);
-    assert!(
-        printed.contains("kind: ServiceAccount")
-            && printed.contains("name: backupschedule-operator")
-            && printed.contains("impersonate")
-            && printed.contains("backupschedules"),
-        "{printed}"
-    );
-    // The README's steps, in order: RBAC before the policy, and explain told where the host
-    // is when it runs locally.
-    let readme = std::fs::read_to_string(dir.join("README.md")).expect("README.md");
-    let rbac_at = readme
-        .find("wasmctrl rbac deploy/crd.yaml")
-        .expect("the rbac step");
-    let policy_at = readme
-        .find("kubectl apply -f deploy/policy.yaml")
-        .expect("the policy step");
-    assert!(rbac_at < policy_at, "{readme}");
-    assert!(
-        readme.contains("wasmctrl explain BackupSchedule/example --host http://127.0.0.1:8080"),
-        "{readme}"
-    );
-    assert!(readme.contains("wasmctrl run --plugin-dir ."), "{readme}");
+    deploys_as_its_readme_says(&dir, &policy);
 
     // The CRD check catches a type change that the YAML does not follow.
     let lib = dir.join("src/lib.rs");
