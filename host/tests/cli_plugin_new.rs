@@ -125,7 +125,10 @@ fn deploys_as_its_readme_says(dir: &Path, policy: &serde_json::Value) {
         readme.contains("wasmctrl explain BackupSchedule/example --host http://127.0.0.1:8080"),
         "{readme}"
     );
-    assert!(readme.contains("wasmctrl run --plugin-dir ."), "{readme}");
+    assert!(
+        readme.contains("wasmctrl run --plugin-dir target/wasm32-wasip2/plugin "),
+        "{readme}"
+    );
 }
 
 #[test]

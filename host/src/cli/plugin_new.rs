@@ -238,6 +238,39 @@ fn is_api_version(s: &str) -> bool {
     })
 }
 
+/// Where cargo puts the component, as the scaffold's files name it (relative to the crate),
+/// the directory a host must be given for it (`--plugin-dir`: the host reads file sources
+/// there only), and the crate's own workspace tables when no workspace encloses it.
+fn component_paths(
+    workspace: Option<&Workspace>,
+    dir: &Path,
+    crate_name: &str,
+) -> (String, String, String) {
+    let wasm = format!("wasm32-wasip2/plugin/{}.wasm", crate_name);
+    let (wasm_path, workspace_tables) = match workspace {
+        Some(ws) => (
+            relative(&ws.root.join("target").join(&wasm), dir),
+            String::new(),
+        ),
+        None => (
+            Path::new("target").join(&wasm),
+            format!(
+                "\n# Its own workspace; remove this table to join an enclosing one (the `plugin`\n\
+                 # profile then goes in that workspace's root Cargo.toml).\n[workspace]\n{PLUGIN_PROFILE}"
+            ),
+        ),
+    };
+    let plugin_dir = wasm_path
+        .parent()
+        .map(|dir| dir.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (
+        wasm_path.to_string_lossy().into_owned(),
+        plugin_dir,
+        workspace_tables,
+    )
+}
+
 /// English plural of a lowercase kind, as most CRDs spell it (`policy` → `policies`).
 fn pluralize(singular: &str) -> String {
     if let Some(stem) = singular.strip_suffix('y')
@@ -377,20 +410,8 @@ pub fn scaffold(args: &NewArgs) -> anyhow::Result<String> {
         ensure!(empty, "{} exists and is not empty", dir.display());
     }
     let workspace = Workspace::enclosing(&dir)?;
-    let wasm = format!("wasm32-wasip2/plugin/{}.wasm", names.crate_name);
-    let (wasm_path, workspace_tables) = match &workspace {
-        Some(ws) => (
-            relative(&ws.root.join("target").join(&wasm), &dir),
-            String::new(),
-        ),
-        None => (
-            Path::new("target").join(&wasm),
-            format!(
-                "\n# Its own workspace; remove this table to join an enclosing one (the `plugin`\n\
-                 # profile then goes in that workspace's root Cargo.toml).\n[workspace]\n{PLUGIN_PROFILE}"
-            ),
-        ),
-    };
+    let (wasm_path, plugin_dir, workspace_tables) =
+        component_paths(workspace.as_ref(), &dir, &names.crate_name);
     let sdk_path = match &args.sdk_path {
         Some(path) => {
             let path = absolute(path)?;
@@ -407,7 +428,6 @@ pub fn scaffold(args: &NewArgs) -> anyhow::Result<String> {
         "wasmctrl-plugin-sdk = {{ path = {}, features = [\"schemars\"] }}",
         toml_edit::Value::from(sdk_path.as_str())
     );
-    let wasm_path = wasm_path.to_string_lossy().into_owned();
     let values = [
         ("name", names.name.as_str()),
         ("crate", names.crate_name.as_str()),
@@ -417,6 +437,7 @@ pub fn scaffold(args: &NewArgs) -> anyhow::Result<String> {
         ("singular", names.singular.as_str()),
         ("plural", names.plural.as_str()),
         ("wasm_path", wasm_path.as_str()),
+        ("plugin_dir", plugin_dir.as_str()),
         ("sdk_dependency", sdk_dependency.as_str()),
         ("workspace_tables", workspace_tables.as_str()),
         ("wasmctrl_version", env!("CARGO_PKG_VERSION")),
@@ -612,6 +633,7 @@ mod tests {
             ("singular", "s"),
             ("plural", "p"),
             ("wasm_path", "w"),
+            ("plugin_dir", "pd"),
             ("sdk_dependency", "d"),
             ("workspace_tables", "t"),
             ("wasmctrl_version", "0"),

@@ -31,9 +31,9 @@ pub struct RbacCommand {
     /// The host's ServiceAccount, as NAMESPACE/NAME.
     #[arg(long, default_value = "wasmctrl/wasmctrl")]
     service_account: String,
-    /// Name of the generated roles and bindings. Default: `wasmctrl-<policy>` for one
-    /// policy, `wasmctrl-policies-<hash of their names>` for several, so runs for different
-    /// policies never replace each other's objects.
+    /// Name of the generated roles and bindings. Default: `wasmctrl-policy:<policy>` for one
+    /// policy, `wasmctrl-policies:<hash of their names>` for several, so runs for different
+    /// policies never replace each other's objects (nor the chart's, which use no `:`).
     #[arg(long)]
     name: Option<String>,
     /// The namespace the host is confined to (its `--namespace`), if any.
@@ -208,7 +208,9 @@ impl RbacCommand {
                 name: &account.name,
             };
             documents.extend(self::documents(
-                &format!("{name}-{}-{}", account.namespace, account.name),
+                // `:` is in no namespace, account or policy name: distinct inputs never
+                // make one name.
+                &format!("{name}:{}:{}", account.namespace, account.name),
                 &subject,
                 &permissions::rules(permissions.iter().cloned()),
                 &BTreeMap::new(),
@@ -219,7 +221,7 @@ impl RbacCommand {
                 .push(&account.name);
         }
         for (namespace, names) in impersonated {
-            let role = format!("{name}-impersonate");
+            let role = format!("{name}:impersonate");
             documents.push(json!({
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                 "metadata": {"name": role, "namespace": namespace, "labels": labels()},
@@ -244,12 +246,12 @@ impl RbacCommand {
             return name.clone();
         }
         match policies {
-            [(only, _)] => format!("wasmctrl-{only}"),
+            [(only, _)] => format!("wasmctrl-policy:{only}"),
             many => {
                 let mut names: Vec<&str> = many.iter().map(|(name, _)| name.as_str()).collect();
                 names.sort_unstable();
                 let hash = sha2::Sha256::digest(names.join("\n").as_bytes());
-                format!("wasmctrl-policies-{}", &hex::encode(hash)[..10])
+                format!("wasmctrl-policies:{}", &hex::encode(hash)[..10])
             }
         }
     }
@@ -502,7 +504,7 @@ mod tests {
         assert!(grant(&first, "web-operator") && grant(&second, "shop-operator"));
         assert!(
             a.iter()
-                .any(|(kind, _, name)| kind == "Role" && name == "wasmctrl-web-impersonate"),
+                .any(|(kind, _, name)| kind == "Role" && name == "wasmctrl-policy:web:impersonate"),
             "{a:?}"
         );
     }
@@ -518,7 +520,7 @@ mod tests {
             .iter()
             .find(|d| {
                 d["kind"] == "Role"
-                    && d["metadata"]["name"] == "wasmctrl-team-a.web-team-a-operator"
+                    && d["metadata"]["name"] == "wasmctrl-policy:team-a.web:team-a:operator"
             })
             .unwrap_or_else(|| panic!("{documents:#?}"));
         assert_eq!(role["metadata"]["namespace"], "team-a", "confined: {role}");
@@ -568,7 +570,7 @@ spec:
         // The account, with the policy's rules bound to it, in the namespace it is confined to.
         let account = find("ServiceAccount", "operator");
         assert_eq!(account["metadata"]["namespace"], "shop");
-        let role = find("Role", "wasmctrl-policies-shop-operator");
+        let role = find("Role", "wasmctrl-policies:shop:operator");
         assert_eq!(role["metadata"]["namespace"], "shop");
         let resources: Vec<&Value> = role["rules"]
             .as_array()
@@ -578,19 +580,19 @@ spec:
             .collect();
         assert!(resources.contains(&&json!("services")), "{role}");
         assert!(resources.contains(&&json!("deployments/status")), "{role}");
-        let binding = find("RoleBinding", "wasmctrl-policies-shop-operator");
+        let binding = find("RoleBinding", "wasmctrl-policies:shop:operator");
         assert_eq!(
             binding["subjects"],
             json!([{"kind": "ServiceAccount", "name": "operator", "namespace": "shop"}])
         );
         // The host may impersonate exactly that account.
-        let grant = find("Role", "wasmctrl-policies-impersonate");
+        let grant = find("Role", "wasmctrl-policies:impersonate");
         assert_eq!(grant["metadata"]["namespace"], "shop");
         assert_eq!(
             grant["rules"],
             json!([{"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": ["operator"], "verbs": ["impersonate"]}])
         );
-        let grant_binding = find("RoleBinding", "wasmctrl-policies-impersonate");
+        let grant_binding = find("RoleBinding", "wasmctrl-policies:impersonate");
         assert_eq!(
             grant_binding["subjects"],
             json!([{"kind": "ServiceAccount", "name": "wasmctrl", "namespace": "wasmctrl"}])

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
 /// Release every finalizer wasmctrl holds (parents', ReconcilePolicies',
@@ -20,13 +19,26 @@ pub struct UninstallCommand {
     /// Release the finalizers but keep the policies.
     #[arg(long)]
     keep_policies: bool,
-    /// Only the policies (of both kinds) with these labels, e.g. `shard=a` for the policies
-    /// of the hosts started with that `--policy-selector`.
-    #[arg(long)]
+    /// Only the ReconcilePolicies with these labels, and the team policies of the namespaces
+    /// with them: the policies of the hosts started with this `--policy-selector` (`shard=a`).
+    #[arg(long, conflicts_with = "all")]
     selector: Option<String>,
-    /// Go on even though the Lease says a host is running.
+    /// Every policy in the cluster (of every wasmctrl installation in it).
+    #[arg(long)]
+    all: bool,
+    /// Go on even though the Lease says a host is running, or cannot be found.
     #[arg(long)]
     force: bool,
+}
+
+/// What the hosts' Lease says.
+enum Lease {
+    /// Renewed just now by this holder.
+    Held(String),
+    /// There, but no host renews it.
+    Free,
+    /// Not there: under another name, or no leader election.
+    Absent,
 }
 
 impl UninstallCommand {
@@ -41,13 +53,23 @@ impl UninstallCommand {
     /// [`Self::run`] through `client`.
     pub async fn run_with(self, client: &kube::Client) -> anyhow::Result<()> {
         let client = client.clone();
-        if !self.force
-            && let Some(holder) = self.running_host(&client).await?
-        {
+        if self.selector.is_none() && !self.all {
             bail!(
-                "host {holder} still holds the Lease {}: uninstall the chart (or stop the hosts) first, or pass --force",
-                self.lease
+                "say which policies: --selector LABELS (those of one set of hosts) or --all (every policy in the cluster)"
             );
+        }
+        if !self.force {
+            match self.running_host(&client).await? {
+                Lease::Held(holder) => bail!(
+                    "host {holder} still holds the Lease {}: uninstall the chart (`helm uninstall --wait`) or stop the hosts first, or pass --force",
+                    self.lease
+                ),
+                Lease::Absent => bail!(
+                    "no Lease {} was found, so whether a host still runs is unknown: pass --lease NAMESPACE/NAME for your release (`<release namespace>/<leaderElection.leaseName>`), or --force if no host runs",
+                    self.lease
+                ),
+                Lease::Free => {}
+            }
         }
         let done = crate::controller::uninstall::uninstall(
             &client,
@@ -59,36 +81,47 @@ impl UninstallCommand {
             "released {} ReconcilePolicies (and their parents) and {} NamespacedReconcilePolicies; deleted {} policies",
             done.policies_released, done.team_policies_released, done.policies_deleted
         );
+        if !done.failed.is_empty() {
+            bail!(
+                "not everything could be released (run again once fixed):\n{}",
+                done.failed.join("\n")
+            );
+        }
         Ok(())
     }
 
-    /// Who holds the Lease, if anyone renewed it within its duration.
-    async fn running_host(&self, client: &kube::Client) -> anyhow::Result<Option<String>> {
+    /// Whether a host holds the Lease: renewed within its duration (or stamped in the future,
+    /// which a skewed clock can do).
+    async fn running_host(&self, client: &kube::Client) -> anyhow::Result<Lease> {
         let (namespace, name) = self
             .lease
             .split_once('/')
             .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
             .with_context(|| format!("--lease {:?} is not NAMESPACE/NAME", self.lease))?;
-        let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(client.clone(), namespace);
         let Some(lease) = leases
             .get_opt(name)
             .await
             .with_context(|| format!("reading Lease {}", self.lease))?
         else {
-            return Ok(None);
+            return Ok(Lease::Absent);
         };
         let Some(spec) = lease.spec else {
-            return Ok(None);
+            return Ok(Lease::Free);
         };
         let (Some(holder), Some(renewed)) = (spec.holder_identity, spec.renew_time) else {
-            return Ok(None);
+            return Ok(Lease::Free);
         };
         let duration = Duration::from_secs(
             u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15),
         );
-        let age = jiff::Timestamp::now()
-            .duration_since(renewed.0)
-            .unsigned_abs();
-        Ok((!holder.is_empty() && age < duration).then_some(holder))
+        let age = jiff::Timestamp::now().duration_since(renewed.0);
+        let running = age.is_negative() || age.unsigned_abs() < duration;
+        Ok(if !holder.is_empty() && running {
+            Lease::Held(holder)
+        } else {
+            Lease::Free
+        })
     }
 }

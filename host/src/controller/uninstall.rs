@@ -10,7 +10,10 @@
 //! to keep them, the policies themselves. Children are left as they are: their owner
 //! references delete them with their parents, as Kubernetes would without wasmctrl.
 
+use std::collections::BTreeSet;
+
 use anyhow::Context as _;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::DynamicObject;
 use kube::{Api, Client, ResourceExt as _};
@@ -28,12 +31,16 @@ pub struct Uninstalled {
     pub team_policies_released: usize,
     /// Policies of either kind deleted.
     pub policies_deleted: usize,
+    /// What could not be done, one line each: the rest was done all the same.
+    pub failed: Vec<String>,
 }
 
-/// Release every finalizer wasmctrl holds, then (unless `keep_policies`) delete the policies;
-/// with a label `selector`, only for the policies (of both kinds) it selects. Run it as a
-/// cluster admin, after the hosts are gone: a host still running would put its finalizers
-/// back.
+/// Release every finalizer wasmctrl holds, then (unless `keep_policies`) delete the policies:
+/// all of them, or with a label `selector`, the ReconcilePolicies it selects and the team
+/// policies of the namespaces it selects (team policies are placed by their namespace's
+/// labels, as hosts place them). Run it as a cluster admin, after the hosts are gone: a host
+/// still running would put its finalizers back. A policy that cannot be released is named in
+/// [`Uninstalled::failed`] and kept; the others go on.
 pub async fn uninstall(
     client: &Client,
     selector: Option<&str>,
@@ -51,67 +58,114 @@ pub async fn uninstall(
         Err(kube::Error::Api(status)) if status.code == 404 => Vec::new(),
         Err(error) => return Err(error).context("listing ReconcilePolicies"),
     };
+    let mut released = Vec::new();
     for policy in &listed {
-        release::retire(client, client, policy, None)
-            .await
-            .with_context(|| format!("releasing policy {}", policy.name_any()))?;
-        done.policies_released += 1;
+        match release::release_all(client, client, policy, None).await {
+            Ok(()) => {
+                done.policies_released += 1;
+                released.push(policy);
+            }
+            Err(error) => done
+                .failed
+                .push(format!("ReconcilePolicy {}: {error:#}", policy.name_any())),
+        }
     }
+    let namespaces = match selector {
+        None => None,
+        Some(selector) => Some(
+            Api::<Namespace>::all(client.clone())
+                .list_metadata(&ListParams::default().labels(selector))
+                .await
+                .context("listing the namespaces the selector places")?
+                .items
+                .into_iter()
+                .map(|n| n.name_any())
+                .collect::<BTreeSet<_>>(),
+        ),
+    };
     let team: Api<DynamicObject> =
         Api::all_with(client.clone(), &crate::policy::namespaced::api_resource());
-    let team_listed = match team.list(&list_params).await {
+    let team_listed: Vec<DynamicObject> = match team.list(&ListParams::default()).await {
         Ok(list) => list.items,
         Err(kube::Error::Api(status)) if status.code == 404 => Vec::new(),
         Err(error) => return Err(error).context("listing NamespacedReconcilePolicies"),
-    };
+    }
+    .into_iter()
+    .filter(|source| {
+        namespaces.as_ref().is_none_or(|selected| {
+            source
+                .namespace()
+                .is_some_and(|namespace| selected.contains(&namespace))
+        })
+    })
+    .collect();
+    let mut team_released = Vec::new();
     for source in &team_listed {
         let (Some(namespace), name) = (source.namespace(), source.name_any()) else {
             continue;
         };
-        let Some(ops) = release::finalizer_patch(&source.metadata, NAMESPACED_FINALIZER, false)
-        else {
-            continue;
-        };
-        let patch: json_patch::Patch = serde_json::from_value(ops)?;
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            client.clone(),
-            &namespace,
-            &crate::policy::namespaced::api_resource(),
-        );
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
-            .await
-        {
-            Ok(_) => done.team_policies_released += 1,
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(error) => {
-                return Err(error).with_context(|| {
-                    format!("releasing NamespacedReconcilePolicy {namespace}/{name}")
-                });
+        match release_team_policy(client, source, &namespace, &name).await {
+            Ok(()) => {
+                done.team_policies_released += 1;
+                team_released.push((namespace, name));
             }
+            Err(error) => done.failed.push(format!(
+                "NamespacedReconcilePolicy {namespace}/{name}: {error:#}"
+            )),
         }
     }
     if keep_policies {
         return Ok(done);
     }
-    for source in &team_listed {
-        let (Some(namespace), name) = (source.namespace(), source.name_any()) else {
-            continue;
-        };
+    for (namespace, name) in &team_released {
         let api: Api<DynamicObject> = Api::namespaced_with(
             client.clone(),
-            &namespace,
+            namespace,
             &crate::policy::namespaced::api_resource(),
         );
-        done.policies_deleted += deleted(api.delete(&name, &DeleteParams::default()).await)
-            .with_context(|| format!("deleting NamespacedReconcilePolicy {namespace}/{name}"))?;
+        match deleted(api.delete(name, &DeleteParams::default()).await) {
+            Ok(n) => done.policies_deleted += n,
+            Err(error) => done.failed.push(format!(
+                "deleting NamespacedReconcilePolicy {namespace}/{name}: {error}"
+            )),
+        }
     }
-    for policy in &listed {
+    for policy in released {
         let name = policy.name_any();
-        done.policies_deleted += deleted(policies.delete(&name, &DeleteParams::default()).await)
-            .with_context(|| format!("deleting ReconcilePolicy {name}"))?;
+        match deleted(policies.delete(&name, &DeleteParams::default()).await) {
+            Ok(n) => done.policies_deleted += n,
+            Err(error) => done
+                .failed
+                .push(format!("deleting ReconcilePolicy {name}: {error}")),
+        }
     }
     Ok(done)
+}
+
+/// Remove the host's finalizer from a team's policy.
+async fn release_team_policy(
+    client: &Client,
+    source: &DynamicObject,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    let Some(ops) = release::finalizer_patch(&source.metadata, NAMESPACED_FINALIZER, false) else {
+        return Ok(());
+    };
+    let patch: json_patch::Patch = serde_json::from_value(ops)?;
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &crate::policy::namespaced::api_resource(),
+    );
+    match api
+        .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// 1 for a deletion, 0 for one already gone.

@@ -1759,15 +1759,14 @@ async fn uninstall_leaves_no_finalizer_behind_and_waits_for_the_hosts_to_go() ->
     .await?;
     host.stop().await?;
 
-    let uninstall = |lease: &str| {
-        let args = [
+    let uninstall = |lease: &str, more: &[&str]| {
+        let mut args = vec![
             "wasmctrl".to_owned(),
             "uninstall".to_owned(),
             "--lease".to_owned(),
             format!("{ns}/{lease}"),
-            "--selector".to_owned(),
-            format!("{TEST_LABEL}={TEST}"),
         ];
+        args.extend(more.iter().map(|a| (*a).to_owned()));
         let client = client.clone();
         async move {
             let cli = <wasmctrl::cli::Cli as clap::Parser>::try_parse_from(args)?;
@@ -1794,17 +1793,31 @@ async fn uninstall_leaves_no_finalizer_behind_and_waits_for_the_hosts_to_go() ->
                         "renewTime": now, "acquireTime": now}}),
     )
     .await?;
-    let refused = uninstall("held").await.expect_err("a host holds the Lease");
+    // The team's policy is chosen by its namespace's labels (the test's namespace is placed
+    // with this test), as hosts place it.
+    let selector = format!("{TEST_LABEL}={TEST}");
+    let which = ["--selector", selector.as_str()];
+    let unscoped = uninstall("held", &[])
+        .await
+        .expect_err("no --selector, no --all");
+    assert!(format!("{unscoped:#}").contains("--all"), "{unscoped:#}");
+    let refused = uninstall("held", &which)
+        .await
+        .expect_err("a host holds the Lease");
     assert!(
         format!("{refused:#}").contains("still holds"),
         "{refused:#}"
     );
+    let unknown = uninstall("absent", &which)
+        .await
+        .expect_err("no Lease: whether a host runs is unknown");
+    assert!(format!("{unknown:#}").contains("--force"), "{unknown:#}");
     assert!(
         finalizers(&get(&widgets, "a").await?.expect("a"))
             .contains(&format!("wasmctrl.dev/{TEST}"))
     );
 
-    uninstall("absent").await?;
+    uninstall("absent", &["--selector", selector.as_str(), "--force"]).await?;
     for name in ["a", "b", "c"] {
         let widget = get(&widgets, name).await?.expect("the widget");
         assert!(

@@ -193,6 +193,17 @@ pub(crate) async fn retire(
     if !policy.finalizers().iter().any(|f| f == POLICY_FINALIZER) {
         return Ok(());
     }
+    release_all(host, acting, policy, namespace).await
+}
+
+/// [`retire`], whether or not the policy holds [`POLICY_FINALIZER`]: an uninstall releases
+/// what a policy's parents hold even after someone removed the policy's own finalizer.
+pub(crate) async fn release_all(
+    host: &Client,
+    acting: &Client,
+    policy: &ReconcilePolicy,
+    namespace: Option<&str>,
+) -> anyhow::Result<()> {
     let name = policy.name_any();
     let uid = policy.metadata.uid.as_deref();
     // Read again: the controller may have recorded a scope since this version was seen.
