@@ -49,6 +49,14 @@ pub fn read_object(path: &Path) -> anyhow::Result<Value> {
     }
 }
 
+/// The value of `flag` split as `NAMESPACE/NAME`, neither empty.
+pub fn namespace_and_name<'a>(flag: &str, value: &'a str) -> anyhow::Result<(&'a str, &'a str)> {
+    value
+        .split_once('/')
+        .filter(|(namespace, name)| !namespace.is_empty() && !name.is_empty())
+        .with_context(|| format!("{flag} {value:?} is not NAMESPACE/NAME"))
+}
+
 fn kind_of(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",

@@ -54,16 +54,8 @@ impl RbacCommand {
 
     /// The YAML `run` prints.
     pub async fn render(&self) -> anyhow::Result<String> {
-        let (service_namespace, service_account) = self
-            .service_account
-            .split_once('/')
-            .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
-            .with_context(|| {
-                format!(
-                    "--service-account {:?} is not NAMESPACE/NAME",
-                    self.service_account
-                )
-            })?;
+        let (service_namespace, service_account) =
+            input::namespace_and_name("--service-account", &self.service_account)?;
         let mut policies = Vec::new();
         let mut kinds = KindTable::builtin();
         for path in &self.files {

@@ -93,11 +93,7 @@ impl UninstallCommand {
     /// Whether a host holds the Lease: renewed within its duration (or stamped in the future,
     /// which a skewed clock can do).
     async fn running_host(&self, client: &kube::Client) -> anyhow::Result<Lease> {
-        let (namespace, name) = self
-            .lease
-            .split_once('/')
-            .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
-            .with_context(|| format!("--lease {:?} is not NAMESPACE/NAME", self.lease))?;
+        let (namespace, name) = super::input::namespace_and_name("--lease", &self.lease)?;
         let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
             Api::namespaced(client.clone(), namespace);
         let Some(lease) = leases

@@ -155,7 +155,7 @@ pub(crate) async fn run(
             Api::<ReconcilePolicy>::all(client),
             made,
             move |policy: ReconcilePolicy| {
-                source_of(&policy).map(|(namespace, name)| {
+                namespaced::source(&policy).map(|(namespace, name)| {
                     ObjectRef::new_with(name, mapped.clone()).within(namespace)
                 })
             },
@@ -245,9 +245,10 @@ async fn sweep(
         .list(&ListParams::default().labels(&labels))
         .await?
     {
-        let (Some((source_namespace, source_name)), Some(made_from)) =
-            (source_of(&made), made.labels().get(SOURCE_UID_LABEL))
-        else {
+        let (Some((source_namespace, source_name)), Some(made_from)) = (
+            namespaced::source(&made),
+            made.labels().get(SOURCE_UID_LABEL),
+        ) else {
             continue;
         };
         if made.metadata.deletion_timestamp.is_some()
@@ -298,11 +299,6 @@ async fn delete_made(policies: &Api<ReconcilePolicy>, made: &ReconcilePolicy) ->
     }
 }
 
-/// The source a ReconcilePolicy was made from, by its annotation.
-fn source_of(policy: &ReconcilePolicy) -> Option<(&str, &str)> {
-    policy.annotations().get(SOURCE_ANNOTATION)?.split_once('/')
-}
-
 fn error_policy(source: Arc<DynamicObject>, error: &Error, _: Arc<Context>) -> Action {
     tracing::warn!(namespace = ?source.namespace(), name = %source.name_any(), error = %error, "could not run a NamespacedReconcilePolicy");
     Action::requeue(Duration::from_secs(5))
@@ -350,7 +346,7 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     if let Some(made) = &made
         && !ours
         && let Some(made_from) = made.labels().get(SOURCE_UID_LABEL)
-        && source_of(made) == Some((namespace.as_str(), name.as_str()))
+        && namespaced::source(made) == Some((namespace.as_str(), name.as_str()))
     {
         // The source from the cache may be older than the policy just read: only the source
         // as the API server has it now decides that the policy is an orphan.

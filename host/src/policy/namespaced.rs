@@ -56,20 +56,23 @@ pub fn cluster_name(namespace: &str, name: &str) -> String {
 /// `namespace/name`.
 pub const SOURCE_ANNOTATION: &str = "wasmctrl.dev/namespaced-policy";
 
+/// The NamespacedReconcilePolicy a ReconcilePolicy was made from (its namespace and name), by
+/// [`SOURCE_ANNOTATION`]; `None` for an admin's own policy.
+pub fn source(policy: &ReconcilePolicy) -> Option<(&str, &str)> {
+    use kube::ResourceExt as _;
+    policy.annotations().get(SOURCE_ANNOTATION)?.split_once('/')
+}
+
 /// Whom a policy's use of shared resources (plugin fetches and compiles) counts against: the
 /// team's namespace for a policy made from a NamespacedReconcilePolicy, so that a team's
 /// policies share one share however many it makes; a cluster policy (an admin's) counts as
 /// its own.
 pub fn tenant(policy: &ReconcilePolicy) -> String {
     use kube::ResourceExt as _;
-    policy
-        .annotations()
-        .get(SOURCE_ANNOTATION)
-        .and_then(|source| source.split_once('/'))
-        .map_or_else(
-            || format!("policy/{}", policy.name_any()),
-            |(namespace, _)| format!("namespace/{namespace}"),
-        )
+    source(policy).map_or_else(
+        || format!("policy/{}", policy.name_any()),
+        |(namespace, _)| format!("namespace/{namespace}"),
+    )
 }
 
 /// Why a NamespacedReconcilePolicy cannot run, as a condition's reason and message.

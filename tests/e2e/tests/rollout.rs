@@ -36,6 +36,19 @@ fn rebuilt_misbehave(dir: &std::path::Path) -> anyhow::Result<(Value, String)> {
     ))
 }
 
+/// A test's namespace and admin client, the kinds installed, and a rebuilt misbehave plugin
+/// to be the candidate: its directory (for the host's `--plugin-dir`), source and digest.
+async fn prepare(
+    test: &str,
+) -> anyhow::Result<(kube::Client, String, tempfile::TempDir, Value, String)> {
+    let (client, ns) = test_namespace(test).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
+    let dir = tempfile::tempdir()?;
+    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    Ok((client, ns, dir, rebuilt, digest))
+}
+
 fn policy_spec(candidate: Option<Value>, rollout: Option<Value>) -> Value {
     let mut spec = json!({
         "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
@@ -96,11 +109,7 @@ fn rollout_of(p: &Value) -> &Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_that_decides_the_same_walks_every_stage_by_itself() -> anyhow::Result<()> {
     const TEST: &str = "rollout-walk";
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
-    let dir = tempfile::tempdir()?;
-    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    let (client, ns, dir, rebuilt, digest) = prepare(TEST).await?;
     apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
     let host = HostUnderTest::builder(TEST, &ns)
         .plugin_dir(dir.path())
@@ -192,11 +201,7 @@ async fn a_candidate_that_decides_the_same_walks_every_stage_by_itself() -> anyh
 async fn a_candidate_failing_a_quarter_of_its_canary_parents_is_rolled_back_by_the_host()
 -> anyhow::Result<()> {
     const TEST: &str = "rollout-back";
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
-    let dir = tempfile::tempdir()?;
-    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    let (client, ns, dir, rebuilt, digest) = prepare(TEST).await?;
     apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
     let host = HostUnderTest::builder(TEST, &ns)
         .plugin_dir(dir.path())
@@ -345,11 +350,7 @@ async fn a_candidate_failing_a_quarter_of_its_canary_parents_is_rolled_back_by_t
 async fn a_candidate_that_fails_recorded_cases_is_rolled_back_before_it_serves_any_parent()
 -> anyhow::Result<()> {
     const TEST: &str = "rollout-replay";
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
-    let dir = tempfile::tempdir()?;
-    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    let (client, ns, dir, rebuilt, digest) = prepare(TEST).await?;
     apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
     // Every reconcile of the active plugin is recorded as a case.
     let explain = wasmctrl::explain::Explain::new(&wasmctrl::explain::ExplainOptions {
@@ -505,11 +506,7 @@ async fn a_candidate_that_empties_every_answer_is_held_by_the_prune_guard_throug
 -> anyhow::Result<()> {
     const TEST: &str = "rollout-empties";
     const COUNT: usize = 30;
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
-    let dir = tempfile::tempdir()?;
-    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    let (client, ns, dir, rebuilt, digest) = prepare(TEST).await?;
     apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
     let host = HostUnderTest::builder(TEST, &ns)
         .plugin_dir(dir.path())
@@ -583,11 +580,7 @@ async fn a_candidate_that_would_prune_past_the_guards_share_is_rolled_back_in_sh
 -> anyhow::Result<()> {
     const TEST: &str = "rollout-would-prune";
     const COUNT: usize = 30;
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
-    let dir = tempfile::tempdir()?;
-    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    let (client, ns, dir, rebuilt, digest) = prepare(TEST).await?;
     apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
     let host = HostUnderTest::builder(TEST, &ns)
         .plugin_dir(dir.path())
@@ -630,11 +623,7 @@ async fn a_candidate_claiming_ready_while_its_deployments_never_become_available
 -> anyhow::Result<()> {
     const TEST: &str = "rollout-not-ready";
     const COUNT: usize = 10;
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
-    let dir = tempfile::tempdir()?;
-    let (rebuilt, digest) = rebuilt_misbehave(dir.path())?;
+    let (client, ns, dir, rebuilt, digest) = prepare(TEST).await?;
     let with_deployments = |candidate: Option<Value>, rollout: Option<Value>| {
         let mut spec = policy_spec(candidate, rollout);
         spec["children"] = json!([{"apiVersion": "apps/v1", "kind": "Deployment"}]);

@@ -149,11 +149,7 @@ pub(crate) fn prune_guard(
 /// What an admin annotates to confirm: the policy, or, for one made from a team's
 /// NamespacedReconcilePolicy, the team's object (whose annotation the host carries over).
 fn annotate_target(policy: &ReconcilePolicy) -> String {
-    match policy
-        .annotations()
-        .get(crate::policy::namespaced::SOURCE_ANNOTATION)
-        .and_then(|source| source.split_once('/'))
-    {
+    match crate::policy::namespaced::source(policy) {
         Some((namespace, name)) => format!("namespacedreconcilepolicy -n {namespace} {name}"),
         None => format!("reconcilepolicy {}", policy.name_any()),
     }
