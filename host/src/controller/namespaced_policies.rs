@@ -81,8 +81,11 @@ enum Error {
 }
 
 /// How long a reconcile waits for the first list of namespaces before it fails (and is
-/// retried), so a host that may not list them says so instead of waiting in silence.
-const NAMESPACES_READY: Duration = Duration::from_secs(30);
+/// retried after [`NAMESPACES_RETRY`]), so a host that may not list them says so instead of
+/// waiting in silence. Short, because a reconcile in flight holds back the next one of the
+/// same policy: a deletion, which needs no labels, must not wait behind it.
+const NAMESPACES_READY: Duration = Duration::from_secs(1);
+const NAMESPACES_RETRY: Duration = Duration::from_secs(2);
 
 /// Run until `stop`: turn every NamespacedReconcilePolicy the host watches (in `namespace`,
 /// or all; in a namespace whose labels match `selector`, if any) into its ReconcilePolicy.
@@ -101,7 +104,22 @@ pub(crate) async fn run(
     };
     let made = watcher::Config::default().labels(SOURCE_UID_LABEL);
     let mapped = resource.clone();
-    let controller = Controller::new_with(sources, watcher::Config::default(), resource.clone());
+    // Each watch backs off on its own and the merged stream does not (see `watch_backoff`):
+    // a watch refused at start (its RBAC binding not yet seen by the API server's
+    // authorizer) must not stall the others for kube-runtime's 30 s and more.
+    let writer = reflector::store::Writer::new(resource.clone());
+    let reader = writer.as_reader();
+    let controller = Controller::for_stream_with(
+        reflector::reflector(
+            writer,
+            watcher(sources, watcher::Config::default())
+                .backoff(crate::watch_backoff::WatchBackoff::default()),
+        )
+        .applied_objects(),
+        reader,
+        resource.clone(),
+    )
+    .trigger_backoff(crate::watch_backoff::NoExtraDelay);
     // Namespaces' labels place team policies; a change of them re-runs the namespace's.
     let (placement, namespace_changes) = match selector.clone() {
         Some(selector) => {
@@ -151,9 +169,10 @@ pub(crate) async fn run(
             });
     }
     let controller = controller
-        .watches(
-            Api::<ReconcilePolicy>::all(client),
-            made,
+        .watches_stream(
+            watcher(Api::<ReconcilePolicy>::all(client), made)
+                .backoff(crate::watch_backoff::WatchBackoff::default())
+                .touched_objects(),
             move |policy: ReconcilePolicy| {
                 namespaced::source(&policy).map(|(namespace, name)| {
                     ObjectRef::new_with(name, mapped.clone()).within(namespace)
@@ -301,7 +320,10 @@ async fn delete_made(policies: &Api<ReconcilePolicy>, made: &ReconcilePolicy) ->
 
 fn error_policy(source: Arc<DynamicObject>, error: &Error, _: Arc<Context>) -> Action {
     tracing::warn!(namespace = ?source.namespace(), name = %source.name_any(), error = %error, "could not run a NamespacedReconcilePolicy");
-    Action::requeue(Duration::from_secs(5))
+    match error {
+        Error::NamespacesUnknown => Action::requeue(NAMESPACES_RETRY),
+        _ => Action::requeue(Duration::from_secs(5)),
+    }
 }
 
 async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {

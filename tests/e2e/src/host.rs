@@ -347,6 +347,7 @@ impl HostBuilder {
 
     /// Start the host on a task of this test's runtime.
     pub async fn start(self) -> anyhow::Result<HostUnderTest> {
+        capture_logs();
         let drain = self.drain_timeout;
         let host = self.build().await?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -367,6 +368,18 @@ impl HostBuilder {
             task,
         })
     }
+}
+
+/// The hosts' logs go to the test's captured output, which the runner prints when the test
+/// fails: `WASMCTRL_TEST_LOG` filters them (default: the host's info and above).
+fn capture_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WASMCTRL_TEST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("wasmctrl=info,warn"));
+    // A test that set up its own subscriber keeps it.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
 }
 
 /// Where every host of the suite keeps its precompiled plugins, unless told not to.

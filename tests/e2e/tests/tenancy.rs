@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use wasmctrl_e2e::*;
+use wasmctrl_testenv::cluster::eventually;
 
 fn reconciled(object: &Value) -> Option<&Value> {
     condition(object, "Reconciled")
@@ -48,19 +49,26 @@ async fn role(
 /// NamespacedReconcilePolicies it turns into ReconcilePolicies (cluster-wide). Nothing on
 /// any other kind; whom it may impersonate is granted apart.
 async fn host_rights(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
+    let mut rules = host_rights_but_namespaces();
+    // Team policies are placed by their namespace's labels.
+    rules.push(
+        json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}),
+    );
     bind_cluster_role(
         client,
         &format!("{ns}-host"),
-        json!([
-            {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-            {"apiGroups": ["wasmctrl.dev"], "resources": ["namespacedreconcilepolicies"], "verbs": ["get", "list", "watch", "patch"]},
-            {"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies/status", "namespacedreconcilepolicies/status"], "verbs": ["get", "patch"]},
-            // Team policies are placed by their namespace's labels.
-            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
-        ]),
+        json!(rules),
         account_subject(ns, "host"),
     )
     .await
+}
+
+fn host_rights_but_namespaces() -> Vec<Value> {
+    vec![
+        json!({"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]}),
+        json!({"apiGroups": ["wasmctrl.dev"], "resources": ["namespacedreconcilepolicies"], "verbs": ["get", "list", "watch", "patch"]}),
+        json!({"apiGroups": ["wasmctrl.dev"], "resources": ["reconcilepolicies/status", "namespacedreconcilepolicies/status"], "verbs": ["get", "patch"]}),
+    ]
 }
 
 /// Let ServiceAccount `host` of `host_ns` impersonate the accounts of `ns` named in
@@ -522,6 +530,65 @@ async fn delete_past_its_finalizer(
         .await?;
     sources.delete(name, &Default::default()).await?;
     wait_gone(sources, name, "the team's policy, its finalizer removed").await
+}
+
+/// A watch the host may not list (here: namespaces, as when an admin has not yet granted
+/// them, or the API server's authorizer has not yet seen the grant) must not stall the team
+/// policies: neither a reconcile waiting for the namespaces' labels (it held the policy for
+/// 30 s, and a deletion, which needs no labels, waited behind it), nor kube-runtime's backoff
+/// of the merged watch stream on every error (to 30 s and beyond).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_the_host_may_not_list_does_not_stall_the_team_policies() -> anyhow::Result<()> {
+    const TEST: &str = "tenancy-refused-watch";
+    let (client, host_ns) = test_namespace(TEST).await?;
+    let (_, team) = test_namespace("tenancy-refused-watch-team").await?;
+    place_namespace(&client, &team, TEST).await?;
+    install_repo_crds(&client).await?;
+    service_account(&client, &host_ns, "host").await?;
+    bind_cluster_role(
+        &client,
+        &format!("{host_ns}-host"),
+        json!(host_rights_but_namespaces()),
+        account_subject(&host_ns, "host"),
+    )
+    .await?;
+    // A team policy a host once took: it carries the host's finalizer.
+    let sources = namespaced_policies(&client, &team);
+    let mut spec = myapp_policy_spec(
+        json!({"http": {"url": "http://127.0.0.1:9/myapp.wasm"}}),
+        json!({}),
+    );
+    spec["plugin"]["digest"] = json!(format!("sha256:{}", "0".repeat(64)));
+    spec["serviceAccount"] = json!({"namespace": team, "name": "operator"});
+    apply(
+        &sources,
+        json!({
+            "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "NamespacedReconcilePolicy",
+            "metadata": {"name": "myapp", "finalizers": ["wasmctrl.dev/namespaced-policy"]},
+            "spec": spec,
+        }),
+    )
+    .await?;
+    let running = HostUnderTest::cluster_wide(TEST)
+        .as_service_account(&host_ns, "host")
+        .start()
+        .await?;
+    // Long enough for the namespace list to be refused several times, and a reconcile of
+    // the policy to be waiting for it.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    sources.delete("myapp", &Default::default()).await?;
+    eventually(
+        "the deleted team policy's finalizer released, though namespaces cannot be listed",
+        Duration::from_secs(3),
+        || async { Ok(get(&sources, "myapp").await?.is_none()) },
+    )
+    .await?;
+    running.stop().await?;
+    delete_cluster_rbac(&client, &host_ns).await?;
+    for ns in [&team, &host_ns] {
+        delete_namespace(&client, ns).await?;
+    }
+    Ok(())
 }
 
 const ORPHANS: &str = "tenancy-orphans";
