@@ -179,7 +179,7 @@ pub async fn install_explain_reader(
 async fn rbac_for(
     files: &[std::path::PathBuf],
     service_account: &str,
-    name: &str,
+    name: Option<&str>,
 ) -> anyhow::Result<String> {
     use clap::Parser as _;
     let mut args = vec![
@@ -187,9 +187,10 @@ async fn rbac_for(
         "rbac".into(),
         "--service-account".into(),
         service_account.into(),
-        "--name".into(),
-        name.into(),
     ];
+    if let Some(name) = name {
+        args.extend(["--name".to_owned(), name.to_owned()]);
+    }
     args.extend(files.iter().map(|f| f.to_string_lossy().into_owned()));
     match wasmctrl::cli::Cli::try_parse_from(args)?.command {
         wasmctrl::cli::Command::Rbac(command) => command.render().await,
@@ -217,7 +218,22 @@ pub async fn apply_policy_rbac(
         }))?,
     )?;
     let crd = wasmctrl_testenv::repo_root().join("crds/myapp.yaml");
-    let generated = documents(&rbac_for(&[crd, policy_file], service_account, rbac_name).await?)?;
+    let generated =
+        documents(&rbac_for(&[crd, policy_file], service_account, Some(rbac_name)).await?)?;
+    for object in &generated {
+        apply_object(client, object).await?;
+    }
+    Ok(generated)
+}
+
+/// Apply what `wasmctrl rbac FILES --service-account HOST` prints, as the docs tell one to
+/// (`| kubectl apply -f -`), named as it names its objects; the objects applied.
+pub async fn apply_rbac_output(
+    client: &Client,
+    files: &[std::path::PathBuf],
+    host_account: &str,
+) -> anyhow::Result<Vec<Value>> {
+    let generated = documents(&rbac_for(files, host_account, None).await?)?;
     for object in &generated {
         apply_object(client, object).await?;
     }

@@ -55,6 +55,17 @@ impl PluginServer {
     }
 }
 
+/// The plugin server's URL of the MyApp plugin, and its digest.
+pub fn myapp_plugin_url(address: std::net::SocketAddr) -> anyhow::Result<(String, String)> {
+    let digest = wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
+        "myapp_plugin",
+    ))?);
+    Ok((
+        format!("http://{address}/myapp_plugin.wasm"),
+        digest.to_string(),
+    ))
+}
+
 /// A loopback HTTP server for plugin downloads: `GET /<file>` (with `Authorization: Bearer
 /// <token>` when a token is given) serves the built plugin `<file>` (without `.wasm`). The
 /// first request it ever gets is answered 503, so the host's retry is exercised. It counts

@@ -19,11 +19,14 @@ mod process;
 mod rbac;
 
 pub use chart::{
-    CHART, apply_policy_rbac, documents, dry_run_apply, helm, install_chart_rbac,
-    install_chart_rbac_with, install_explain_reader, render,
+    CHART, apply_policy_rbac, apply_rbac_output, documents, dry_run_apply, helm,
+    install_chart_rbac, install_chart_rbac_with, install_explain_reader, render,
 };
 pub use host::{HostBuilder, HostUnderTest, client_as, service_account_token};
-pub use http::{DrippingServer, PluginServer, dripping_server, http_get, https_get, serve_plugins};
+pub use http::{
+    DrippingServer, PluginServer, dripping_server, http_get, https_get, myapp_plugin_url,
+    serve_plugins,
+};
 pub use kinds::{
     TEST_GROUP, myapp, myapp_policy_in, myapp_policy_spec, myapps, test_crd, widget, widget_test,
     widgets,
@@ -33,7 +36,8 @@ pub use objects::{
     wait_collected, wait_for_object, wait_for_object_within, wait_gone,
 };
 pub use policies::{
-    apply_policy, delete_namespace, file_source, place_namespace, policies, test_namespace,
+    apply_policy, delete_namespace, file_source, namespaced_policies, place_namespace, policies,
+    test_namespace,
 };
 pub use process::{
     SelfProcess, impersonating_kubeconfig, spawn_self, token_kubeconfig, wasmctrl_cli,

@@ -18,6 +18,15 @@ pub fn policies(client: &Client) -> Api<DynamicObject> {
     )
 }
 
+/// The NamespacedReconcilePolicy API in `namespace`.
+pub fn namespaced_policies(client: &Client, namespace: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &resource("wasmctrl.dev", "v1alpha1", "NamespacedReconcilePolicy"),
+    )
+}
+
 /// The namespace each test made with [`test_namespace`], by test name.
 static TEST_NAMESPACES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
 

@@ -340,6 +340,113 @@ async fn the_charts_rbac_and_the_generated_rules_suffice_and_a_missing_rule_is_n
     delete_namespace(&client, &ns).await
 }
 
+/// `wasmctrl rbac` run once per policy, its output applied each time, as docs/deploy.md
+/// says: two policies whose accounts share a namespace both keep the host's grant to act as
+/// them (an earlier version named the impersonate Role once per namespace, so the second run
+/// took the first policy's), and a team's NamespacedReconcilePolicy file gets what the host
+/// needs to run it as the team's account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_output_for_each_policy_composes_and_covers_a_teams_policy() -> anyhow::Result<()> {
+    const TEST: &str = "deploy-rbac-runs";
+    const RELEASE: &str = "rbac-runs-e2e";
+    let (client, ns) = test_namespace(TEST).await?;
+    let (_, first) = test_namespace("deploy-rbac-runs-a").await?;
+    let (_, second) = test_namespace("deploy-rbac-runs-b").await?;
+    let (_, team) = test_namespace("deploy-rbac-runs-team").await?;
+    place_namespace(&client, &team, TEST).await?;
+    install_repo_crds(&client).await?;
+    let host_account = install_chart_rbac(&client, RELEASE, &ns).await?;
+    let host = format!("{ns}/{host_account}");
+    let server = serve_plugins(None)?;
+    let (url, digest) = myapp_plugin_url(server.address)?;
+    let source = || json!({"http": {"url": url}});
+
+    // Two policies, each for its own namespace's MyApps, acting as two accounts of `ns`.
+    let files = tempfile::tempdir()?;
+    let crd = repo_root().join("crds/myapp.yaml");
+    let mut names = Vec::new();
+    for (parents, account) in [(&first, "operator-a"), (&second, "operator-b")] {
+        let name = format!("{TEST}-{account}");
+        let mut spec = myapp_policy_in(parents, source());
+        spec["plugin"]["digest"] = json!(digest);
+        spec["serviceAccount"] = json!({"namespace": ns, "name": account});
+        let file = files.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &file,
+            serde_yaml_ng::to_string(&json!({
+                "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
+                "metadata": {"name": name}, "spec": spec,
+            }))?,
+        )?;
+        apply_rbac_output(&client, &[crd.clone(), file], &host).await?;
+        apply_policy(&client, TEST, &name, spec).await?;
+        names.push(name);
+    }
+    // A team's policy, its file given to `wasmctrl rbac` as the team wrote it.
+    let mut spec = myapp_policy_spec(source(), json!({"service": true}));
+    spec["plugin"]["digest"] = json!(digest);
+    spec["serviceAccount"] = json!({"namespace": team, "name": "operator"});
+    let team_policy = json!({
+        "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "NamespacedReconcilePolicy",
+        "metadata": {"name": "myapp", "namespace": team}, "spec": spec,
+    });
+    let file = files.path().join("team.yaml");
+    std::fs::write(&file, serde_yaml_ng::to_string(&team_policy)?)?;
+    let generated = apply_rbac_output(&client, &[crd.clone(), file], &host).await?;
+    assert!(
+        generated
+            .iter()
+            .all(|o| o["kind"] != "ClusterRole" && o["kind"] != "ClusterRoleBinding"),
+        "a team policy's rules stay in its namespace: {generated:?}"
+    );
+    let sources = namespaced_policies(&client, &team);
+    apply(&sources, team_policy).await?;
+
+    let running = HostUnderTest::cluster_wide(TEST)
+        .as_service_account(&ns, &host_account)
+        .require_policy_identity()
+        .start()
+        .await?;
+    for parents in [&first, &second, &team] {
+        let apps = myapps(&client, parents);
+        apply(&apps, myapp("web", 1, "nginx:1.27", None)).await?;
+        wait_for_object(
+            &apps,
+            "web",
+            &format!("web in {parents} reconciled"),
+            |app| condition(app, "Reconciled").is_some_and(|c| c["status"] == "True"),
+        )
+        .await?;
+    }
+    for name in &names {
+        wait_for_object(&policies(&client), name, &format!("{name} ready"), |p| {
+            condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+        })
+        .await?;
+    }
+    wait_for_object(&sources, "myapp", "the team's policy ready", |p| {
+        condition(p, "Ready").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+
+    running.stop().await?;
+    for name in &names {
+        policies(&client).delete(name, &Default::default()).await?;
+    }
+    sources.delete("myapp", &Default::default()).await?;
+    let cluster_roles = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &resource("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+    );
+    let _ = cluster_roles
+        .delete(&host_account, &Default::default())
+        .await;
+    for namespace in [&first, &second, &team, &ns] {
+        delete_namespace(&client, namespace).await?;
+    }
+    Ok(())
+}
+
 /// The host's own role grants nothing on any kind a policy reconciles, makes or reads:
 /// policies act as their own ServiceAccounts, and the host may impersonate exactly the ones
 /// the values name.

@@ -317,14 +317,6 @@ async fn team_runs_myapp(
     Ok(team)
 }
 
-fn namespaced_policies(client: &kube::Client, ns: &str) -> kube::Api<DynamicObject> {
-    api(
-        client,
-        &resource("wasmctrl.dev", "v1alpha1", "NamespacedReconcilePolicy"),
-        ns,
-    )
-}
-
 const TEAMS: &str = "tenancy-teams";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -503,17 +495,6 @@ async fn teams_with_only_namespace_rights_run_their_own_operators_for_one_parent
         delete_namespace(&client, ns).await?;
     }
     Ok(())
-}
-
-/// The plugin server's URL of the MyApp plugin, and its digest.
-fn myapp_plugin_url(address: std::net::SocketAddr) -> anyhow::Result<(String, String)> {
-    let digest = wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
-        "myapp_plugin",
-    ))?);
-    Ok((
-        format!("http://{address}/myapp_plugin.wasm"),
-        digest.to_string(),
-    ))
 }
 
 /// Remove `name`'s finalizers by hand, as an admin does when a host is gone, and delete it.
