@@ -41,19 +41,7 @@ const LOGIN: Login<'static> = Login {
 /// The `sh` blocks of the README's "Deploy to a cluster" section, in order.
 fn deploy_blocks() -> anyhow::Result<Vec<String>> {
     let readme = std::fs::read_to_string(repo_root().join("README.md"))?;
-    let section = readme
-        .split_once("\n## Deploy to a cluster\n")
-        .context("README has a \"Deploy to a cluster\" section")?
-        .1;
-    let section = section.split("\n## ").next().unwrap_or(section);
-    let mut blocks = Vec::new();
-    let mut rest = section;
-    while let Some((_, after)) = rest.split_once("```sh\n") {
-        let (block, after) = after.split_once("\n```").context("an unclosed block")?;
-        blocks.push(block.to_owned());
-        rest = after;
-    }
-    Ok(blocks)
+    sh_blocks(&readme, "## Deploy to a cluster")
 }
 
 /// A reader's own values for the section's placeholders.
@@ -85,10 +73,15 @@ impl Placeholders {
 
 /// Run `block` with bash in the repository root, as a reader would paste it.
 fn run_block(block: &str, env: &[(&str, String)]) -> anyhow::Result<()> {
+    run_block_in(&repo_root(), block, env)
+}
+
+/// Run `block` with bash in `dir`.
+fn run_block_in(dir: &Path, block: &str, env: &[(&str, String)]) -> anyhow::Result<()> {
     eprintln!("--- README block:\n{block}\n---");
     let output = Command::new("bash")
         .args(["-euo", "pipefail", "-c", block])
-        .current_dir(repo_root())
+        .current_dir(dir)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .output()
         .context("running bash")?;
@@ -214,9 +207,120 @@ async fn the_readme_deploy_section_works_as_written() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("the host printed:\n{}", host.output()))?;
     }
+
+    // A plugin of one's own, from `wasmctrl plugin new` (as docs/plugins.md starts it) to
+    // the chart, by its README's "In a cluster" steps.
+    scaffold_deploys_to_the_chart(&client, work.path(), &registry.address, &env)
+        .await
+        .with_context(|| format!("the host printed:\n{}", host.output()))?;
     drop(host);
     cluster.stop();
     Ok(())
+}
+
+/// The scaffold's own README, run against the chart the README's section installed: make
+/// the crate (docs/plugins.md's command), build it, and run its "In a cluster" block with a
+/// reader's values: the registry, where cargo puts the component, and the registry's login
+/// (the README's `--secret-ref` for a registry that needs one). The block's last line asks
+/// through the chart's Service, which needs a kubelet and a proxy this control plane lacks:
+/// it is left out, and the test checks what it would show instead.
+async fn scaffold_deploys_to_the_chart(
+    client: &kube::Client,
+    work: &Path,
+    registry: &str,
+    env: &[(&str, String)],
+) -> anyhow::Result<()> {
+    let plugins = work.join("my-plugins");
+    std::fs::create_dir_all(&plugins)?;
+    let new = "wasmctrl plugin new backup-plugin --group example.com --version v1 --kind Backup";
+    let guide = std::fs::read_to_string(repo_root().join("docs/plugins.md"))?;
+    assert!(
+        guide.contains(new),
+        "docs/plugins.md starts a plugin with `{new}`"
+    );
+    run_block_in(&plugins, new, env)?;
+    let dir = plugins.join("backup-plugin");
+    // The repository's lock file: the same dependency versions as the other scaffold tests,
+    // whose builds the shared target directory keeps.
+    std::fs::copy(repo_root().join("Cargo.lock"), dir.join("Cargo.lock"))?;
+    let target = scaffold_target_dir();
+    let mut env = env.to_vec();
+    env.push(("CARGO_TARGET_DIR", target.display().to_string()));
+    let readme = std::fs::read_to_string(dir.join("README.md"))?;
+    let build = sh_blocks(&readme, "## Build and test")?
+        .first()
+        .cloned()
+        .context("the build block")?;
+    let build_line = build
+        .lines()
+        .find(|line| line.starts_with("cargo build "))
+        .context("the build line")?;
+    run_block_in(&dir, build_line, &env)?;
+
+    let cluster_block = sh_blocks(&readme, "### In a cluster")?
+        .first()
+        .cloned()
+        .context("the \"In a cluster\" block")?;
+    let explain = "kubectl wasmctrl explain";
+    let block = cluster_block
+        .lines()
+        .filter(|line| !line.starts_with(explain))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("REGISTRY/", &format!("{registry}/"))
+        .replace(
+            " -o merge-patch)",
+            " --secret-ref wasmctrl/registry-login -o merge-patch)",
+        )
+        .replace(
+            "target/wasm32-wasip2/plugin/",
+            &format!("{}/", target.join("wasm32-wasip2/plugin").display()),
+        );
+    assert!(cluster_block.contains(explain), "{cluster_block}");
+    assert!(
+        readme.contains("--secret-ref"),
+        "the README says how to pull with a login:\n{readme}"
+    );
+    run_block_in(&dir, &block, &env)?;
+
+    let backups = api(client, &resource("example.com", "v1", "Backup"), "default");
+    wait_for_object(&backups, "example", "the Backup reconciled", |backup| {
+        condition(backup, "Reconciled").is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+    let deployments = api(client, &resource("apps", "v1", "Deployment"), "default");
+    wait_for_object(&deployments, "example", "the Backup's Deployment", |d| {
+        d["metadata"]["ownerReferences"][0]["kind"] == "Backup"
+    })
+    .await?;
+    Ok(())
+}
+
+/// Where the scaffold tests build a new crate (the host's `cli_plugin_new` too): shared, so
+/// its dependencies build once.
+fn scaffold_target_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-new-target")
+}
+
+/// The `sh` blocks of the section of `markdown` that starts with the line `heading`.
+fn sh_blocks(markdown: &str, heading: &str) -> anyhow::Result<Vec<String>> {
+    let level = heading.split(' ').next().unwrap_or("#");
+    let section = markdown
+        .split_once(&format!("\n{heading}\n"))
+        .with_context(|| format!("a section {heading:?}"))?
+        .1;
+    let section = section
+        .split(&format!("\n{level} "))
+        .next()
+        .unwrap_or(section);
+    let mut blocks = Vec::new();
+    let mut rest = section;
+    while let Some((_, after)) = rest.split_once("```sh\n") {
+        let (block, after) = after.split_once("\n```").context("an unclosed block")?;
+        blocks.push(block.to_owned());
+        rest = after;
+    }
+    Ok(blocks)
 }
 
 /// Run the chart's Deployment as a kubelet would run one of its pods: its image pulled with
