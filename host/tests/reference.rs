@@ -68,7 +68,7 @@ fn crd_reference() -> String {
         "# Policy fields\n\n\
          Generated from the CustomResourceDefinitions in `crds/` by `cargo xtask reference`; do \
          not edit. A `NamespacedReconcilePolicy` has the same `spec` and `status` as a \
-         `ReconcilePolicy` (the host confines it to its namespace: see docs/host.md). Types \
+         `ReconcilePolicy` (the host confines it to its namespace: see docs/operating.md). Types \
          are the OpenAPI types; validation is what the API server checks before the host \
          ever sees the object.\n",
     );
