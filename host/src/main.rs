@@ -35,7 +35,10 @@ async fn run() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) if error.is::<CasesDiffer>() => {
-            eprintln!("{error}");
+            let said = error.to_string();
+            if !said.is_empty() {
+                eprintln!("{said}");
+            }
             ExitCode::from(1)
         }
         Err(error) => {

@@ -209,7 +209,7 @@ fn golden_cases_pass_fail_with_the_difference_and_update_to_the_plugins_answers(
     assert!(stdout.contains("2 cases: 2 passed, 0 failed"), "{stdout}");
 
     // v2 labels every child: the YAML case fails with the difference, exit 1.
-    let (code, stdout, _) = test_cases("myapp_v2_plugin", &cases, false);
+    let (code, stdout, stderr) = test_cases("myapp_v2_plugin", &cases, false);
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains("FAILED"), "{stdout}");
     assert!(
@@ -217,6 +217,8 @@ fn golden_cases_pass_fail_with_the_difference_and_update_to_the_plugins_answers(
         "{stdout}"
     );
     assert!(stdout.contains("2 cases: 1 passed, 1 failed"), "{stdout}");
+    // The report ends with its summary; a terminal, which shows stderr too, shows it once.
+    assert!(!stderr.contains("1 failed"), "{stderr}");
 
     // --update writes v2's answer into the failing case only; then v2 passes and MyApp fails.
     let broken_before = std::fs::read_to_string(&broken).expect("read");

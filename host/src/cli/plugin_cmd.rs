@@ -518,11 +518,7 @@ impl PluginCommand {
                 };
                 let plugin = load(&engine, &plugin, None, limits.limits())?;
                 let report = replay(&plugin, &baseline, &case_files(&cases)?).await?;
-                conclude(
-                    report.render(output)?,
-                    report.all_unchanged(),
-                    report.summary(),
-                )
+                conclude(&report, report.all_unchanged(), output)
             }
             Self::Test {
                 plugin,
@@ -534,7 +530,7 @@ impl PluginCommand {
                 let engine = engine(cache_dir)?;
                 let plugin = load(&engine, &plugin, None, limits.limits())?;
                 let report = test(&plugin, &case_files(&cases)?, update).await?;
-                conclude(report.render(output)?, report.failed == 0, report.summary())
+                conclude(&report, report.failed == 0, output)
             }
             Self::New(args) => {
                 print!("{}", super::plugin_new::scaffold(&args)?);
@@ -595,14 +591,24 @@ async fn diff(
     }
 }
 
-/// Print a report of cases; `wasmctrl` exits 1 (with `summary`) unless they all `passed`.
-fn conclude(report: String, passed: bool, summary: String) -> anyhow::Result<()> {
-    print!("{report}");
+/// Print a report of cases; `wasmctrl` exits 1 unless they all `passed`, with the summary
+/// on stderr when the report (JSON, YAML) does not end with it.
+fn conclude(report: &impl CasesReport, passed: bool, format: ReplayFormat) -> anyhow::Result<()> {
+    print!("{}", report.render(format)?);
     if passed {
         Ok(())
+    } else if matches!(format, ReplayFormat::Text) {
+        // The text report ends with the summary already: a terminal shows it once.
+        Err(CasesDiffer(String::new()).into())
     } else {
-        Err(CasesDiffer(summary).into())
+        Err(CasesDiffer(report.summary()).into())
     }
+}
+
+/// What `replay` and `test` report on a set of cases.
+trait CasesReport {
+    fn summary(&self) -> String;
+    fn render(&self, format: ReplayFormat) -> anyhow::Result<String>;
 }
 
 /// The engine for an offline command, compiling through the artifact cache when there is one.
@@ -657,7 +663,8 @@ fn inspection(bytes: &[u8], what: &str) -> anyhow::Result<InspectOutput> {
     })
 }
 
-/// Some replayed cases would change or fail: `wasmctrl` exits 1, as `diff` does.
+/// Some replayed cases would change or fail: `wasmctrl` exits 1, as `diff` does, saying why
+/// on stderr unless the report on stdout already did (an empty message).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct CasesDiffer(String);
@@ -706,7 +713,9 @@ impl ReplayReport {
     fn all_unchanged(&self) -> bool {
         self.unchanged == self.cases.len()
     }
+}
 
+impl CasesReport for ReplayReport {
     fn summary(&self) -> String {
         format!(
             "{} cases: {} unchanged, {} would change, {} would fail",
@@ -823,7 +832,7 @@ struct TestReport {
     updated: usize,
 }
 
-impl TestReport {
+impl CasesReport for TestReport {
     fn summary(&self) -> String {
         let mut summary = format!(
             "{} cases: {} passed, {} failed",

@@ -1,0 +1,169 @@
+//! The docs' walk-throughs, run as written: each page's setup block by bash, then every
+//! `$ command` of its console blocks, each output compared by shape with the page's (see
+//! `support/walkthrough.rs`). Each runs against a control plane of its own: the example
+//! policy claims its kind in every namespace, which the shared test cluster's tests must keep.
+//!
+//! The only changes are a reader's own values — where the session's files go, the host's
+//! port — and what the test provides itself: the control plane (`cargo xtask cluster up`) and
+//! the plugin builds (`cargo xtask build-plugins`; the tests build every plugin).
+
+mod support;
+#[path = "support/walkthrough.rs"]
+mod walkthrough;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime};
+use wasmctrl_testenv::plugins::{guest, plugin_dir};
+use wasmctrl_testenv::repo_root;
+
+use walkthrough::{Session, blocks};
+
+/// How long a step may take to show what the page shows (a rollout, a reconcile): 90 s, or
+/// `WASMCTRL_WALKTHROUGH_PATIENCE_SECS` (a few seconds shows every difference quickly while
+/// editing a page).
+fn patience() -> Duration {
+    let seconds = std::env::var("WASMCTRL_WALKTHROUGH_PATIENCE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(90);
+    Duration::from_secs(seconds)
+}
+
+/// The directory of the `wasmctrl` binary under test, and of the control plane's `kubectl`,
+/// first on `PATH`.
+fn path_with(dirs: &[&Path]) -> String {
+    let inherited = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = dirs
+        .iter()
+        .map(|d| d.to_path_buf())
+        .chain(std::env::split_paths(&inherited));
+    std::env::join_paths(dirs)
+        .expect("PATH")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn wasmctrl_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_wasmctrl"))
+        .parent()
+        .expect("the binary's directory")
+        .to_owned()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A setup block as the test runs it: without the lines the test does itself (`cargo
+/// xtask …`), and with a host started in the background (`… &`) leaving its pid in
+/// `host.pid` and its output in `host.log`, so the test stops it and shows what it said.
+fn setup_script(block: &str) -> String {
+    block
+        .lines()
+        .filter(|line| !line.starts_with("cargo xtask "))
+        .map(|line| match line.strip_suffix(" &") {
+            Some(background) => format!("{background} > host.log 2>&1 & echo $! > host.pid"),
+            None => line.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Stops the background host when the walk-through ends, passed or not.
+struct BackgroundHost(PathBuf);
+
+impl BackgroundHost {
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.0.join("host.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for BackgroundHost {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.0.join("host.pid")) {
+            let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_debugging_walkthrough_runs_as_written() {
+    let page = std::fs::read_to_string(repo_root().join("docs/debugging.md")).expect("the page");
+    guest("myapp_before_plugin");
+    let binaries = tokio::task::spawn_blocking(|| Binaries::build(&repo_root()))
+        .await
+        .expect("a task")
+        .expect("the control plane's binaries");
+    let state = tempfile::Builder::new()
+        .prefix("walkthrough-cluster-")
+        .tempdir_in(repo_root().join("target"))
+        .expect("a state directory");
+    let cluster = ControlPlane::start(state.path(), &binaries, Lifetime::TiedToStarter)
+        .await
+        .expect("a control plane");
+    let walk = tempfile::tempdir().expect("a directory");
+    let walk_dir = walk.path().join("walk");
+    let env = vec![
+        (
+            "PATH".to_owned(),
+            path_with(&[&wasmctrl_dir(), binaries.dir()]),
+        ),
+        (
+            "KUBECONFIG".to_owned(),
+            cluster.kubeconfig.display().to_string(),
+        ),
+        ("WASMCTRL_LOG".to_owned(), "info".to_owned()),
+    ];
+    let values = vec![
+        ("/tmp/walk".to_owned(), walk_dir.display().to_string()),
+        (
+            "127.0.0.1:8080".to_owned(),
+            format!("127.0.0.1:{}", free_port()),
+        ),
+        (
+            "target/wasm32-wasip2/plugin/".to_owned(),
+            format!("{}/", plugin_dir().display()),
+        ),
+    ];
+    let mut session = Session::new(&walk_dir, env, values);
+
+    let setup = blocks(&page, "## 0. Set up", "sh");
+    assert_eq!(setup.len(), 1, "one setup block");
+    let host = BackgroundHost(walk_dir.clone());
+    let (status, output) = session.run_in(&repo_root(), &setup_script(&setup[0]), true);
+    assert_eq!(status, 0, "the setup block failed:\n{output}");
+
+    let mut failures = Vec::new();
+    for heading in [
+        "## 1. Something is wrong",
+        "## 2. Explain",
+        "## 3. Save the case",
+        "## 4. Fix the plugin, replay",
+        "## 5. Shadow, then promote",
+        "## 6. The user's fix, explained",
+    ] {
+        let section = blocks(&page, heading, "console");
+        assert!(!section.is_empty(), "{heading} shows what to run");
+        for block in section {
+            failures.extend(
+                session
+                    .play(&block, patience())
+                    .into_iter()
+                    .map(|failure| format!("{heading}:\n{failure}")),
+            );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}\n\nthe host printed:\n{}",
+        failures.join("\n\n"),
+        host.log()
+    );
+    drop(host);
+    cluster.stop();
+}

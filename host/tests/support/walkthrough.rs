@@ -1,0 +1,276 @@
+//! Running a docs walk-through as written: its `sh` setup block and its `console` blocks,
+//! each `$ command` run by bash and its output compared, by shape, with what the page shows.
+//!
+//! Shape, because a real session prints its own digests, times and counts: both sides have
+//! timestamps, hex digests and numbers replaced by placeholders and runs of spaces collapsed
+//! before they are compared. On the page, `…` inside a line stands for any text, and a line
+//! that is only `…` for any number of lines (output trimmed where marked). Everything else
+//! must match, line for line.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use regex::Regex;
+
+/// One `$ command` of a console block and the lines the page shows it printing.
+#[derive(Debug)]
+pub struct Step {
+    pub command: String,
+    pub expected: Vec<String>,
+}
+
+/// The fenced blocks of `lang` in the section of `markdown` under the line `heading`, up to
+/// the next heading of the same or a higher level.
+pub fn blocks(markdown: &str, heading: &str, lang: &str) -> Vec<String> {
+    let level = heading.split(' ').next().unwrap_or("#");
+    let Some((_, section)) = markdown.split_once(&format!("\n{heading}\n")) else {
+        panic!("no section {heading:?}");
+    };
+    // The next heading outside a fenced block (a shell comment in one is not a heading).
+    let mut fenced = false;
+    let mut offset = 0;
+    let mut end = section.len();
+    for line in section.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        let hashes = line.chars().take_while(|c| *c == '#').count();
+        if !fenced && hashes > 0 && hashes <= level.len() && line[hashes..].starts_with(' ') {
+            end = offset;
+            break;
+        }
+        offset += line.len() + 1;
+    }
+    let mut found = Vec::new();
+    let mut rest = &section[..end];
+    let fence = format!("```{lang}\n");
+    while let Some((_, after)) = rest.split_once(fence.as_str()) {
+        let (block, after) = after.split_once("\n```").expect("an unclosed block");
+        found.push(block.to_owned());
+        rest = after;
+    }
+    found
+}
+
+/// The steps of a console block. A command goes on over the next lines while its line ends
+/// in `\` or leaves a single quote open.
+pub fn steps(block: &str) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::new();
+    let mut open = false;
+    for line in block.lines() {
+        if open {
+            let step = steps.last_mut().expect("a command");
+            step.command.push('\n');
+            step.command.push_str(line);
+            open = continues(&step.command);
+        } else if let Some(command) = line.strip_prefix("$ ") {
+            steps.push(Step {
+                command: command.to_owned(),
+                expected: Vec::new(),
+            });
+            open = continues(command);
+        } else if let Some(step) = steps.last_mut() {
+            step.expected.push(line.to_owned());
+        }
+    }
+    steps
+}
+
+fn continues(command: &str) -> bool {
+    command.ends_with('\\') || command.matches('\'').count() % 2 == 1
+}
+
+/// `line` with what differs between sessions replaced by placeholders.
+fn normalized(line: &str) -> String {
+    static PATTERNS: OnceLock<Vec<(Regex, &'static str)>> = OnceLock::new();
+    let patterns = PATTERNS.get_or_init(|| {
+        [
+            (r"\d{4}-\d{2}-\d{2}T[0-9:.]+Z", "TIME"),
+            (r"sha256:[0-9a-f]+", "sha256:HEX"),
+            (r"\b[0-9a-f]{7,}\b", "HEX"),
+            // Ages as kubectl prints them: 15s, 2m3s, 4h.
+            (r"\b(\d+[dhms])+\b", "AGE"),
+            (r"\d+(\.\d+)?", "N"),
+            (r"\s+", " "),
+        ]
+        .into_iter()
+        .map(|(pattern, with)| (Regex::new(pattern).expect("a pattern"), with))
+        .collect()
+    });
+    let mut line = line.trim().to_owned();
+    for (pattern, with) in patterns {
+        line = pattern.replace_all(&line, *with).into_owned();
+    }
+    line
+}
+
+/// Whether `actual` has the shape `expected` shows.
+pub fn same_shape(expected: &[String], actual: &[String]) -> bool {
+    let expected: Vec<String> = expected.iter().map(|l| normalized(l)).collect();
+    let actual: Vec<String> = actual.iter().map(|l| normalized(l)).collect();
+    matches_from(&expected, &actual)
+}
+
+fn matches_from(expected: &[String], actual: &[String]) -> bool {
+    match expected.split_first() {
+        None => actual.is_empty(),
+        Some((first, rest)) if first == "…" => {
+            (0..=actual.len()).any(|skip| matches_from(rest, &actual[skip..]))
+        }
+        Some((first, rest)) => actual
+            .split_first()
+            .is_some_and(|(line, more)| line_matches(first, line) && matches_from(rest, more)),
+    }
+}
+
+/// `…` inside a line stands for any text.
+fn line_matches(expected: &str, actual: &str) -> bool {
+    let mut parts = expected.split('…');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = actual.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+/// Where a walk-through's commands run, and with what.
+pub struct Session {
+    pub dir: PathBuf,
+    pub env: Vec<(String, String)>,
+    /// Each reader's own values: (as the page has it, as this session has it).
+    pub values: Vec<(String, String)>,
+    last_status: i32,
+}
+
+impl Session {
+    pub fn new(dir: &Path, env: Vec<(String, String)>, values: Vec<(String, String)>) -> Self {
+        Self {
+            dir: dir.to_owned(),
+            env,
+            values,
+            last_status: 0,
+        }
+    }
+
+    /// `text` with the page's values replaced by this session's.
+    pub fn fill(&self, text: &str) -> String {
+        self.values
+            .iter()
+            .fold(text.to_owned(), |text, (page, ours)| {
+                text.replace(page, ours)
+            })
+    }
+
+    /// Run `script` with bash in `dir` (after filling in the values): its status and its
+    /// output (stdout and stderr, as a terminal shows them). A script run with `stop_on_error`
+    /// stops at its first failing command, as a reader would.
+    pub fn run_in(&self, dir: &Path, script: &str, stop_on_error: bool) -> (i32, String) {
+        let errexit = if stop_on_error { "set -e\n" } else { "" };
+        let script = format!(
+            "exec 2>&1\n(exit {})\n{errexit}{}",
+            self.last_status,
+            self.fill(script)
+        );
+        let output = Command::new("bash")
+            .args(["-o", "pipefail", "-c", &script])
+            .current_dir(dir)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .expect("running bash");
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    }
+
+    /// Run each step of a console block in order, each until its output has the shape the
+    /// page shows (as a reader waits for a rollout or a reconcile) or `patience` runs out:
+    /// what each step that never did printed, and what the page shows instead.
+    pub fn play(&mut self, block: &str, patience: Duration) -> Vec<String> {
+        let mut failures = Vec::new();
+        for step in steps(block) {
+            let expected: Vec<String> = step.expected.iter().map(|l| self.fill(l)).collect();
+            let started = Instant::now();
+            loop {
+                let (status, output) = self.run_in(&self.dir, &step.command, false);
+                let lines: Vec<String> = output.lines().map(str::to_owned).collect();
+                self.last_status = status;
+                if same_shape(&expected, &lines) {
+                    break;
+                }
+                if started.elapsed() >= patience {
+                    failures.push(format!(
+                        "$ {}\nprinted (status {status}):\n{output}\nthe page shows:\n{}",
+                        self.fill(&step.command),
+                        expected.join("\n")
+                    ));
+                    break;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        failures
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn shapes_ignore_digests_times_numbers_and_spacing_but_not_words() {
+        assert!(same_shape(
+            &lines("shop   2          2/2     15s"),
+            &lines("shop 3 3/3   2m5s")
+        ));
+        assert!(same_shape(
+            &lines("plugin: sha256:4c153f reconciled at 2026-11-30T22:06:42.661Z"),
+            &lines("plugin: sha256:0cac4d reconciled at 2026-12-05T01:02:03Z")
+        ));
+        assert!(!same_shape(
+            &lines("unchanged  Deployment shop"),
+            &lines("changed Deployment shop")
+        ));
+        assert!(!same_shape(&lines("a\nb"), &lines("a")));
+    }
+
+    #[test]
+    fn an_ellipsis_stands_for_text_in_a_line_and_for_lines_alone() {
+        assert!(same_shape(&lines("x: {…} end"), &lines("x: {\"a\":1} end")));
+        assert!(!same_shape(
+            &lines("x: {…} end"),
+            &lines("x: {\"a\":1} more")
+        ));
+        assert!(same_shape(&lines("a\n  …\nz"), &lines("a\nb\nc\nz")));
+        assert!(same_shape(&lines("a\n  …\nz"), &lines("a\nz")));
+        assert!(!same_shape(&lines("a\n…\nz"), &lines("a\nb")));
+    }
+
+    #[test]
+    fn a_command_goes_on_past_a_backslash_and_an_open_quote() {
+        let steps = steps("$ kubectl patch x \\\n    -p '{\n  \"a\": 1}'\npatched\n$ echo $?\n1");
+        assert_eq!(steps.len(), 2);
+        assert_eq!(
+            steps[0].command,
+            "kubectl patch x \\\n    -p '{\n  \"a\": 1}'"
+        );
+        assert_eq!(steps[0].expected, ["patched"]);
+        assert_eq!(steps[1].expected, ["1"]);
+    }
+}
