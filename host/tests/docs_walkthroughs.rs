@@ -130,13 +130,12 @@ async fn the_debugging_walkthrough_runs_as_written() {
             format!("{}/", plugin_dir().display()),
         ),
     ];
-    let mut session = Session::new(&walk_dir, env, values);
+    let mut session = Session::new(&repo_root(), env, values);
 
     let setup = blocks(&page, "## 0. Set up", "sh");
     assert_eq!(setup.len(), 1, "one setup block");
     let host = BackgroundHost(walk_dir.clone());
-    let (status, output) = session.run_in(&repo_root(), &setup_script(&setup[0]), true);
-    assert_eq!(status, 0, "the setup block failed:\n{output}");
+    session.set_up(&setup_script(&setup[0]));
 
     let mut failures = Vec::new();
     for heading in [

@@ -145,22 +145,51 @@ fn line_matches(expected: &str, actual: &str) -> bool {
     rest.ends_with(last)
 }
 
-/// Where a walk-through's commands run, and with what.
+/// What a finished command printed after itself: its status follows.
+const DONE: &str = "__walkthrough_done__";
+
+/// One shell for a whole page, as a reader's terminal is: `cd`, variables and `$?` carry
+/// from one command to the next.
 pub struct Session {
-    pub dir: PathBuf,
-    pub env: Vec<(String, String)>,
     /// Each reader's own values: (as the page has it, as this session has it).
-    pub values: Vec<(String, String)>,
-    last_status: i32,
+    values: Vec<(String, String)>,
+    shell: std::process::Child,
+    input: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
 }
 
 impl Session {
+    /// A bash in `dir`, with `env` added to the test's environment (stderr goes where stdout
+    /// does, as on a terminal).
     pub fn new(dir: &Path, env: Vec<(String, String)>, values: Vec<(String, String)>) -> Self {
+        let mut shell = Command::new("bash")
+            .args(["--noprofile", "--norc"])
+            .current_dir(dir)
+            .envs(env)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting bash");
+        let mut input = shell.stdin.take().expect("stdin");
+        let output = shell.stdout.take().expect("stdout");
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(output).lines() {
+                let Ok(line) = line else { return };
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        use std::io::Write as _;
+        writeln!(input, "exec 2>&1").expect("bash's stdin");
         Self {
-            dir: dir.to_owned(),
-            env,
             values,
-            last_status: 0,
+            shell,
+            input,
+            lines,
         }
     }
 
@@ -173,26 +202,48 @@ impl Session {
             })
     }
 
-    /// Run `script` with bash in `dir` (after filling in the values): its status and its
-    /// output (stdout and stderr, as a terminal shows them). A script run with `stop_on_error`
-    /// stops at its first failing command, as a reader would.
-    pub fn run_in(&self, dir: &Path, script: &str, stop_on_error: bool) -> (i32, String) {
-        let errexit = if stop_on_error { "set -e\n" } else { "" };
+    /// Run `command` (after filling in the values), waiting at most `limit`: its status and
+    /// what it printed.
+    pub fn run(&mut self, command: &str, limit: Duration) -> (i32, String) {
+        use std::io::Write as _;
         let script = format!(
-            "exec 2>&1\n(exit {})\n{errexit}{}",
-            self.last_status,
-            self.fill(script)
+            "{}\n__status=$?; printf '\\n{DONE} %d\\n' \"$__status\"; (exit \"$__status\")\n",
+            self.fill(command)
         );
-        let output = Command::new("bash")
-            .args(["-o", "pipefail", "-c", &script])
-            .current_dir(dir)
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .output()
-            .expect("running bash");
-        (
-            output.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-        )
+        self.input
+            .write_all(script.as_bytes())
+            .and_then(|()| self.input.flush())
+            .expect("bash's stdin");
+        let deadline = Instant::now() + limit;
+        let mut printed = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match self.lines.recv_timeout(left) {
+                Ok(line) => line,
+                Err(_) => {
+                    panic!("$ {command}\nstill running after {limit:?}; printed so far:\n{printed}")
+                }
+            };
+            if let Some(status) = line.strip_prefix(DONE) {
+                // The marker starts on a line of its own: drop the newline put before it
+                // (which ends an output that lacked its own, and is then kept).
+                if printed.ends_with("\n\n") || printed == "\n" {
+                    printed.pop();
+                }
+                let status = status.trim().parse().unwrap_or(-1);
+                return (status, printed);
+            }
+            printed.push_str(&line);
+            printed.push('\n');
+        }
+    }
+
+    /// Run each command of a setup block; each must succeed.
+    pub fn set_up(&mut self, block: &str) {
+        for step in steps(&prompted(block)) {
+            let (status, output) = self.run(&step.command, Duration::from_secs(300));
+            assert_eq!(status, 0, "$ {}\n{output}", self.fill(&step.command));
+        }
     }
 
     /// Run each step of a console block in order, each until its output has the shape the
@@ -204,9 +255,8 @@ impl Session {
             let expected: Vec<String> = step.expected.iter().map(|l| self.fill(l)).collect();
             let started = Instant::now();
             loop {
-                let (status, output) = self.run_in(&self.dir, &step.command, false);
+                let (status, output) = self.run(&step.command, patience);
                 let lines: Vec<String> = output.lines().map(str::to_owned).collect();
-                self.last_status = status;
                 if same_shape(&expected, &lines) {
                     break;
                 }
@@ -223,6 +273,34 @@ impl Session {
         }
         failures
     }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.shell.kill();
+        let _ = self.shell.wait();
+    }
+}
+
+/// A setup block's lines as console commands (`$ ` before each that does not continue the
+/// one before).
+fn prompted(block: &str) -> String {
+    let mut out = String::new();
+    let mut command = String::new();
+    for line in block.lines() {
+        if command.is_empty() {
+            out.push_str("$ ");
+        } else {
+            command.push('\n');
+        }
+        command.push_str(line);
+        out.push_str(line);
+        out.push('\n');
+        if !continues(&command) {
+            command.clear();
+        }
+    }
+    out
 }
 
 #[cfg(test)]
