@@ -5,7 +5,8 @@
 //!
 //! The only changes are a reader's own values — where the session's files go, the host's
 //! port — and what the test provides itself: the control plane (`cargo xtask cluster up`) and
-//! the plugin builds (`cargo xtask build-plugins`; the tests build every plugin).
+//! the plugin builds (`cargo xtask build-plugins`; the tests build every plugin), and a
+//! registry (`docker run … registry`).
 
 mod support;
 #[path = "support/walkthrough.rs"]
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime};
 use wasmctrl_testenv::plugins::{guest, plugin_dir};
+use wasmctrl_testenv::registry::Registry;
 use wasmctrl_testenv::repo_root;
 
 use walkthrough::{Session, blocks};
@@ -60,12 +62,12 @@ fn free_port() -> u16 {
 }
 
 /// A setup block as the test runs it: without the lines the test does itself (`cargo
-/// xtask …`), and with a host started in the background (`… &`) leaving its pid in
+/// xtask …`, `docker run` of a registry), and with a host started in the background (`… &`) leaving its pid in
 /// `host.pid` and its output in `host.log`, so the test stops it and shows what it said.
 fn setup_script(block: &str) -> String {
     block
         .lines()
-        .filter(|line| !line.starts_with("cargo xtask "))
+        .filter(|line| !line.starts_with("cargo xtask ") && !line.starts_with("docker run "))
         .map(|line| match line.strip_suffix(" &") {
             Some(background) => format!("{background} > host.log 2>&1 & echo $! > host.pid"),
             None => line.to_owned(),
@@ -91,78 +93,123 @@ impl Drop for BackgroundHost {
     }
 }
 
+/// A walk-through: its page, the section whose `sh` block sets it up, the sections whose
+/// console blocks it plays, and the directory its session works in.
+struct Walk {
+    page: &'static str,
+    setup: &'static str,
+    sections: &'static [&'static str],
+    work_dir: &'static str,
+}
+
+impl Walk {
+    /// Play the page against a control plane of its own, with `more_values` for whatever
+    /// else the test provides (a registry's address).
+    async fn play(&self, more_values: Vec<(String, String)>) {
+        let page = std::fs::read_to_string(repo_root().join(self.page)).expect("the page");
+        let binaries = tokio::task::spawn_blocking(|| Binaries::build(&repo_root()))
+            .await
+            .expect("a task")
+            .expect("the control plane's binaries");
+        let state = tempfile::Builder::new()
+            .prefix("walkthrough-cluster-")
+            .tempdir_in(repo_root().join("target"))
+            .expect("a state directory");
+        let cluster = ControlPlane::start(state.path(), &binaries, Lifetime::TiedToStarter)
+            .await
+            .expect("a control plane");
+        let work = tempfile::tempdir().expect("a directory");
+        let work_dir = work.path().join("work");
+        let env = vec![
+            (
+                "PATH".to_owned(),
+                path_with(&[&wasmctrl_dir(), binaries.dir()]),
+            ),
+            (
+                "KUBECONFIG".to_owned(),
+                cluster.kubeconfig.display().to_string(),
+            ),
+            ("WASMCTRL_LOG".to_owned(), "info".to_owned()),
+        ];
+        let mut values = vec![
+            (self.work_dir.to_owned(), work_dir.display().to_string()),
+            (
+                "127.0.0.1:8080".to_owned(),
+                format!("127.0.0.1:{}", free_port()),
+            ),
+            (
+                "target/wasm32-wasip2/plugin/".to_owned(),
+                format!("{}/", plugin_dir().display()),
+            ),
+        ];
+        values.extend(more_values);
+        let mut session = Session::new(&repo_root(), env, values);
+
+        let setup = blocks(&page, self.setup, "sh");
+        assert_eq!(setup.len(), 1, "one setup block under {}", self.setup);
+        let host = BackgroundHost(work_dir.clone());
+        session.set_up(&setup_script(&setup[0]));
+
+        let mut failures = Vec::new();
+        for heading in self.sections {
+            let section = blocks(&page, heading, "console");
+            assert!(!section.is_empty(), "{heading} shows what to run");
+            for block in section {
+                failures.extend(
+                    session
+                        .play(&block, patience())
+                        .into_iter()
+                        .map(|failure| format!("{heading}:\n{failure}")),
+                );
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{}\n\nthe host printed:\n{}",
+            failures.join("\n\n"),
+            host.log()
+        );
+        drop(host);
+        cluster.stop();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_debugging_walkthrough_runs_as_written() {
-    let page = std::fs::read_to_string(repo_root().join("docs/debugging.md")).expect("the page");
     guest("myapp_before_plugin");
-    let binaries = tokio::task::spawn_blocking(|| Binaries::build(&repo_root()))
+    Walk {
+        page: "docs/debugging.md",
+        setup: "## 0. Set up",
+        sections: &[
+            "## 1. Something is wrong",
+            "## 2. Explain",
+            "## 3. Save the case",
+            "## 4. Fix the plugin, replay",
+            "## 5. Shadow, then promote",
+            "## 6. The user's fix, explained",
+        ],
+        work_dir: "/tmp/walk",
+    }
+    .play(Vec::new())
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shipping_a_new_plugin_runs_as_written() {
+    guest("myapp_v2_plugin");
+    let registry = tokio::task::spawn_blocking(Registry::start)
         .await
         .expect("a task")
-        .expect("the control plane's binaries");
-    let state = tempfile::Builder::new()
-        .prefix("walkthrough-cluster-")
-        .tempdir_in(repo_root().join("target"))
-        .expect("a state directory");
-    let cluster = ControlPlane::start(state.path(), &binaries, Lifetime::TiedToStarter)
-        .await
-        .expect("a control plane");
-    let walk = tempfile::tempdir().expect("a directory");
-    let walk_dir = walk.path().join("walk");
-    let env = vec![
-        (
-            "PATH".to_owned(),
-            path_with(&[&wasmctrl_dir(), binaries.dir()]),
-        ),
-        (
-            "KUBECONFIG".to_owned(),
-            cluster.kubeconfig.display().to_string(),
-        ),
-        ("WASMCTRL_LOG".to_owned(), "info".to_owned()),
-    ];
-    let values = vec![
-        ("/tmp/walk".to_owned(), walk_dir.display().to_string()),
-        (
-            "127.0.0.1:8080".to_owned(),
-            format!("127.0.0.1:{}", free_port()),
-        ),
-        (
-            "target/wasm32-wasip2/plugin/".to_owned(),
-            format!("{}/", plugin_dir().display()),
-        ),
-    ];
-    let mut session = Session::new(&repo_root(), env, values);
-
-    let setup = blocks(&page, "## 0. Set up", "sh");
-    assert_eq!(setup.len(), 1, "one setup block");
-    let host = BackgroundHost(walk_dir.clone());
-    session.set_up(&setup_script(&setup[0]));
-
-    let mut failures = Vec::new();
-    for heading in [
-        "## 1. Something is wrong",
-        "## 2. Explain",
-        "## 3. Save the case",
-        "## 4. Fix the plugin, replay",
-        "## 5. Shadow, then promote",
-        "## 6. The user's fix, explained",
-    ] {
-        let section = blocks(&page, heading, "console");
-        assert!(!section.is_empty(), "{heading} shows what to run");
-        for block in section {
-            failures.extend(
-                session
-                    .play(&block, patience())
-                    .into_iter()
-                    .map(|failure| format!("{heading}:\n{failure}")),
-            );
-        }
+        .expect("a registry");
+    Walk {
+        page: "docs/operating.md",
+        setup: "## Shipping a new plugin",
+        sections: &["## Shipping a new plugin"],
+        work_dir: "/tmp/ship",
     }
-    assert!(
-        failures.is_empty(),
-        "{}\n\nthe host printed:\n{}",
-        failures.join("\n\n"),
-        host.log()
-    );
-    drop(host);
-    cluster.stop();
+    .play(vec![(
+        "127.0.0.1:5000".to_owned(),
+        registry.address.clone(),
+    )])
+    .await;
 }

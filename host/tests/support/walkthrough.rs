@@ -7,7 +7,7 @@
 //! that is only `…` for any number of lines (output trimmed where marked). Everything else
 //! must match, line for line.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
