@@ -213,3 +213,145 @@ async fn shipping_a_new_plugin_runs_as_written() {
     )])
     .await;
 }
+
+/// The README's quickstart: `cargo xtask up` in the background (with a cluster directory of
+/// its own, so it starts a control plane beside the suite's), the second block played in
+/// another shell, then Ctrl-C, after which the host and the control plane it started are gone.
+/// The reader's `kubectl edit` is an editor that changes one value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_quickstart_runs_as_written() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("the README");
+    let up = blocks(&readme, "## Quickstart", "sh");
+    assert_eq!(up.first().map(String::as_str), Some("cargo xtask up"));
+    let binaries = tokio::task::spawn_blocking(|| Binaries::build(&repo_root()))
+        .await
+        .expect("a task")
+        .expect("the control plane's binaries");
+    // A fixed place, so that a run killed half-way (its control plane is detached, as
+    // `up`'s is) is cleaned up by the next.
+    let work = repo_root().join("target/quickstart-test");
+    let cluster_dir = work.join("cluster");
+    if let Ok(Some(left)) = ControlPlane::load(&cluster_dir) {
+        left.stop();
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("a directory");
+    let log = std::fs::File::create(work.join("up.log")).expect("a log");
+    let mut running = std::process::Command::new("bash");
+    wasmctrl_testenv::runner::without_cargos_package_variables(&mut running);
+    let mut running = running
+        .args(["-c", &up[0]])
+        .current_dir(repo_root())
+        .env("WASMCTRL_CLUSTER_DIR", &cluster_dir)
+        .stdout(log.try_clone().expect("the log"))
+        .stderr(log)
+        .spawn()
+        .expect("cargo xtask up");
+    let said = || std::fs::read_to_string(work.join("up.log")).unwrap_or_default();
+    let started = std::time::Instant::now();
+    while !said().contains("wasmctrl is starting") {
+        assert!(
+            started.elapsed() < Duration::from_secs(900),
+            "cargo xtask up did not start the host:\n{}",
+            said()
+        );
+        assert!(
+            running.try_wait().expect("its status").is_none(),
+            "cargo xtask up stopped:\n{}",
+            said()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+
+    let editor = work.join("edit");
+    std::fs::write(
+        &editor,
+        "#!/bin/sh\nsed -i 's/LOG_LEVEL: info/LOG_LEVEL: debug/' \"$1\"\n",
+    )
+    .expect("an editor");
+    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("an executable editor");
+    let env = vec![("KUBE_EDITOR".to_owned(), editor.display().to_string())];
+    let values = vec![
+        (
+            "$PWD/target/cluster/kubeconfig".to_owned(),
+            cluster_dir.join("kubeconfig").display().to_string(),
+        ),
+        (
+            "~/.cache/wasmctrl/cluster/<hash>/bin".to_owned(),
+            binaries.dir().display().to_string(),
+        ),
+    ];
+    let mut session = Session::new(&repo_root(), env, values);
+    let steps = blocks(&readme, "## Quickstart", "console");
+    assert_eq!(steps.len(), 1, "one block to run beside the host");
+    let failures = session.play(&steps[0], patience());
+
+    // Ctrl-C, which a terminal sends to every process of the job: the host stops, then the
+    // control plane `up` started. (The job stays in the test's process group, so that the
+    // runner's kill of a test that hangs reaches it too.)
+    let mut job = descendants(running.id());
+    job.push(running.id());
+    std::process::Command::new("kill")
+        .arg("-INT")
+        .args(job.iter().map(u32::to_string))
+        .status()
+        .expect("kill");
+    let stopping = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = running.try_wait().expect("its status") {
+            break Some(status);
+        }
+        if stopping.elapsed() > Duration::from_secs(60) {
+            let _ = running.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        failures.is_empty(),
+        "{}\n\ncargo xtask up printed:\n{}",
+        failures.join("\n\n"),
+        said()
+    );
+    assert!(
+        status.is_some(),
+        "cargo xtask up did not stop within 60 s of Ctrl-C:\n{}",
+        said()
+    );
+    assert!(said().contains("xtask: cluster stopped"), "{}", said());
+    let plane = ControlPlane::load(&cluster_dir).expect("the cluster's state");
+    assert!(
+        plane.is_none_or(|plane| !plane.all_alive()),
+        "the control plane outlived Ctrl-C"
+    );
+}
+
+/// Every process below `pid`, from /proc.
+fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|entry| {
+            let child: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+            // "PID (COMM) STATE PPID …": the command may hold spaces and parentheses.
+            let parent = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((child, parent))
+        })
+        .collect();
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for (child, _) in parents.iter().filter(|(_, p)| *p == parent) {
+            found.push(*child);
+            frontier.push(*child);
+        }
+    }
+    found
+}

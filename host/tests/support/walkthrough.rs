@@ -78,8 +78,23 @@ pub fn steps(block: &str) -> Vec<Step> {
     steps
 }
 
+/// Whether `command` goes on past its last line: it ends in `\` or leaves a quote open (a
+/// quote in a `#` comment, as in "MyApp's", opens nothing).
 fn continues(command: &str) -> bool {
-    command.ends_with('\\') || command.matches('\'').count() % 2 == 1
+    let (mut single, mut double) = (false, false);
+    for line in command.lines() {
+        let mut after_space = true;
+        for c in line.chars() {
+            match c {
+                '\'' if !double => single = !single,
+                '"' if !single => double = !double,
+                '#' if !single && !double && after_space => break,
+                _ => {}
+            }
+            after_space = c.is_whitespace();
+        }
+    }
+    command.ends_with('\\') || single || double
 }
 
 /// `line` with what differs between sessions replaced by placeholders.
@@ -145,6 +160,10 @@ fn line_matches(expected: &str, actual: &str) -> bool {
     rest.ends_with(last)
 }
 
+/// The longest one command may run (a first `cargo run` builds): a command still running
+/// then is one the page should not have shown.
+const COMMAND_LIMIT: Duration = Duration::from_secs(600);
+
 /// What a finished command printed after itself: its status follows.
 const DONE: &str = "__walkthrough_done__";
 
@@ -162,7 +181,11 @@ impl Session {
     /// A bash in `dir`, with `env` added to the test's environment (stderr goes where stdout
     /// does, as on a terminal).
     pub fn new(dir: &Path, env: Vec<(String, String)>, values: Vec<(String, String)>) -> Self {
-        let mut shell = Command::new("bash")
+        let mut shell = Command::new("bash");
+        // What builds in the session (`cargo run`) must not see the test's own package
+        // variables, or it rebuilds what the suite built (ring's build script reruns).
+        wasmctrl_testenv::runner::without_cargos_package_variables(&mut shell);
+        let mut shell = shell
             .args(["--noprofile", "--norc"])
             .current_dir(dir)
             .envs(env)
@@ -241,7 +264,7 @@ impl Session {
     /// Run each command of a setup block; each must succeed.
     pub fn set_up(&mut self, block: &str) {
         for step in steps(&prompted(block)) {
-            let (status, output) = self.run(&step.command, Duration::from_secs(300));
+            let (status, output) = self.run(&step.command, COMMAND_LIMIT);
             assert_eq!(status, 0, "$ {}\n{output}", self.fill(&step.command));
         }
     }
@@ -255,7 +278,7 @@ impl Session {
             let expected: Vec<String> = step.expected.iter().map(|l| self.fill(l)).collect();
             let started = Instant::now();
             loop {
-                let (status, output) = self.run(&step.command, patience);
+                let (status, output) = self.run(&step.command, COMMAND_LIMIT);
                 let lines: Vec<String> = output.lines().map(str::to_owned).collect();
                 if same_shape(&expected, &lines) {
                     break;
@@ -342,8 +365,10 @@ mod tests {
 
     #[test]
     fn a_command_goes_on_past_a_backslash_and_an_open_quote() {
-        let steps = steps("$ kubectl patch x \\\n    -p '{\n  \"a\": 1}'\npatched\n$ echo $?\n1");
-        assert_eq!(steps.len(), 2);
+        let steps = steps(
+            "$ kubectl patch x \\\n    -p '{\n  \"a\": 1}'\npatched\n$ echo $? # it's 1\n1\n$ true",
+        );
+        assert_eq!(steps.len(), 3);
         assert_eq!(
             steps[0].command,
             "kubectl patch x \\\n    -p '{\n  \"a\": 1}'"

@@ -48,9 +48,13 @@ pub fn repo_root() -> PathBuf {
     })
 }
 
-/// Where `cargo xtask cluster up` keeps its cluster.
+/// Where `cargo xtask cluster up` and `cargo xtask up` keep their cluster: `target/cluster`,
+/// or `WASMCTRL_CLUSTER_DIR` (a second cluster beside the first, as the quickstart's test
+/// runs one).
 pub fn default_cluster_dir() -> PathBuf {
-    repo_root().join("target/cluster")
+    std::env::var_os("WASMCTRL_CLUSTER_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(|| repo_root().join("target/cluster"), PathBuf::from)
 }
 
 /// The cluster a test process uses.
