@@ -11,6 +11,7 @@ mod plugin_new;
 mod plugin_oci;
 mod plugin_sign;
 mod rbac_cmd;
+mod rollout_cmd;
 mod run_cmd;
 mod uninstall_cmd;
 
@@ -22,6 +23,7 @@ use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 pub use explain_cmd::ExplainCommand;
 pub use plugin_cmd::{CasesDiffer, PluginCommand, RunOutput};
 pub use rbac_cmd::RbacCommand;
+pub use rollout_cmd::{PruneCommand, RolloutCommand};
 pub use run_cmd::RunCommand;
 pub use uninstall_cmd::UninstallCommand;
 
@@ -59,6 +61,12 @@ pub enum Command {
     Rbac(RbacCommand),
     /// Show why a parent looks the way it does: its last reconciles, as the host recorded them.
     Explain(ExplainCommand),
+    /// Operate a policy's rollout: status, promote, pause, resume, abort, retry.
+    #[command(subcommand)]
+    Rollout(RolloutCommand),
+    /// Answer a policy's prune guard: confirm the deletions it holds.
+    #[command(subcommand)]
+    Prune(PruneCommand),
     /// Release every finalizer wasmctrl holds and delete the policies, once the hosts are gone.
     Uninstall(UninstallCommand),
     /// Print this wasmctrl's version and the plugin contract versions it serves.
@@ -113,6 +121,8 @@ impl Cli {
             Command::Run(command) => command.run(cache_dir).await,
             Command::Rbac(command) => command.run().await,
             Command::Explain(command) => command.run().await,
+            Command::Rollout(command) => command.run().await,
+            Command::Prune(command) => command.run().await,
             Command::Uninstall(command) => command.run().await,
             Command::Completion { shell } => {
                 clap_complete::generate(

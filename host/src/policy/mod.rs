@@ -21,6 +21,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+/// The annotation whose every new value starts a rolled-back rollout over from its first
+/// stage (`wasmctrl rollout retry` sets it).
+pub const RETRY_ROLLOUT_ANNOTATION: &str = "wasmctrl.dev/retry-rollout";
+
+/// The annotation that lets the deletions the prune guard holds proceed, set to the token
+/// `status.pruneGuard.confirm` shows (`wasmctrl prune confirm` sets it).
+pub const CONFIRM_PRUNE_ANNOTATION: &str = "wasmctrl.dev/confirm-prune";
+
 /// Binds a reconcile plugin to a parent kind.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(

@@ -803,7 +803,7 @@ fn finished(state: &RolloutStatus) -> bool {
 
 /// The annotation that starts a rolled-back candidate's rollout over, each time it takes a
 /// new value (`kubectl annotate reconcilepolicy NAME wasmctrl.dev/retry-rollout="$(date +%s)"`).
-pub(crate) const RETRY_ANNOTATION: &str = "wasmctrl.dev/retry-rollout";
+pub(crate) const RETRY_ANNOTATION: &str = crate::policy::RETRY_ROLLOUT_ANNOTATION;
 
 pub(crate) fn retry_annotation(policy: &ReconcilePolicy) -> Option<&str> {
     policy

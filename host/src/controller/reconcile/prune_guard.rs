@@ -47,7 +47,7 @@ use crate::policy::{PruneGuardStatus, ReconcilePolicy, SafetySpec};
 
 /// The annotation on a ReconcilePolicy that confirms a held window: its value must be the
 /// window's token (`status.pruneGuard.confirm`).
-pub const CONFIRM_ANNOTATION: &str = "wasmctrl.dev/confirm-prune";
+pub const CONFIRM_ANNOTATION: &str = crate::policy::CONFIRM_PRUNE_ANNOTATION;
 
 /// `spec.safety.maxPruneFraction` when unset.
 pub const DEFAULT_MAX_PRUNE_FRACTION: f64 = 0.2;

@@ -1,0 +1,464 @@
+//! `wasmctrl rollout …` and `wasmctrl prune confirm`: a rollout and the prune guard operated by
+//! commands instead of hand-written patches. Each command makes exactly the field or
+//! annotation change docs/operating.md documents, as one JSON patch bound to the policy as it
+//! was read (a `test` of its resourceVersion), so a change someone made meanwhile is refused,
+//! never overwritten. Who may run them is who may patch the policy: RBAC on
+//! `reconcilepolicies` (or a team's `namespacedreconcilepolicies` in its namespace).
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::policy::{
+    CONFIRM_PRUNE_ANNOTATION as CONFIRM_ANNOTATION, RETRY_ROLLOUT_ANNOTATION as RETRY_ANNOTATION,
+};
+
+/// A policy on the command line.
+#[derive(Debug, Clone, Args)]
+pub struct PolicyArg {
+    /// `NAME` of a ReconcilePolicy, or `NAMESPACE/NAME` of a team's NamespacedReconcilePolicy.
+    policy: String,
+}
+
+/// Operate the rollout of a policy's candidate (`spec.plugin.rollout`).
+#[derive(Debug, Subcommand)]
+pub enum RolloutCommand {
+    /// Where the rollout stands: phase, stage, what it waits for, the candidate's figures and
+    /// the last transitions.
+    Status {
+        /// The policy.
+        #[command(flatten)]
+        policy: PolicyArg,
+        /// `text`, or `json`/`yaml` (the policy's `status.rollout` and `status.candidate`).
+        #[arg(short = 'o', long, value_enum, default_value_t)]
+        output: StatusFormat,
+    },
+    /// Move the candidate to the active fields (source, digest, config) and end the rollout:
+    /// every parent is then served by it. After a complete rollout this changes nothing.
+    Promote(PolicyArg),
+    /// Stop the rollout where it is (`rollout.paused: true`); its gates are still measured.
+    Pause(PolicyArg),
+    /// Let a paused rollout move again (`rollout.paused: false`).
+    Resume(PolicyArg),
+    /// Remove the candidate and its rollout: the active plugin serves every parent again.
+    Abort(PolicyArg),
+    /// Start a rolled-back rollout over from its first stage (a new value of the
+    /// `wasmctrl.dev/retry-rollout` annotation).
+    Retry(PolicyArg),
+}
+
+/// Answer the prune guard.
+#[derive(Debug, Subcommand)]
+pub enum PruneCommand {
+    /// Let the deletions the guard holds now proceed: the `wasmctrl.dev/confirm-prune`
+    /// annotation set to the token its status shows (used once; later holds need another).
+    Confirm(PolicyArg),
+}
+
+/// How `rollout status` prints.
+#[derive(Debug, Clone, Copy, Default, ValueEnum)]
+pub enum StatusFormat {
+    /// For people.
+    #[default]
+    Text,
+    /// For tools.
+    Json,
+    /// For tools and people.
+    Yaml,
+}
+
+/// One change of a policy, before it is bound to the object read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Promote,
+    Pause,
+    Resume,
+    Abort,
+    Retry,
+    ConfirmPrune,
+}
+
+impl RolloutCommand {
+    /// Read the policy, change it (or print its rollout), and say what was done.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the cluster")?;
+        let (policy, change) = match self {
+            Self::Status { policy, output } => {
+                let (api, name) = policy.api(&client)?;
+                let object = read(&api, &name).await?;
+                print!("{}", status(&policy.policy, &object, output)?);
+                return Ok(());
+            }
+            Self::Promote(policy) => (policy, Change::Promote),
+            Self::Pause(policy) => (policy, Change::Pause),
+            Self::Resume(policy) => (policy, Change::Resume),
+            Self::Abort(policy) => (policy, Change::Abort),
+            Self::Retry(policy) => (policy, Change::Retry),
+        };
+        policy.change(&client, change).await
+    }
+}
+
+impl PruneCommand {
+    /// Confirm the held deletions, and say so.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the cluster")?;
+        let Self::Confirm(policy) = self;
+        policy.change(&client, Change::ConfirmPrune).await
+    }
+}
+
+impl PolicyArg {
+    /// The API of the policy's kind, and its name.
+    fn api(&self, client: &kube::Client) -> anyhow::Result<(Api<DynamicObject>, String)> {
+        if self.policy.contains('/') {
+            let (namespace, name) = super::input::namespace_and_name("POLICY", &self.policy)?;
+            let resource = crate::policy::namespaced::api_resource();
+            Ok((
+                Api::namespaced_with(client.clone(), namespace, &resource),
+                name.to_owned(),
+            ))
+        } else {
+            let resource = kube::core::ApiResource::erase::<crate::policy::ReconcilePolicy>(&());
+            Ok((
+                Api::all_with(client.clone(), &resource),
+                self.policy.clone(),
+            ))
+        }
+    }
+
+    async fn change(&self, client: &kube::Client, change: Change) -> anyhow::Result<()> {
+        let (api, name) = self.api(client)?;
+        let object = read(&api, &name).await?;
+        let now = unique_now();
+        let Some((ops, done)) =
+            patch(change, &object, &now).with_context(|| format!("policy {}", self.policy))?
+        else {
+            println!("policy {}: nothing to change", self.policy);
+            return Ok(());
+        };
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))?;
+        api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+            .with_context(|| {
+                format!(
+                    "patching policy {} (changed since it was read? run the command again)",
+                    self.policy
+                )
+            })?;
+        println!("policy {}: {done}", self.policy);
+        Ok(())
+    }
+}
+
+async fn read(api: &Api<DynamicObject>, name: &str) -> anyhow::Result<Value> {
+    let object = api
+        .get(name)
+        .await
+        .with_context(|| format!("reading policy {name}"))?;
+    Ok(serde_json::to_value(object)?)
+}
+
+/// A value for the retry annotation that no earlier retry used: the time, to the nanosecond.
+fn unique_now() -> String {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:09}", since.as_secs(), since.subsec_nanos())
+}
+
+/// A JSON pointer's escaping of one path segment.
+fn pointer_segment(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+/// The JSON patch that makes `change` to `policy` (bound to its resourceVersion), and what it
+/// does in words; `None` when the policy already is as asked.
+fn patch(
+    change: Change,
+    policy: &Value,
+    now: &str,
+) -> anyhow::Result<Option<(Vec<Value>, String)>> {
+    let plugin = &policy["spec"]["plugin"];
+    let candidate = &plugin["candidate"];
+    let rollout = &plugin["rollout"];
+    let mut ops = vec![json!({
+        "op": "test",
+        "path": "/metadata/resourceVersion",
+        "value": policy["metadata"]["resourceVersion"],
+    })];
+    let done = match change {
+        Change::Promote => {
+            if candidate.is_null() {
+                bail!("it has no candidate to promote");
+            }
+            ops.push(json!({"op": "replace", "path": "/spec/plugin/source", "value": candidate["source"]}));
+            match (&candidate["digest"], &plugin["digest"]) {
+                (Value::Null, Value::Null) => {}
+                (Value::Null, _) => {
+                    ops.push(json!({"op": "remove", "path": "/spec/plugin/digest"}))
+                }
+                (digest, _) => {
+                    ops.push(json!({"op": "add", "path": "/spec/plugin/digest", "value": digest}));
+                }
+            }
+            // A candidate without a config ran with the active one, which stays.
+            if !candidate["config"].is_null() {
+                ops.push(json!({"op": "add", "path": "/spec/plugin/config", "value": candidate["config"]}));
+            }
+            ops.push(json!({"op": "remove", "path": "/spec/plugin/candidate"}));
+            if !rollout.is_null() {
+                ops.push(json!({"op": "remove", "path": "/spec/plugin/rollout"}));
+            }
+            let digest = candidate["digest"].as_str().unwrap_or("its source");
+            format!("the candidate ({digest}) is the active plugin now; the rollout is over")
+        }
+        Change::Pause | Change::Resume => {
+            if rollout.is_null() {
+                bail!("it has no rollout");
+            }
+            let paused = change == Change::Pause;
+            if rollout["paused"].as_bool().unwrap_or(false) == paused {
+                return Ok(None);
+            }
+            ops.push(json!({"op": "add", "path": "/spec/plugin/rollout/paused", "value": paused}));
+            if paused {
+                "rollout paused; its gates are still measured".to_owned()
+            } else {
+                "rollout resumed".to_owned()
+            }
+        }
+        Change::Abort => {
+            if candidate.is_null() {
+                bail!("it has no candidate");
+            }
+            ops.push(json!({"op": "remove", "path": "/spec/plugin/candidate"}));
+            if !rollout.is_null() {
+                ops.push(json!({"op": "remove", "path": "/spec/plugin/rollout"}));
+            }
+            "the candidate is removed; the active plugin serves every parent".to_owned()
+        }
+        Change::Retry => {
+            if rollout.is_null() {
+                bail!("it has no rollout to retry");
+            }
+            annotate(&mut ops, policy, RETRY_ANNOTATION, now);
+            "the rollout starts over from its first stage".to_owned()
+        }
+        Change::ConfirmPrune => {
+            let guard = &policy["status"]["pruneGuard"];
+            let state = guard["state"].as_str().unwrap_or("Watching");
+            let token = guard["confirm"].as_str().unwrap_or_default();
+            if state != "Held" || token.is_empty() {
+                bail!("its prune guard holds no deletions (state {state})");
+            }
+            annotate(&mut ops, policy, CONFIRM_ANNOTATION, token);
+            format!(
+                "the deletions held now may proceed ({} deleted of {} allowed so far)",
+                guard["deleted"], guard["allowed"]
+            )
+        }
+    };
+    Ok(Some((ops, done)))
+}
+
+/// Set annotation `key` to `value`, making the annotations first if there are none.
+fn annotate(ops: &mut Vec<Value>, policy: &Value, key: &str, value: &str) {
+    if policy["metadata"]["annotations"].is_null() {
+        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+    }
+    ops.push(json!({
+        "op": "add",
+        "path": format!("/metadata/annotations/{}", pointer_segment(key)),
+        "value": value,
+    }));
+}
+
+/// `rollout status` of `policy` in `format`.
+fn status(name: &str, policy: &Value, format: StatusFormat) -> anyhow::Result<String> {
+    let status = &policy["status"];
+    let shown = json!({"rollout": status["rollout"], "candidate": status["candidate"]});
+    Ok(match format {
+        StatusFormat::Json => serde_json::to_string_pretty(&shown)? + "\n",
+        StatusFormat::Yaml => crate::yaml::to_string(&shown)?,
+        StatusFormat::Text => status_text(name, policy),
+    })
+}
+
+fn status_text(name: &str, policy: &Value) -> String {
+    let rollout = &policy["status"]["rollout"];
+    let candidate = &policy["status"]["candidate"];
+    let text = |value: &Value| value.as_str().unwrap_or("-").to_owned();
+    if rollout.is_null() {
+        let spec = if policy["spec"]["plugin"]["rollout"].is_null() {
+            "no rollout"
+        } else {
+            "a rollout the host has not started yet"
+        };
+        return format!("policy {name}: {spec}\n");
+    }
+    let mut out = format!(
+        "policy {name}: {} at stage {} ({}%)\n  {}\n",
+        text(&rollout["phase"]),
+        text(&rollout["stageName"]),
+        rollout["percent"],
+        text(&rollout["message"])
+    );
+    if !candidate.is_null() {
+        out.push_str(&format!(
+            "  candidate {}: serves {} parent(s); compared {}, {} would change, {} would fail\n",
+            text(&candidate["digest"]),
+            candidate["canaryParents"],
+            candidate["evaluated"],
+            candidate["wouldChange"],
+            candidate["wouldFail"]
+        ));
+    }
+    if let Some(history) = rollout["history"].as_array() {
+        out.push_str("  history (newest first):\n");
+        for entry in history {
+            out.push_str(&format!(
+                "    {} {} {}: {}\n",
+                text(&entry["time"]),
+                text(&entry["result"]),
+                text(&entry["stage"]),
+                text(&entry["reason"])
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(plugin: Value, status: Value) -> Value {
+        json!({
+            "metadata": {"name": "shop", "resourceVersion": "42"},
+            "spec": {"plugin": plugin},
+            "status": status,
+        })
+    }
+
+    fn candidate_policy() -> Value {
+        policy(
+            json!({
+                "source": {"oci": {"reference": "r/p@sha256:aa"}},
+                "digest": "sha256:11",
+                "config": {"service": true},
+                "candidate": {"source": {"http": {"url": "http://x/p.wasm"}}, "digest": "sha256:22"},
+                "rollout": {"stages": [{"percent": 0}]},
+            }),
+            Value::Null,
+        )
+    }
+
+    /// Apply `ops` as the API server would, or fail as it would.
+    fn applied(policy: &Value, ops: Vec<Value>) -> Value {
+        let mut policy = policy.clone();
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).expect("a patch");
+        json_patch::patch(&mut policy, &patch).expect("the patch applies");
+        policy
+    }
+
+    #[test]
+    fn promote_moves_the_candidate_to_the_active_fields_and_ends_the_rollout() {
+        let before = candidate_policy();
+        let (ops, _) = patch(Change::Promote, &before, "1")
+            .expect("a change")
+            .expect("ops");
+        let after = applied(&before, ops);
+        let plugin = &after["spec"]["plugin"];
+        assert_eq!(
+            plugin["source"],
+            json!({"http": {"url": "http://x/p.wasm"}})
+        );
+        assert_eq!(plugin["digest"], "sha256:22");
+        assert_eq!(
+            plugin["config"],
+            json!({"service": true}),
+            "the active config stays"
+        );
+        assert!(plugin["candidate"].is_null() && plugin["rollout"].is_null());
+    }
+
+    #[test]
+    fn every_change_is_bound_to_the_policy_as_read() {
+        let before = candidate_policy();
+        let (ops, _) = patch(Change::Abort, &before, "1")
+            .expect("a change")
+            .expect("ops");
+        let mut changed = before.clone();
+        changed["metadata"]["resourceVersion"] = json!("43");
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).expect("a patch");
+        assert!(json_patch::patch(&mut changed, &patch).is_err());
+    }
+
+    #[test]
+    fn pause_resume_abort_and_retry_change_their_documented_fields() {
+        let before = candidate_policy();
+        let (ops, _) = patch(Change::Pause, &before, "1")
+            .expect("a change")
+            .expect("ops");
+        let paused = applied(&before, ops);
+        assert_eq!(paused["spec"]["plugin"]["rollout"]["paused"], true);
+        assert!(
+            patch(Change::Pause, &paused, "1")
+                .expect("no error")
+                .is_none()
+        );
+        let (ops, _) = patch(Change::Resume, &paused, "1")
+            .expect("a change")
+            .expect("ops");
+        assert_eq!(
+            applied(&paused, ops)["spec"]["plugin"]["rollout"]["paused"],
+            false
+        );
+
+        let (ops, _) = patch(Change::Retry, &before, "17.5")
+            .expect("a change")
+            .expect("ops");
+        assert_eq!(
+            applied(&before, ops)["metadata"]["annotations"][RETRY_ANNOTATION],
+            "17.5"
+        );
+        let (ops, _) = patch(Change::Abort, &before, "1")
+            .expect("a change")
+            .expect("ops");
+        let aborted = applied(&before, ops);
+        assert!(aborted["spec"]["plugin"]["candidate"].is_null());
+        assert!(aborted["spec"]["plugin"]["rollout"].is_null());
+        assert_eq!(aborted["spec"]["plugin"]["digest"], "sha256:11");
+        assert!(
+            patch(Change::Promote, &aborted, "1").is_err(),
+            "nothing to promote"
+        );
+        assert!(patch(Change::Pause, &aborted, "1").is_err(), "no rollout");
+    }
+
+    #[test]
+    fn a_prune_confirmation_names_the_token_the_guard_shows_and_only_while_it_holds() {
+        let held = policy(
+            json!({"source": {"file": {"path": "p.wasm"}}}),
+            json!({"pruneGuard": {"state": "Held", "confirm": "3-ab.cd", "deleted": 5, "allowed": 5}}),
+        );
+        let (ops, _) = patch(Change::ConfirmPrune, &held, "1")
+            .expect("a change")
+            .expect("ops");
+        assert_eq!(
+            applied(&held, ops)["metadata"]["annotations"][CONFIRM_ANNOTATION],
+            "3-ab.cd"
+        );
+        let watching = policy(
+            json!({"source": {"file": {"path": "p.wasm"}}}),
+            json!({"pruneGuard": {"state": "Watching", "confirm": "3-ab.cd"}}),
+        );
+        assert!(patch(Change::ConfirmPrune, &watching, "1").is_err());
+    }
+}
