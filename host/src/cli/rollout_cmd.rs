@@ -85,9 +85,14 @@ impl RolloutCommand {
         let client = kube::Client::try_default()
             .await
             .context("connecting to the cluster")?;
+        self.run_with(&client).await
+    }
+
+    /// [`Self::run`] through `client`.
+    pub async fn run_with(self, client: &kube::Client) -> anyhow::Result<()> {
         let (policy, change) = match self {
             Self::Status { policy, output } => {
-                let (api, name) = policy.api(&client)?;
+                let (api, name) = policy.api(client)?;
                 let object = read(&api, &name).await?;
                 print!("{}", status(&policy.policy, &object, output)?);
                 return Ok(());
@@ -98,7 +103,7 @@ impl RolloutCommand {
             Self::Abort(policy) => (policy, Change::Abort),
             Self::Retry(policy) => (policy, Change::Retry),
         };
-        policy.change(&client, change).await
+        policy.change(client, change).await
     }
 }
 
@@ -108,8 +113,13 @@ impl PruneCommand {
         let client = kube::Client::try_default()
             .await
             .context("connecting to the cluster")?;
+        self.run_with(&client).await
+    }
+
+    /// [`Self::run`] through `client`.
+    pub async fn run_with(self, client: &kube::Client) -> anyhow::Result<()> {
         let Self::Confirm(policy) = self;
-        policy.change(&client, Change::ConfirmPrune).await
+        policy.change(client, Change::ConfirmPrune).await
     }
 }
 

@@ -1690,13 +1690,23 @@ async fn a_plugin_that_turns_on_its_children_long_after_its_swap_is_held() -> an
         .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(config_maps_named(&client, &ns, "w-").await?.len(), kept);
-    policy_api
-        .patch(
-            TEST,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(confirm(&token)),
-        )
-        .await?;
+    // `wasmctrl prune confirm` sets the token the guard shows now.
+    let wasmctrl::cli::Command::Prune(prune) =
+        <wasmctrl::cli::Cli as clap::Parser>::try_parse_from([
+            "wasmctrl", "prune", "confirm", TEST,
+        ])?
+        .command
+    else {
+        anyhow::bail!("not the prune command");
+    };
+    prune.run_with(&client).await?;
+    let confirmed = get(&policy_api, TEST)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the policy is gone"))?;
+    assert_eq!(
+        confirmed["metadata"]["annotations"]["wasmctrl.dev/confirm-prune"],
+        token.as_str()
+    );
     wasmctrl_testenv::cluster::eventually(
         "every child pruned",
         Duration::from_secs(60),
