@@ -239,7 +239,7 @@ async fn the_readme_quickstart_runs_as_written() {
     let log = std::fs::File::create(work.join("up.log")).expect("a log");
     let mut running = std::process::Command::new("bash");
     wasmctrl_testenv::runner::without_cargos_package_variables(&mut running);
-    let mut running = running
+    let running = running
         .args(["-c", &up[0]])
         .current_dir(repo_root())
         .env("WASMCTRL_CLUSTER_DIR", &cluster_dir)
@@ -247,6 +247,10 @@ async fn the_readme_quickstart_runs_as_written() {
         .stderr(log)
         .spawn()
         .expect("cargo xtask up");
+    let mut job = Job {
+        shell: running,
+        cluster_dir: cluster_dir.clone(),
+    };
     let said = || std::fs::read_to_string(work.join("up.log")).unwrap_or_default();
     let started = std::time::Instant::now();
     while !said().contains("wasmctrl is starting") {
@@ -256,7 +260,7 @@ async fn the_readme_quickstart_runs_as_written() {
             said()
         );
         assert!(
-            running.try_wait().expect("its status").is_none(),
+            job.shell.try_wait().expect("its status").is_none(),
             "cargo xtask up stopped:\n{}",
             said()
         );
@@ -290,20 +294,13 @@ async fn the_readme_quickstart_runs_as_written() {
     // Ctrl-C, which a terminal sends to every process of the job: the host stops, then the
     // control plane `up` started. (The job stays in the test's process group, so that the
     // runner's kill of a test that hangs reaches it too.)
-    let mut job = descendants(running.id());
-    job.push(running.id());
-    std::process::Command::new("kill")
-        .arg("-INT")
-        .args(job.iter().map(u32::to_string))
-        .status()
-        .expect("kill");
+    job.signal("-INT");
     let stopping = std::time::Instant::now();
     let status = loop {
-        if let Some(status) = running.try_wait().expect("its status") {
+        if let Some(status) = job.shell.try_wait().expect("its status") {
             break Some(status);
         }
         if stopping.elapsed() > Duration::from_secs(60) {
-            let _ = running.kill();
             break None;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -327,29 +324,66 @@ async fn the_readme_quickstart_runs_as_written() {
     );
 }
 
-/// Every process below `pid`, from /proc.
-fn descendants(pid: u32) -> Vec<u32> {
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+/// `cargo xtask up` run as a terminal's job: the shell and what it started in its process
+/// group (not the control plane, which `up` detaches into groups of its own). Dropped, it
+/// kills what is left and stops the control plane, so a test that fails half-way leaves no
+/// host on the quickstart's port.
+struct Job {
+    shell: std::process::Child,
+    cluster_dir: PathBuf,
+}
+
+impl Job {
+    /// Send `signal` (`-INT`, as Ctrl-C) to every process of the job, while its shell runs
+    /// (after that its pid may be another process's).
+    fn signal(&mut self, signal: &str) {
+        if !matches!(self.shell.try_wait(), Ok(None)) {
+            return;
+        }
+        let mut members = in_group_below(self.shell.id());
+        members.push(self.shell.id());
+        let _ = std::process::Command::new("kill")
+            .arg(signal)
+            .args(members.iter().map(u32::to_string))
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.signal("-KILL");
+        if let Ok(Some(plane)) = ControlPlane::load(&self.cluster_dir) {
+            plane.stop();
+        }
+    }
+}
+
+/// The processes below `pid` in its process group, from /proc.
+fn in_group_below(pid: u32) -> Vec<u32> {
+    // (pid, parent, process group) of every process.
+    let processes: Vec<(u32, u32, u32)> = std::fs::read_dir("/proc")
         .expect("/proc")
         .filter_map(|entry| {
             let child: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
-            // "PID (COMM) STATE PPID …": the command may hold spaces and parentheses.
-            let parent = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            Some((child, parent))
+            // "PID (COMM) STATE PPID PGRP …": the command may hold spaces and parentheses.
+            let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
+            let parent = fields.next()?.parse().ok()?;
+            let group = fields.next()?.parse().ok()?;
+            Some((child, parent, group))
         })
         .collect();
+    let Some(&(_, _, group)) = processes.iter().find(|(p, _, _)| *p == pid) else {
+        return Vec::new();
+    };
     let mut found = Vec::new();
     let mut frontier = vec![pid];
     while let Some(parent) = frontier.pop() {
-        for (child, _) in parents.iter().filter(|(_, p)| *p == parent) {
-            found.push(*child);
+        for (child, _, child_group) in processes.iter().filter(|(_, p, _)| *p == parent) {
+            if *child_group == group {
+                found.push(*child);
+            }
             frontier.push(*child);
         }
     }

@@ -35,8 +35,16 @@ pub enum RolloutCommand {
         output: StatusFormat,
     },
     /// Move the candidate to the active fields (source, digest, config) and end the rollout:
-    /// every parent is then served by it. After a complete rollout this changes nothing.
-    Promote(PolicyArg),
+    /// every parent is then served by it. After a complete rollout this changes nothing. A
+    /// candidate its rollout rolled back is refused unless `--force`.
+    Promote {
+        /// The policy.
+        #[command(flatten)]
+        policy: PolicyArg,
+        /// Promote a candidate that its rollout rolled back.
+        #[arg(long)]
+        force: bool,
+    },
     /// Stop the rollout where it is (`rollout.paused: true`); its gates are still measured.
     Pause(PolicyArg),
     /// Let a paused rollout move again (`rollout.paused: false`).
@@ -44,7 +52,7 @@ pub enum RolloutCommand {
     /// Remove the candidate and its rollout: the active plugin serves every parent again.
     Abort(PolicyArg),
     /// Start a rolled-back rollout over from its first stage (a new value of the
-    /// `wasmctrl.dev/retry-rollout` annotation).
+    /// `wasmctrl.dev/retry-rollout` annotation); refused unless its candidate was rolled back.
     Retry(PolicyArg),
 }
 
@@ -71,7 +79,7 @@ pub enum StatusFormat {
 /// One change of a policy, before it is bound to the object read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Change {
-    Promote,
+    Promote { force: bool },
     Pause,
     Resume,
     Abort,
@@ -97,7 +105,7 @@ impl RolloutCommand {
                 print!("{}", status(&policy.policy, &object, output)?);
                 return Ok(());
             }
-            Self::Promote(policy) => (policy, Change::Promote),
+            Self::Promote { policy, force } => (policy, Change::Promote { force }),
             Self::Pause(policy) => (policy, Change::Pause),
             Self::Resume(policy) => (policy, Change::Resume),
             Self::Abort(policy) => (policy, Change::Abort),
@@ -144,34 +152,61 @@ impl PolicyArg {
 
     async fn change(&self, client: &kube::Client, change: Change) -> anyhow::Result<()> {
         let (api, name) = self.api(client)?;
-        let object = read(&api, &name).await?;
-        let now = unique_now();
-        let Some((ops, done)) =
-            patch(change, &object, &now).with_context(|| format!("policy {}", self.policy))?
-        else {
-            println!("policy {}: nothing to change", self.policy);
-            return Ok(());
-        };
-        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))?;
-        api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
-            .await
-            .with_context(|| {
-                format!(
-                    "patching policy {} (changed since it was read? run the command again)",
+        // The host's status writes move the resourceVersion too (every 2 s while a stage
+        // soaks): a refused `test` is read again and the change made anew, a few times.
+        for _ in 0..3 {
+            let object = read(&api, &name).await?;
+            if let Some(source) = object["metadata"]["annotations"]
+                [crate::policy::namespaced::SOURCE_ANNOTATION]
+                .as_str()
+            {
+                bail!(
+                    "policy {} is made by the host from the team's policy {source}, and the host would undo this change: operate `{source}` instead",
                     self.policy
-                )
-            })?;
-        println!("policy {}: {done}", self.policy);
-        Ok(())
+                );
+            }
+            let Some((ops, done)) = patch(change, &object, &unique_now())
+                .with_context(|| format!("policy {}", self.policy))?
+            else {
+                println!("policy {}: nothing to change", self.policy);
+                return Ok(());
+            };
+            let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))?;
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await
+            {
+                Ok(_) => {
+                    println!("policy {}: {done}", self.policy);
+                    return Ok(());
+                }
+                Err(kube::Error::Api(status))
+                    if status.code == 422 && status.message.contains("test") => {}
+                Err(kube::Error::Api(status)) if status.code == 403 => bail!(
+                    "you may not change policy {}: {} (the command needs patch on it)",
+                    self.policy,
+                    status.message
+                ),
+                Err(error) => {
+                    return Err(error).with_context(|| format!("changing policy {}", self.policy));
+                }
+            }
+        }
+        bail!(
+            "policy {} kept changing while this command tried to change it; try again",
+            self.policy
+        )
     }
 }
 
 async fn read(api: &Api<DynamicObject>, name: &str) -> anyhow::Result<Value> {
-    let object = api
-        .get(name)
-        .await
-        .with_context(|| format!("reading policy {name}"))?;
-    Ok(serde_json::to_value(object)?)
+    match api.get(name).await {
+        Ok(object) => Ok(serde_json::to_value(object)?),
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            bail!("no policy {name} (a team's NamespacedReconcilePolicy is named NAMESPACE/NAME)")
+        }
+        Err(error) => Err(error).with_context(|| format!("reading policy {name}")),
+    }
 }
 
 /// A value for the retry annotation that no earlier retry used: the time, to the nanosecond.
@@ -203,31 +238,7 @@ fn patch(
         "value": policy["metadata"]["resourceVersion"],
     })];
     let done = match change {
-        Change::Promote => {
-            if candidate.is_null() {
-                bail!("it has no candidate to promote");
-            }
-            ops.push(json!({"op": "replace", "path": "/spec/plugin/source", "value": candidate["source"]}));
-            match (&candidate["digest"], &plugin["digest"]) {
-                (Value::Null, Value::Null) => {}
-                (Value::Null, _) => {
-                    ops.push(json!({"op": "remove", "path": "/spec/plugin/digest"}))
-                }
-                (digest, _) => {
-                    ops.push(json!({"op": "add", "path": "/spec/plugin/digest", "value": digest}));
-                }
-            }
-            // A candidate without a config ran with the active one, which stays.
-            if !candidate["config"].is_null() {
-                ops.push(json!({"op": "add", "path": "/spec/plugin/config", "value": candidate["config"]}));
-            }
-            ops.push(json!({"op": "remove", "path": "/spec/plugin/candidate"}));
-            if !rollout.is_null() {
-                ops.push(json!({"op": "remove", "path": "/spec/plugin/rollout"}));
-            }
-            let digest = candidate["digest"].as_str().unwrap_or("its source");
-            format!("the candidate ({digest}) is the active plugin now; the rollout is over")
-        }
+        Change::Promote { force } => promote(&mut ops, policy, force)?,
         Change::Pause | Change::Resume => {
             if rollout.is_null() {
                 bail!("it has no rollout");
@@ -257,6 +268,14 @@ fn patch(
             if rollout.is_null() {
                 bail!("it has no rollout to retry");
             }
+            if !rolled_back(policy) {
+                let phase = policy["status"]["rollout"]["phase"]
+                    .as_str()
+                    .unwrap_or("not started");
+                bail!(
+                    "its rollout did not roll this candidate back (phase {phase}): there is nothing to start over"
+                );
+            }
             annotate(&mut ops, policy, RETRY_ANNOTATION, now);
             "the rollout starts over from its first stage".to_owned()
         }
@@ -275,6 +294,58 @@ fn patch(
         }
     };
     Ok(Some((ops, done)))
+}
+
+/// The operations that move the candidate to the active fields and end the rollout, and
+/// what they do in words.
+fn promote(ops: &mut Vec<Value>, policy: &Value, force: bool) -> anyhow::Result<String> {
+    let plugin = &policy["spec"]["plugin"];
+    let candidate = &plugin["candidate"];
+    let rollout = &plugin["rollout"];
+    if candidate.is_null() {
+        bail!("it has no candidate to promote");
+    }
+    if rolled_back(policy) && !force {
+        bail!(
+            "its rollout rolled this candidate back ({}); promote it anyway with --force",
+            policy["status"]["rollout"]["message"]
+                .as_str()
+                .unwrap_or("see `wasmctrl rollout status`")
+        );
+    }
+    ops.push(json!({"op": "replace", "path": "/spec/plugin/source", "value": candidate["source"]}));
+    match (&candidate["digest"], &plugin["digest"]) {
+        (Value::Null, Value::Null) => {}
+        (Value::Null, _) => ops.push(json!({"op": "remove", "path": "/spec/plugin/digest"})),
+        (digest, _) => {
+            ops.push(json!({"op": "add", "path": "/spec/plugin/digest", "value": digest}));
+        }
+    }
+    // A candidate without a config ran with the active one, which stays.
+    if !candidate["config"].is_null() {
+        ops.push(json!({"op": "add", "path": "/spec/plugin/config", "value": candidate["config"]}));
+    }
+    ops.push(json!({"op": "remove", "path": "/spec/plugin/candidate"}));
+    if !rollout.is_null() {
+        ops.push(json!({"op": "remove", "path": "/spec/plugin/rollout"}));
+    }
+    let promoted = match candidate["digest"].as_str() {
+        Some(digest) => format!("the candidate ({digest}) is the active plugin now"),
+        None => "the candidate is the active plugin now".to_owned(),
+    };
+    Ok(if rollout.is_null() {
+        promoted
+    } else {
+        format!("{promoted}; the rollout is over")
+    })
+}
+
+/// Whether the policy's rollout rolled back the candidate its spec names now (a rollback of
+/// an earlier candidate does not count).
+fn rolled_back(policy: &Value) -> bool {
+    let status = &policy["status"]["rollout"];
+    let named = &policy["spec"]["plugin"]["candidate"]["digest"];
+    status["phase"] == "RolledBack" && (named.is_null() || *named == status["digest"])
 }
 
 /// Set annotation `key` to `value`, making the annotations first if there are none.
@@ -380,7 +451,7 @@ mod tests {
     #[test]
     fn promote_moves_the_candidate_to_the_active_fields_and_ends_the_rollout() {
         let before = candidate_policy();
-        let (ops, _) = patch(Change::Promote, &before, "1")
+        let (ops, _) = patch(Change::Promote { force: false }, &before, "1")
             .expect("a change")
             .expect("ops");
         let after = applied(&before, ops);
@@ -431,13 +502,27 @@ mod tests {
             false
         );
 
-        let (ops, _) = patch(Change::Retry, &before, "17.5")
+        assert!(
+            patch(Change::Retry, &before, "17.5").is_err(),
+            "not rolled back"
+        );
+        let mut rolled_back = before.clone();
+        rolled_back["status"] = json!({"rollout": {"phase": "RolledBack", "digest": "sha256:22"}});
+        let (ops, _) = patch(Change::Retry, &rolled_back, "17.5")
             .expect("a change")
             .expect("ops");
         assert_eq!(
-            applied(&before, ops)["metadata"]["annotations"][RETRY_ANNOTATION],
+            applied(&rolled_back, ops)["metadata"]["annotations"][RETRY_ANNOTATION],
             "17.5"
         );
+        assert!(
+            patch(Change::Promote { force: false }, &rolled_back, "1").is_err(),
+            "a rolled-back candidate is promoted only with --force"
+        );
+        assert!(patch(Change::Promote { force: true }, &rolled_back, "1").is_ok());
+        // A rollback of an earlier candidate is not this one's.
+        rolled_back["status"]["rollout"]["digest"] = json!("sha256:11");
+        assert!(patch(Change::Retry, &rolled_back, "17.5").is_err());
         let (ops, _) = patch(Change::Abort, &before, "1")
             .expect("a change")
             .expect("ops");
@@ -446,7 +531,7 @@ mod tests {
         assert!(aborted["spec"]["plugin"]["rollout"].is_null());
         assert_eq!(aborted["spec"]["plugin"]["digest"], "sha256:11");
         assert!(
-            patch(Change::Promote, &aborted, "1").is_err(),
+            patch(Change::Promote { force: false }, &aborted, "1").is_err(),
             "nothing to promote"
         );
         assert!(patch(Change::Pause, &aborted, "1").is_err(), "no rollout");

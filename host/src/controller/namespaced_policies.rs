@@ -404,14 +404,17 @@ async fn reconcile(source: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
             return Ok(Action::await_change());
         }
     };
-    // The team answers its own prune guard's holds: its confirmation goes with the policy.
+    // The team answers its own prune guard's holds and retries its own rollouts: those
+    // annotations go with the policy.
     let mut annotations = serde_json::Map::new();
     annotations.insert(
         SOURCE_ANNOTATION.to_owned(),
         json!(format!("{namespace}/{name}")),
     );
-    if let Some(confirm) = source.annotations().get(CONFIRM_ANNOTATION) {
-        annotations.insert(CONFIRM_ANNOTATION.to_owned(), json!(confirm));
+    for carried in [CONFIRM_ANNOTATION, crate::policy::RETRY_ROLLOUT_ANNOTATION] {
+        if let Some(value) = source.annotations().get(carried) {
+            annotations.insert(carried.to_owned(), json!(value));
+        }
     }
     // The namespace's labels, which the admin sets, never the team's own.
     let mut labels = placed;

@@ -107,18 +107,28 @@ fn normalized(line: &str) -> String {
             (r"\b[0-9a-f]{7,}\b", "HEX"),
             // Ages as kubectl prints them: 15s, 2m3s, 4h.
             (r"\b(\d+[dhms])+\b", "AGE"),
-            (r"\d+(\.\d+)?", "N"),
             (r"\s+", " "),
         ]
         .into_iter()
         .map(|(pattern, with)| (Regex::new(pattern).expect("a pattern"), with))
         .collect()
     });
+    static NUMBER: OnceLock<Regex> = OnceLock::new();
+    let number = NUMBER.get_or_init(|| Regex::new(r"\d+(\.\d+)?").expect("a pattern"));
     let mut line = line.trim().to_owned();
     for (pattern, with) in patterns {
         line = pattern.replace_all(&line, *with).into_owned();
     }
-    line
+    // Any number stands for any other, except that none is none: "0 would fail" and an
+    // exit status of 0 must be so in the session too.
+    number
+        .replace_all(
+            &line,
+            |found: &regex::Captures<'_>| {
+                if &found[0] == "0" { "0" } else { "N" }
+            },
+        )
+        .into_owned()
 }
 
 /// Whether `actual` has the shape `expected` shows.
@@ -229,8 +239,14 @@ impl Session {
     /// what it printed.
     pub fn run(&mut self, command: &str, limit: Duration) -> (i32, String) {
         use std::io::Write as _;
+        if command.trim_start().starts_with('#') {
+            // A remark on the page (`# 30 seconds later`): nothing runs, `$?` stays.
+            return (0, String::new());
+        }
+        // In braces (this shell, so `cd` and variables carry) reading nothing: a command
+        // that reads its stdin must not take the rest of the script.
         let script = format!(
-            "{}\n__status=$?; printf '\\n{DONE} %d\\n' \"$__status\"; (exit \"$__status\")\n",
+            "{{ {}\n}} </dev/null\n__status=$?; printf '\\n{DONE} %d\\n' \"$__status\"; (exit \"$__status\")\n",
             self.fill(command)
         );
         self.input
@@ -243,8 +259,11 @@ impl Session {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = match self.lines.recv_timeout(left) {
                 Ok(line) => line,
-                Err(_) => {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     panic!("$ {command}\nstill running after {limit:?}; printed so far:\n{printed}")
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("$ {command}\nended the shell; it printed:\n{printed}")
                 }
             };
             if let Some(status) = line.strip_prefix(DONE) {
@@ -269,23 +288,31 @@ impl Session {
         }
     }
 
-    /// Run each step of a console block in order, each until its output has the shape the
-    /// page shows (as a reader waits for a rollout or a reconcile) or `patience` runs out:
-    /// what each step that never did printed, and what the page shows instead.
+    /// Run each step of a console block in order: it must print what the page shows, by
+    /// shape, and succeed unless the page's next step is `echo $?`. A step that only reads
+    /// (see [`rereadable`]) is run again until it does, as a reader waits for a rollout or a
+    /// reconcile, or until `patience` runs out; any other runs once. What each step that
+    /// never did printed, and what the page shows instead.
     pub fn play(&mut self, block: &str, patience: Duration) -> Vec<String> {
         let mut failures = Vec::new();
-        for step in steps(block) {
+        let steps = steps(block);
+        for (at, step) in steps.iter().enumerate() {
+            let may_fail = steps
+                .get(at + 1)
+                .is_some_and(|next| next.command.trim() == "echo $?");
             let expected: Vec<String> = step.expected.iter().map(|l| self.fill(l)).collect();
             let started = Instant::now();
             loop {
                 let (status, output) = self.run(&step.command, COMMAND_LIMIT);
                 let lines: Vec<String> = output.lines().map(str::to_owned).collect();
-                if same_shape(&expected, &lines) {
+                let shaped = same_shape(&expected, &lines);
+                if shaped && (status == 0 || may_fail) {
                     break;
                 }
-                if started.elapsed() >= patience {
+                if !rereadable(&step.command) || started.elapsed() >= patience {
+                    let failed = if shaped { "failed" } else { "printed" };
                     failures.push(format!(
-                        "$ {}\nprinted (status {status}):\n{output}\nthe page shows:\n{}",
+                        "$ {}\n{failed} (status {status}):\n{output}\nthe page shows:\n{}",
                         self.fill(&step.command),
                         expected.join("\n")
                     ));
@@ -296,6 +323,20 @@ impl Session {
         }
         failures
     }
+}
+
+/// Whether `command` only reads, so running it again changes nothing: the commands a
+/// reader repeats while waiting.
+fn rereadable(command: &str) -> bool {
+    [
+        "kubectl get ",
+        "wasmctrl explain ",
+        "wasmctrl rollout status ",
+        "curl ",
+        "cargo run -q -p wasmctrl -- explain ",
+    ]
+    .iter()
+    .any(|reader| command.starts_with(reader))
 }
 
 impl Drop for Session {
@@ -349,6 +390,12 @@ mod tests {
             &lines("changed Deployment shop")
         ));
         assert!(!same_shape(&lines("a\nb"), &lines("a")));
+        assert!(!same_shape(&lines("0 would fail"), &lines("5 would fail")));
+        assert!(!same_shape(&lines("1"), &lines("0")));
+        assert!(same_shape(
+            &lines("at most 0.0% of 22"),
+            &lines("at most 5.0% of 9")
+        ));
     }
 
     #[test]
