@@ -1,7 +1,7 @@
 //! `wasmctrl rollout …` and `wasmctrl prune confirm`: a rollout and the prune guard operated by
 //! commands instead of hand-written patches. Each command makes exactly the field or
 //! annotation change docs/operating.md documents, as one JSON patch bound to the policy as it
-//! was read (a `test` of its resourceVersion), so a change someone made meanwhile is refused,
+//! was read (a `test` of its generation), so a spec someone changed meanwhile is refused,
 //! never overwritten. Who may run them is who may patch the policy: RBAC on
 //! `reconcilepolicies` (or a team's `namespacedreconcilepolicies` in its namespace).
 
@@ -152,8 +152,8 @@ impl PolicyArg {
 
     async fn change(&self, client: &kube::Client, change: Change) -> anyhow::Result<()> {
         let (api, name) = self.api(client)?;
-        // The host's status writes move the resourceVersion too (every 2 s while a stage
-        // soaks): a refused `test` is read again and the change made anew, a few times.
+        // A spec changed between the read and the patch fails the patch's `test`: it is read
+        // again and the change made anew, a few times.
         for _ in 0..3 {
             let object = read(&api, &name).await?;
             if let Some(source) = object["metadata"]["annotations"]
@@ -180,8 +180,9 @@ impl PolicyArg {
                     println!("policy {}: {done}", self.policy);
                     return Ok(());
                 }
+                // A failed `test` is a 422 without the " is invalid" of a validation error.
                 Err(kube::Error::Api(status))
-                    if status.code == 422 && status.message.contains("test") => {}
+                    if status.code == 422 && !status.message.contains(" is invalid") => {}
                 Err(kube::Error::Api(status)) if status.code == 403 => bail!(
                     "you may not change policy {}: {} (the command needs patch on it)",
                     self.policy,
@@ -222,7 +223,7 @@ fn pointer_segment(segment: &str) -> String {
     segment.replace('~', "~0").replace('/', "~1")
 }
 
-/// The JSON patch that makes `change` to `policy` (bound to its resourceVersion), and what it
+/// The JSON patch that makes `change` to `policy` (bound to its generation), and what it
 /// does in words; `None` when the policy already is as asked.
 fn patch(
     change: Change,
@@ -232,10 +233,12 @@ fn patch(
     let plugin = &policy["spec"]["plugin"];
     let candidate = &plugin["candidate"];
     let rollout = &plugin["rollout"];
+    // Bound to the spec as read: its generation moves with every spec change and with no
+    // status write (the host writes the status every 2 s while a stage soaks).
     let mut ops = vec![json!({
         "op": "test",
-        "path": "/metadata/resourceVersion",
-        "value": policy["metadata"]["resourceVersion"],
+        "path": "/metadata/generation",
+        "value": policy["metadata"]["generation"],
     })];
     let done = match change {
         Change::Promote { force } => promote(&mut ops, policy, force)?,
@@ -421,7 +424,7 @@ mod tests {
 
     fn policy(plugin: Value, status: Value) -> Value {
         json!({
-            "metadata": {"name": "shop", "resourceVersion": "42"},
+            "metadata": {"name": "shop", "resourceVersion": "42", "generation": 3},
             "spec": {"plugin": plugin},
             "status": status,
         })
@@ -476,7 +479,7 @@ mod tests {
             .expect("a change")
             .expect("ops");
         let mut changed = before.clone();
-        changed["metadata"]["resourceVersion"] = json!("43");
+        changed["metadata"]["generation"] = json!(4);
         let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).expect("a patch");
         assert!(json_patch::patch(&mut changed, &patch).is_err());
     }
