@@ -6,10 +6,12 @@ mod explain_cmd;
 mod input;
 mod kinds;
 mod locate;
+mod output;
 mod plugin_cmd;
 mod plugin_new;
 mod plugin_oci;
 mod plugin_sign;
+mod probe_cmd;
 mod rbac_cmd;
 mod rollout_cmd;
 mod run_cmd;
@@ -22,6 +24,7 @@ use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 pub use explain_cmd::ExplainCommand;
 pub use plugin_cmd::{CasesDiffer, PluginCommand, RunOutput};
+pub use probe_cmd::ProbeCommand;
 pub use rbac_cmd::RbacCommand;
 pub use rollout_cmd::{PruneCommand, RolloutCommand};
 pub use run_cmd::RunCommand;
@@ -29,7 +32,7 @@ pub use uninstall_cmd::UninstallCommand;
 
 /// wasmctrl: a Kubernetes operator host whose reconcile logic runs in sandboxed Wasm plugins.
 #[derive(Debug, Parser)]
-#[command(name = "wasmctrl", version, about)]
+#[command(name = "wasmctrl", version, about, after_help = EXIT_STATUS)]
 pub struct Cli {
     /// Where precompiled plugins are cached.
     #[arg(long, global = true, env = "WASMCTRL_CACHE_DIR")]
@@ -48,6 +51,13 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// The exit-status convention every command keeps, shown under the top-level help.
+const EXIT_STATUS: &str = "Exit status: 0 when the command did what it was asked (for a comparison: \
+the answers are the same), 1 when a comparison found a difference (`plugin diff`, `plugin replay`, \
+`plugin test`), 2 on an error (bad arguments included).\n\n\
+`-o` names the output format wherever a command has one; a file to write is always a \
+`--output-<what>` flag.";
 
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
@@ -69,6 +79,9 @@ pub enum Command {
     Prune(PruneCommand),
     /// Release every finalizer wasmctrl holds and delete the policies, once the hosts are gone.
     Uninstall(UninstallCommand),
+    /// Ask a host's /healthz or /readyz as the kubelet does, from an image without a shell;
+    /// exits 0 when it answers 2xx (the chart's `helm test`).
+    Probe(ProbeCommand),
     /// Print this wasmctrl's version and the plugin contract versions it serves.
     Version,
     /// Print a shell completion script, e.g. `source <(wasmctrl completion bash)`.
@@ -124,6 +137,7 @@ impl Cli {
             Command::Rollout(command) => command.run().await,
             Command::Prune(command) => command.run().await,
             Command::Uninstall(command) => command.run().await,
+            Command::Probe(command) => command.run().await,
             Command::Completion { shell } => {
                 clap_complete::generate(
                     shell,
@@ -164,4 +178,52 @@ fn default_cache_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
     Some(base.join("wasmctrl").join("artifacts"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command, with the path of names that reaches it.
+    fn commands(command: &clap::Command, path: String, all: &mut Vec<(String, clap::Command)>) {
+        for sub in command.get_subcommands() {
+            let path = format!("{path} {}", sub.get_name());
+            commands(sub, path.clone(), all);
+            all.push((path, sub.clone()));
+        }
+    }
+
+    #[test]
+    fn dash_o_is_the_output_format_everywhere_and_files_are_output_flags() {
+        let mut all = Vec::new();
+        commands(&Cli::command(), "wasmctrl".to_owned(), &mut all);
+        assert!(all.len() > 20, "the tree was walked: {}", all.len());
+        for (path, command) in &all {
+            for arg in command.get_arguments() {
+                let long = arg.get_long().unwrap_or_default();
+                if arg.get_short() == Some('o') || long == "output" {
+                    assert_eq!(long, "output", "{path}: -o is --output");
+                    assert_eq!(arg.get_short(), Some('o'), "{path}: --output is -o");
+                    assert!(
+                        !arg.get_possible_values().is_empty(),
+                        "{path}: -o names a format, one of a fixed set"
+                    );
+                }
+                if long.starts_with("output-") {
+                    assert!(
+                        arg.get_possible_values().is_empty(),
+                        "{path}: --{long} names a file, not a format"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_top_level_help_states_the_exit_statuses() {
+        let help = Cli::command().render_long_help().to_string();
+        for said in ["0 when", "1 when", "2 on an error"] {
+            assert!(help.contains(said), "{said:?} in:\n{help}");
+        }
+    }
 }

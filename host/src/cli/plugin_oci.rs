@@ -70,8 +70,9 @@ impl PushArgs {
 pub struct PullArgs {
     /// `REGISTRY/REPOSITORY:TAG` or `REGISTRY/REPOSITORY@sha256:…`.
     reference: String,
-    /// Where to write the component.
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    /// Where to write the component (`-o` is the output format in every command, so a
+    /// file is always `--output-<what>`).
+    #[arg(long = "output-file", value_name = "FILE")]
     out: PathBuf,
     /// How to reach the registry.
     #[command(flatten)]

@@ -10,9 +10,10 @@ use oci_client::client::{Config, ImageLayer};
 use oci_client::manifest::OciImageManifest;
 use serde::Serialize;
 
+use super::output::OutputFormat;
 use super::plugin_oci::{self, RegistryArgs};
 use crate::plugin::Digest;
-use crate::policy::{SignerIdentity, VerifySpec};
+use crate::policy::{Signer, SignerIdentity, VerifySpec};
 use crate::registry::Signatures;
 use crate::signing::cosign::{self, Signed};
 use crate::signing::sign::{self, SigningKey};
@@ -301,9 +302,35 @@ pub struct VerifyArgs {
     /// An annotation the signed payload must carry (`KEY=VALUE`, repeatable).
     #[arg(short = 'a', long = "annotation", value_name = "KEY=VALUE")]
     annotations: Vec<String>,
+    /// `text`, or `json`/`yaml`: the target, the digest checked and who signed, each signer
+    /// by `key` (a listed key's fingerprint) or `subject` and `issuer` (a keyless signer).
+    #[arg(short = 'o', long, value_enum, default_value_t)]
+    output: OutputFormat,
     /// How to reach the registry.
     #[command(flatten)]
     registry: RegistryArgs,
+}
+
+/// What `plugin verify` found: who signed which bytes.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Verified {
+    /// The file or reference as given.
+    target: String,
+    /// The component's digest, which every accepted signature covers.
+    digest: String,
+    /// Who signed it, among those asked for; never empty (no one is an error).
+    signers: Vec<Signer>,
+}
+
+impl Verified {
+    fn text(&self) -> String {
+        let mut text = format!("{} ({}) is signed by:\n", self.target, self.digest);
+        for signer in &self.signers {
+            text.push_str(&format!("  {signer}\n"));
+        }
+        text
+    }
 }
 
 impl VerifyArgs {
@@ -361,11 +388,12 @@ impl VerifyArgs {
         };
         let verifier = Verifier::new(&spec, trust)?;
         let (digest, signatures) = signatures_of(&self.target, &self.registry).await?;
-        let signers = verifier.verify(&signatures.found, &digest, &signatures.looked)?;
-        println!("{} ({digest}) is signed by:", self.target);
-        for signer in signers {
-            println!("  {signer}");
-        }
+        let verified = Verified {
+            signers: verifier.verify(&signatures.found, &digest, &signatures.looked)?,
+            digest: digest.to_string(),
+            target: self.target,
+        };
+        print!("{}", self.output.render(&verified, || verified.text())?);
         Ok(())
     }
 }

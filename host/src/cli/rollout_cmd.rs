@@ -6,10 +6,11 @@
 //! `reconcilepolicies` (or a team's `namespacedreconcilepolicies` in its namespace).
 
 use anyhow::{Context as _, bail};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
+use super::output::OutputFormat;
 use crate::policy::{
     CONFIRM_PRUNE_ANNOTATION as CONFIRM_ANNOTATION, RETRY_ROLLOUT_ANNOTATION as RETRY_ANNOTATION,
 };
@@ -32,7 +33,7 @@ pub enum RolloutCommand {
         policy: PolicyArg,
         /// `text`, or `json`/`yaml` (the policy's `status.rollout` and `status.candidate`).
         #[arg(short = 'o', long, value_enum, default_value_t)]
-        output: StatusFormat,
+        output: OutputFormat,
     },
     /// Move the candidate to the active fields (source, digest, config) and end the rollout:
     /// every parent is then served by it. After a complete rollout this changes nothing. A
@@ -64,18 +65,6 @@ pub enum PruneCommand {
     Confirm(PolicyArg),
 }
 
-/// How `rollout status` prints.
-#[derive(Debug, Clone, Copy, Default, ValueEnum)]
-pub enum StatusFormat {
-    /// For people.
-    #[default]
-    Text,
-    /// For tools.
-    Json,
-    /// For tools and people.
-    Yaml,
-}
-
 /// One change of a policy, before it is bound to the object read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Change {
@@ -98,12 +87,17 @@ impl RolloutCommand {
 
     /// [`Self::run`] through `client`.
     pub async fn run_with(self, client: &kube::Client) -> anyhow::Result<()> {
+        print!("{}", self.report_with(client).await?);
+        Ok(())
+    }
+
+    /// Do what [`Self::run_with`] does, and return what it would print.
+    pub async fn report_with(self, client: &kube::Client) -> anyhow::Result<String> {
         let (policy, change) = match self {
             Self::Status { policy, output } => {
                 let (api, name) = policy.api(client)?;
                 let object = read(&api, &name).await?;
-                print!("{}", status(&policy.policy, &object, output)?);
-                return Ok(());
+                return status(&policy.policy, &object, output);
             }
             Self::Promote { policy, force } => (policy, Change::Promote { force }),
             Self::Pause(policy) => (policy, Change::Pause),
@@ -127,7 +121,8 @@ impl PruneCommand {
     /// [`Self::run`] through `client`.
     pub async fn run_with(self, client: &kube::Client) -> anyhow::Result<()> {
         let Self::Confirm(policy) = self;
-        policy.change(client, Change::ConfirmPrune).await
+        print!("{}", policy.change(client, Change::ConfirmPrune).await?);
+        Ok(())
     }
 }
 
@@ -150,7 +145,8 @@ impl PolicyArg {
         }
     }
 
-    async fn change(&self, client: &kube::Client, change: Change) -> anyhow::Result<()> {
+    /// Make `change`, and say what was done (a line).
+    async fn change(&self, client: &kube::Client, change: Change) -> anyhow::Result<String> {
         let (api, name) = self.api(client)?;
         // A spec changed between the read and the patch fails the patch's `test`: it is read
         // again and the change made anew, a few times.
@@ -168,18 +164,14 @@ impl PolicyArg {
             let Some((ops, done)) = patch(change, &object, &unique_now())
                 .with_context(|| format!("policy {}", self.policy))?
             else {
-                println!("policy {}: nothing to change", self.policy);
-                return Ok(());
+                return Ok(format!("policy {}: nothing to change\n", self.policy));
             };
             let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))?;
             match api
                 .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
                 .await
             {
-                Ok(_) => {
-                    println!("policy {}: {done}", self.policy);
-                    return Ok(());
-                }
+                Ok(_) => return Ok(format!("policy {}: {done}\n", self.policy)),
                 // A failed `test` is a 422 without the " is invalid" of a validation error.
                 Err(kube::Error::Api(status))
                     if status.code == 422 && !status.message.contains(" is invalid") => {}
@@ -364,14 +356,10 @@ fn annotate(ops: &mut Vec<Value>, policy: &Value, key: &str, value: &str) {
 }
 
 /// `rollout status` of `policy` in `format`.
-fn status(name: &str, policy: &Value, format: StatusFormat) -> anyhow::Result<String> {
+fn status(name: &str, policy: &Value, format: OutputFormat) -> anyhow::Result<String> {
     let status = &policy["status"];
     let shown = json!({"rollout": status["rollout"], "candidate": status["candidate"]});
-    Ok(match format {
-        StatusFormat::Json => serde_json::to_string_pretty(&shown)? + "\n",
-        StatusFormat::Yaml => crate::yaml::to_string(&shown)?,
-        StatusFormat::Text => status_text(name, policy),
-    })
+    format.render(&shown, || status_text(name, policy))
 }
 
 fn status_text(name: &str, policy: &Value) -> String {

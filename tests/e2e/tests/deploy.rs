@@ -68,6 +68,8 @@ fn the_chart_lints_renders_the_committed_manifests_and_refuses_nonsense() -> any
         "--namespace",
         "wasmctrl",
         "--include-crds",
+        // The `helm test` pod is Helm's to run, not part of an install by kubectl.
+        "--skip-tests",
         "--set",
         "createNamespace=true",
     ])?;
@@ -823,7 +825,7 @@ fn security_contexts_are_overridable_and_an_openshift_render_fixes_no_uid() -> a
 fn replicas_prefer_different_nodes_unless_told_where_to_run() -> anyhow::Result<()> {
     let defaults = rendered_with(&[])?;
     let pod_labels =
-        &object(&defaults, "Deployment", "wasmctrl")?["spec"]["template"]["metadata"]["labels"];
+        &object(&defaults, "Deployment", "wasmctrl")?["spec"]["selector"]["matchLabels"];
     let preferred = &pod(&defaults)?["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
     assert_eq!(
         preferred,
@@ -869,19 +871,25 @@ fn the_network_policy_admits_the_listener_from_monitoring_and_the_api_server_onl
 -> anyhow::Result<()> {
     let defaults = rendered_with(&[])?;
     let policy = object(&defaults, "NetworkPolicy", "wasmctrl")?;
-    let pod_labels =
-        &object(&defaults, "Deployment", "wasmctrl")?["spec"]["template"]["metadata"]["labels"];
-    assert_eq!(policy["spec"]["podSelector"]["matchLabels"], *pod_labels);
+    let deployment = object(&defaults, "Deployment", "wasmctrl")?;
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"],
+        "the host's pods"
+    );
     assert_eq!(
         policy["spec"]["policyTypes"],
         json!(["Ingress"]),
         "egress open"
     );
+    let test_pod = json!({"podSelector": {"matchLabels": test_pod_labels(&defaults)?}});
     assert_eq!(
         policy["spec"]["ingress"],
         json!([{
             "ports": [{"port": 8443, "protocol": "TCP"}],
-            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "from": [
+                test_pod,
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+            ],
         }])
     );
 
@@ -894,6 +902,7 @@ fn the_network_policy_admits_the_listener_from_monitoring_and_the_api_server_onl
     assert_eq!(
         policy["spec"]["ingress"][0]["from"],
         json!([
+            test_pod,
             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "prometheus"}}},
             {"ipBlock": {"cidr": "10.0.0.1/32"}},
             {"ipBlock": {"cidr": "10.0.0.2/32"}},
@@ -905,11 +914,11 @@ fn the_network_policy_admits_the_listener_from_monitoring_and_the_api_server_onl
         json!([{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}])
     );
 
-    // No peer admits nothing: a rule without `from` would admit everyone.
+    // With no monitoring and no API server address, only the test pod is admitted.
     let closed = rendered_with(&["networkPolicy.metricsNamespaceSelector=null"])?;
     assert_eq!(
-        object(&closed, "NetworkPolicy", "wasmctrl")?["spec"]["ingress"],
-        json!([])
+        object(&closed, "NetworkPolicy", "wasmctrl")?["spec"]["ingress"][0]["from"],
+        json!([test_pod])
     );
     let off = rendered_with(&["networkPolicy.enabled=false"])?;
     assert!(!off.iter().any(|o| o["kind"] == "NetworkPolicy"));
@@ -966,8 +975,17 @@ async fn the_network_policy_admits_the_api_server_addresses_the_cluster_shows() 
     let looked_up = installed(&[]);
     let given = installed(&["--set", "networkPolicy.apiServerCidrs={198.51.100.7/32}"]);
     slices.delete(slice_name, &Default::default()).await?;
+    // The peers besides the `helm test` pod.
     let peers = |objects: &[Value]| -> anyhow::Result<Value> {
-        Ok(object(objects, "NetworkPolicy", "wasmctrl")?["spec"]["ingress"][0]["from"].clone())
+        let from = &object(objects, "NetworkPolicy", "wasmctrl")?["spec"]["ingress"][0]["from"];
+        Ok(Value::Array(
+            from.as_array()
+                .into_iter()
+                .flatten()
+                .filter(|peer| peer.get("podSelector").is_none())
+                .cloned()
+                .collect(),
+        ))
     };
     assert_eq!(
         peers(&looked_up?)?,
@@ -1618,4 +1636,281 @@ fn the_pods_memory_limit_holds_the_host_its_fetches_its_compiles_and_its_calls()
 /// The host's args rendered with `values`.
 fn args_with(values: &[&str]) -> anyhow::Result<Vec<String>> {
     args(&rendered_with(values)?)
+}
+
+/// The labels of the `helm test` pod, which the NetworkPolicy admits.
+fn test_pod_labels(objects: &[Value]) -> anyhow::Result<Value> {
+    let pod = object(objects, "Pod", "wasmctrl-test-ready")?;
+    let labels = &pod["metadata"]["labels"];
+    Ok(json!({
+        "app.kubernetes.io/name": labels["app.kubernetes.io/name"],
+        "app.kubernetes.io/instance": labels["app.kubernetes.io/instance"],
+    }))
+}
+
+/// Whether every key of `subset` is in `labels` with the same value.
+fn has_labels(labels: &Value, subset: &Value) -> bool {
+    subset
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(key, value)| labels[key] == *value)
+}
+
+#[test]
+fn every_object_carries_helms_and_the_recommended_labels_and_the_common_ones() -> anyhow::Result<()>
+{
+    let chart: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(
+        repo_root().join(CHART).join("Chart.yaml"),
+    )?)?;
+    let version = chart["version"].as_str().context("version")?;
+    let app_version = chart["appVersion"].as_str().context("appVersion")?;
+    let standard = json!({
+        "helm.sh/chart": format!("wasmctrl-{version}"),
+        "app.kubernetes.io/name": "wasmctrl",
+        "app.kubernetes.io/instance": "wasmctrl",
+        "app.kubernetes.io/version": app_version,
+        "app.kubernetes.io/part-of": "wasmctrl",
+        "app.kubernetes.io/managed-by": "Helm",
+    });
+    let every = rendered_with(&[
+        "commonLabels.team=platform",
+        "podLabels.example\\.com/tier=control",
+        "podAnnotations.example\\.com/owner=platform",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+        "createNamespace=true",
+    ])?;
+    assert!(every.len() > 15, "{} objects", every.len());
+    for object in &every {
+        let labels = &object["metadata"]["labels"];
+        let what = format!("{} {}", object["kind"], object["metadata"]["name"]);
+        assert_eq!(labels["team"], "platform", "{what}: commonLabels");
+        assert_eq!(labels["helm.sh/chart"], standard["helm.sh/chart"], "{what}");
+        if object["kind"] != "Pod" {
+            assert!(has_labels(labels, &standard), "{what}: {labels}");
+            assert!(
+                labels.get("example.com/tier").is_none(),
+                "{what}: podLabels"
+            );
+        }
+    }
+    let deployment = object(&every, "Deployment", "wasmctrl")?;
+    let template = &deployment["spec"]["template"]["metadata"];
+    assert!(has_labels(&template["labels"], &standard), "{template}");
+    assert_eq!(template["labels"]["team"], "platform");
+    assert_eq!(template["labels"]["example.com/tier"], "control");
+    assert_eq!(template["annotations"]["example.com/owner"], "platform");
+    assert!(
+        has_labels(
+            &template["labels"],
+            &deployment["spec"]["selector"]["matchLabels"]
+        ),
+        "the pods match their Deployment's selector"
+    );
+    Ok(())
+}
+
+#[test]
+fn names_follow_the_overrides() -> anyhow::Result<()> {
+    let renamed = rendered_with(&["fullnameOverride=ops-host"])?;
+    assert!(renamed.len() > 10);
+    for object in &renamed {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        assert!(name.starts_with("ops-host"), "{} {name}", object["kind"]);
+    }
+    let short = rendered_with(&["nameOverride=wc"])?;
+    assert!(
+        short
+            .iter()
+            .any(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "wasmctrl-wc")
+    );
+    Ok(())
+}
+
+#[test]
+fn a_startup_probe_holds_the_other_probes_until_the_host_answers() -> anyhow::Result<()> {
+    let container = |values: &[&str]| -> anyhow::Result<Value> {
+        Ok(pod(&rendered_with(values)?)?["containers"][0].clone())
+    };
+    let defaults = container(&[])?;
+    let startup = &defaults["startupProbe"];
+    assert_eq!(
+        startup["httpGet"], defaults["livenessProbe"]["httpGet"],
+        "{startup}"
+    );
+    assert_eq!(startup["httpGet"]["path"], "/healthz");
+    assert_eq!(startup["periodSeconds"], 2);
+    assert_eq!(startup["failureThreshold"], 60);
+    let patient = container(&["startupProbe.failureThreshold=150"])?;
+    assert_eq!(patient["startupProbe"]["failureThreshold"], 150);
+    let off = container(&["startupProbe.enabled=false"])?;
+    assert!(off.get("startupProbe").is_none(), "{off}");
+    assert!(off.get("livenessProbe").is_some());
+    Ok(())
+}
+
+/// The alert names in docs/deploy.md's rule file.
+fn documented_alerts() -> anyhow::Result<Vec<String>> {
+    let docs = std::fs::read_to_string(repo_root().join("docs/deploy.md"))?;
+    let mut names: Vec<String> = docs
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+#[test]
+fn monitoring_objects_are_optional_and_the_rule_holds_the_documented_alerts() -> anyhow::Result<()>
+{
+    let defaults = rendered_with(&[])?;
+    for kind in ["ServiceMonitor", "PrometheusRule"] {
+        assert!(
+            !defaults.iter().any(|o| o["kind"] == kind),
+            "{kind} off by default"
+        );
+    }
+    let on = rendered_with(&[
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+        "metrics.prometheusRule.labels.release=prometheus",
+        "leaderElection.leaseName=ops-leader",
+    ])?;
+    object(&on, "ServiceMonitor", "wasmctrl")?;
+    let rule = object(&on, "PrometheusRule", "wasmctrl")?;
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    let rules = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .context("rules")?;
+    let mut alerts: Vec<String> = rules
+        .iter()
+        .filter_map(|r| r["alert"].as_str().map(str::to_owned))
+        .collect();
+    alerts.sort();
+    let documented = documented_alerts()?;
+    assert_eq!(
+        alerts, documented,
+        "the chart's alerts are the documented ones"
+    );
+    for rule in rules {
+        let summary = rule["annotations"]["summary"].as_str().unwrap_or_default();
+        assert!(!summary.is_empty(), "{rule}");
+        assert!(rule["labels"]["severity"].is_string(), "{rule}");
+        let expr = rule["expr"].as_str().unwrap_or_default();
+        if rule["alert"] == "WasmctrlNoLeader" {
+            assert!(expr.contains(r#"name="ops-leader""#), "{expr}");
+        } else {
+            // Prometheus, not Helm, fills the labels in.
+            assert!(summary.contains("{{ $labels.controller }}"), "{summary}");
+        }
+    }
+    let single = rendered_with(&[
+        "metrics.prometheusRule.enabled=true",
+        "leaderElection.enabled=false",
+        "replicaCount=1",
+        "podDisruptionBudget.enabled=false",
+    ])?;
+    let rules = &object(&single, "PrometheusRule", "wasmctrl")?["spec"]["groups"][0]["rules"];
+    assert!(
+        !rules.to_string().contains("WasmctrlNoLeader"),
+        "no leader alert without leader election"
+    );
+    Ok(())
+}
+
+#[test]
+fn viewers_read_both_policy_kinds_and_editors_write_only_team_policies() -> anyhow::Result<()> {
+    let objects = rendered_with(&[])?;
+    let view = object(&objects, "ClusterRole", "wasmctrl-view")?;
+    let edit = object(&objects, "ClusterRole", "wasmctrl-edit")?;
+    let aggregates = |role: &Value, to: &str| {
+        role["metadata"]["labels"][format!("rbac.authorization.k8s.io/aggregate-to-{to}")] == "true"
+    };
+    for to in ["view", "edit", "admin"] {
+        assert!(aggregates(view, to), "view aggregates to {to}");
+    }
+    assert!(!aggregates(edit, "view"), "viewers may not write");
+    assert!(aggregates(edit, "edit") && aggregates(edit, "admin"));
+    let verbs = |role: &Value, resource: &str| -> Vec<String> {
+        role["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["apiGroups"] == json!(["wasmctrl.dev"]))
+            .filter(|r| {
+                r["resources"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|x| x == resource))
+            })
+            .flat_map(|r| r["verbs"].as_array().cloned().unwrap_or_default())
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    for resource in ["reconcilepolicies", "namespacedreconcilepolicies"] {
+        assert_eq!(
+            verbs(view, resource),
+            ["get", "list", "watch"],
+            "{resource}"
+        );
+    }
+    assert!(
+        verbs(edit, "reconcilepolicies").is_empty(),
+        "cluster policies stay with admins"
+    );
+    assert_eq!(
+        verbs(edit, "namespacedreconcilepolicies"),
+        ["create", "update", "patch", "delete", "deletecollection"]
+    );
+    let off = rendered_with(&["rbac.aggregateToDefaultRoles=false"])?;
+    assert!(!off.iter().any(|o| o["metadata"]["name"] == "wasmctrl-view"));
+    assert!(!off.iter().any(|o| o["metadata"]["name"] == "wasmctrl-edit"));
+    Ok(())
+}
+
+#[test]
+fn the_test_pod_asks_the_services_readyz_and_is_no_replica() -> anyhow::Result<()> {
+    let objects = rendered_with(&[])?;
+    let pod = object(&objects, "Pod", "wasmctrl-test-ready")?;
+    assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+    let deployment = object(&objects, "Deployment", "wasmctrl")?;
+    let service = object(&objects, "Service", "wasmctrl-metrics")?;
+    for selector in [
+        &deployment["spec"]["selector"]["matchLabels"],
+        &service["spec"]["selector"],
+        &object(&objects, "PodDisruptionBudget", "wasmctrl")?["spec"]["selector"]["matchLabels"],
+    ] {
+        assert!(
+            !has_labels(&pod["metadata"]["labels"], selector),
+            "the ReplicaSet would adopt it, the Service send it traffic: {selector}"
+        );
+    }
+    let container = &pod["spec"]["containers"][0];
+    assert_eq!(
+        container["image"],
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    );
+    assert_eq!(
+        container["args"],
+        json!([
+            "probe",
+            "https://wasmctrl-metrics.wasmctrl.svc:8443/readyz",
+            "--insecure-skip-tls-verify"
+        ])
+    );
+    assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+    assert_eq!(container["securityContext"], default_security().1);
+    // With a CA to check the host's certificate by, only the CA is mounted, not the key.
+    let with_ca = rendered_with(&["metrics.tlsSecretName=wasmctrl-tls"])?;
+    let pod = object(&with_ca, "Pod", "wasmctrl-test-ready")?;
+    assert_eq!(
+        pod["spec"]["containers"][0]["args"][2],
+        "--ca-file=/etc/wasmctrl/tls/ca.crt"
+    );
+    assert_eq!(
+        pod["spec"]["volumes"][0]["secret"]["items"],
+        json!([{"key": "ca.crt", "path": "ca.crt"}])
+    );
+    Ok(())
 }

@@ -885,7 +885,7 @@ async fn plugins_come_from_an_oci_registry() -> anyhow::Result<()> {
         "plugin",
         "pull",
         &v1_ref,
-        "-o",
+        "--output-file",
         &pulled_file,
         "--plain-http",
     ])

@@ -340,9 +340,131 @@ async fn a_candidate_failing_a_quarter_of_its_canary_parents_is_rolled_back_by_t
             .any(|(_, r)| r == "RolloutRetried")
     );
 
+    operated_with_commands(&client, &policy_api, TEST, &digest).await?;
+
     host.stop().await?;
     delete_namespace(&client, &ns).await?;
     policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+/// `wasmctrl rollout …` / `wasmctrl prune …` as typed, through `client`: what it printed.
+async fn rollout_cmd(client: &kube::Client, args: &[&str]) -> anyhow::Result<String> {
+    let mut all = vec!["wasmctrl"];
+    all.extend_from_slice(args);
+    match <wasmctrl::cli::Cli as clap::Parser>::try_parse_from(all)?.command {
+        wasmctrl::cli::Command::Rollout(command) => command.report_with(client).await,
+        _ => anyhow::bail!("not a rollout command: {args:?}"),
+    }
+}
+
+/// The rollout commands on policy `name`, whose rollout rolled the candidate `digest` back:
+/// each makes exactly its documented change, and `status -o json` shows what the host wrote.
+async fn operated_with_commands(
+    client: &kube::Client,
+    policy_api: &kube::Api<kube::core::DynamicObject>,
+    name: &str,
+    digest: &str,
+) -> anyhow::Result<()> {
+    let read = || async move { anyhow::Ok(serde_json::to_value(policy_api.get(name).await?)?) };
+    let shown: Value = serde_json::from_str(
+        &rollout_cmd(client, &["rollout", "status", name, "-o", "json"]).await?,
+    )?;
+    let policy = read().await?;
+    assert_eq!(shown["rollout"]["phase"], "RolledBack", "{shown}");
+    assert_eq!(
+        shown["rollout"], policy["status"]["rollout"],
+        "the status as written"
+    );
+    assert_eq!(shown["candidate"], policy["status"]["candidate"]);
+    let yaml: Value = serde_yaml_ng::from_str(
+        &rollout_cmd(client, &["rollout", "status", name, "-o", "yaml"]).await?,
+    )?;
+    assert_eq!(yaml["rollout"], shown["rollout"]);
+
+    // A rolled-back candidate is promoted only by force; nothing changed by the refusal.
+    let refused = rollout_cmd(client, &["rollout", "promote", name]).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("--force")),
+        "{refused:?}"
+    );
+    assert_eq!(read().await?["spec"], policy["spec"]);
+
+    // retry: a retry annotation no earlier retry used, and the host starts over.
+    let said = rollout_cmd(client, &["rollout", "retry", name]).await?;
+    assert!(said.contains("starts over"), "{said}");
+    let retried = read().await?;
+    let value = retried["metadata"]["annotations"]["wasmctrl.dev/retry-rollout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!value.is_empty() && value != "1", "a new value: {value:?}");
+    assert_eq!(retried["spec"], policy["spec"], "retry changes no spec");
+    wait_for_object_within(policy_api, name, "retried by the command", ROLLOUT, |p| {
+        rollout_of(p)["retriedFor"] == value.as_str() && rollout_of(p)["phase"] != "RolledBack"
+    })
+    .await?;
+
+    // pause and resume: spec.plugin.rollout.paused, and nothing else.
+    rollout_cmd(client, &["rollout", "pause", name]).await?;
+    let paused = read().await?;
+    assert_eq!(paused["spec"]["plugin"]["rollout"]["paused"], true);
+    let mut unpaused = paused["spec"].clone();
+    unpaused["plugin"]["rollout"]
+        .as_object_mut()
+        .map(|r| r.remove("paused"));
+    let mut before = policy["spec"].clone();
+    before["plugin"]["rollout"]
+        .as_object_mut()
+        .map(|r| r.remove("paused"));
+    assert_eq!(unpaused, before, "pause sets one field");
+    let said = rollout_cmd(client, &["rollout", "pause", name]).await?;
+    assert!(said.contains("nothing to change"), "{said}");
+    rollout_cmd(client, &["rollout", "resume", name]).await?;
+    assert_eq!(read().await?["spec"]["plugin"]["rollout"]["paused"], false);
+
+    // abort: the candidate and its rollout go; the active plugin stays.
+    rollout_cmd(client, &["rollout", "abort", name]).await?;
+    let aborted = read().await?;
+    assert!(
+        aborted["spec"]["plugin"]["candidate"].is_null(),
+        "{aborted}"
+    );
+    assert!(aborted["spec"]["plugin"]["rollout"].is_null(), "{aborted}");
+    assert_eq!(
+        aborted["spec"]["plugin"]["source"],
+        policy["spec"]["plugin"]["source"]
+    );
+
+    // promote: the candidate (here with no rollout) becomes the active plugin. The rollout
+    // rolled this very build back, so only by force.
+    let mut with_candidate = aborted["spec"].clone();
+    with_candidate["plugin"]["candidate"] = policy["spec"]["plugin"]["candidate"].clone();
+    policy_api
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": with_candidate})),
+        )
+        .await?;
+    let said = rollout_cmd(client, &["rollout", "promote", name, "--force"]).await?;
+    assert!(said.contains(digest), "{said}");
+    let promoted = read().await?;
+    let candidate = &policy["spec"]["plugin"]["candidate"];
+    assert_eq!(promoted["spec"]["plugin"]["source"], candidate["source"]);
+    assert_eq!(promoted["spec"]["plugin"]["digest"], digest);
+    assert_eq!(promoted["spec"]["plugin"]["config"], candidate["config"]);
+    assert!(promoted["spec"]["plugin"]["candidate"].is_null());
+    wait_for_object_within(policy_api, name, "the candidate active", ROLLOUT, |p| {
+        p["status"]["activeDigest"] == digest
+    })
+    .await?;
+    let shown: Value = serde_json::from_str(
+        &rollout_cmd(client, &["rollout", "status", name, "-o", "json"]).await?,
+    )?;
+    assert!(shown["candidate"].is_null(), "{shown}");
     Ok(())
 }
 

@@ -2,11 +2,23 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{- /* The chart and its version, as the helm.sh/chart label carries them. */ -}}
+{{- define "wasmctrl.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- /* Every object's labels: Helm's and Kubernetes' recommended ones, then commonLabels. */ -}}
 {{- define "wasmctrl.labels" -}}
+helm.sh/chart: {{ include "wasmctrl.chart" . }}
 app.kubernetes.io/name: {{ include "wasmctrl.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: controller
+app.kubernetes.io/part-of: wasmctrl
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "wasmctrl.selectorLabels" -}}
@@ -14,8 +26,20 @@ app.kubernetes.io/name: {{ include "wasmctrl.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{- /*
+The `helm test` pod's labels. Not the host's selector labels: the Deployment's ReplicaSet
+would adopt a pod matching them (and delete a replica), and the Service and the
+PodDisruptionBudget would count it.
+*/ -}}
+{{- define "wasmctrl.testSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "wasmctrl.name" . }}-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
 {{- define "wasmctrl.fullname" -}}
-{{- if contains (include "wasmctrl.name" .) .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "wasmctrl.name" .) .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
 {{- printf "%s-%s" .Release.Name (include "wasmctrl.name" .) | trunc 63 | trimSuffix "-" -}}
