@@ -45,7 +45,7 @@ pub fn dist() -> anyhow::Result<()> {
 
 /// The version the built binary reports (`wasmctrl 0.1.0` → `0.1.0`): the archive is named
 /// for what it holds, whatever the manifests say.
-fn version_of(binary: &Path) -> anyhow::Result<String> {
+pub fn version_of(binary: &Path) -> anyhow::Result<String> {
     let output = Command::new(binary)
         .arg("--version")
         .output()

@@ -4,6 +4,7 @@
 mod check_macos;
 mod cluster_cmd;
 mod dist;
+mod release;
 mod tasks;
 mod up;
 
@@ -60,6 +61,10 @@ enum Command {
     /// Build the release archive of the `wasmctrl` CLI: the image's static binary (release
     /// profile) as dist/wasmctrl-<version>-x86_64-unknown-linux-musl.tar.gz, with a .sha256.
     Dist,
+    /// Publish a release to a registry, signed: the host image (an index of linux/amd64 and
+    /// linux/arm64 images), the Helm chart (`oci://REGISTRY/charts/wasmctrl`), the MyApp
+    /// plugin, and the CLI archives with SHA256SUMS in the output directory.
+    Release(release::ReleaseArgs),
     /// Type-check the host and the runtime for macOS (aarch64-apple-darwin): the Rust code
     /// only, the C of dependencies stubbed out.
     CheckMacos,
@@ -85,6 +90,7 @@ fn main() -> anyhow::Result<()> {
         Command::Manifests => tasks::manifests(),
         Command::Cluster { command } => cluster_cmd::run(command),
         Command::Dist => dist::dist(),
+        Command::Release(args) => release::release(&args),
         Command::CheckMacos => check_macos::check_macos(),
         Command::Test => tasks::test(),
         Command::Image {

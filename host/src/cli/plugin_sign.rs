@@ -160,8 +160,9 @@ async fn sign_reference(
     let target = plugin_oci::parse_reference(reference)?;
     let client = plugin_oci::client(registry)?;
     let auth = plugin_oci::docker_auth(&target)?;
-    let (_, manifest_digest) = client
-        .pull_image_manifest(&target, &auth)
+    // Any artifact: a plugin, an image, an image index, a chart (as `cosign sign`).
+    let manifest_digest = client
+        .fetch_manifest_digest(&target, &auth)
         .await
         .with_context(|| format!("reading the manifest of {reference}"))?;
     let repository = format!("{}/{}", target.registry(), target.repository());

@@ -13,6 +13,7 @@ mod chart;
 mod host;
 mod http;
 mod kinds;
+mod kubelet;
 mod objects;
 mod policies;
 mod process;
@@ -31,6 +32,7 @@ pub use kinds::{
     TEST_GROUP, myapp, myapp_policy_in, myapp_policy_spec, myapps, test_crd, widget, widget_test,
     widgets,
 };
+pub use kubelet::{HelmTest, Node, helm_test, run_chart_pod};
 pub use objects::{
     COLLECT, api, apply, condition, condition_message, event_reasons, get, resource,
     wait_collected, wait_for_object, wait_for_object_within, wait_gone,

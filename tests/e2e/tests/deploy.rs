@@ -1914,3 +1914,112 @@ fn the_test_pod_asks_the_services_readyz_and_is_no_replica() -> anyhow::Result<(
     );
     Ok(())
 }
+
+/// The aggregated roles as the API server's authorizer applies them once the controller
+/// manager has aggregated them: a namespace's editors write team policies there and no
+/// cluster policy, its viewers only read, and a cluster-wide viewer reads cluster policies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_own_roles_grant_the_policy_kinds_as_the_chart_aggregates_them()
+-> anyhow::Result<()> {
+    const TEST: &str = "deploy-aggregated";
+    let (client, ns) = test_namespace(TEST).await?;
+    let release = format!("agg-{}", &ns[ns.len() - 8..]);
+    let rendered = documents(&render(&[&release, CHART, "--namespace", &ns])?)?;
+    let cluster_rbac = |kind| {
+        Api::<DynamicObject>::all_with(
+            client.clone(),
+            &resource("rbac.authorization.k8s.io", "v1", kind),
+        )
+    };
+    let aggregated: Vec<&Value> = rendered
+        .iter()
+        .filter(|o| {
+            o["kind"] == "ClusterRole"
+                && o["metadata"]["labels"]
+                    .as_object()
+                    .is_some_and(|l| l.keys().any(|k| k.contains("/aggregate-to-")))
+        })
+        .collect();
+    assert_eq!(aggregated.len(), 2, "view and edit");
+    for role in &aggregated {
+        apply(&cluster_rbac("ClusterRole"), (*role).clone()).await?;
+    }
+    let namespaced = |kind| {
+        api(
+            &client,
+            &resource("rbac.authorization.k8s.io", "v1", kind),
+            &ns,
+        )
+    };
+    for (account, role) in [("viewer", "view"), ("editor", "edit")] {
+        wasmctrl_e2e::service_account(&client, &ns, account).await?;
+        apply(
+            &namespaced("RoleBinding"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": account},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                   "subjects": [account_subject(&ns, account)]}),
+        )
+        .await?;
+    }
+    wasmctrl_e2e::service_account(&client, &ns, "auditor").await?;
+    let auditor_binding = format!("{release}-auditor");
+    apply(
+        &cluster_rbac("ClusterRoleBinding"),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": auditor_binding},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+               "subjects": [account_subject(&ns, "auditor")]}),
+    )
+    .await?;
+
+    let team = ("wasmctrl.dev", "namespacedreconcilepolicies");
+    let cluster = ("wasmctrl.dev", "reconcilepolicies");
+    // The controller manager aggregates within moments.
+    wasmctrl_testenv::cluster::eventually(
+        "edit aggregated the chart's rules",
+        std::time::Duration::from_secs(30),
+        || async { may(&client, (&ns, "editor"), "create", team, Some(&ns)).await },
+    )
+    .await?;
+    for verb in ["create", "patch", "delete"] {
+        assert!(
+            may(&client, (&ns, "editor"), verb, team, Some(&ns)).await?,
+            "editor {verb}"
+        );
+        assert!(
+            !may(&client, (&ns, "editor"), verb, team, None).await?,
+            "only in its namespace"
+        );
+        assert!(
+            !may(&client, (&ns, "editor"), verb, cluster, None).await?,
+            "no cluster policy"
+        );
+        assert!(
+            !may(&client, (&ns, "viewer"), verb, team, Some(&ns)).await?,
+            "viewer {verb}"
+        );
+    }
+    for verb in ["get", "list", "watch"] {
+        assert!(
+            may(&client, (&ns, "viewer"), verb, team, Some(&ns)).await?,
+            "viewer {verb}"
+        );
+        assert!(
+            may(&client, (&ns, "auditor"), verb, cluster, None).await?,
+            "auditor {verb}"
+        );
+    }
+    assert!(!may(&client, (&ns, "auditor"), "create", cluster, None).await?);
+
+    cluster_rbac("ClusterRoleBinding")
+        .delete(&auditor_binding, &Default::default())
+        .await?;
+    for role in aggregated {
+        let name = role["metadata"]["name"].as_str().unwrap_or_default();
+        cluster_rbac("ClusterRole")
+            .delete(name, &Default::default())
+            .await?;
+    }
+    delete_namespace(&client, &ns).await
+}

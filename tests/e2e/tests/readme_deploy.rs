@@ -6,25 +6,19 @@
 //! plugins. The workstation's state is what the section asks for: a `docker login` (a docker
 //! config), and the CA trusted system-wide (`SSL_CERT_FILE`).
 //!
-//! A kubelet is the one thing this control plane lacks, so between the blocks the test does
-//! what one would with the chart's Deployment: pull its image with its `imagePullSecrets`,
-//! and run it (with runc, as `deploy_image` does) with the pod's arguments, environment,
-//! volumes and ServiceAccount token.
+//! A kubelet is the one thing this control plane lacks (its simulated node reports pods
+//! running without running them), so between the blocks the test does what one would with
+//! the chart's Deployment: pull its image with its `imagePullSecrets`, and run it (with runc,
+//! as `deploy_image` does) with the pod's arguments, environment, volumes and ServiceAccount
+//! token. `helm test` then passes with that host running and fails once it is gone, its pod
+//! run the same way (`wasmctrl_e2e::helm_test`).
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
-use kube::Api;
-use serde_json::Value;
 use wasmctrl_e2e::*;
 use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime};
-use wasmctrl_testenv::container::{Container, ContainerSpec, service_account_files};
 use wasmctrl_testenv::image;
 use wasmctrl_testenv::registry::{Login, Registry};
 use wasmctrl_testenv::repo_root;
@@ -179,7 +173,27 @@ async fn the_readme_deploy_section_works_as_written() -> anyhow::Result<()> {
     run_block(&next_block()?, &env)?;
 
     // The kubelet's part: the Deployment's pod, run from the registry.
-    let host = run_chart_pod(&client, &cluster, &ca_pem, work.path()).await?;
+    let node = Node {
+        client: &client,
+        namespace: NAMESPACE,
+        kubeconfig: &cluster.kubeconfig,
+        registry_ca: Some(&ca_pem),
+        insecure: false,
+        work: work.path(),
+    };
+    let (host, address) = run_chart_pod(&node).await?;
+
+    // `helm test`: the chart's test pod asks the host's Service for /readyz and passes.
+    let tested = helm_test(&node, "wasmctrl", address, &env)
+        .await
+        .with_context(|| format!("the host printed:\n{}", host.output()))?;
+    assert!(tested.passed, "helm test:\n{}", tested.said);
+    assert!(tested.said.contains("Succeeded"), "{}", tested.said);
+    assert!(
+        tested.probe.contains("/readyz answered 200"),
+        "{}",
+        tested.probe
+    );
 
     // Publish the plugin and apply the policy and the MyApps; they are reconciled from the
     // plugin in the registry.
@@ -213,7 +227,15 @@ async fn the_readme_deploy_section_works_as_written() -> anyhow::Result<()> {
     scaffold_deploys_to_the_chart(&client, work.path(), &registry.address, &env)
         .await
         .with_context(|| format!("the host printed:\n{}", host.output()))?;
+    // With the host gone, the same test fails.
     drop(host);
+    let tested = helm_test(&node, "wasmctrl", address, &env).await?;
+    assert!(
+        !tested.passed,
+        "helm test passed with no host:\n{}",
+        tested.said
+    );
+    assert!(tested.probe.contains("asking https://"), "{}", tested.probe);
     cluster.stop();
     Ok(())
 }
@@ -321,194 +343,4 @@ fn sh_blocks(markdown: &str, heading: &str) -> anyhow::Result<Vec<String>> {
         rest = after;
     }
     Ok(blocks)
-}
-
-/// Run the chart's Deployment as a kubelet would run one of its pods: its image pulled with
-/// its `imagePullSecrets`, its arguments and environment, its `emptyDir` and ConfigMap
-/// volumes, its ServiceAccount's token. Only the listener moves to a free loopback port (the
-/// container shares the test machine's network).
-async fn run_chart_pod(
-    client: &kube::Client,
-    cluster: &ControlPlane,
-    registry_ca: &str,
-    work: &Path,
-) -> anyhow::Result<Container> {
-    let deployments = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
-        .list(&Default::default())
-        .await?;
-    let [deployment] = deployments.items.as_slice() else {
-        bail!(
-            "the chart installs one Deployment, not {}",
-            deployments.items.len()
-        );
-    };
-    let pod = serde_json::to_value(deployment)?["spec"]["template"]["spec"].clone();
-    let container = &pod["containers"][0];
-
-    // Pull with the pod's imagePullSecrets, trusting the registry's CA as the node would.
-    let reference = container["image"].as_str().context("an image")?;
-    let registry = reference.split('/').next().unwrap_or_default();
-    let pull_secret = pod["imagePullSecrets"][0]["name"]
-        .as_str()
-        .context("the pod names an imagePullSecret")?;
-    let secret = Api::<Secret>::namespaced(client.clone(), NAMESPACE)
-        .get(pull_secret)
-        .await?;
-    let docker_config: Value = serde_json::from_slice(
-        &secret
-            .data
-            .as_ref()
-            .and_then(|data| data.get(".dockerconfigjson"))
-            .context(".dockerconfigjson")?
-            .0,
-    )?;
-    let login = base64::Engine::decode(
-        &base64::engine::general_purpose::STANDARD,
-        docker_config["auths"][registry]["auth"]
-            .as_str()
-            .context("a login for the image's registry")?,
-    )?;
-    let (user, password) = std::str::from_utf8(&login)?
-        .split_once(':')
-        .context("user:password")?;
-    let rootfs = work.join("rootfs");
-    image::pull_with(
-        reference,
-        &rootfs,
-        &image::Access {
-            insecure: false,
-            ca_pem: Some(registry_ca),
-            auth: oci_client::secrets::RegistryAuth::Basic(user.into(), password.into()),
-        },
-    )
-    .await?;
-    std::fs::set_permissions(&rootfs, std::fs::Permissions::from_mode(0o755))?;
-
-    // Arguments, with the listener on a free port.
-    let address = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let mut args = vec![image::ENTRYPOINT.to_owned()];
-    for arg in container["args"].as_array().context("args")? {
-        let arg = arg.as_str().context("a string argument")?;
-        args.push(if arg.starts_with("--listen=") {
-            format!("--listen={address}")
-        } else {
-            arg.to_owned()
-        });
-    }
-
-    // Environment: values and the pod's own fields; the in-cluster API server address.
-    let pod_name = "wasmctrl-readme-0";
-    let (host, port) = cluster
-        .server
-        .trim_start_matches("https://")
-        .rsplit_once(':')
-        .context("server host:port")?;
-    let mut env = vec![
-        ("KUBERNETES_SERVICE_HOST".to_owned(), host.to_owned()),
-        ("KUBERNETES_SERVICE_PORT".to_owned(), port.to_owned()),
-    ];
-    for var in container["env"].as_array().into_iter().flatten() {
-        let name = var["name"].as_str().context("a name")?.to_owned();
-        let value = match (
-            &var["value"],
-            var["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
-        ) {
-            (Value::String(value), _) => value.clone(),
-            (_, Some("metadata.name")) => pod_name.to_owned(),
-            (_, Some("metadata.namespace")) => NAMESPACE.to_owned(),
-            _ => bail!("an environment variable this test cannot fill: {var}"),
-        };
-        env.push((name, value));
-    }
-
-    // Volumes: emptyDirs as scratch space, ConfigMaps as read-only files.
-    let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
-    let mut scratch = Vec::new();
-    let mut binds = Vec::new();
-    for mount in container["volumeMounts"].as_array().into_iter().flatten() {
-        let name = mount["name"].as_str().context("a volume name")?;
-        let at = mount["mountPath"]
-            .as_str()
-            .context("a mount path")?
-            .to_owned();
-        let volume = volumes
-            .iter()
-            .find(|v| v["name"] == name)
-            .with_context(|| format!("volume {name}"))?;
-        if volume.get("emptyDir").is_some() {
-            scratch.push(at);
-        } else if let Some(config_map) = volume["configMap"]["name"].as_str() {
-            let data = Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
-                .get(config_map)
-                .await?
-                .data
-                .unwrap_or_default();
-            let dir = work.join("volumes").join(name);
-            std::fs::create_dir_all(&dir)?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
-            for (key, value) in data {
-                std::fs::write(dir.join(&key), value)?;
-                std::fs::set_permissions(dir.join(&key), std::fs::Permissions::from_mode(0o644))?;
-            }
-            binds.push((dir, at));
-        } else {
-            bail!("a volume this test cannot provide: {volume}");
-        }
-    }
-
-    // The ServiceAccount's token.
-    let account = pod["serviceAccountName"]
-        .as_str()
-        .context("a ServiceAccount")?;
-    let token = Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
-        .create_token_request(
-            account,
-            &Default::default(),
-            &TokenRequest {
-                spec: Some(TokenRequestSpec {
-                    expiration_seconds: Some(3600),
-                    ..TokenRequestSpec::default()
-                }),
-                ..TokenRequest::default()
-            },
-        )
-        .await?
-        .status
-        .and_then(|status| status.token)
-        .context("a token")?;
-    let kubeconfig: Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&cluster.kubeconfig)?)?;
-    let cluster_ca = std::fs::read(
-        kubeconfig["clusters"][0]["cluster"]["certificate-authority"]
-            .as_str()
-            .context("the cluster's CA file")?,
-    )?;
-    let sa_dir = work.join("serviceaccount");
-    service_account_files(&sa_dir, &token, &cluster_ca, NAMESPACE)?;
-    std::fs::set_permissions(&sa_dir, std::fs::Permissions::from_mode(0o755))?;
-
-    let user = pod["securityContext"]["runAsUser"]
-        .as_u64()
-        .and_then(|uid| u32::try_from(uid).ok())
-        .unwrap_or(image::USER);
-    let started = Container::start(
-        &format!("readme-{}", std::process::id()),
-        &ContainerSpec {
-            rootfs,
-            args,
-            env,
-            user,
-            service_account: sa_dir,
-            scratch,
-            binds,
-        },
-    )?;
-    wasmctrl_testenv::cluster::eventually(
-        "the chart's pod ready",
-        Duration::from_secs(60),
-        || async { Ok(https_get(address, "/readyz", None).await.ok() == Some((200, "ok".into()))) },
-    )
-    .await
-    .with_context(|| format!("the pod printed:\n{}", started.output()))?;
-    Ok(started)
 }

@@ -26,6 +26,7 @@ pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
 
 /// A built image: its blobs, and the OCI layout they were written to.
 pub struct Image {
@@ -65,27 +66,60 @@ pub fn build(profile: &str, out: &Path) -> anyhow::Result<Image> {
 /// a musl C compiler first if they are missing, and return where cargo put it. The image and
 /// `cargo xtask dist`'s archive both hold this binary.
 pub fn build_static_binary(profile: &str) -> anyhow::Result<PathBuf> {
-    ensure_toolchain()?;
-    build_binary(profile)
+    build_static_binary_for(TARGET, profile)
 }
 
-/// The musl target and a musl C compiler (ring compiles C), installed if missing.
-fn ensure_toolchain() -> anyhow::Result<()> {
+/// [`build_static_binary`] for another musl `target`. [`TARGET`] builds with musl-gcc;
+/// any other is cross-compiled with cargo-zigbuild (`tools/cargo-zigbuild`), Zig being its
+/// C compiler and linker.
+pub fn build_static_binary_for(target: &str, profile: &str) -> anyhow::Result<PathBuf> {
+    ensure_target(target)?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    if target == TARGET {
+        if Command::new("musl-gcc").arg("--version").output().is_err() {
+            crate::tools::debian_package("musl-tools", "a musl C compiler: ring compiles C")?;
+        }
+        command.arg("build");
+    } else {
+        // cargo-zigbuild is a cargo subcommand; its venv holds Zig (`python3 -m ziglang`).
+        let bin = crate::tools::build("cargo-zigbuild")?;
+        let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        )))?;
+        command.env("PATH", path).arg("zigbuild");
+    }
+    run(command.current_dir(crate::repo_root()).args([
+        "--profile",
+        profile,
+        "--target",
+        target,
+        "-p",
+        "wasmctrl",
+        "--bin",
+        "wasmctrl",
+    ]))?;
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::repo_root().join("target"));
+    let dir = if profile == "dev" { "debug" } else { profile };
+    Ok(target_dir.join(target).join(dir).join("wasmctrl"))
+}
+
+/// The Rust `target`, installed with rustup if missing.
+fn ensure_target(target: &str) -> anyhow::Result<()> {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
         .map(|o| {
             String::from_utf8_lossy(&o.stdout)
                 .lines()
-                .any(|l| l.trim() == TARGET)
+                .any(|l| l.trim() == target)
         })
         .unwrap_or(false);
     if !installed {
-        run(Command::new("rustup").args(["target", "add", TARGET]))
-            .with_context(|| format!("installing the {TARGET} target"))?;
-    }
-    if Command::new("musl-gcc").arg("--version").output().is_err() {
-        crate::tools::debian_package("musl-tools", "a musl C compiler: ring compiles C")?;
+        run(Command::new("rustup").args(["target", "add", target]))
+            .with_context(|| format!("installing the {target} target"))?;
     }
     Ok(())
 }
@@ -100,27 +134,6 @@ fn run(command: &mut Command) -> anyhow::Result<()> {
         bail!("{command:?} failed ({status})");
     }
     Ok(())
-}
-
-/// Where cargo puts the static binary for `profile`.
-fn build_binary(profile: &str) -> anyhow::Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(Command::new(cargo).current_dir(crate::repo_root()).args([
-        "build",
-        "--profile",
-        profile,
-        "--target",
-        TARGET,
-        "-p",
-        "wasmctrl",
-        "--bin",
-        "wasmctrl",
-    ]))?;
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::repo_root().join("target"));
-    let dir = if profile == "dev" { "debug" } else { profile };
-    Ok(target_dir.join(TARGET).join(dir).join("wasmctrl"))
 }
 
 /// The bytes of `binary` without its symbols when `strip` exists (as they are otherwise):
@@ -146,6 +159,11 @@ pub fn stripped(binary: &Path, scratch: &Path) -> anyhow::Result<Vec<u8>> {
 
 /// Assemble the image from a static `binary` into the OCI layout `out`.
 pub fn assemble(binary: &Path, out: &Path) -> anyhow::Result<Image> {
+    assemble_for(binary, out, "amd64")
+}
+
+/// [`assemble`] for a binary of another `architecture` (OCI's name: `amd64`, `arm64`).
+pub fn assemble_for(binary: &Path, out: &Path, architecture: &str) -> anyhow::Result<Image> {
     let executable = stripped(binary, &out.with_extension("wasmctrl.stripped"))?;
 
     let tar = layer_tar(&executable)?;
@@ -155,7 +173,7 @@ pub fn assemble(binary: &Path, out: &Path) -> anyhow::Result<Image> {
     let layer = gzip.finish()?;
 
     let config = serde_json::to_vec(&json!({
-        "architecture": "amd64",
+        "architecture": architecture,
         "os": "linux",
         "config": {
             "User": format!("{USER}:{USER}"),
@@ -322,6 +340,53 @@ pub async fn push(image: &Image, reference: &str, insecure: bool) -> anyhow::Res
         .await
         .with_context(|| format!("pushing the image to {reference}"))?;
     Ok(response.manifest_url)
+}
+
+/// Push each of `images` (by digest) and an OCI image index of them, each entry naming its
+/// architecture (`amd64`, `arm64`) on linux, to `reference` (`host:port/repository:tag`);
+/// the index's digest. Credentials and `insecure` as [`push`].
+pub async fn push_index(
+    images: &[(&str, &Image)],
+    reference: &str,
+    insecure: bool,
+) -> anyhow::Result<String> {
+    use oci_client::client::{Config, ImageLayer};
+    use oci_client::manifest::OciImageManifest;
+    let client = registry_client(insecure, None)?;
+    let index_ref: oci_client::Reference = reference.parse()?;
+    let auth = docker_auth(&index_ref)?;
+    let mut entries = Vec::new();
+    for (architecture, image) in images {
+        let by_digest = oci_client::Reference::with_digest(
+            index_ref.registry().to_owned(),
+            index_ref.repository().to_owned(),
+            image.digest(),
+        );
+        let layer = ImageLayer::new(image.layer.clone(), LAYER_MEDIA_TYPE.into(), None);
+        let config = Config::new(image.config.clone(), CONFIG_MEDIA_TYPE.into(), None);
+        let manifest: OciImageManifest = serde_json::from_slice(&image.manifest)?;
+        client
+            .push(&by_digest, &[layer], config, &auth, Some(manifest))
+            .await
+            .with_context(|| format!("pushing the {architecture} image to {by_digest}"))?;
+        entries.push(json!({
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "digest": image.digest(),
+            "size": image.manifest.len(),
+            "platform": {"architecture": architecture, "os": "linux"},
+        }));
+    }
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": INDEX_MEDIA_TYPE,
+        "manifests": entries,
+    }))?;
+    let digest = sha256(&index);
+    client
+        .push_manifest_raw(&index_ref, index, INDEX_MEDIA_TYPE.parse()?)
+        .await
+        .with_context(|| format!("pushing the image index to {index_ref}"))?;
+    Ok(digest)
 }
 
 /// The credentials the docker configuration (`$DOCKER_CONFIG`, else `~/.docker`, with its
