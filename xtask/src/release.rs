@@ -87,6 +87,9 @@ pub struct ReleaseArgs {
     /// Where the archives, SHA256SUMS and release.json go; default `dist/release-VERSION`.
     #[arg(long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
+    /// Release the version again, replacing what its tags name.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// What a release pushed and wrote: `release.json`.
@@ -143,7 +146,69 @@ pub fn release(args: &ReleaseArgs) -> anyhow::Result<()> {
     let key = std::fs::canonicalize(&args.key)
         .with_context(|| format!("the release key {}", args.key.display()))?;
 
-    // Binaries, images and archives, one per platform.
+    let built = build(args, version, &out)?;
+    let wasmctrl = Wasmctrl {
+        binary: built.wasmctrl.clone(),
+        key,
+        insecure: args.insecure,
+    };
+    crate::tasks::build_named_plugins(&["myapp-plugin".to_owned()])?;
+
+    // Nothing is pushed until the key signs and the version is not out yet: a release that
+    // fails here has published nothing.
+    let check = out.join("key-check");
+    std::fs::write(&check, version)?;
+    wasmctrl
+        .sign_file(&check)
+        .context("the release key does not sign (is COSIGN_PASSWORD its password?)")?;
+    let _ = std::fs::remove_file(out.join("key-check.sig"));
+    let _ = std::fs::remove_file(&check);
+    let runtime = tokio::runtime::Runtime::new()?;
+    let image_ref = format!("{registry}/wasmctrl:{version}");
+    if !args.force && runtime.block_on(image::manifest_exists(&image_ref, args.insecure))? {
+        bail!("{image_ref} exists: version {version} is released already (--force replaces it)");
+    }
+
+    let mut published = Vec::new();
+    let released = publish(
+        &runtime,
+        &wasmctrl,
+        &built,
+        registry,
+        version,
+        &out,
+        args,
+        &mut published,
+    )
+    .with_context(|| match published.is_empty() {
+        true => "nothing was published".to_owned(),
+        false => format!(
+            "published before the failure, unsigned or incomplete: {}",
+            published.join(", ")
+        ),
+    })?;
+    let manifest = out.join("release.json");
+    std::fs::write(&manifest, serde_json::to_string_pretty(&released)? + "\n")?;
+    println!(
+        "release: {version} in {} (release.json, SHA256SUMS, SHA256SUMS.sig)\n\
+         install: helm install wasmctrl oci://{registry}/charts/wasmctrl --version {version}",
+        out.display()
+    );
+    Ok(())
+}
+
+/// What the release built before it pushes anything.
+struct Built {
+    /// Each platform's image.
+    images: Vec<(Platform, image::Image)>,
+    /// The CLI archives.
+    archives: Vec<PathBuf>,
+    /// The linux/amd64 binary, which pushes and signs.
+    wasmctrl: PathBuf,
+}
+
+/// The binaries, images and archives, one per platform.
+fn build(args: &ReleaseArgs, version: &str, out: &Path) -> anyhow::Result<Built> {
     let mut images = Vec::new();
     let mut archives = Vec::new();
     let mut wasmctrl = None;
@@ -157,26 +222,40 @@ pub fn release(args: &ReleaseArgs) -> anyhow::Result<()> {
         let layout = out.join("image").join(platform.architecture());
         let built = image::assemble_for(&binary, &layout, platform.architecture())?;
         let executable = image::stripped(&binary, &binary.with_extension("release-stripped"))?;
-        archives.push(crate::dist::write(&out, version, platform.target(), &executable)?.archive);
+        archives.push(crate::dist::write(out, version, platform.target(), &executable)?.archive);
         images.push((platform, built));
     }
-    let wasmctrl = Wasmctrl {
-        binary: wasmctrl.context("the linux/amd64 binary")?,
-        key,
-        insecure: args.insecure,
-    };
+    Ok(Built {
+        images,
+        archives,
+        wasmctrl: wasmctrl.context("the linux/amd64 binary")?,
+    })
+}
 
+/// Push and sign everything, recording in `published` what is out as it goes out.
+#[allow(clippy::too_many_arguments)]
+fn publish(
+    runtime: &tokio::runtime::Runtime,
+    wasmctrl: &Wasmctrl,
+    built: &Built,
+    registry: &str,
+    version: &str,
+    out: &Path,
+    args: &ReleaseArgs,
+    published: &mut Vec<String>,
+) -> anyhow::Result<Released> {
     // The image index.
-    let runtime = tokio::runtime::Runtime::new()?;
     let image_ref = format!("{registry}/wasmctrl:{version}");
     let index = runtime.block_on(image::push_index(
-        &images
+        &built
+            .images
             .iter()
             .map(|(platform, image)| (platform.architecture(), image))
             .collect::<Vec<_>>(),
         &image_ref,
         args.insecure,
     ))?;
+    published.push(image_ref.clone());
     let image = Pushed {
         reference: image_ref,
         digest: index,
@@ -185,52 +264,42 @@ pub fn release(args: &ReleaseArgs) -> anyhow::Result<()> {
     println!("release: image {} ({})", image.reference, image.digest);
 
     // The example plugin.
-    crate::tasks::build_named_plugins(&["myapp-plugin".to_owned()])?;
+    let plugin_ref = format!("{registry}/plugins/myapp:{version}");
     let plugin = wasmctrl.push_plugin(
         &wasmctrl_testenv::plugins::guest_path("myapp_plugin"),
-        &format!("{registry}/plugins/myapp:{version}"),
+        &plugin_ref,
     )?;
+    published.push(plugin_ref);
     wasmctrl.sign(&plugin.pinned())?;
     println!("release: plugin {} ({})", plugin.reference, plugin.digest);
 
     // The chart, its image pinned to the index.
-    let package = package_chart(
-        &out,
-        version,
-        &format!("{registry}/wasmctrl"),
-        &image.digest,
-    )?;
+    let package = package_chart(out, version, &format!("{registry}/wasmctrl"), &image.digest)?;
     let chart = push_chart(&package, registry, version, args.insecure)?;
+    published.push(chart.reference.clone());
     wasmctrl.sign(&chart.pinned())?;
     println!("release: chart {} ({})", chart.reference, chart.digest);
 
     // Checksums of every file, signed.
-    let mut files = archives;
+    let mut files = built.archives.clone();
     files.push(package);
-    let listed = write_checksums(&out, &files)?;
+    let listed = write_checksums(out, &files)?;
     wasmctrl.sign_file(&out.join("SHA256SUMS"))?;
 
-    let released = Released {
+    Ok(Released {
         version: version.to_owned(),
-        platforms: images
+        platforms: built
+            .images
             .iter()
-            .map(|(platform, built)| {
-                json!({"platform": format!("linux/{}", platform.architecture()), "digest": built.digest()})
+            .map(|(platform, image)| {
+                json!({"platform": format!("linux/{}", platform.architecture()), "digest": image.digest()})
             })
             .collect(),
         image,
         chart,
         plugin,
         files: listed,
-    };
-    let manifest = out.join("release.json");
-    std::fs::write(&manifest, serde_json::to_string_pretty(&released)? + "\n")?;
-    println!(
-        "release: {version} in {} (release.json, SHA256SUMS, SHA256SUMS.sig)\n\
-         install: helm install wasmctrl oci://{registry}/charts/wasmctrl --version {version}",
-        out.display()
-    );
-    Ok(())
+    })
 }
 
 /// `SHA256SUMS` in `out`: a `sha256sum` line for each of `files`; what it lists.

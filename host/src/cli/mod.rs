@@ -56,8 +56,8 @@ pub struct Cli {
 const EXIT_STATUS: &str = "Exit status: 0 when the command did what it was asked (for a comparison: \
 the answers are the same), 1 when a comparison found a difference (`plugin diff`, `plugin replay`, \
 `plugin test`), 2 on an error (bad arguments included).\n\n\
-`-o` names the output format wherever a command has one; a file to write is always a \
-`--output-<what>` flag.";
+`-o` names the output format wherever a command has one, and nothing else: a file to write \
+is named by a long flag of its own (`--output-file`, `--output-signature`, `--save`).";
 
 /// Top-level commands.
 #[derive(Debug, Subcommand)]

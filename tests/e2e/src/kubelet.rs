@@ -292,12 +292,17 @@ pub async fn helm_test(
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let pod = loop {
         let pending = pods
-            .list(&ListParams::default().labels("app.kubernetes.io/component=test"))
+            .list(&ListParams::default().labels(&format!(
+                "app.kubernetes.io/component=test,app.kubernetes.io/instance={release}"
+            )))
             .await?
             .items
             .into_iter()
+            // Once the simulated node took it (an IP given), so its status is not
+            // overwritten after the phase is reported.
             .find(|p| {
                 p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().is_some_and(|s| s.pod_ip.is_some())
                     && !p
                         .status
                         .as_ref()

@@ -1309,6 +1309,7 @@ fn every_option(ns: &str) -> Vec<String> {
         "networkPolicy.egress[0].to[0].ipBlock.cidr=10.0.0.0/8".into(),
         "networkPolicy.egress[0].ports[0].port=443".into(),
         "createNamespace=false".into(),
+        "rbac.aggregateToEdit=true".into(),
     ]
     .into()
 }
@@ -1675,6 +1676,9 @@ fn every_object_carries_helms_and_the_recommended_labels_and_the_common_ones() -
     });
     let every = rendered_with(&[
         "commonLabels.team=platform",
+        // The chart's own labels win over colliding ones: the selectors depend on them.
+        "commonLabels.app\\.kubernetes\\.io/name=other",
+        "podLabels.app\\.kubernetes\\.io/instance=other",
         "podLabels.example\\.com/tier=control",
         "podAnnotations.example\\.com/owner=platform",
         "metrics.serviceMonitor.enabled=true",
@@ -1801,6 +1805,10 @@ fn monitoring_objects_are_optional_and_the_rule_holds_the_documented_alerts() ->
         let expr = rule["expr"].as_str().unwrap_or_default();
         if rule["alert"] == "WasmctrlNoLeader" {
             assert!(expr.contains(r#"name="ops-leader""#), "{expr}");
+            assert!(
+                expr.contains("absent("),
+                "fires with every replica gone: {expr}"
+            );
         } else {
             // Prometheus, not Helm, fills the labels in.
             assert!(summary.contains("{{ $labels.controller }}"), "{summary}");
@@ -1822,7 +1830,15 @@ fn monitoring_objects_are_optional_and_the_rule_holds_the_documented_alerts() ->
 
 #[test]
 fn viewers_read_both_policy_kinds_and_editors_write_only_team_policies() -> anyhow::Result<()> {
-    let objects = rendered_with(&[])?;
+    let defaults = rendered_with(&[])?;
+    object(&defaults, "ClusterRole", "wasmctrl-view")?;
+    assert!(
+        !defaults
+            .iter()
+            .any(|o| o["metadata"]["name"] == "wasmctrl-edit"),
+        "editors write team policies only when asked"
+    );
+    let objects = rendered_with(&["rbac.aggregateToEdit=true"])?;
     let view = object(&objects, "ClusterRole", "wasmctrl-view")?;
     let edit = object(&objects, "ClusterRole", "wasmctrl-edit")?;
     let aggregates = |role: &Value, to: &str| {
@@ -1863,7 +1879,7 @@ fn viewers_read_both_policy_kinds_and_editors_write_only_team_policies() -> anyh
         verbs(edit, "namespacedreconcilepolicies"),
         ["create", "update", "patch", "delete", "deletecollection"]
     );
-    let off = rendered_with(&["rbac.aggregateToDefaultRoles=false"])?;
+    let off = rendered_with(&["rbac.aggregateToView=false"])?;
     assert!(!off.iter().any(|o| o["metadata"]["name"] == "wasmctrl-view"));
     assert!(!off.iter().any(|o| o["metadata"]["name"] == "wasmctrl-edit"));
     Ok(())
@@ -1883,7 +1899,7 @@ fn the_test_pod_asks_the_services_readyz_and_is_no_replica() -> anyhow::Result<(
     ] {
         assert!(
             !has_labels(&pod["metadata"]["labels"], selector),
-            "the ReplicaSet would adopt it, the Service send it traffic: {selector}"
+            "the Service would send it traffic, the PodDisruptionBudget count it: {selector}"
         );
     }
     let container = &pod["spec"]["containers"][0];
@@ -1924,7 +1940,14 @@ async fn kubernetes_own_roles_grant_the_policy_kinds_as_the_chart_aggregates_the
     const TEST: &str = "deploy-aggregated";
     let (client, ns) = test_namespace(TEST).await?;
     let release = format!("agg-{}", &ns[ns.len() - 8..]);
-    let rendered = documents(&render(&[&release, CHART, "--namespace", &ns])?)?;
+    let rendered = documents(&render(&[
+        &release,
+        CHART,
+        "--namespace",
+        &ns,
+        "--set",
+        "rbac.aggregateToEdit=true",
+    ])?)?;
     let cluster_rbac = |kind| {
         Api::<DynamicObject>::all_with(
             client.clone(),
@@ -1962,16 +1985,21 @@ async fn kubernetes_own_roles_grant_the_policy_kinds_as_the_chart_aggregates_the
         )
         .await?;
     }
-    wasmctrl_e2e::service_account(&client, &ns, "auditor").await?;
-    let auditor_binding = format!("{release}-auditor");
-    apply(
-        &cluster_rbac("ClusterRoleBinding"),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": auditor_binding},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
-               "subjects": [account_subject(&ns, "auditor")]}),
-    )
-    .await?;
+    // Bound cluster-wide: an auditor who views, and an editor of every namespace.
+    let mut cluster_bindings = Vec::new();
+    for (account, role) in [("auditor", "view"), ("cluster-editor", "edit")] {
+        wasmctrl_e2e::service_account(&client, &ns, account).await?;
+        let binding = format!("{release}-{account}");
+        apply(
+            &cluster_rbac("ClusterRoleBinding"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": binding},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                   "subjects": [account_subject(&ns, account)]}),
+        )
+        .await?;
+        cluster_bindings.push(binding);
+    }
 
     let team = ("wasmctrl.dev", "namespacedreconcilepolicies");
     let cluster = ("wasmctrl.dev", "reconcilepolicies");
@@ -2011,10 +2039,21 @@ async fn kubernetes_own_roles_grant_the_policy_kinds_as_the_chart_aggregates_the
         );
     }
     assert!(!may(&client, (&ns, "auditor"), "create", cluster, None).await?);
+    // Even bound cluster-wide, `edit` writes team policies, never a cluster policy.
+    for verb in ["create", "patch", "delete"] {
+        let editor = (ns.as_str(), "cluster-editor");
+        assert!(
+            may(&client, editor, verb, team, Some("default")).await?,
+            "{verb}"
+        );
+        assert!(!may(&client, editor, verb, cluster, None).await?, "{verb}");
+    }
 
-    cluster_rbac("ClusterRoleBinding")
-        .delete(&auditor_binding, &Default::default())
-        .await?;
+    for binding in cluster_bindings {
+        cluster_rbac("ClusterRoleBinding")
+            .delete(&binding, &Default::default())
+            .await?;
+    }
     for role in aggregated {
         let name = role["metadata"]["name"].as_str().unwrap_or_default();
         cluster_rbac("ClusterRole")

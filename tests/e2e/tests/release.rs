@@ -37,11 +37,18 @@ fn cosign(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
     Ok(text)
 }
 
-/// `cargo xtask release` as a release pipeline runs it.
-fn xtask_release(registry: &str, key: &Path, out: &Path, platforms: &str) -> anyhow::Result<()> {
+/// `cargo xtask release` as a release pipeline runs it, the key's password `password`:
+/// whether it succeeded, and what it printed.
+fn xtask_release(
+    registry: &str,
+    key: &Path,
+    password: &str,
+    out: &Path,
+    platforms: &str,
+) -> anyhow::Result<(bool, String)> {
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     wasmctrl_testenv::runner::without_cargos_package_variables(&mut command);
-    let status = command
+    let output = command
         .current_dir(wasmctrl_testenv::repo_root())
         .args(["xtask", "release", "--registry", registry, "--insecure"])
         .args([
@@ -54,14 +61,18 @@ fn xtask_release(registry: &str, key: &Path, out: &Path, platforms: &str) -> any
         .arg(key)
         .arg("--output-dir")
         .arg(out)
-        .env("COSIGN_PASSWORD", "")
+        .env("COSIGN_PASSWORD", password)
         .env(
             "WASMCTRL_IMAGE_PROFILE",
             std::env::var("WASMCTRL_IMAGE_PROFILE").unwrap_or_else(|_| "image-test".into()),
         )
-        .status()?;
-    anyhow::ensure!(status.success(), "cargo xtask release failed ({status})");
-    Ok(())
+        .output()?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((output.status.success(), said))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,12 +95,27 @@ async fn a_release_installs_from_its_registry_with_every_signature_verified() ->
     .await?;
     let (key, public) = (keys.with_extension("key"), keys.with_extension("pub"));
     let out = work.path().join("dist");
-    tokio::task::spawn_blocking({
+    let release = |password: &'static str| {
         let (address, key, out, platforms) =
             (address.clone(), key.clone(), out.clone(), platforms.clone());
-        move || xtask_release(&address, &key, &out, &platforms)
-    })
-    .await??;
+        tokio::task::spawn_blocking(move || {
+            xtask_release(&address, &key, password, &out, &platforms)
+        })
+    };
+    // A key that does not sign stops the release before anything is pushed.
+    let (passed, said) = release("not-its-password").await??;
+    assert!(!passed && said.contains("does not sign"), "{said}");
+    let tag = format!("http://{address}/v2/wasmctrl/manifests/{version}");
+    let before = reqwest::get(&tag).await?.status();
+    assert_eq!(
+        before, 404,
+        "nothing pushed by a release that could not sign"
+    );
+    let (passed, said) = release("").await??;
+    assert!(passed, "cargo xtask release:\n{said}");
+    // The same version again is refused: its tags stay as released.
+    let (passed, said) = release("").await??;
+    assert!(!passed && said.contains("released already"), "{said}");
     let released: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("release.json"))?)?;
 

@@ -231,6 +231,11 @@ async fn each_policy_acts_with_exactly_the_rights_of_its_service_account() -> an
         message(ready(&stranger)).contains(&format!("ServiceAccount {ns}/stranger")),
         "{stranger}"
     );
+    // Neither had its plugin fetched: whom a policy acts as is settled first.
+    for refused in [&nobody, &stranger] {
+        assert!(refused["status"]["activeDigest"].is_null(), "{refused}");
+        assert!(condition(refused, "PluginLoaded").is_none(), "{refused}");
+    }
 
     // Take away `broad`'s right to create ConfigMaps (it may still read them): the plugin's
     // next child fails with a reason that says so, and nothing is created.

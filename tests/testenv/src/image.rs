@@ -87,7 +87,15 @@ pub fn build_static_binary_for(target: &str, profile: &str) -> anyhow::Result<Pa
         let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(
             &std::env::var_os("PATH").unwrap_or_default(),
         )))?;
-        command.env("PATH", path).arg("zigbuild");
+        // The linker strips it: the host's `strip` reads only its own architecture.
+        let profile_var = format!(
+            "CARGO_PROFILE_{}_STRIP",
+            profile.to_uppercase().replace('-', "_")
+        );
+        command
+            .env("PATH", path)
+            .env(profile_var, "symbols")
+            .arg("zigbuild");
     }
     run(command.current_dir(crate::repo_root()).args([
         "--profile",
@@ -387,6 +395,31 @@ pub async fn push_index(
         .await
         .with_context(|| format!("pushing the image index to {index_ref}"))?;
     Ok(digest)
+}
+
+/// Whether the registry has a manifest at `reference` (a tag), with the docker
+/// configuration's credentials; plain HTTP when `insecure`.
+pub async fn manifest_exists(reference: &str, insecure: bool) -> anyhow::Result<bool> {
+    use oci_client::errors::{OciDistributionError, OciErrorCode};
+    let client = registry_client(insecure, None)?;
+    let reference: oci_client::Reference = reference.parse()?;
+    let auth = docker_auth(&reference)?;
+    match client.fetch_manifest_digest(&reference, &auth).await {
+        Ok(_) => Ok(true),
+        Err(OciDistributionError::RegistryError { envelope, .. })
+            if envelope.errors.iter().any(|e| {
+                matches!(
+                    e.code,
+                    OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown
+                )
+            }) =>
+        {
+            Ok(false)
+        }
+        Err(OciDistributionError::ImageManifestNotFoundError(_))
+        | Err(OciDistributionError::ServerError { code: 404, .. }) => Ok(false),
+        Err(error) => Err(error).with_context(|| format!("asking the registry for {reference}")),
+    }
 }
 
 /// The credentials the docker configuration (`$DOCKER_CONFIG`, else `~/.docker`, with its

@@ -7,18 +7,20 @@
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{- /* Every object's labels: Helm's and Kubernetes' recommended ones, then commonLabels. */ -}}
+{{- /*
+Every object's labels: Helm's and Kubernetes' recommended ones, and commonLabels. Where a
+common label names one of the chart's, the chart's wins: the selectors depend on them.
+*/ -}}
 {{- define "wasmctrl.labels" -}}
-helm.sh/chart: {{ include "wasmctrl.chart" . }}
-app.kubernetes.io/name: {{ include "wasmctrl.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/component: controller
-app.kubernetes.io/part-of: wasmctrl
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-{{- with .Values.commonLabels }}
-{{ toYaml . }}
-{{- end }}
+{{- $own := dict
+    "helm.sh/chart" (include "wasmctrl.chart" .)
+    "app.kubernetes.io/name" (include "wasmctrl.name" .)
+    "app.kubernetes.io/instance" .Release.Name
+    "app.kubernetes.io/version" .Chart.AppVersion
+    "app.kubernetes.io/component" "controller"
+    "app.kubernetes.io/part-of" "wasmctrl"
+    "app.kubernetes.io/managed-by" .Release.Service -}}
+{{- toYaml (merge $own (.Values.commonLabels | default dict)) -}}
 {{- end -}}
 
 {{- define "wasmctrl.selectorLabels" -}}
@@ -27,9 +29,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- /*
-The `helm test` pod's labels. Not the host's selector labels: the Deployment's ReplicaSet
-would adopt a pod matching them (and delete a replica), and the Service and the
-PodDisruptionBudget would count it.
+The `helm test` pod's selector labels. Not the host's: the Service would send it traffic,
+and the PodDisruptionBudget and the replicas' anti-affinity would count it as a replica.
 */ -}}
 {{- define "wasmctrl.testSelectorLabels" -}}
 app.kubernetes.io/name: {{ include "wasmctrl.name" . }}-test

@@ -40,11 +40,22 @@ pub(crate) async fn prepare(
     standing: &Standing,
 ) -> Option<Parts> {
     standing.set(Stand::Preparing);
+    // Whom the policy acts as is settled before its plugin is fetched: a policy that may not
+    // act as anyone makes the host fetch and compile nothing (a team policy in a namespace
+    // the host may not act in cannot send it to an address of the team's choosing).
+    let acting = match acting(policy, shared).await {
+        Ok(acting) => acting,
+        Err(problem) => {
+            status.set_claimed_parent(None);
+            status.set_ready(problem);
+            return None;
+        }
+    };
     let plugin = match plugin {
         Some(plugin) => plugin.clone(),
         None => plugin.insert(load(policy, shared, status).await?).clone(),
     };
-    match check(policy, shared).await {
+    match check(policy, shared, acting).await {
         Ok((acting, (parent, children, related))) => {
             status.set_claimed_parent(Some(policy.spec.parent.clone()));
             Some(Parts {
@@ -77,14 +88,23 @@ type Kinds = (
     Vec<(ResolvedKind, RelatedBy)>,
 );
 
-/// The checks, in order: an identity to act as, kinds served, no child resource listed
-/// twice, parent kind not taken, namespace usable, permissions granted (to that identity),
-/// related objects chosen in a usable way.
-async fn check(policy: &ReconcilePolicy, shared: &Shared) -> Result<(Acting, Kinds), State> {
-    let spec = &policy.spec;
-    let host_namespace = shared.options.namespace.as_deref();
+/// The identity `policy` acts as, if the host may act as it.
+async fn acting(policy: &ReconcilePolicy, shared: &Shared) -> Result<Acting, State> {
     let acting = shared.identities.acting_for(policy)?;
     identity::verify(&acting).await?;
+    Ok(acting)
+}
+
+/// The checks after the identity, in order: kinds served, no child resource listed twice,
+/// parent kind not taken, namespace usable, permissions granted (to that identity), related
+/// objects chosen in a usable way.
+async fn check(
+    policy: &ReconcilePolicy,
+    shared: &Shared,
+    acting: Acting,
+) -> Result<(Acting, Kinds), State> {
+    let spec = &policy.spec;
+    let host_namespace = shared.options.namespace.as_deref();
     let (parent, children, related) = resolve_kinds(&acting.client, policy).await?;
     if let Some(problem) = duplicate_child_resource(&children) {
         tracing::warn!(policy = %policy.name_any(), message = %problem.message, "child resource listed twice");
