@@ -18,9 +18,11 @@
 //! stops — a SIGSTOP, a VM pause, a long stall — for longer than the lease: a standby takes
 //! over, and when the old leader resumes its reconciles may be woken before its elector. The
 //! clock is monotonic (`CLOCK_MONOTONIC` keeps counting while a process is stopped), so the
-//! gate is already closed when anything of the resumed process tries to write. What remains
-//! is a write that passed the gate and was on its way when the process stopped; only a
-//! fencing token checked by the API server could close that, and Kubernetes has none.
+//! gate is already closed when anything of the resumed process tries to write, and a write
+//! that passed the gate is checked again each time it is polled, so one still inside the
+//! process's client stack when it stopped is dropped on resume. What remains is a write the
+//! connection had already taken when the process stopped; only a fencing token checked by
+//! the API server could close that, and Kubernetes has none.
 //!
 //! The election follows client-go's `leaderelection` package, so it behaves as Go operators
 //! do with controller-runtime's defaults (15 s lease, 10 s renew deadline, 2 s retry):
@@ -173,15 +175,52 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let read = matches!(*request.method(), http::Method::GET | http::Method::HEAD)
             || is_review(request.uri().path());
-        if !read && !self.leadership.is_leader() {
-            let refused = NotLeader {
-                method: request.method().clone(),
-                path: request.uri().path().to_owned(),
-            };
+        if read {
+            let response = self.inner.call(request);
+            return Box::pin(async move { response.await.map_err(Into::into) });
+        }
+        let refused = NotLeader {
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+        };
+        if !self.leadership.is_leader() {
             return Box::pin(std::future::ready(Err(refused.into())));
         }
         let response = self.inner.call(request);
-        Box::pin(async move { response.await.map_err(Into::into) })
+        Box::pin(GatedWrite {
+            response: Box::pin(response),
+            leadership: self.leadership.clone(),
+            refused: Some(refused),
+        })
+    }
+}
+
+/// A write under way, refused the moment the lead it started under runs out: each poll asks
+/// [`Leadership::is_leader`] before it lets the request go further. A process stopped with
+/// writes inside its client stack (waiting for a connection, a token, the pool) drops them on
+/// resume instead of sending them. Only what the connection already holds can still go out.
+struct GatedWrite<F> {
+    response: std::pin::Pin<Box<F>>,
+    leadership: Arc<Leadership>,
+    refused: Option<NotLeader>,
+}
+
+impl<F, R, E> std::future::Future for GatedWrite<F>
+where
+    F: std::future::Future<Output = Result<R, E>>,
+    E: Into<tower::BoxError>,
+{
+    type Output = Result<R, tower::BoxError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if !self.leadership.is_leader() {
+            let refused = self.refused.take().map_or_else(
+                || "not the leader".into(),
+                |refused| -> tower::BoxError { refused.into() },
+            );
+            return Poll::Ready(Err(refused));
+        }
+        self.response.as_mut().poll(cx).map_err(Into::into)
     }
 }
 
@@ -653,6 +692,56 @@ mod tests {
         leadership.lead_until(Instant::now() + renew_deadline);
         assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
         assert!(Leadership::always().is_leader(), "no election, no clock");
+    }
+
+    /// A write that passed the gate and then waited (for a connection, say) while the
+    /// process stood still past the deadline is dropped when it resumes, not sent.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_under_way_past_the_deadline_is_dropped_not_sent() {
+        use tower::{Layer as _, Service as _};
+        let renew_deadline = Duration::from_secs(10);
+        let leadership = Leadership::standby();
+        leadership.lead_until(Instant::now() + renew_deadline);
+        let connection = Arc::new(tokio::sync::Notify::new());
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let inner = {
+            let (connection, sent) = (connection.clone(), sent.clone());
+            tower::service_fn(move |_: http::Request<()>| {
+                let (connection, sent) = (connection.clone(), sent.clone());
+                async move {
+                    connection.notified().await;
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::convert::Infallible>(())
+                }
+            })
+        };
+        let mut gated = WriteGate::new(leadership.clone()).layer(inner);
+        let mut write = gated.call(request(
+            http::Method::PATCH,
+            "/api/v1/namespaces/a/configmaps/c",
+        ));
+        // Under way: polled once, waiting for its connection.
+        assert!(futures::poll!(&mut write).is_pending());
+        tokio::time::advance(renew_deadline + Duration::from_secs(1)).await;
+        connection.notify_waiters();
+        let refused = write.await.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.starts_with("not the leader"), "{refused}");
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            0,
+            "nothing sent after the deadline"
+        );
+
+        // Within the lead, the same wait ends in the write.
+        leadership.lead_until(Instant::now() + renew_deadline);
+        let mut write = gated.call(request(
+            http::Method::PATCH,
+            "/api/v1/namespaces/a/configmaps/c",
+        ));
+        assert!(futures::poll!(&mut write).is_pending());
+        connection.notify_waiters();
+        assert!(write.await.is_ok());
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -846,3 +846,109 @@ async fn a_teams_label_does_not_move_its_policy_to_a_host_without_a_verify_floor
     lax.stop().await?;
     delete_namespace(&client, &ns).await
 }
+
+/// `wasmctrl rollout … NAMESPACE/NAME` as the team runs it, with only its namespace's
+/// rights: each command changes the team's own policy, which the host carries to the policy
+/// it made; the made policy itself is refused, naming the team's.
+async fn team_rollout(team_client: &kube::Client, args: &[&str]) -> anyhow::Result<String> {
+    let mut all = vec!["wasmctrl", "rollout"];
+    all.extend_from_slice(args);
+    match <wasmctrl::cli::Cli as clap::Parser>::try_parse_from(all)?.command {
+        wasmctrl::cli::Command::Rollout(command) => command.report_with(team_client).await,
+        _ => anyhow::bail!("not a rollout command"),
+    }
+}
+
+const TEAM_ROLLOUT: &str = "tenancy-team-rollout";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_operates_its_rollout_with_commands_on_its_own_policy() -> anyhow::Result<()> {
+    let (client, host_ns) = test_namespace(TEAM_ROLLOUT).await?;
+    let (_, team) = test_namespace("tenancy-rollout-team").await?;
+    place_namespace(&client, &team, TEAM_ROLLOUT).await?;
+    install_repo_crds(&client).await?;
+    service_account(&client, &host_ns, "host").await?;
+    host_rights(&client, &host_ns).await?;
+    may_impersonate(&client, &host_ns, &team, None).await?;
+    let user = format!("{team}-user");
+    onboard_team(&client, &team, &user).await?;
+    let host = HostUnderTest::cluster_wide(TEAM_ROLLOUT)
+        .as_service_account(&host_ns, "host")
+        .require_policy_identity()
+        .start()
+        .await?;
+    let server = serve_plugins(None)?;
+    let (url, digest) = myapp_plugin_url(server.address)?;
+    let team_client = team_runs_myapp(&team, &user, &url, &digest, TEAM_ROLLOUT).await?;
+    let sources = namespaced_policies(&team_client, &team);
+    wait_for_object(&sources, "myapp", "the team's policy runs", |p| {
+        ready(p).is_some_and(|c| c["status"] == "True")
+    })
+    .await?;
+
+    // A candidate with a rollout that stays in shadow until promoted by hand.
+    let v2 = wasmctrl::plugin::Digest::of(&std::fs::read(wasmctrl_testenv::plugins::guest(
+        "myapp_v2_plugin",
+    ))?)
+    .to_string();
+    sources
+        .patch(
+            "myapp",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"plugin": {
+                "candidate": {"source": {"http": {"url": format!("http://{}/myapp_v2_plugin.wasm", server.address)}}, "digest": v2},
+                "rollout": {"stages": [{"percent": 0, "soakSeconds": 3600, "maxWouldChange": 1.0}]},
+            }}})),
+        )
+        .await?;
+    let policy = format!("{team}/myapp");
+    let made_name = format!("{team}.myapp");
+    let made = policies(&client);
+    wait_for_object(
+        &made,
+        &made_name,
+        "the made policy's rollout started",
+        |p| p["status"]["rollout"]["phase"].is_string(),
+    )
+    .await?;
+    let shown: Value = serde_json::from_str(
+        &team_rollout(&team_client, &["status", &policy, "-o", "json"]).await?,
+    )?;
+    assert_eq!(shown["candidate"]["digest"], v2.as_str(), "{shown}");
+
+    // pause: the team's own field, carried to the made policy.
+    team_rollout(&team_client, &["pause", &policy]).await?;
+    let source = get(&sources, "myapp").await?.context("the team's policy")?;
+    assert_eq!(source["spec"]["plugin"]["rollout"]["paused"], true);
+    wait_for_object(&made, &made_name, "paused on the made policy", |p| {
+        p["spec"]["plugin"]["rollout"]["paused"] == true
+    })
+    .await?;
+
+    // The made policy is refused, naming the team's.
+    let refused = team_rollout(&client, &["resume", &made_name]).await;
+    let said = refused.err().map(|e| format!("{e:#}")).unwrap_or_default();
+    assert!(said.contains(&format!("operate `{policy}`")), "{said}");
+
+    // abort: the candidate leaves the team's policy and the made one.
+    team_rollout(&team_client, &["abort", &policy]).await?;
+    let source = get(&sources, "myapp").await?.context("the team's policy")?;
+    assert!(source["spec"]["plugin"]["candidate"].is_null(), "{source}");
+    assert!(source["spec"]["plugin"]["rollout"].is_null(), "{source}");
+    wait_for_object(
+        &made,
+        &made_name,
+        "the candidate gone from the made policy",
+        |p| p["spec"]["plugin"]["candidate"].is_null(),
+    )
+    .await?;
+
+    sources.delete("myapp", &Default::default()).await?;
+    wait_gone(&made, &made_name, "the policy made from it").await?;
+    host.stop().await?;
+    delete_cluster_rbac(&client, &host_ns).await?;
+    for ns in [&team, &host_ns] {
+        delete_namespace(&client, ns).await?;
+    }
+    Ok(())
+}
