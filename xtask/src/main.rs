@@ -73,7 +73,9 @@ enum Command {
     /// Run the benchmarks and print their tables for BENCHMARKS.md.
     Bench {
         /// Which: `plugin` (call latency), `convergence` (N MyApps against a fresh control
-        /// plane; sizes from WASMCTRL_BENCH_SIZES, default 1000,5000), or `all`.
+        /// plane; sizes from WASMCTRL_BENCH_SIZES, default 1000,5000), `profile` (the host's
+        /// CPU by reconcile stage during a convergence, default 10000), or `all` (plugin and
+        /// convergence).
         #[arg(default_value = "all")]
         which: tasks::BenchSet,
     },

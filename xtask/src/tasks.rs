@@ -375,25 +375,53 @@ pub enum BenchSet {
     Plugin,
     /// Convergence of many MyApps against a real control plane.
     Convergence,
-    /// Both.
+    /// Where the host's CPU goes during a convergence: `perf` samples of the host process
+    /// from the first create to all reconciled, by reconcile stage (size from
+    /// WASMCTRL_BENCH_SIZES, default 10000; data and `perf script` text in target/profile).
+    Profile,
+    /// The plugin calls and the convergence.
     All,
 }
 
 pub fn bench(which: BenchSet) -> anyhow::Result<()> {
     build_plugins()?;
-    if which != BenchSet::Convergence {
-        bench_plugin_calls()?;
+    match which {
+        BenchSet::Plugin => bench_plugin_calls(),
+        BenchSet::Convergence => bench_convergence(&[]),
+        BenchSet::Profile => {
+            if Command::new("perf").arg("--version").output().is_err() {
+                wasmctrl_testenv::tools::debian_package(
+                    "linux-perf",
+                    "perf, which samples the host's CPU",
+                )?;
+            }
+            let dir = repo_root().join("target/profile");
+            let sizes = std::env::var("WASMCTRL_BENCH_SIZES").unwrap_or_else(|_| "10000".into());
+            bench_convergence(&[
+                ("WASMCTRL_BENCH_PROFILE", dir.display().to_string()),
+                ("WASMCTRL_BENCH_SIZES", sizes),
+                ("WASMCTRL_BENCH_PHASES", "host".into()),
+                ("WASMCTRL_BENCH_UNTIL", "reconciled".into()),
+            ])
+        }
+        BenchSet::All => {
+            bench_plugin_calls()?;
+            bench_convergence(&[])
+        }
     }
-    if which != BenchSet::Plugin {
-        // Not pinned: the host, the control plane and the load generator share the machine,
-        // as they would in a small cluster. Each size gets a fresh control plane.
-        Binaries::build(&repo_root())?;
-        run(
-            "benchmarking convergence",
-            cargo().args(["bench", "-p", "wasmctrl-e2e", "--bench", "convergence"]),
-        )?;
+}
+
+/// The convergence bench, with `env` set. Not pinned: the host, the control plane and the
+/// load generator share the machine, as they would in a small cluster. Each size gets a fresh
+/// control plane.
+fn bench_convergence(env: &[(&str, String)]) -> anyhow::Result<()> {
+    Binaries::build(&repo_root())?;
+    let mut command = cargo();
+    command.args(["bench", "-p", "wasmctrl-e2e", "--bench", "convergence"]);
+    for (name, value) in env {
+        command.env(name, value);
     }
-    Ok(())
+    run("benchmarking convergence", &mut command)
 }
 
 /// The plugin-call benchmark runs pinned to one CPU (`taskset -c 1`, where taskset exists):

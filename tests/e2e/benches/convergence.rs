@@ -249,10 +249,29 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let watch = tokio::spawn(watch_progress(myapps.clone(), n, probe, until));
     let (stop_sampling, sampling) = tokio::sync::oneshot::channel::<()>();
     let sampler = tokio::spawn(sample_rss(host_pid, sampling));
+    // A CPU profile of the host alone, from the first create to all reconciled, when asked
+    // (`cargo xtask bench profile`).
+    let profiler = match std::env::var_os(wasmctrl_e2e::profile::PROFILE_DIR_ENV) {
+        Some(dir) => Some(wasmctrl_e2e::profile::Profiler::start(
+            host_pid,
+            Path::new(&dir),
+            &run,
+        )?),
+        None => None,
+    };
     let cpu_before = probe.read();
     let started = Instant::now();
     create_myapps(&myapps, n).await?;
     let (reconciled_at, ready_at, cpu_at_reconciled) = watch.await??;
+    if let Some(profiler) = profiler {
+        let (_, metrics) = http_get(listen, "/metrics").await?;
+        print_profile(
+            n,
+            profiler.finish()?,
+            &metrics,
+            cpu_at_reconciled.client - cpu_before.client,
+        );
+    }
     let _ = stop_sampling.send(());
     let rss = sampler.await?;
     let reconciled = reconciled_at.duration_since(started);
@@ -977,6 +996,28 @@ fn count_writes(
         *counts.entry(format!("{verb} {resource}{sub}")).or_insert(0) += 1;
     }
     Ok(counts)
+}
+
+/// Where the host's CPU went until all `n` were reconciled: the stage table for
+/// BENCHMARKS.md, and how much of the host's CPU (from /proc) the samples cover.
+fn print_profile(
+    n: usize,
+    samples: Vec<wasmctrl_e2e::profile::Sample>,
+    metrics: &str,
+    host_cpu: f64,
+) {
+    use wasmctrl_e2e::profile::{by_stage, table};
+    let reconciles = metric_sum(metrics, "controller_runtime_reconcile_total{") as u64;
+    let plugin_calls = metric_sum(metrics, "wasmctrl_plugin_calls_total{") as u64;
+    let totals = by_stage(&samples);
+    let sampled: u64 = totals.values().sum();
+    println!(
+        "\nHost CPU by stage, {n} MyApps, first create to all reconciled: {} samples, {:.1} s sampled of {host_cpu:.1} s the host used ({:.0} %); {reconciles} reconciles, {plugin_calls} plugin calls\n",
+        samples.len(),
+        sampled as f64 / 1e9,
+        100.0 * sampled as f64 / 1e9 / host_cpu.max(f64::EPSILON),
+    );
+    println!("{}", table(&totals, 1.0, reconciles, plugin_calls));
 }
 
 fn print_table(rows: &[Row]) {

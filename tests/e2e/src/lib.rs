@@ -17,6 +17,7 @@ mod kubelet;
 mod objects;
 mod policies;
 mod process;
+pub mod profile;
 mod rbac;
 
 pub use chart::{
