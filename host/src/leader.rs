@@ -117,12 +117,25 @@ impl Leadership {
     }
 }
 
-/// The error a standby's client gives instead of sending a write.
+/// The error a standby's client gives instead of sending a write, or for a write whose lead
+/// ran out while it was under way.
 #[derive(Debug, thiserror::Error)]
-#[error("not the leader: this replica is a standby and sends no {method} {path}")]
+#[error("not the leader: {}", self.said())]
 pub struct NotLeader {
     method: http::Method,
     path: String,
+    under_way: bool,
+}
+
+impl NotLeader {
+    fn said(&self) -> String {
+        let (method, path) = (&self.method, &self.path);
+        if self.under_way {
+            format!("the lead ran out while {method} {path} was under way (it may have been sent)")
+        } else {
+            format!("this replica is a standby and sends no {method} {path}")
+        }
+    }
 }
 
 /// A layer for the host's Kubernetes client that refuses every request but reads while
@@ -179,13 +192,15 @@ where
             let response = self.inner.call(request);
             return Box::pin(async move { response.await.map_err(Into::into) });
         }
-        let refused = NotLeader {
+        let mut refused = NotLeader {
             method: request.method().clone(),
             path: request.uri().path().to_owned(),
+            under_way: false,
         };
         if !self.leadership.is_leader() {
             return Box::pin(std::future::ready(Err(refused.into())));
         }
+        refused.under_way = true;
         let response = self.inner.call(request);
         Box::pin(GatedWrite {
             response: Box::pin(response),
@@ -329,12 +344,16 @@ impl LeaderElector {
             let deadline = renewed + self.config.renew_deadline;
             let renewal = self.try_acquire_or_renew(Some(deadline));
             let why = match tokio::time::timeout_at(deadline, renewal).await {
-                Ok(Ok(Attempt::Held)) => {
+                // Renewed, but answered only after the deadline: the lead had run out
+                // meanwhile (writes were refused), so it is not taken up again, as client-go
+                // does: the gate's refusals always mean the lead is gone for good.
+                Ok(Ok(Attempt::Held)) if Instant::now() < deadline => {
                     renewed = started;
                     self.leadership
                         .lead_until(renewed + self.config.renew_deadline);
                     continue;
                 }
+                Ok(Ok(Attempt::Held)) => "renewed only after the renew deadline".to_owned(),
                 Ok(Ok(Attempt::HeldByOther(holder))) => format!("{holder} holds it now"),
                 Ok(Err(error)) if Instant::now() < deadline => {
                     tracing::warn!(lease = %self.config.name, error = %format!("{error:#}"), "could not renew the leader lease; retrying");

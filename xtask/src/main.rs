@@ -74,7 +74,7 @@ enum Command {
     Bench {
         /// Which: `plugin` (call latency), `convergence` (N MyApps against a fresh control
         /// plane; sizes from WASMCTRL_BENCH_SIZES, default 1000,5000), `profile` (the host's
-        /// CPU by reconcile stage during a convergence, default 10000), or `all` (plugin and
+        /// CPU by reconcile stage during a convergence, default 1000), or `all` (plugin and
         /// convergence).
         #[arg(default_value = "all")]
         which: tasks::BenchSet,

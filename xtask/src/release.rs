@@ -158,14 +158,18 @@ pub fn release(args: &ReleaseArgs) -> anyhow::Result<()> {
     // fails here has published nothing.
     let check = out.join("key-check");
     std::fs::write(&check, version)?;
-    wasmctrl
-        .sign_file(&check)
-        .context("the release key does not sign (is COSIGN_PASSWORD its password?)")?;
+    let signed = wasmctrl.sign_file(&check);
     let _ = std::fs::remove_file(out.join("key-check.sig"));
     let _ = std::fs::remove_file(&check);
+    signed.context("the release key does not sign (is COSIGN_PASSWORD its password?)")?;
     let runtime = tokio::runtime::Runtime::new()?;
     let image_ref = format!("{registry}/wasmctrl:{version}");
-    if !args.force && runtime.block_on(image::manifest_exists(&image_ref, args.insecure))? {
+    let exists = runtime
+        .block_on(image::manifest_exists(&image_ref, args.insecure))
+        .context(
+            "checking whether the version is out already (--force releases without the check)",
+        )?;
+    if !args.force && exists {
         bail!("{image_ref} exists: version {version} is released already (--force replaces it)");
     }
 

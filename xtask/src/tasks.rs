@@ -377,7 +377,7 @@ pub enum BenchSet {
     Convergence,
     /// Where the host's CPU goes during a convergence: `perf` samples of the host process
     /// from the first create to all reconciled, by reconcile stage (size from
-    /// WASMCTRL_BENCH_SIZES, default 10000; data and `perf script` text in target/profile).
+    /// WASMCTRL_BENCH_SIZES, default 1000; data and `perf script` text in target/profile).
     Profile,
     /// The plugin calls and the convergence.
     All,
@@ -396,7 +396,7 @@ pub fn bench(which: BenchSet) -> anyhow::Result<()> {
                 )?;
             }
             let dir = repo_root().join("target/profile");
-            let sizes = std::env::var("WASMCTRL_BENCH_SIZES").unwrap_or_else(|_| "10000".into());
+            let sizes = std::env::var("WASMCTRL_BENCH_SIZES").unwrap_or_else(|_| "1000".into());
             bench_convergence(&[
                 ("WASMCTRL_BENCH_PROFILE", dir.display().to_string()),
                 ("WASMCTRL_BENCH_SIZES", sizes),

@@ -106,7 +106,7 @@ const RECONCILE_STAGES: [(&str, &[&str]); 8] = [
 ];
 
 /// A frame that says the sample is inside a reconcile.
-const IN_RECONCILE: [&str; 2] = ["controller::reconcile::", "policy_run::watches::"];
+const IN_RECONCILE: &str = "controller::reconcile::";
 
 /// What a sample outside every stage is doing, by its innermost matching frame.
 const OUTSIDE: [(&str, &[&str]); 5] = [
@@ -116,6 +116,7 @@ const OUTSIDE: [(&str, &[&str]); 5] = [
             "kube_runtime::watcher",
             "kube_runtime::reflector",
             "controller::cache::",
+            "policy_run::watches::",
             "serde_json::de::",
         ],
     ),
@@ -158,18 +159,16 @@ pub fn stage_of(sample: &Sample) -> &'static str {
             "plugin call"
         };
     }
-    for frame in &sample.frames {
-        for (stage, patterns) in RECONCILE_STAGES {
-            if patterns.iter().any(|p| frame.contains(p)) {
-                return stage;
+    // The stages of a reconcile count only under one: a watch event decoded into the cache
+    // is the watches' work, not a cache read for a request.
+    if sample.frames.iter().any(|f| f.contains(IN_RECONCILE)) {
+        for frame in &sample.frames {
+            for (stage, patterns) in RECONCILE_STAGES {
+                if patterns.iter().any(|p| frame.contains(p)) {
+                    return stage;
+                }
             }
         }
-    }
-    if sample
-        .frames
-        .iter()
-        .any(|f| IN_RECONCILE.iter().any(|p| f.contains(p)))
-    {
         return "reconcile, unattributed";
     }
     for frame in &sample.frames {
@@ -206,21 +205,21 @@ pub fn parse_perf_script(text: &str) -> Vec<Sample> {
     samples
 }
 
-/// `COMM TID PERIOD[:]…`: the thread name may hold spaces, so the numbers are found as the
-/// first run of two numeric fields after it.
+/// `COMM TID PERIOD[:]`: read from the right, as the thread name may hold spaces and end
+/// in a number itself.
 fn header(line: &str) -> Option<Sample> {
     let fields: Vec<&str> = line.split_whitespace().collect();
-    let numeric = |s: &str| {
-        let s = s.trim_end_matches(':');
-        !s.is_empty()
-            && s.split('/')
-                .all(|part| part.chars().all(|c| c.is_ascii_digit()))
+    let [.., tid, period] = fields.as_slice() else {
+        return None;
     };
-    let at = (1..fields.len().saturating_sub(1))
-        .find(|&i| numeric(fields[i]) && numeric(fields[i + 1]))?;
+    let numeric =
+        |s: &str| !s.is_empty() && s.split('/').all(|p| p.chars().all(|c| c.is_ascii_digit()));
+    if fields.len() < 3 || !numeric(tid) {
+        return None;
+    }
     Some(Sample {
-        thread: fields[..at].join(" "),
-        period: fields[at + 1].trim_end_matches(':').parse().ok()?,
+        thread: fields[..fields.len() - 2].join(" "),
+        period: period.trim_end_matches(':').parse().ok()?,
         frames: Vec::new(),
     })
 }
@@ -333,6 +332,13 @@ impl Profiler {
             )?;
         // perf attaches within moments; what it misses of the first ones is noise.
         std::thread::sleep(std::time::Duration::from_millis(500));
+        let mut perf = perf;
+        if let Some(status) = perf.try_wait()? {
+            anyhow::bail!(
+                "perf record exited at once ({status}): {}",
+                std::fs::read_to_string(dir.join(format!("perf-{name}.log"))).unwrap_or_default()
+            );
+        }
         Ok(Self { perf, data, pid })
     }
 
@@ -347,8 +353,9 @@ impl Profiler {
         let signalled = unsafe { libc::kill(perf_pid, libc::SIGINT) } == 0;
         ensure!(signalled, "could not signal perf");
         let status = self.perf.wait()?;
+        use std::os::unix::process::ExitStatusExt as _;
         ensure!(
-            status.success() || status.code() == Some(130) || status.code().is_none(),
+            status.success() || status.code() == Some(130) || status.signal() == Some(libc::SIGINT),
             "perf record failed ({status}); see its log beside {}",
             self.data.display()
         );
@@ -412,8 +419,8 @@ tokio-runtime-w 4241 1000000:
             ]
         );
         assert_eq!(samples[1].frames.len(), 4);
-        let spaced = parse_perf_script("my worker 7 55:\n\t 1 f (/x)\n");
-        assert_eq!(spaced[0].thread, "my worker");
+        let spaced = parse_perf_script("my worker 3 7 55:\n\t 1 f (/x)\n");
+        assert_eq!(spaced[0].thread, "my worker 3");
         assert_eq!(spaced[0].period, 55);
     }
 
@@ -440,6 +447,19 @@ tokio-runtime-w 4241 1000000:
             ],
         };
         assert_eq!(stage_of(&hidden), "reconcile, unattributed");
+        let watching = Sample {
+            thread: "tokio-runtime-w".into(),
+            period: 1,
+            frames: vec![
+                "wasmctrl::controller::cache::cached::CachedObject::new".into(),
+                "kube_runtime::reflector::store::Writer::apply_watcher_event".into(),
+            ],
+        };
+        assert_eq!(
+            stage_of(&watching),
+            "watches and caches",
+            "no reconcile frame"
+        );
         let mangled =
             frame_symbol("\t 1 _ZN8wasmctrl7metrics7Metrics6record17h0123456789abcdefE+0x1 (/x)");
         assert_eq!(mangled, "wasmctrl::metrics::Metrics::record");

@@ -1877,7 +1877,16 @@ fn viewers_read_both_policy_kinds_and_editors_write_only_team_policies() -> anyh
     );
     assert_eq!(
         verbs(edit, "namespacedreconcilepolicies"),
-        ["create", "update", "patch", "delete", "deletecollection"]
+        [
+            "get",
+            "list",
+            "watch",
+            "create",
+            "update",
+            "patch",
+            "delete",
+            "deletecollection"
+        ]
     );
     let off = rendered_with(&["rbac.aggregateToView=false"])?;
     assert!(!off.iter().any(|o| o["metadata"]["name"] == "wasmctrl-view"));

@@ -234,7 +234,11 @@ async fn each_policy_acts_with_exactly_the_rights_of_its_service_account() -> an
     // Neither had its plugin fetched: whom a policy acts as is settled first.
     for refused in [&nobody, &stranger] {
         assert!(refused["status"]["activeDigest"].is_null(), "{refused}");
-        assert!(condition(refused, "PluginLoaded").is_none(), "{refused}");
+        let loaded = condition(refused, "PluginLoaded");
+        assert!(
+            loaded.is_some_and(|c| c["status"] == "False" && c["reason"] == "IdentityPending"),
+            "{refused}"
+        );
     }
 
     // Take away `broad`'s right to create ConfigMaps (it may still read them): the plugin's

@@ -40,13 +40,25 @@ pub(crate) async fn prepare(
     standing: &Standing,
 ) -> Option<Parts> {
     standing.set(Stand::Preparing);
-    // Whom the policy acts as is settled before its plugin is fetched: a policy that may not
-    // act as anyone makes the host fetch and compile nothing (a team policy in a namespace
-    // the host may not act in cannot send it to an address of the team's choosing).
+    // Whom the policy acts as is settled before its plugin is fetched: a policy the API
+    // server refuses the host to act as (or that names no one where one is required) makes
+    // the host fetch and compile nothing (a team policy in a namespace the host may not act
+    // in cannot send it to an address of the team's choosing).
     let acting = match acting(policy, shared).await {
         Ok(acting) => acting,
         Err(problem) => {
             status.set_claimed_parent(None);
+            if plugin.is_none() {
+                // Not fetched for this generation: an earlier `PluginLoaded=True` would
+                // otherwise claim it.
+                status.set_plugin(
+                    State::failed(
+                        "IdentityPending",
+                        "the plugin is fetched once the policy may act as its identity (see Ready)",
+                    ),
+                    None,
+                );
+            }
             status.set_ready(problem);
             return None;
         }
