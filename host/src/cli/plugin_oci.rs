@@ -334,18 +334,13 @@ pub async fn fetch(reference: &str, registry: &RegistryArgs) -> anyhow::Result<P
     })
 }
 
-/// A bounded reader of `reference`'s registry (see [`crate::registry::OciReader`]), with the
-/// docker configuration's credentials for it, trusting the system's roots and `--ca-file`.
-pub(super) fn reader(
-    registry: &RegistryArgs,
-    reference: &Reference,
-) -> anyhow::Result<crate::registry::OciReader> {
-    use crate::registry::ReaderAuth;
-    crate::ensure_crypto_provider();
-    let mut builder = reqwest::Client::builder()
-        .connect_timeout(std::time::Duration::from_secs(10))
-        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")));
-    if let Some(path) = &registry.ca_file {
+/// `builder` trusting, besides the system's roots, the certificate authorities in the PEM
+/// file at `ca_file` (a `--ca-file`), if one is given.
+pub(super) fn trusting_ca_file(
+    mut builder: reqwest::ClientBuilder,
+    ca_file: Option<&Path>,
+) -> anyhow::Result<reqwest::ClientBuilder> {
+    if let Some(path) = ca_file {
         let pem = std::fs::read(path)
             .with_context(|| format!("reading the CA file {}", path.display()))?;
         for certificate in reqwest::Certificate::from_pem_bundle(&pem)
@@ -354,7 +349,21 @@ pub(super) fn reader(
             builder = builder.add_root_certificate(certificate);
         }
     }
-    let http = builder
+    Ok(builder)
+}
+
+/// A bounded reader of `reference`'s registry (see [`crate::registry::OciReader`]), with the
+/// docker configuration's credentials for it, trusting the system's roots and `--ca-file`.
+pub(super) fn reader(
+    registry: &RegistryArgs,
+    reference: &Reference,
+) -> anyhow::Result<crate::registry::OciReader> {
+    use crate::registry::ReaderAuth;
+    crate::ensure_crypto_provider();
+    let builder = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")));
+    let http = trusting_ca_file(builder, registry.ca_file.as_deref())?
         .build()
         .context("building the registry's HTTP client")?;
     let auth = match docker_auth(reference)? {

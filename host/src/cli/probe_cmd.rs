@@ -29,20 +29,13 @@ impl ProbeCommand {
     /// GET the URL; print its status and body; an error unless the status is 2xx.
     pub async fn run(self) -> anyhow::Result<()> {
         crate::ensure_crypto_provider();
-        let mut builder = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .timeout(Duration::from_secs(self.timeout_seconds.max(1)))
             .danger_accept_invalid_certs(self.insecure_skip_tls_verify)
             .user_agent(concat!("wasmctrl-probe/", env!("CARGO_PKG_VERSION")));
-        if let Some(path) = &self.ca_file {
-            let pem = std::fs::read(path)
-                .with_context(|| format!("reading the CA file {}", path.display()))?;
-            for certificate in reqwest::Certificate::from_pem_bundle(&pem)
-                .with_context(|| format!("{} is not a PEM bundle", path.display()))?
-            {
-                builder = builder.add_root_certificate(certificate);
-            }
-        }
-        let client = builder.build().context("building the HTTP client")?;
+        let client = super::plugin_oci::trusting_ca_file(builder, self.ca_file.as_deref())?
+            .build()
+            .context("building the HTTP client")?;
         let response = client
             .get(self.url.clone())
             .send()
