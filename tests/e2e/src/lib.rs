@@ -43,7 +43,7 @@ pub use policies::{
     test_namespace,
 };
 pub use process::{
-    SelfProcess, impersonating_kubeconfig, spawn_self, token_kubeconfig, wasmctrl_cli,
+    SelfProcess, cosign, impersonating_kubeconfig, spawn_self, token_kubeconfig, wasmctrl_cli,
 };
 pub use rbac::{account_subject, bind_cluster_role, bind_role, may_read_metrics, service_account};
 pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};

@@ -155,3 +155,21 @@ pub async fn wasmctrl_cli(args: &[&str]) -> anyhow::Result<()> {
         .run()
         .await
 }
+
+/// Run the pinned cosign with `args` in `dir` (its home too), with an empty key password and
+/// no transparency log reachable; what it printed, or an error with it.
+pub fn cosign(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<String> {
+    let output = std::process::Command::new(wasmctrl_testenv::signing::cosign()?)
+        .current_dir(dir)
+        .args(args)
+        .env("COSIGN_PASSWORD", "")
+        .env("HOME", dir)
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    anyhow::ensure!(output.status.success(), "cosign {args:?} failed: {text}");
+    Ok(text)
+}

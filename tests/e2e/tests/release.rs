@@ -20,23 +20,6 @@ use wasmctrl_testenv::TestEnv;
 
 const TEST: &str = "release";
 
-/// Run the pinned cosign with `args` in `dir` (empty key password, no transparency log).
-fn cosign(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let output = Command::new(wasmctrl_testenv::signing::cosign()?)
-        .current_dir(dir)
-        .args(args)
-        .env("COSIGN_PASSWORD", "")
-        .env("HOME", dir)
-        .output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    anyhow::ensure!(output.status.success(), "cosign {args:?} failed: {text}");
-    Ok(text)
-}
-
 /// `cargo xtask release` as a release pipeline runs it, the key's password `password`:
 /// whether it succeeded, and what it printed.
 fn xtask_release(

@@ -262,24 +262,6 @@ async fn only_plugins_signed_by_whom_the_policy_names_are_served() -> anyhow::Re
     Ok(())
 }
 
-/// Run the pinned cosign with `args` (empty key password, no transparency log reachable).
-fn cosign(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let binary = wasmctrl_testenv::signing::cosign()?;
-    let output = std::process::Command::new(binary)
-        .current_dir(dir)
-        .args(args)
-        .env("COSIGN_PASSWORD", "")
-        .env("HOME", dir)
-        .output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    anyhow::ensure!(output.status.success(), "cosign {args:?} failed: {text}");
-    Ok(text)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cosign_and_wasmctrl_accept_each_others_signatures() -> anyhow::Result<()> {
     let registry =
