@@ -131,6 +131,7 @@ pub struct Metrics {
     active_plugin: Family<DigestLabels, Gauge>,
     child_operations: Family<ChildLabels, Counter>,
     events_dropped: Family<ControllerLabels, Counter>,
+    reconciles_unchanged: Family<ControllerLabels, Counter>,
     prune_held: Family<ControllerLabels, Gauge>,
     rollout_stage: Family<ControllerLabels, Gauge>,
     rollout_transitions: Family<ResultLabels, Counter>,
@@ -204,6 +205,7 @@ impl Metrics {
             active_plugin: Family::default(),
             child_operations: Family::default(),
             events_dropped: Family::default(),
+            reconciles_unchanged: Family::default(),
             prune_held: Family::default(),
             rollout_stage: Family::default(),
             rollout_transitions: Family::default(),
@@ -317,6 +319,11 @@ impl Metrics {
             "wasmctrl_plugin_events_dropped",
             "Events a plugin asked for that the host did not record (over the per-reconcile or per-parent cap)",
             metrics.events_dropped.clone(),
+        );
+        registry.register(
+            "wasmctrl_reconciles_unchanged",
+            "Reconciles that found nothing but the host's own writes changed since the plugin last decided, and neither called the plugin nor wrote",
+            metrics.reconciles_unchanged.clone(),
         );
         registry.register(
             "wasmctrl_prune_held",
@@ -499,6 +506,7 @@ impl Metrics {
         self.active_workers.remove(&controller);
         self.plugin_call_time.remove(&controller);
         self.events_dropped.remove(&controller);
+        self.reconciles_unchanged.remove(&controller);
         self.prune_held.remove(&controller);
         self.rollout_stage.remove(&controller);
         for result in ROLLOUT_RESULTS {
@@ -619,6 +627,7 @@ struct PolicySeries {
     retries: OnceLock<Counter>,
     plugin_call_time: OnceLock<Histogram>,
     events_dropped: OnceLock<Counter>,
+    unchanged: OnceLock<Counter>,
     related_cache: OnceLock<Gauge>,
     /// Per call outcome, in the order of [`PLUGIN_OUTCOMES`].
     plugin_calls: [OnceLock<Counter>; PLUGIN_OUTCOMES.len()],
@@ -786,6 +795,17 @@ impl PolicyMetrics {
                 .clone()
         });
         counter.inc_by(count);
+    }
+
+    /// A reconcile found nothing but the host's own writes changed since the plugin last
+    /// decided, and asked it nothing.
+    pub fn unchanged(&self) {
+        first_use(
+            &self.series.unchanged,
+            &self.metrics.reconciles_unchanged,
+            || self.controller(),
+        )
+        .inc();
     }
 
     /// Count plugin Events that were not recorded.
@@ -999,6 +1019,7 @@ mod tests {
             p.children("ConfigMap", ChildOperation::Applied, 1);
             p.children("Secret", ChildOperation::Pruned, 1);
             p.events_dropped(1);
+            p.unchanged();
             p.set_prune_held(3);
             p.related_cache_changed(0, 100);
             p.set_active_plugin(Some("sha256:aa"));

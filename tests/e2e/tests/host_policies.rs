@@ -429,3 +429,147 @@ async fn a_policy_waits_for_its_crd_and_reports_plugin_problems() -> anyhow::Res
     crds_api(&client).delete(&name, &Default::default()).await?;
     Ok(())
 }
+
+/// A reconcile that only the host's own writes brought asks the plugin nothing, and a change
+/// someone else makes meanwhile is never missed. Each Widget has two ConfigMaps, `-own`
+/// (its spec as data) and `-x` (from `spec.items`), and a status counting the children the
+/// plugin saw. The policy's resync is an hour away: only events can bring anything about.
+///
+/// First, quiet Widgets: each is asked exactly twice, on create and once both its children
+/// are in the cache (so its status counts them), and never on the events of its own writes
+/// alone. Then each
+/// new Widget gets a change the moment its `-own` ConfigMap appears, while the host is
+/// still writing `-x` and the status: a new `spec.size` (under the host's status write,
+/// which lands after it), or a hand-edit of `-own`. Each change is carried out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_writes_coming_back_ask_the_plugin_nothing_and_a_change_meanwhile_is_never_missed()
+-> anyhow::Result<()> {
+    use futures::StreamExt as _;
+    use kube::api::{Patch, PatchParams};
+    use kube::runtime::WatchStreamExt as _;
+
+    const TEST: &str = "policy-own-writes";
+    const QUIET: usize = 12;
+    const MEDDLED: usize = 16;
+    let (client, ns) = test_namespace(TEST).await?;
+    install_test_kinds(&client).await?;
+    let mut spec = policy_for(
+        "Widget",
+        json!([{"apiVersion": "v1", "kind": "ConfigMap"}]),
+        json!({"ownChild": true, "specChildren": true}),
+    );
+    spec["resyncPeriodSeconds"] = json!(3600);
+    apply_policy(&client, TEST, TEST, spec).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    let widget = |name: &str| {
+        json!({"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget", "metadata": {"name": name},
+               "spec": {"size": 1, "items": ["x"]}})
+    };
+    let both_children = |w: &Value| w["status"]["children"] == 2;
+
+    let quiet: Vec<String> = (0..QUIET).map(|i| format!("quiet-{i}")).collect();
+    futures::future::try_join_all(quiet.iter().map(|name| apply(&widgets, widget(name)))).await?;
+    for name in &quiet {
+        wait_for_object(
+            &widgets,
+            name,
+            &format!("Widget {name} showing both children"),
+            both_children,
+        )
+        .await?;
+    }
+    let calls = labelled_metric(
+        &host,
+        "wasmctrl_plugin_calls_total",
+        &[("controller", TEST), ("outcome", "ok")],
+    );
+    assert_eq!(
+        calls,
+        2.0 * QUIET as f64,
+        "each quiet Widget is asked on create and once its children are in the cache"
+    );
+
+    // Even Widgets get a new size, odd ones a hand-edited `-own`.
+    let index = |name: &str| -> usize { name.trim_start_matches("meddled-").parse().unwrap_or(0) };
+    let meddler = {
+        let (widgets, config_maps) = (widgets.clone(), config_maps.clone());
+        tokio::spawn(async move {
+            let mut seen = std::collections::HashSet::new();
+            let config = kube::runtime::watcher::Config::default()
+                .labels(&format!("wasmctrl.dev/policy={TEST}"));
+            let events = kube::runtime::watcher(config_maps.clone(), config).applied_objects();
+            let mut events = std::pin::pin!(events);
+            while seen.len() < MEDDLED {
+                let Some(config_map) = events.next().await.transpose()? else {
+                    anyhow::bail!("the ConfigMaps' watch ended");
+                };
+                let name = config_map.metadata.name.clone().unwrap_or_default();
+                let Some(widget) = name
+                    .strip_suffix("-own")
+                    .filter(|w| w.starts_with("meddled-"))
+                else {
+                    continue;
+                };
+                if !seen.insert(widget.to_owned()) {
+                    continue;
+                }
+                let params = PatchParams::default();
+                if index(widget) % 2 == 0 {
+                    let patch = Patch::Merge(json!({"spec": {"size": 2}}));
+                    widgets.patch(widget, &params, &patch).await?;
+                } else {
+                    let patch = Patch::Merge(json!({"data": {"size": "99"}}));
+                    config_maps.patch(&name, &params, &patch).await?;
+                }
+            }
+            anyhow::Ok(())
+        })
+    };
+    let meddled: Vec<String> = (0..MEDDLED).map(|i| format!("meddled-{i}")).collect();
+    futures::future::try_join_all(meddled.iter().map(|name| apply(&widgets, widget(name)))).await?;
+    tokio::time::timeout(ACT, meddler).await???;
+    for name in &meddled {
+        let size = if index(name) % 2 == 0 { "2" } else { "1" };
+        wait_for_object(
+            &config_maps,
+            &format!("{name}-own"),
+            &format!("{name}-own at size {size}"),
+            |c| c["data"]["size"] == size,
+        )
+        .await?;
+        wait_for_object(
+            &widgets,
+            name,
+            &format!("Widget {name} reconciled at its generation"),
+            |w| {
+                both_children(w)
+                    && w["status"]["observedGeneration"] == w["metadata"]["generation"]
+                    && reconciled(w) == Some("True")
+            },
+        )
+        .await?;
+    }
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
+}
+
+/// The value of the host's series `name` with (at least) the labels `labels`, or 0.
+fn labelled_metric(host: &HostUnderTest, name: &str, labels: &[(&str, &str)]) -> f64 {
+    host.metrics
+        .encode()
+        .lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")))
+        .find(|line| {
+            labels
+                .iter()
+                .all(|(label, value)| line.contains(&format!("{label}=\"{value}\"")))
+        })
+        .and_then(|line| line.rsplit_once(' '))
+        .and_then(|(_, value)| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}

@@ -343,6 +343,7 @@ fn policy_context(
         })),
         prune_guard: Arc::new(starting_prune_guard(policy, parts.plugin.digest())),
         outcomes: Outcomes::new(options.backoff_base, options.backoff_max),
+        decisions: setup.decisions.clone(),
         explain: options.explain.clone(),
         redaction: Arc::new(Redaction::of_policy(spec, options.explain.secret_data)),
     }
@@ -385,6 +386,7 @@ fn watch_setup(
             .or_else(|| shared.options.namespace.clone()),
         health: Arc::new(WatchHealth::default()),
         queue: Arc::new(QueueGauge::new(metrics.clone())),
+        decisions: Arc::default(),
         metrics: metrics.clone(),
         field_manager: field_manager_for(&name),
         owned_selector: watches::owned_selector(&labels::policy_label_value(&name)),

@@ -27,6 +27,7 @@ use crate::controller::labels::POLICY_LABEL;
 use crate::controller::policy_run::watch_health::WatchHealth;
 use crate::controller::reconcile::children::AllowedKind;
 use crate::controller::reconcile::context::Caches;
+use crate::controller::reconcile::decisions::{self, Decisions};
 use crate::controller::reconcile::queue::{ParentKey, QueueGauge};
 use crate::metrics::PolicyMetrics;
 use crate::policy::KindRef;
@@ -48,6 +49,8 @@ pub(crate) struct WatchSetup {
     pub owned_selector: String,
     /// The host's bound on what related objects' read caches keep, over all policies.
     pub related_budget: Arc<ReadBudget>,
+    /// What each parent's last decision was made on: every watch notes what it brings.
+    pub decisions: Arc<Decisions>,
 }
 
 impl WatchSetup {
@@ -102,9 +105,15 @@ impl WatchSetup {
         };
         let health = self.health.clone();
         let name = format!("{} {}", resource.api_version, resource.kind);
+        let decisions = self.decisions.clone();
         let stream = watcher(api, config)
             .backoff(WatchBackoff::default())
-            .inspect(move |event| health.observe(&name, event))
+            .inspect(move |event| {
+                health.observe(&name, event);
+                if let Ok(watcher::Event::InitDone) = event {
+                    decisions.relisted();
+                }
+            })
             .modify(move |object: &mut K| {
                 if let Some(created) = &created {
                     created.note(object.meta());
@@ -141,12 +150,18 @@ impl WatchSetup {
     + 'static {
         let health = self.health.clone();
         let name = format!("{} {}", kind.resource.api_version, kind.resource.kind);
+        let decisions = self.decisions.clone();
         watcher(
             self.api::<PartialObjectMeta<DynamicObject>>(kind, &kind.resource),
             watcher::Config::default(),
         )
         .backoff(WatchBackoff::default())
-        .inspect(move |event| health.observe(&name, event))
+        .inspect(move |event| {
+            health.observe(&name, event);
+            if let Ok(watcher::Event::InitDone) = event {
+                decisions.relisted();
+            }
+        })
         .modify(|object| {
             let meta = std::mem::take(&mut object.metadata);
             object.metadata = ObjectMeta {
@@ -220,17 +235,35 @@ impl Watches {
         let gone = setup.queue.clone();
         let listed = parents.clone();
         let resource = parent.resource.clone();
-        // A parent that is gone is not reconciled: it no longer waits. (After the store
-        // took the event, so a re-list's check reads the list.)
+        let decided = setup.decisions.clone();
+        // A parent that is gone is not reconciled: it no longer waits, and its last decision
+        // is dropped. (After the store took the event, so a re-list's check reads the list.)
         let stream = stream.inspect(move |event| match event {
+            Ok(watcher::Event::Apply(parent) | watcher::Event::InitApply(parent)) => {
+                let key =
+                    decisions::parent_key(parent.metadata.namespace.as_deref(), &parent.name_any());
+                decided.noted(key, parent.metadata.resource_version.as_deref());
+            }
             Ok(watcher::Event::Delete(parent)) => {
                 gone.started(&(parent.metadata.namespace.clone(), parent.name_any()));
+                decided.remove(decisions::parent_key(
+                    parent.metadata.namespace.as_deref(),
+                    &parent.name_any(),
+                ));
             }
-            Ok(watcher::Event::InitDone) => gone.retain(|(namespace, name)| {
-                listed
-                    .get(&parent_ref(&resource, namespace.as_deref(), name))
-                    .is_some()
-            }),
+            Ok(watcher::Event::InitDone) => {
+                gone.retain(|(namespace, name)| {
+                    listed
+                        .get(&parent_ref(&resource, namespace.as_deref(), name))
+                        .is_some()
+                });
+                let kept: std::collections::HashSet<u64> = listed
+                    .state()
+                    .iter()
+                    .map(|p| decisions::parent_key(p.metadata.namespace.as_deref(), &p.name_any()))
+                    .collect();
+                decided.retain(|key| kept.contains(&key));
+            }
             _ => {}
         });
         let controller = Controller::for_stream_with(
@@ -272,8 +305,13 @@ impl Watches {
         let queue = setup.queue.clone();
         let parents = self.parents.clone();
         let parent = self.parent.clone();
+        let decided = setup.decisions.clone();
         let stream = stream.touched_objects().inspect_ok(move |child| {
             if let Some(key) = controlling_parent(child, &parent, &parents) {
+                decided.noted(
+                    decisions::parent_key(key.0.as_deref(), &key.1),
+                    child.metadata.resource_version.as_deref(),
+                );
                 queue.added([key]);
             }
         });
@@ -313,7 +351,7 @@ impl Watches {
         ));
         let (store, stream) =
             setup.cached_watch(resolved, config, None, vec![by_namespace.clone()]);
-        let parents = parents_under(self.parents_by_namespace.clone(), setup.queue.clone());
+        let parents = parents_under(self.parents_by_namespace.clone(), setup);
         let mapper = move |object: CachedObject| {
             parents(object.metadata.namespace.as_deref().unwrap_or_default())
         };
@@ -358,7 +396,7 @@ impl Watches {
         self.parents_by_reference
             .on_vacated(move |key| unnamed.unnamed(key));
         let stream = setup.metadata_watch(resolved, named.clone(), writer);
-        let parents = parents_under(self.parents_by_reference.clone(), setup.queue.clone());
+        let parents = parents_under(self.parents_by_reference.clone(), setup);
         let namespaced = resolved.namespaced;
         let mapper = move |object: PartialObjectMeta<DynamicObject>| {
             let namespace = object.metadata.namespace.as_deref().filter(|_| namespaced);
@@ -476,13 +514,22 @@ fn parent_ref(
     }
 }
 
-/// What a related event triggers: the parents `index` holds under a key, counted as queued.
+/// What a related event triggers: the parents `index` holds under a key, counted as queued,
+/// each with its last decision marked as made on what has moved.
 fn parents_under(
     index: Arc<StoreIndex<CachedObject>>,
-    queue: Arc<QueueGauge>,
+    setup: &WatchSetup,
 ) -> impl Fn(&str) -> Vec<ObjectRef<CachedObject>> + Send + Sync + 'static {
+    let queue = setup.queue.clone();
+    let decided = setup.decisions.clone();
     move |key| {
         let parents = index.get(key);
+        for parent in &parents {
+            decided.moved(decisions::parent_key(
+                parent.namespace.as_deref(),
+                &parent.name,
+            ));
+        }
         queue.added(
             parents
                 .iter()

@@ -51,6 +51,8 @@ pub(crate) struct PolicyContext {
     pub prune_guard: Arc<PruneGuard>,
     /// What earlier reconciles ended with.
     pub outcomes: Outcomes,
+    /// What each parent's last decision was made on, noted by the policy's watches.
+    pub decisions: Arc<crate::controller::reconcile::decisions::Decisions>,
     /// Where each reconcile leaves its record.
     pub explain: Arc<crate::explain::Explain>,
     /// What records and cases must not show.

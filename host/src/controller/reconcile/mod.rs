@@ -7,6 +7,7 @@
 //! | `mod.rs` | the kube-runtime entry points: a reconcile's bookkeeping around [`steps`] |
 //! | `steps` | [`steps::Reconcile`]: one reconcile as a value, one method per step |
 //! | `context` | what one policy's reconciles share |
+//! | `decisions` | what each parent's last decision was made on: when a reconcile may skip it |
 //! | `serving` | the active plugin, the candidate and its shadow verdicts (what a swap replaces) |
 //! | `parent` | who the parent is |
 //! | `visibility` | what a plugin may see, shared with `plugin run --policy` |
@@ -23,6 +24,7 @@
 pub(crate) mod backoff;
 pub(crate) mod children;
 pub(crate) mod context;
+pub(crate) mod decisions;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod parent;
@@ -95,8 +97,11 @@ pub(crate) async fn reconcile(
             requeued,
             decided_by,
             result,
+            unchanged,
         }) => {
-            trace.finish(&parent, &ctx, result, None);
+            if !unchanged {
+                trace.finish(&parent, &ctx, result, None);
+            }
             lock(&ctx.outcomes.reconciled).insert(key.clone(), decided_by);
             ctx.outcomes.backoff.succeeded(&key);
             let result = if requeued {
@@ -109,6 +114,8 @@ pub(crate) async fn reconcile(
         }
         Err(error) => {
             lock(&ctx.outcomes.reconciled).remove(&key);
+            ctx.decisions
+                .forget(decisions::parent_key(key.namespace.as_deref(), &key.name));
             ctx.metrics.reconciled(ReconcileResult::Error, took);
             let retry = ctx.outcomes.backoff.failed(&key);
             let await_change = error.awaits_change();

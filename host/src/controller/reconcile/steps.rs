@@ -5,6 +5,10 @@
 //! `caches` → `finalizer` → `request` → `plugin` → `validate` → `apply` → `prune` → `status`
 //! → `events`
 //!
+//! Between `finalizer` and `request`, the parent's last decision is checked
+//! ([`decisions`](super::decisions)): when nothing but the host's own writes changed since,
+//! the reconcile ends there, with no step after it and no record.
+//!
 //! Every step runs through [`Reconcile::step`], which opens its tracing span and times it for
 //! the reconcile's record, so the two can never disagree about what the steps were.
 
@@ -21,11 +25,12 @@ use tracing::Instrument as _;
 use super::backoff::Retry;
 use super::children::{self, DesiredChild};
 use super::context::PolicyContext;
+use super::decisions::{self, Inputs, OwnWrites};
 use super::error::{ReconcileError, describe};
 use super::events::{Published, truncate};
 use super::parent::{ParentIdentity, parent_key};
 use super::request::{self, Observed};
-use super::serving::{ActivePlugin, Shadowed};
+use super::serving::{ActivePlugin, Selection, Shadowed};
 use super::status::Outcome;
 use super::trace::Trace;
 use super::writes::{self, Applied};
@@ -62,6 +67,8 @@ pub(crate) struct Reconcile<'a> {
     /// The record of this reconcile. Steps take `&self` (a step's future borrows the
     /// reconcile while the step helper records it); the lock is never contended.
     trace: Mutex<Trace>,
+    /// The versions this reconcile's writes produced.
+    own: OwnWrites,
 }
 
 /// A reconcile that succeeded.
@@ -73,6 +80,9 @@ pub(crate) struct Done {
     pub decided_by: Option<Digest>,
     /// How the reconcile's record describes its end.
     pub result: RecordResult,
+    /// The last decision still stood: the plugin was not asked, nothing was written, and
+    /// the reconcile leaves no record.
+    pub unchanged: bool,
 }
 
 impl Done {
@@ -82,6 +92,7 @@ impl Done {
             requeued: false,
             decided_by: None,
             result,
+            unchanged: false,
         }
     }
 }
@@ -109,6 +120,7 @@ impl<'a> Reconcile<'a> {
             identity,
             ctx,
             trace: Mutex::new(trace),
+            own: OwnWrites::default(),
         }
     }
 
@@ -132,16 +144,38 @@ impl<'a> Reconcile<'a> {
         out
     }
 
-    /// Every step, in order.
+    /// Every step, in order; none of the deciding ones when nothing but the host's own
+    /// writes changed since the last decision ([`decisions`]).
     pub async fn run(&self) -> Result<Done, ReconcileError> {
         self.step("caches", self.wait_for_caches()).await?;
         if let Some((action, result)) = self.step("finalizer", self.finalize_or_hold()).await? {
             return Ok(Done::deleting(action, result));
         }
-        let observed = request::observed_children(self.identity, &self.ctx.caches.children);
-        let decision = self.decide(&observed).await?;
+        let ctx = self.ctx;
+        let key = self.decisions_key();
+        // Before the caches are read: an event the read misses is noted for the next check.
+        let since = ctx.decisions.begin(key);
+        let observed = request::observed_children(self.identity, &ctx.caches.children);
+        let selection = ctx
+            .serving
+            .select(self.parent.labels(), self.parent.uid().as_deref());
+        let inputs = self.inputs(&observed, &selection);
+        if selection.shadow.is_none()
+            && let Some(standing) = ctx.decisions.standing(key, &since, &inputs)
+        {
+            ctx.metrics.unchanged();
+            return Ok(Done {
+                action: Action::requeue(standing.requeue_in),
+                requeued: standing.requeued,
+                decided_by: Some(*selection.serving.plugin.digest()),
+                result: RecordResult::Reconciled,
+                unchanged: true,
+            });
+        }
+        let decision = self.decide(&observed, &selection).await?;
         self.step("apply", self.apply(&decision.desired)).await?;
-        self.step("prune", self.prune(&observed, &decision.desired))
+        let carried_out = self
+            .step("prune", self.prune(&observed, &decision.desired))
             .await?;
         self.step(
             "status",
@@ -149,12 +183,49 @@ impl<'a> Reconcile<'a> {
         )
         .await?;
         self.step("events", self.publish(decision.events)).await;
+        let requeue = requeue_delay(decision.requeue_after, ctx.resync);
+        if carried_out {
+            let outcome = decisions::Outcome {
+                children: decision.desired.iter().map(DesiredChild::key).collect(),
+                written: &self.own,
+                requeue,
+                requeued: decision.requeue_after.is_some(),
+            };
+            ctx.decisions.decided(key, inputs, &outcome);
+        } else {
+            ctx.decisions.forget(key);
+        }
         Ok(Done {
-            action: Action::requeue(requeue_delay(decision.requeue_after, self.ctx.resync)),
+            action: Action::requeue(requeue),
             requeued: decision.requeue_after.is_some(),
             decided_by: Some(decision.digest),
             result: RecordResult::Reconciled,
+            unchanged: false,
         })
+    }
+
+    /// The parent's key in the policy's memory of decisions.
+    fn decisions_key(&self) -> u64 {
+        decisions::parent_key(self.identity.namespace.as_deref(), &self.identity.name)
+    }
+
+    /// What a decision for this parent, observing `observed` and served as `selection` says,
+    /// is made on.
+    fn inputs(&self, observed: &[request::Observed], selection: &Selection) -> Inputs {
+        let serving = &selection.serving;
+        Inputs::new(
+            &self.ctx.decisions,
+            decisions::plugin_fingerprint(serving.plugin.digest(), serving.config.as_deref()),
+            self.parent.metadata.resource_version.as_deref(),
+            observed.iter().map(|(index, child)| {
+                let meta = &child.metadata;
+                let name = meta.name.as_deref().unwrap_or_default();
+                (
+                    (*index, meta.namespace.as_deref(), name),
+                    meta.resource_version.as_deref(),
+                )
+            }),
+        )
     }
 
     /// Observed children must come from synced caches: an empty cache would look like
@@ -191,7 +262,7 @@ impl<'a> Reconcile<'a> {
                 Ok(Ok(_)) => {}
                 _ => return Err(ReconcileError::FinalizersNotReady),
             }
-            writes::add_finalizer(self.parent, self.identity, finalizer, ctx).await?;
+            writes::add_finalizer(self.parent, self.identity, finalizer, ctx, &self.own).await?;
         }
         Ok(None)
     }
@@ -227,11 +298,12 @@ impl<'a> Reconcile<'a> {
 
     /// Ask the serving plugin (and the candidate in shadow, recording its verdict) and
     /// validate the children it wants.
-    async fn decide(&self, observed: &[Observed]) -> Result<Decision, ReconcileError> {
+    async fn decide(
+        &self,
+        observed: &[Observed],
+        selection: &Selection,
+    ) -> Result<Decision, ReconcileError> {
         let ctx = self.ctx;
-        let selection = ctx
-            .serving
-            .select(self.parent.labels(), self.parent.uid().as_deref());
         let serving = &selection.serving;
         let request = self
             .step("request", self.request(observed, serving, false))
@@ -339,7 +411,7 @@ impl<'a> Reconcile<'a> {
         let ctx = self.ctx;
         let mut applied = 0;
         for child in desired {
-            let outcome = writes::apply_child(child, self.identity, ctx).await?;
+            let outcome = writes::apply_child(child, self.identity, ctx, &self.own).await?;
             let wrote = outcome.wrote();
             let operation = if wrote {
                 ChildOperation::Applied
@@ -368,12 +440,12 @@ impl<'a> Reconcile<'a> {
 
     /// Delete the observed children the plugin no longer wants, unless the prune guard holds
     /// them (then the reconcile goes on: a hold is no failure, and the parent waits for the
-    /// admin's answer rather than a retry).
+    /// admin's answer rather than a retry). Returns whether nothing was held.
     async fn prune(
         &self,
         observed: &[Observed],
         desired: &[DesiredChild],
-    ) -> Result<(), ReconcileError> {
+    ) -> Result<bool, ReconcileError> {
         let key = parent_key(self.parent, &self.ctx.parent);
         match writes::prune(observed, desired, &key, self.ctx).await? {
             writes::Pruned::Deleted(pruned) => {
@@ -384,6 +456,7 @@ impl<'a> Reconcile<'a> {
                 for (kind, name) in pruned {
                     trace.child(&kind, &name, ChildAction::Pruned, Vec::new());
                 }
+                Ok(true)
             }
             writes::Pruned::Held(held) => {
                 let guard = &self.ctx.prune_guard;
@@ -398,9 +471,9 @@ impl<'a> Reconcile<'a> {
                     "children not pruned: the policy's prune guard holds its deletions"
                 );
                 lock(&self.trace).event(EventType::Warning, "PruneHeld", &message);
+                Ok(false)
             }
         }
-        Ok(())
     }
 
     /// Write the plugin's status with `Reconciled=True` (skipped when nothing in it
@@ -413,8 +486,15 @@ impl<'a> Reconcile<'a> {
         desired: usize,
     ) -> Result<(), ReconcileError> {
         let outcome = Outcome::success(desired);
-        let (status, written) =
-            writes::write_status(self.parent, self.identity, status, &outcome, self.ctx).await?;
+        let (status, written) = writes::write_status(
+            self.parent,
+            self.identity,
+            status,
+            &outcome,
+            self.ctx,
+            &self.own,
+        )
+        .await?;
         lock(&self.trace).status(&status, written);
         Ok(())
     }

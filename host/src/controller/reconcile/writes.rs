@@ -16,6 +16,7 @@ use crate::controller::cache::field_ownership::applied_status;
 use crate::controller::labels::DESIRED_HASH_ANNOTATION;
 use crate::controller::reconcile::children::{self, DesiredChild};
 use crate::controller::reconcile::context::PolicyContext;
+use crate::controller::reconcile::decisions::OwnWrites;
 use crate::controller::reconcile::error::ReconcileError;
 use crate::controller::reconcile::parent::ParentIdentity;
 use crate::controller::reconcile::prune_guard::Admission;
@@ -52,6 +53,7 @@ pub(crate) async fn apply_child(
     child: &DesiredChild,
     parent: &ParentIdentity,
     ctx: &PolicyContext,
+    own: &OwnWrites,
 ) -> Result<Applied, ReconcileError> {
     let cache = &ctx.caches.children[child.kind_index];
     let mut key = ObjectRef::new_with(&child.name, cache.resource.clone());
@@ -59,7 +61,7 @@ pub(crate) async fn apply_child(
         key = key.within(namespace);
     }
     let Some(observed) = cache.store.get(&key) else {
-        return create_child(child, parent, ctx).await;
+        return create_child(child, parent, ctx, own).await;
     };
     // This reconcile may run before the cache shows an update an earlier one wrote.
     let version = observed
@@ -71,7 +73,15 @@ pub(crate) async fn apply_child(
     if cache.pending.written(&pending_key, &child.hash, version) {
         return Ok(Applied::Unchanged);
     }
-    update_child(child, &observed.metadata, observed.to_value(), parent, ctx).await
+    update_child(
+        child,
+        &observed.metadata,
+        observed.to_value(),
+        parent,
+        ctx,
+        own,
+    )
+    .await
 }
 
 /// Create a child the cache does not know. An `AlreadyExists` means either that the cache has
@@ -81,6 +91,7 @@ pub(crate) async fn create_child(
     child: &DesiredChild,
     parent: &ParentIdentity,
     ctx: &PolicyContext,
+    own: &OwnWrites,
 ) -> Result<Applied, ReconcileError> {
     let api = dynamic_api(
         &ctx.client,
@@ -99,11 +110,14 @@ pub(crate) async fn create_child(
         ..PostParams::default()
     };
     match api.create(&params, &object).await {
-        Ok(_) => Ok(Applied::Created),
+        Ok(created) => {
+            own.child(child.key(), created.metadata.resource_version.as_deref());
+            Ok(Applied::Created)
+        }
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let live = api.get(&child.name).await.map_err(apply_error)?;
             let live_json = serde_json::to_value(&live).unwrap_or_default();
-            update_child(child, &live.metadata, live_json, parent, ctx).await
+            update_child(child, &live.metadata, live_json, parent, ctx, own).await
         }
         Err(source) => Err(apply_error(source)),
     }
@@ -119,6 +133,7 @@ pub(crate) async fn update_child(
     observed_json: Value,
     parent: &ParentIdentity,
     ctx: &PolicyContext,
+    own: &OwnWrites,
 ) -> Result<Applied, ReconcileError> {
     let kind = &ctx.caches.allowed[child.kind_index].kind;
     let owners = metadata.owner_references.as_deref().unwrap_or_default();
@@ -157,15 +172,18 @@ pub(crate) async fn update_child(
             .hand_over(&api, &child.name)
             .await
             .map_err(apply_error)?;
+        own.child(child.key(), handed_over.as_deref());
         decided_at.extend(handed_over);
     }
-    api.patch(
-        &child.name,
-        &PatchParams::apply(&ctx.field_manager).force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map_err(apply_error)?;
+    let applied = api
+        .patch(
+            &child.name,
+            &PatchParams::apply(&ctx.field_manager).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(apply_error)?;
+    own.child(child.key(), applied.metadata.resource_version.as_deref());
     cache.pending.updated(
         (child.namespace.clone(), child.name.clone()),
         &child.hash,
@@ -284,6 +302,7 @@ pub(crate) async fn write_status(
     plugin_status: Option<crate::plugin::JsonObject>,
     outcome: &Outcome,
     ctx: &PolicyContext,
+    own: &OwnWrites,
 ) -> Result<(Value, bool), ReconcileError> {
     let observed = parent.data.get("status");
     let desired = status::after_success(
@@ -295,7 +314,9 @@ pub(crate) async fn write_status(
     );
     let version = parent.metadata.resource_version.clone();
     let written = apply_status(identity, &desired, observed, version, None, ctx).await?;
-    Ok((Value::Object(desired), written))
+    let wrote = written.is_some();
+    own.parent(written.flatten().as_deref());
+    Ok((Value::Object(desired), wrote))
 }
 
 /// Write the status of a failed reconcile: `Reconciled=False`, and every other status field
@@ -331,14 +352,15 @@ pub(crate) async fn write_failure_status(
         status::after_failure(live.metadata.generation, observed, outcome, &status::now());
     desired.insert("conditions".into(), Value::Array(conditions));
     let version = live.metadata.resource_version.clone();
-    apply_status(identity, &desired, observed, version.clone(), version, ctx).await
+    let written = apply_status(identity, &desired, observed, version.clone(), version, ctx).await?;
+    Ok(written.is_some())
 }
 
 /// Write `desired` through the status subresource, unless it would not change `observed`.
 /// Server-side apply with the policy's field manager: fields other writers own are left
 /// alone. `version` is the parent's version the status was decided against (for the
 /// pending-writes memory); `precondition`, when given, must still be the parent's version.
-/// Returns whether it was written.
+/// Returns `None` when nothing was written, else the parent's version after the write.
 async fn apply_status(
     identity: &ParentIdentity,
     desired: &crate::plugin::JsonObject,
@@ -346,9 +368,9 @@ async fn apply_status(
     version: Option<String>,
     precondition: Option<String>,
     ctx: &PolicyContext,
-) -> Result<bool, ReconcileError> {
+) -> Result<Option<Option<String>>, ReconcileError> {
     if status::is_unchanged(desired, observed) {
-        return Ok(false);
+        return Ok(None);
     }
     // The same status, written by an earlier reconcile that the cache has not shown yet
     // (this one started from the version that one was decided against).
@@ -360,7 +382,7 @@ async fn apply_status(
         .status_writes
         .written(&pending_key, &fingerprint, &version)
     {
-        return Ok(false);
+        return Ok(None);
     }
     let mut body = json!({
         "apiVersion": identity.api_version,
@@ -373,7 +395,7 @@ async fn apply_status(
     if let Some(precondition) = precondition {
         body["metadata"]["resourceVersion"] = json!(precondition);
     }
-    dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
+    let written = dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
         .patch_status(
             &identity.name,
             &PatchParams::apply(&ctx.field_manager).force(),
@@ -384,7 +406,7 @@ async fn apply_status(
     ctx.outcomes
         .status_writes
         .updated(pending_key, &fingerprint, vec![version]);
-    Ok(true)
+    Ok(Some(written.metadata.resource_version))
 }
 
 pub(crate) async fn add_finalizer(
@@ -392,6 +414,7 @@ pub(crate) async fn add_finalizer(
     identity: &ParentIdentity,
     finalizer: &str,
     ctx: &PolicyContext,
+    own: &OwnWrites,
 ) -> Result<(), ReconcileError> {
     // The resourceVersion test turns a concurrent change into a conflict and a retry, rather
     // than a lost finalizer list.
@@ -406,7 +429,8 @@ pub(crate) async fn add_finalizer(
             {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},
         ])
     };
-    json_patch(identity, ops, ctx).await
+    own.parent(json_patch(identity, ops, ctx).await?.as_deref());
+    Ok(())
 }
 
 pub(crate) async fn remove_finalizer(
@@ -425,15 +449,16 @@ pub(crate) async fn remove_finalizer(
     ]);
     match json_patch(identity, ops, ctx).await {
         Err(ReconcileError::Finalizer(kube::Error::Api(status))) if status.code == 404 => Ok(()),
-        other => other,
+        other => other.map(drop),
     }
 }
 
+/// Returns the parent's version after the patch.
 pub(crate) async fn json_patch(
     identity: &ParentIdentity,
     ops: Value,
     ctx: &PolicyContext,
-) -> Result<(), ReconcileError> {
+) -> Result<Option<String>, ReconcileError> {
     // Every finalizer patch first tests the uid: it applies to the parent this reconcile
     // read, never to a same-named successor.
     let mut ops = ops;
@@ -445,7 +470,7 @@ pub(crate) async fn json_patch(
     }
     let patch: json_patch::Patch = serde_json::from_value(ops)
         .map_err(|e| ReconcileError::Finalizer(kube::Error::SerdeError(e)))?;
-    dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
+    let patched = dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
         .patch(
             &identity.name,
             &PatchParams::default(),
@@ -453,7 +478,7 @@ pub(crate) async fn json_patch(
         )
         .await
         .map_err(ReconcileError::Finalizer)?;
-    Ok(())
+    Ok(patched.metadata.resource_version)
 }
 
 pub(crate) fn dynamic_api(

@@ -43,6 +43,13 @@ pub struct DesiredChild {
     pub hash: String,
 }
 
+impl DesiredChild {
+    /// The child by kind index, namespace and name, as a reconcile's decisions know it.
+    pub fn key(&self) -> crate::controller::reconcile::decisions::ChildKey<'_> {
+        (self.kind_index, self.namespace.as_deref(), &self.name)
+    }
+}
+
 /// Why a desired child was refused. Any refusal fails the whole reconcile: nothing is applied
 /// or pruned on the strength of a partly invalid answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
