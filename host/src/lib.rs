@@ -29,6 +29,19 @@ pub mod yaml;
 /// (BENCHMARKS.md). It also spares the static (musl) image musl's own allocator.
 pub type Allocator = tikv_jemallocator::Jemalloc;
 
+/// How the host names itself to the API servers and registries it talks to: in their audit
+/// logs and request metrics, its requests are told apart from every other client's.
+pub const USER_AGENT: &str = concat!("wasmctrl/", env!("CARGO_PKG_VERSION"));
+
+/// `config`, with every request carrying the host's [`USER_AGENT`].
+pub fn identified(mut config: kube::Config) -> kube::Config {
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(USER_AGENT),
+    ));
+    config
+}
+
 /// jemalloc's settings for the host, compiled in (`MALLOC_CONF` syntax). jemalloc's defaults
 /// suit a server allocating on dozens of cores; a host reconciles on a few, and pays for
 /// each arena (four per CPU by default) and for freed pages kept for ten seconds in its peak

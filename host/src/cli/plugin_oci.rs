@@ -362,7 +362,7 @@ pub(super) fn reader(
     crate::ensure_crypto_provider();
     let builder = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs(10))
-        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")));
+        .user_agent(crate::USER_AGENT);
     let http = trusting_ca_file(builder, registry.ca_file.as_deref())?
         .build()
         .context("building the registry's HTTP client")?;

@@ -362,7 +362,7 @@ impl RunCommand {
         &self,
         leadership: &Arc<Leadership>,
     ) -> anyhow::Result<(kube::Config, kube::Client, kube::Client)> {
-        let config = self.client_config().await?;
+        let config = crate::identified(self.client_config().await?);
         let client =
             kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
         let gated = kube::client::ClientBuilder::try_from(config.clone())

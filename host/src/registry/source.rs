@@ -525,7 +525,7 @@ fn http_client(trust: &TrustRoots) -> anyhow::Result<reqwest::Client> {
     let builder = reqwest::Client::builder()
         .connect_timeout(HTTP_CONNECT_TIMEOUT)
         .timeout(HTTP_TIMEOUT)
-        .user_agent(concat!("wasmctrl/", env!("CARGO_PKG_VERSION")));
+        .user_agent(crate::USER_AGENT);
     trust
         .apply_to_http(builder)?
         .build()

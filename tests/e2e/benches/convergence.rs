@@ -44,7 +44,9 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
 use wasmctrl_e2e::{SelfProcess, myapp, myapps};
-use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, admin_client, memory_mib};
+use wasmctrl_testenv::cluster::{
+    Audit, Binaries, ControlPlane, Lifetime, admin_client, admin_config, memory_mib,
+};
 
 // The host's allocator, as in the `wasmctrl` binary: the host under test runs in this
 // process's re-executed copy.
@@ -108,10 +110,12 @@ fn bench() -> anyhow::Result<()> {
                 let dir = wasmctrl_testenv::plugins::target_dir()
                     .join(format!("cluster-bench-{n}-{phase}"));
                 let _ = std::fs::remove_dir_all(&dir);
-                let plane = runtime.block_on(ControlPlane::start(
+                // Logging reads too, so the host's and the baseline's requests are counted.
+                let plane = runtime.block_on(ControlPlane::start_auditing(
                     &dir,
                     &binaries,
                     Lifetime::TiedToStarter,
+                    Audit::Everything,
                 ))?;
                 Ok((dir, plane))
             };
@@ -177,6 +181,10 @@ struct HostRun {
     rss: Vec<(Duration, f64)>,
     /// CPU seconds from the first create to all reconciled.
     cpu: Cpu,
+    /// Reconciles and plugin calls until all reconciled.
+    counts: ReconcileCounts,
+    /// The host's API requests until all reconciled, by verb.
+    requests: BTreeMap<String, usize>,
     /// Memory and count of the explain records once all were Ready.
     explain: (f64, u64),
     /// What the plugin instance pool kept resident then (MiB).
@@ -203,7 +211,28 @@ struct Restart {
 struct BaselineRun {
     elapsed: Duration,
     writes: usize,
+    /// Its API requests besides creating the MyApps, by verb.
+    requests: BTreeMap<String, usize>,
     cpu: Cpu,
+}
+
+/// The host's reconciles until all were reconciled, from its metrics.
+#[derive(Default, Clone, Copy)]
+struct ReconcileCounts {
+    reconciles: f64,
+    plugin_calls: f64,
+    /// Reconciles that found nothing but the host's own writes changed, and asked nothing.
+    unchanged: f64,
+}
+
+impl ReconcileCounts {
+    fn read(metrics: &str) -> Self {
+        Self {
+            reconciles: metric_sum(metrics, "controller_runtime_reconcile_total{"),
+            plugin_calls: metric_sum(metrics, "wasmctrl_plugin_calls_total{"),
+            unchanged: metric_sum(metrics, "wasmctrl_reconciles_unchanged_total{"),
+        }
+    }
 }
 
 /// CPU seconds spent by the API server, etcd and the client (the host, or the baseline's
@@ -263,8 +292,12 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let started = Instant::now();
     create_myapps(&myapps, n).await?;
     let (reconciled_at, ready_at, cpu_at_reconciled) = watch.await??;
+    let (_, metrics) = http_get(listen, "/metrics").await?;
+    let counts = ReconcileCounts::read(&metrics);
+    let requests = count_requests(&plane.audit_log, audit_before, |event| {
+        agent(event).starts_with(wasmctrl::USER_AGENT)
+    })?;
     if let Some(profiler) = profiler {
-        let (_, metrics) = http_get(listen, "/metrics").await?;
         print_profile(
             n,
             profiler.finish()?,
@@ -337,6 +370,8 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         peak_rss_mib,
         rss,
         cpu: cpu_at_reconciled.since(cpu_before),
+        counts,
+        requests,
         explain,
         pool_mib,
         swaps,
@@ -481,9 +516,18 @@ async fn baseline_phase(n: usize, plane: &ControlPlane) -> anyhow::Result<Baseli
         .filter(|(k, _)| !k.starts_with("create myapps"))
         .map(|(_, v)| v)
         .sum();
+    // This process's requests; the control plane's components are told by their agents.
+    let marker = format!("/namespaces/{base_ns}/");
+    let requests = count_requests(&plane.audit_log, audit_before, |event| {
+        let uri = event["requestURI"].as_str().unwrap_or_default();
+        uri.contains(&marker)
+            && !control_plane_agent(agent(event))
+            && !(event["verb"] == "create" && uri.contains("/myapps"))
+    })?;
     Ok(BaselineRun {
         elapsed,
         writes,
+        requests,
         cpu,
     })
 }
@@ -616,7 +660,8 @@ fn metric_sum(text: &str, prefix: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
-        .sum()
+        // An empty sum is -0.0.
+        .fold(0.0, |sum, value| sum + value)
 }
 
 /// A GET to the host's listener: the status code and the body.
@@ -981,11 +1026,7 @@ fn count_writes(
         }
         // The control plane's own components share the admin identity here; their writes
         // (pods, bindings, their Events) are not the host's.
-        let agent = event["userAgent"].as_str().unwrap_or_default();
-        if ["kube-controller-manager", "kube-scheduler", "kwok"]
-            .iter()
-            .any(|component| agent.contains(component))
-        {
+        if control_plane_agent(agent(&event)) {
             continue;
         }
         let path = uri.split('?').next().unwrap_or_default();
@@ -994,6 +1035,47 @@ fn count_writes(
         let resource = parts.next().unwrap_or_default();
         let sub = parts.nth(1).map(|s| format!("/{s}")).unwrap_or_default();
         *counts.entry(format!("{verb} {resource}{sub}")).or_insert(0) += 1;
+    }
+    Ok(counts)
+}
+
+/// A request's user agent, as the audit log has it.
+fn agent(event: &Value) -> &str {
+    event["userAgent"].as_str().unwrap_or_default()
+}
+
+/// Whether `agent` is one of the control plane's own components (which share the admin
+/// identity here).
+fn control_plane_agent(agent: &str) -> bool {
+    ["kube-controller-manager", "kube-scheduler", "kwok"]
+        .iter()
+        .any(|component| agent.contains(component))
+}
+
+/// The requests logged after line `skip` that `counted` accepts, by verb: each once (a watch
+/// when it started, anything else when it completed). Needs a control plane that logs reads
+/// ([`Audit::Everything`]).
+fn count_requests(
+    path: &Path,
+    skip: usize,
+    counted: impl Fn(&Value) -> bool,
+) -> anyhow::Result<BTreeMap<String, usize>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut counts = BTreeMap::new();
+    for event in text
+        .lines()
+        .skip(skip)
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    {
+        let verb = event["verb"].as_str().unwrap_or_default();
+        let once = if verb == "watch" {
+            "ResponseStarted"
+        } else {
+            "ResponseComplete"
+        };
+        if event["stage"] == once && counted(&event) {
+            *counts.entry(verb.to_owned()).or_insert(0) += 1;
+        }
     }
     Ok(counts)
 }
@@ -1090,6 +1172,40 @@ fn print_table(rows: &[Row]) {
         }
     }
     println!(
+        "\n| MyApps | reconciles per MyApp | plugin calls per MyApp | unchanged (no call) per MyApp | host API requests per MyApp | baseline API requests per MyApp | client CPU per MyApp: host / baseline (host per reconcile) |"
+    );
+    println!("|---:|---:|---:|---:|---|---|---:|");
+    for row in rows {
+        let n = row.n as f64;
+        let counts = &row.host.counts;
+        let per = |requests: &BTreeMap<String, usize>| {
+            let total: usize = requests.values().sum();
+            format!("{:.2} ({})", total as f64 / n, write_list(requests))
+        };
+        let (baseline, cpu) = row.baseline.as_ref().map_or_else(
+            || ("(not run)".to_owned(), "—".to_owned()),
+            |base| {
+                (
+                    per(&base.requests),
+                    format!(
+                        "{:.2} ms / {:.2} ms ({:.2} ms)",
+                        1e3 * row.host.cpu.client / n,
+                        1e3 * base.cpu.client / n,
+                        1e3 * row.host.cpu.client / counts.reconciles.max(1.0),
+                    ),
+                )
+            },
+        );
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2} | {} | {baseline} | {cpu} |",
+            row.n,
+            counts.reconciles / n,
+            counts.plugin_calls / n,
+            counts.unchanged / n,
+            per(&row.host.requests),
+        );
+    }
+    println!(
         "\nHost RSS over time (MiB, every 10 s from the first create to all Ready, or reconciled):"
     );
     for row in rows {
@@ -1169,7 +1285,9 @@ fn run_host(spec: &str) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let client = admin_client(&PathBuf::from(kubeconfig)).await?;
+        // Named as `wasmctrl run` names itself, so its requests can be counted.
+        let config = wasmctrl::identified(admin_config(&PathBuf::from(kubeconfig)).await?);
+        let client = Client::try_from(config)?;
         // As `wasmctrl run` reads it, so a run can try another value through
         // `WASMCTRL_BENCH_HOST_ENV`.
         let engine_defaults = wasmctrl::plugin::EngineOptions::default();

@@ -79,7 +79,7 @@ pub struct ControlPlane {
     pub server: String,
     /// Where the binaries are (for `kubectl`).
     pub bin_dir: PathBuf,
-    /// The API server's audit log (writes only).
+    /// The API server's audit log (writes only, unless started with [`Audit::Everything`]).
     pub audit_log: PathBuf,
     /// Every process, in start order.
     pub components: Vec<Component>,
@@ -122,6 +122,16 @@ impl ControlPlane {
         binaries: &Binaries,
         lifetime: Lifetime,
     ) -> anyhow::Result<Self> {
+        Self::start_auditing(dir, binaries, lifetime, Audit::Writes).await
+    }
+
+    /// [`ControlPlane::start`], with its audit log holding `audit`.
+    pub async fn start_auditing(
+        dir: &Path,
+        binaries: &Binaries,
+        lifetime: Lifetime,
+        audit: Audit,
+    ) -> anyhow::Result<Self> {
         if let Some(old) = Self::load(dir)? {
             old.stop();
         }
@@ -139,7 +149,11 @@ impl ControlPlane {
         let kubeconfig = dir.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &server, &pki_dir)?;
         let audit_policy = dir.join("audit-policy.yaml");
-        std::fs::write(&audit_policy, AUDIT_POLICY)?;
+        let policy = match audit {
+            Audit::Writes => AUDIT_POLICY,
+            Audit::Everything => AUDIT_EVERY_REQUEST,
+        };
+        std::fs::write(&audit_policy, policy)?;
         let audit_log = dir.join("logs/audit.log");
 
         let mut plane = Self {
@@ -494,6 +508,23 @@ rules:
 - level: None
 ";
 
+/// What a control plane's audit log holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audit {
+    /// Every write, at metadata level: what tests count. Small enough to read whole.
+    Writes,
+    /// Every request, reads too: for a bench that counts all of a client's requests.
+    Everything,
+}
+
+/// Log every request at metadata level.
+const AUDIT_EVERY_REQUEST: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+";
+
 fn write_kubeconfig(path: &Path, server: &str, pki_dir: &Path) -> anyhow::Result<()> {
     let file = |name: &str| pki_dir.join(name).display().to_string();
     let config = serde_json::json!({
@@ -512,14 +543,18 @@ fn write_kubeconfig(path: &Path, server: &str, pki_dir: &Path) -> anyhow::Result
 
 /// A client for the admin kubeconfig at `path`.
 pub async fn admin_client(path: &Path) -> anyhow::Result<kube::Client> {
+    Ok(kube::Client::try_from(admin_config(path).await?)?)
+}
+
+/// The connection settings of [`admin_client`], for a client built differently.
+pub async fn admin_config(path: &Path) -> anyhow::Result<kube::Config> {
     ensure_crypto_provider();
     let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
-    let config = kube::Config::from_custom_kubeconfig(
+    Ok(kube::Config::from_custom_kubeconfig(
         kubeconfig,
         &kube::config::KubeConfigOptions::default(),
     )
-    .await?;
-    Ok(kube::Client::try_from(config)?)
+    .await?)
 }
 
 fn http_get(path: &str) -> anyhow::Result<http::Request<Vec<u8>>> {

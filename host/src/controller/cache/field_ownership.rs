@@ -92,8 +92,9 @@ impl CreatedFields {
                 {"op": "replace", "path": "/metadata/managedFields", "value": entries},
             ]))
             .map_err(kube::Error::SerdeError)?;
+            // The answer's metadata is all the host reads of it.
             match api
-                .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .patch_metadata(name, &PatchParams::default(), &Patch::<()>::Json(patch))
                 .await
             {
                 Ok(patched) => return Ok(patched.metadata.resource_version),

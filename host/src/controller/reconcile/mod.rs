@@ -14,6 +14,7 @@
 //! | `request` | the request built from the caches |
 //! | `children/` | what the host does to desired and observed children (pure decisions) |
 //! | `writes` | every cluster write of a reconcile: children, prunes, parent status, finalizers |
+//! | `lean_writes` | writes answered with the object's metadata only |
 //! | `prune_guard` | holds a change's mass deletion for an admin to confirm |
 //! | `status` | the parent's status as the host writes it (pure) |
 //! | `events` | Kubernetes Events, rate-limited |
@@ -27,6 +28,7 @@ pub(crate) mod context;
 pub(crate) mod decisions;
 pub(crate) mod error;
 pub(crate) mod events;
+pub(crate) mod lean_writes;
 pub(crate) mod parent;
 pub(crate) mod prune_guard;
 pub(crate) mod queue;

@@ -18,6 +18,7 @@ use crate::controller::reconcile::children::{self, DesiredChild};
 use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::decisions::OwnWrites;
 use crate::controller::reconcile::error::ReconcileError;
+use crate::controller::reconcile::lean_writes;
 use crate::controller::reconcile::parent::ParentIdentity;
 use crate::controller::reconcile::prune_guard::Admission;
 use crate::controller::reconcile::status::{self, Outcome};
@@ -93,11 +94,8 @@ pub(crate) async fn create_child(
     ctx: &PolicyContext,
     own: &OwnWrites,
 ) -> Result<Applied, ReconcileError> {
-    let api = dynamic_api(
-        &ctx.client,
-        &ctx.caches.children[child.kind_index].resource,
-        child.namespace.as_deref(),
-    );
+    let resource = &ctx.caches.children[child.kind_index].resource;
+    let api = dynamic_api(&ctx.client, resource, child.namespace.as_deref());
     let apply_error = |source| ReconcileError::Apply {
         kind: ctx.caches.allowed[child.kind_index].kind.clone(),
         name: child.name.clone(),
@@ -109,9 +107,16 @@ pub(crate) async fn create_child(
         field_manager: Some(ctx.field_manager.clone()),
         ..PostParams::default()
     };
-    match api.create(&params, &object).await {
+    let created = lean_writes::create(
+        &ctx.client,
+        resource,
+        child.namespace.as_deref(),
+        &params,
+        &object,
+    );
+    match created.await {
         Ok(created) => {
-            own.child(child.key(), created.metadata.resource_version.as_deref());
+            own.child(child.key(), created.resource_version.as_deref());
             Ok(Applied::Created)
         }
         Err(kube::Error::Api(status)) if status.code == 409 => {
@@ -175,15 +180,17 @@ pub(crate) async fn update_child(
         own.child(child.key(), handed_over.as_deref());
         decided_at.extend(handed_over);
     }
-    let applied = api
-        .patch(
-            &child.name,
-            &PatchParams::apply(&ctx.field_manager).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(apply_error)?;
-    own.child(child.key(), applied.metadata.resource_version.as_deref());
+    let applied = lean_writes::patch(
+        &ctx.client,
+        &cache.resource,
+        child.namespace.as_deref(),
+        &child.name,
+        &PatchParams::apply(&ctx.field_manager).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(apply_error)?;
+    own.child(child.key(), applied.resource_version.as_deref());
     cache.pending.updated(
         (child.namespace.clone(), child.name.clone()),
         &child.hash,
@@ -395,18 +402,20 @@ async fn apply_status(
     if let Some(precondition) = precondition {
         body["metadata"]["resourceVersion"] = json!(precondition);
     }
-    let written = dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
-        .patch_status(
-            &identity.name,
-            &PatchParams::apply(&ctx.field_manager).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(ReconcileError::Status)?;
+    let written = lean_writes::patch_status(
+        &ctx.client,
+        &ctx.parent,
+        identity.namespace.as_deref(),
+        &identity.name,
+        &PatchParams::apply(&ctx.field_manager).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(ReconcileError::Status)?;
     ctx.outcomes
         .status_writes
         .updated(pending_key, &fingerprint, vec![version]);
-    Ok(Some(written.metadata.resource_version))
+    Ok(Some(written.resource_version))
 }
 
 pub(crate) async fn add_finalizer(
@@ -470,15 +479,17 @@ pub(crate) async fn json_patch(
     }
     let patch: json_patch::Patch = serde_json::from_value(ops)
         .map_err(|e| ReconcileError::Finalizer(kube::Error::SerdeError(e)))?;
-    let patched = dynamic_api(&ctx.client, &ctx.parent, identity.namespace.as_deref())
-        .patch(
-            &identity.name,
-            &PatchParams::default(),
-            &Patch::<()>::Json(patch),
-        )
-        .await
-        .map_err(ReconcileError::Finalizer)?;
-    Ok(patched.metadata.resource_version)
+    let patched = lean_writes::patch(
+        &ctx.client,
+        &ctx.parent,
+        identity.namespace.as_deref(),
+        &identity.name,
+        &PatchParams::default(),
+        &Patch::<()>::Json(patch),
+    )
+    .await
+    .map_err(ReconcileError::Finalizer)?;
+    Ok(patched.resource_version)
 }
 
 pub(crate) fn dynamic_api(

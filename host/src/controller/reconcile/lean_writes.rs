@@ -1,0 +1,77 @@
+//! Writes whose answer the host needs only the metadata of: the new `resourceVersion` (for
+//! [`decisions`](super::decisions)) and nothing else of the object.
+//!
+//! By default the API server answers a create or a patch with the whole object, which it
+//! encodes and the host decodes into a `DynamicObject` only to drop it. Asked for
+//! `PartialObjectMetadata`, it encodes the metadata alone: less work on both sides of every
+//! write, at no cost in what the write does.
+
+use http::HeaderValue;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, PartialObjectMeta, Request};
+use kube::{Client, Resource as _};
+
+/// The answer a write asks for: the object's metadata, as `PartialObjectMetadata`.
+const METADATA_ONLY: HeaderValue =
+    HeaderValue::from_static("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1");
+
+fn request(resource: &ApiResource, namespace: Option<&str>) -> Request {
+    Request::new(DynamicObject::url_path(resource, namespace))
+}
+
+async fn metadata_of(
+    client: &Client,
+    mut request: http::Request<Vec<u8>>,
+) -> Result<ObjectMeta, kube::Error> {
+    request
+        .headers_mut()
+        .insert(http::header::ACCEPT, METADATA_ONLY);
+    let answer: PartialObjectMeta<DynamicObject> = client.request(request).await?;
+    Ok(answer.metadata)
+}
+
+/// Create `object` of `resource` in `namespace`.
+pub(crate) async fn create(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    params: &PostParams,
+    object: &DynamicObject,
+) -> Result<ObjectMeta, kube::Error> {
+    let body = serde_json::to_vec(object).map_err(kube::Error::SerdeError)?;
+    let request = request(resource, namespace)
+        .create(params, body)
+        .map_err(kube::Error::BuildRequest)?;
+    metadata_of(client, request).await
+}
+
+/// Patch the object `name` of `resource` in `namespace`.
+pub(crate) async fn patch<P: serde::Serialize>(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: &str,
+    params: &PatchParams,
+    patch: &Patch<P>,
+) -> Result<ObjectMeta, kube::Error> {
+    let request = request(resource, namespace)
+        .patch(name, params, patch)
+        .map_err(kube::Error::BuildRequest)?;
+    metadata_of(client, request).await
+}
+
+/// Patch the status of the object `name` of `resource` in `namespace`.
+pub(crate) async fn patch_status<P: serde::Serialize>(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: &str,
+    params: &PatchParams,
+    patch: &Patch<P>,
+) -> Result<ObjectMeta, kube::Error> {
+    let request = request(resource, namespace)
+        .patch_subresource("status", name, params, patch)
+        .map_err(kube::Error::BuildRequest)?;
+    metadata_of(client, request).await
+}
