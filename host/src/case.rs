@@ -215,6 +215,57 @@ impl Case {
         }
     }
 
+    /// The JSON text of the case of `request`, answered `recorded`, written from the texts
+    /// the request already holds rather than parsed and written again: for a request no
+    /// object of which [`Redaction::changes`]. Reads back as [`Case::of`] with `recorded`.
+    pub fn text_of(
+        request: &ReconcileRequest,
+        recorded: Option<&Recorded>,
+    ) -> Result<String, serde_json::Error> {
+        let objects =
+            |list: &[ObservedObject]| -> usize { list.iter().map(|o| o.json.len() + 1).sum() };
+        let mut text = String::with_capacity(
+            request.parent.len()
+                + objects(&request.children)
+                + objects(&request.related)
+                + request.config.as_ref().map_or(0, String::len)
+                + 64,
+        );
+        text.push_str("{\"parent\":");
+        text.push_str(&request.parent);
+        for (field, list) in [
+            ("children", &request.children),
+            ("related", &request.related),
+        ] {
+            if list.is_empty() {
+                continue;
+            }
+            text.push_str(",\"");
+            text.push_str(field);
+            text.push_str("\":[");
+            for (i, object) in list.iter().enumerate() {
+                if i > 0 {
+                    text.push(',');
+                }
+                text.push_str(&object.json);
+            }
+            text.push(']');
+        }
+        if let Some(config) = &request.config {
+            text.push_str(",\"config\":");
+            text.push_str(config);
+        }
+        if request.finalizing {
+            text.push_str(",\"finalizing\":true");
+        }
+        if let Some(recorded) = recorded {
+            text.push_str(",\"recorded\":");
+            text.push_str(&serde_json::to_string(recorded)?);
+        }
+        text.push('}');
+        Ok(text)
+    }
+
     /// The request this case describes, as the host would send it.
     pub fn request(&self) -> ReconcileRequest {
         ReconcileRequest {
@@ -328,6 +379,13 @@ impl Redaction {
             child: &child,
             status: &status,
         })
+    }
+
+    /// Whether [`Redaction::object`] could change an object of `api_version` `kind`.
+    pub fn changes(&self, api_version: &str, kind: &str) -> bool {
+        !self.kinds.is_empty()
+            || !self.fields.is_empty()
+            || (!self.keep_secrets && kind == "Secret" && api_version == "v1")
     }
 
     /// Whether anything at all is to be redacted.
@@ -497,6 +555,57 @@ mod tests {
         let read: Case = serde_yaml_ng::from_str(&yaml).expect("read back");
         assert_eq!(read, case);
         assert_eq!(read.request(), request);
+    }
+
+    #[test]
+    fn a_case_written_from_the_request_s_texts_reads_back_as_the_parsed_case() {
+        let recorded = Recorded {
+            at: "2026-12-05T00:00:00.000Z".into(),
+            policy: "p".into(),
+            plugin: "sha256:aa".into(),
+            response: Some(RunOutput {
+                children: Vec::new(),
+                status: None,
+                requeue_after_ms: Some(5000),
+                events: Vec::new(),
+                finalized: false,
+            }),
+            error: None,
+        };
+        let object = |kind: &str, name: &str| {
+            ObservedObject::from_value(&json!({"apiVersion": "v1", "kind": kind,
+                "metadata": {"name": name}, "data": {"k": "v \"quoted\""}}))
+        };
+        let requests = [
+            ReconcileRequest {
+                parent: json!({"apiVersion": "example.com/v1", "kind": "MyApp",
+                               "metadata": {"name": "a"}, "spec": {"replicas": 2}})
+                .to_string(),
+                children: vec![object("ConfigMap", "a"), object("Service", "a")],
+                related: vec![object("ConfigMap", "shared")],
+                config: Some(json!({"service": true}).to_string()),
+                finalizing: true,
+            },
+            ReconcileRequest {
+                parent: json!({"apiVersion": "example.com/v1", "kind": "MyApp"}).to_string(),
+                ..ReconcileRequest::default()
+            },
+        ];
+        let redaction = Redaction::secrets(false);
+        for request in &requests {
+            for recorded in [None, Some(recorded.clone())] {
+                let text = Case::text_of(request, recorded.as_ref()).expect("written");
+                let read: Case = serde_json::from_str(&text).expect("valid JSON of a case");
+                let parsed = Case {
+                    recorded: recorded.clone(),
+                    ..Case::of(request, &redaction)
+                };
+                assert_eq!(read, parsed, "{text}");
+            }
+        }
+        assert!(!redaction.changes("v1", "ConfigMap"));
+        assert!(redaction.changes("v1", "Secret"));
+        assert!(!Redaction::secrets(true).changes("v1", "Secret"));
     }
 
     #[test]

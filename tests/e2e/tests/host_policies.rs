@@ -558,18 +558,79 @@ async fn own_writes_coming_back_ask_the_plugin_nothing_and_a_change_meanwhile_is
     Ok(())
 }
 
-/// The value of the host's series `name` with (at least) the labels `labels`, or 0.
+/// The sum of the host's series `name` with (at least) the labels `labels`: 0 if none.
 fn labelled_metric(host: &HostUnderTest, name: &str, labels: &[(&str, &str)]) -> f64 {
     host.metrics
         .encode()
         .lines()
         .filter(|line| line.starts_with(&format!("{name}{{")))
-        .find(|line| {
+        .filter(|line| {
             labels
                 .iter()
                 .all(|(label, value)| line.contains(&format!("{label}=\"{value}\"")))
         })
-        .and_then(|line| line.rsplit_once(' '))
-        .and_then(|(_, value)| value.trim().parse().ok())
-        .unwrap_or(0.0)
+        .filter_map(|line| line.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .fold(0.0, |sum, value| sum + value)
+}
+
+/// The echo of the host's own finalizer write changes a parent's metadata, so it brings a
+/// second reconcile; for a plugin that wants no children, nothing else changed, and that
+/// reconcile asks it nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_echo_of_the_host_s_own_finalizer_write_asks_the_plugin_nothing() -> anyhow::Result<()>
+{
+    const TEST: &str = "policy-own-finalizer";
+    const WIDGETS: usize = 8;
+    let (client, ns) = test_namespace(TEST).await?;
+    install_test_kinds(&client).await?;
+    let mut spec = policy_for(
+        "Widget",
+        json!([{"apiVersion": "v1", "kind": "ConfigMap"}]),
+        json!({}),
+    );
+    spec["finalize"] = json!(true);
+    spec["resyncPeriodSeconds"] = json!(3600);
+    apply_policy(&client, TEST, TEST, spec).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    let names: Vec<String> = (0..WIDGETS).map(|i| format!("w-{i}")).collect();
+    futures::future::try_join_all(names.iter().map(|name| apply(&widgets, widget(name, None))))
+        .await?;
+    for name in &names {
+        wait_for_object(&widgets, name, &format!("Widget {name} reconciled"), |w| {
+            reconciled(w) == Some("True")
+                && w["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| !f.is_empty())
+        })
+        .await?;
+    }
+    let series = |name| labelled_metric(&host, name, &[("controller", TEST)]);
+    wasmctrl_testenv::cluster::eventually("every Widget's second reconcile", ACT, || async {
+        Ok(series("controller_runtime_reconcile_total") >= 2.0 * WIDGETS as f64)
+    })
+    .await?;
+    let unchanged = series("wasmctrl_reconciles_unchanged_total");
+    assert!(
+        unchanged >= 1.0,
+        "the finalizer's echo should find nothing changed (reconciles {}, plugin calls {})",
+        series("controller_runtime_reconcile_total"),
+        series("wasmctrl_plugin_calls_total"),
+    );
+    assert_eq!(
+        series("wasmctrl_plugin_calls_total") + unchanged,
+        series("controller_runtime_reconcile_total"),
+        "a reconcile either asks the plugin or finds nothing changed"
+    );
+
+    for name in &names {
+        widgets.delete(name, &Default::default()).await?;
+    }
+    for name in &names {
+        wait_gone(&widgets, name, &format!("Widget {name} finalized and gone")).await?;
+    }
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
 }

@@ -108,12 +108,7 @@ impl WatchSetup {
         let decisions = self.decisions.clone();
         let stream = watcher(api, config)
             .backoff(WatchBackoff::default())
-            .inspect(move |event| {
-                health.observe(&name, event);
-                if let Ok(watcher::Event::InitDone) = event {
-                    decisions.relisted();
-                }
-            })
+            .inspect(move |event| health.observe(&name, event))
             .modify(move |object: &mut K| {
                 if let Some(created) = &created {
                     created.note(object.meta());
@@ -131,7 +126,13 @@ impl WatchSetup {
                     }
                 }
             })
-            .reflect(writer);
+            .reflect(writer)
+            // After the store took the list: a decision made on the old one is asked again.
+            .inspect(move |event| {
+                if let Ok(watcher::Event::InitDone) = event {
+                    decisions.relisted();
+                }
+            });
         (reader, stream)
     }
 
@@ -156,12 +157,7 @@ impl WatchSetup {
             watcher::Config::default(),
         )
         .backoff(WatchBackoff::default())
-        .inspect(move |event| {
-            health.observe(&name, event);
-            if let Ok(watcher::Event::InitDone) = event {
-                decisions.relisted();
-            }
-        })
+        .inspect(move |event| health.observe(&name, event))
         .modify(|object| {
             let meta = std::mem::take(&mut object.metadata);
             object.metadata = ObjectMeta {
@@ -174,7 +170,10 @@ impl WatchSetup {
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::Delete(object)) => named.forget(object),
-            Ok(watcher::Event::InitDone) => named.relisted(),
+            Ok(watcher::Event::InitDone) => {
+                named.relisted();
+                decisions.relisted();
+            }
             _ => {}
         })
     }
@@ -242,7 +241,7 @@ impl Watches {
             Ok(watcher::Event::Apply(parent) | watcher::Event::InitApply(parent)) => {
                 let key =
                     decisions::parent_key(parent.metadata.namespace.as_deref(), &parent.name_any());
-                decided.noted(key, parent.metadata.resource_version.as_deref());
+                decided.noted_parent(key, parent.metadata.resource_version.as_deref());
             }
             Ok(watcher::Event::Delete(parent)) => {
                 gone.started(&(parent.metadata.namespace.clone(), parent.name_any()));
@@ -306,11 +305,16 @@ impl Watches {
         let parents = self.parents.clone();
         let parent = self.parent.clone();
         let decided = setup.decisions.clone();
+        // This kind's place among the allowed ones, which a child's key in decisions holds.
+        let kind_index = self.children.len();
         let stream = stream.touched_objects().inspect_ok(move |child| {
             if let Some(key) = controlling_parent(child, &parent, &parents) {
-                decided.noted(
+                let meta = &child.metadata;
+                let name = meta.name.as_deref().unwrap_or_default();
+                decided.noted_child(
                     decisions::parent_key(key.0.as_deref(), &key.1),
-                    child.metadata.resource_version.as_deref(),
+                    decisions::child_key((kind_index, meta.namespace.as_deref(), name)),
+                    meta.resource_version.as_deref(),
                 );
                 queue.added([key]);
             }

@@ -2,26 +2,29 @@
 //! nothing but the host's own writes, or by writes still arriving, asks the plugin nothing
 //! and writes nothing.
 //!
-//! A reconcile that creates two children and writes the status brings its parent back three
-//! times: the watch delivers each write. A reconcile woken by the first child's create, before
-//! the second is in the cache, would ask the plugin about a world the host knows is about to
+//! A reconcile that creates two children and writes the status brings its parent back: the
+//! watch delivers each write. A reconcile woken by the first child's create, before the
+//! second is in the cache, would ask the plugin about a world the host knows is about to
 //! change (and then try to create the second child again: a refused create and a read). One
-//! woken by the status write alone would show the plugin what it decided itself. At 10,000
-//! parents those reconciles are a large share of the host's work.
+//! woken by the host's own writes alone would show the plugin what it decided itself. Under
+//! load, when the watches lag the writes, those reconciles are a large share of the work.
 //!
 //! The memory, per parent: the versions the decision saw (the parent's and each observed
 //! child's), the versions the host's own writes produced (the parent's status and finalizer;
 //! each child's create, hand-over and apply, in order), and which plugin and config decided.
-//! Beside it, every watch event of the parent or of a child it controls is noted by version,
-//! and an event of a related object it may read marks it moved. A reconcile asks the plugin
-//! again when any of these holds:
+//! Beside it, the watches note the version of every event of the parent, and of every child
+//! whose controller it is, since the last check began; an event of a related object it may
+//! read marks it moved. A reconcile asks the plugin again when any of these holds:
 //!
-//! - an event noted since the decision began is of a version neither seen nor written by it:
-//!   someone else's write counts even when the host's next write overwrote it before the
-//!   reconcile ran;
-//! - a related object it may read moved, or a watch listed its kind again since;
+//! - an event noted since the last check began is of a version that object neither had when
+//!   the decision was made nor got from the host's writes: someone else's write counts even
+//!   when the host's next write overwrote it before the reconcile ran;
+//! - the parent the reconcile was handed is older than the parent's latest event (the
+//!   decision, or the check, would be made on an old copy);
+//! - a related object it may read moved, or a watch listed its kind again;
 //! - the caches show the parent, or a child, at a version neither seen nor written, a child
-//!   the decision did not want, or a child missing whose create is not pending;
+//!   the decision did not want, a child missing that existed, or a child whose create is
+//!   pending that exists without this parent as its controller;
 //! - another plugin, or another config, serves it now, or a candidate shadows it;
 //! - every child write of the decision is in the cache: the plugin has not yet seen the
 //!   children it made, and is asked once more, on the world its decision produced;
@@ -33,9 +36,9 @@
 //! parent back). The host's own status write is not news to the plugin, as status-only
 //! changes of a parent never trigger a reconcile.
 //!
-//! Versions are compared for equality only, as the API allows, and kept as 64-bit hashes; a
-//! collision between two of one parent's versions could at worst count someone else's write
-//! as seen, with odds of about one in 10^18 per comparison.
+//! Versions are compared per object and for equality only, as the API allows, and kept as
+//! 64-bit hashes: two of one object's versions colliding (odds about 5 in 10^20 per
+//! comparison) could count someone else's write as seen.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -53,23 +56,88 @@ pub(crate) const HOLD_AT_MOST: Duration = Duration::from_secs(30);
 /// moved (a parent whose children churn that much is asked anyway).
 const SEEN_AT_MOST: usize = 16;
 
+/// The parent's own place among the objects whose events are noted (children are keyed by
+/// the hash of their kind, namespace and name).
+const THE_PARENT: u64 = 0;
+
 /// The memory of one policy's decisions, shared by its watches (which note events) and its
 /// reconciles (which decide and check).
-#[derive(Default)]
 pub(crate) struct Decisions {
-    parents: Mutex<HashMap<u64, Entry>>,
-    /// Bumped when a watch lists its kind again: a re-list can drop an object without an
-    /// event, so every decision made before it is asked again.
+    parents: Mutex<Parents>,
+    /// Bumped when a watch has listed its kind again (after its cache took the list): a
+    /// re-list can drop an object without an event, so every decision made on the caches
+    /// before it is asked again.
     relists: AtomicU64,
 }
 
-#[derive(Default)]
+impl Default for Decisions {
+    fn default() -> Self {
+        Self {
+            parents: Mutex::new(Parents {
+                by_key: HashMap::new(),
+                swept: Instant::now(),
+            }),
+            relists: AtomicU64::new(0),
+        }
+    }
+}
+
+struct Parents {
+    by_key: HashMap<u64, Entry>,
+    /// When entries idle past [`HOLD_AT_MOST`] were last dropped.
+    swept: Instant,
+}
+
+impl Parents {
+    /// Drop, at most once per [`HOLD_AT_MOST`], the entries nothing touched for that long
+    /// whose decision (if any) no longer stands: a parent deleted while a reconcile of it
+    /// ran, say, whose entry that reconcile brought back.
+    fn sweep_if_due(&mut self, now: Instant) {
+        if now.duration_since(self.swept) < HOLD_AT_MOST {
+            return;
+        }
+        self.swept = now;
+        self.by_key.retain(|_, entry| {
+            now.duration_since(entry.touched) < HOLD_AT_MOST
+                || entry.decided.as_ref().is_some_and(|d| now < d.until)
+        });
+        if self.by_key.capacity() > 4 * self.by_key.len().max(64) {
+            self.by_key.shrink_to_fit();
+        }
+    }
+}
+
 struct Entry {
     decided: Option<Decided>,
-    /// The versions of the parent's and its children's events since the last check began.
-    seen: Vec<u64>,
+    /// The events (object, version) of the parent and its children since the last check
+    /// began.
+    seen: Vec<(u64, u64)>,
     /// A related object changed, or more events came than `seen` holds.
     moved: bool,
+    /// The version of the parent's latest event.
+    latest_parent: Option<u64>,
+    /// When the entry was last noted, checked or decided.
+    touched: Instant,
+}
+
+impl Entry {
+    fn new(now: Instant) -> Self {
+        Self {
+            decided: None,
+            seen: Vec::new(),
+            moved: false,
+            latest_parent: None,
+            touched: now,
+        }
+    }
+
+    fn note(&mut self, object: u64, version: u64) {
+        if self.seen.len() < SEEN_AT_MOST {
+            self.seen.push((object, version));
+        } else {
+            self.moved = true;
+        }
+    }
 }
 
 struct Decided {
@@ -91,8 +159,11 @@ struct Decided {
 
 /// A child a decision wanted.
 struct Expected {
-    /// Its kind, namespace and name.
+    /// Its kind, namespace and name, hashed.
     key: u64,
+    /// The same, for a child the decision created: to tell a create still on its way from a
+    /// child that arrived under another controller, or none.
+    created: Option<(usize, Option<Box<str>>, Box<str>)>,
     /// Its version when the decision was made; none if it did not exist.
     saw: Option<u64>,
     /// The versions the host's writes gave it, in order: the last is where it ends.
@@ -100,20 +171,25 @@ struct Expected {
 }
 
 impl Decided {
-    fn knows(&self, version: u64) -> bool {
-        self.parent.contains(&version)
-            || self
-                .children
-                .iter()
-                .any(|c| c.saw == Some(version) || c.wrote.contains(&version))
+    /// Whether `object` had `version` when the decision was made, or got it from the host.
+    fn knows(&self, object: u64, version: u64) -> bool {
+        if object == THE_PARENT {
+            return self.parent.contains(&version);
+        }
+        self.children
+            .iter()
+            .find(|c| c.key == object)
+            .is_some_and(|c| c.saw == Some(version) || c.wrote.contains(&version))
     }
 }
 
 /// What a check takes from [`Decisions::begin`]: what was noted about the parent since the
-/// previous check began.
+/// previous check began, and what the watches had brought when this one began.
 pub(crate) struct Since {
-    seen: Vec<u64>,
+    seen: Vec<(u64, u64)>,
     moved: bool,
+    latest_parent: Option<u64>,
+    relists: u64,
 }
 
 /// What a reconcile is about to decide on: the inputs that tell whether the last decision
@@ -121,6 +197,8 @@ pub(crate) struct Since {
 pub(crate) struct Inputs {
     plugin: u64,
     parent: u64,
+    /// The parent handed to the reconcile is older than its latest event.
+    stale: bool,
     /// Each observed child's key and version.
     children: Vec<(u64, u64)>,
     relists: u64,
@@ -171,7 +249,7 @@ impl OwnWrites {
         if let Some(version) = version {
             lock(&self.0)
                 .children
-                .push((fingerprint(&key), fingerprint(&version)));
+                .push((child_key(key), fingerprint(&version)));
         }
     }
 }
@@ -179,6 +257,11 @@ impl OwnWrites {
 /// The memory's key of the parent `name` in `namespace`.
 pub(crate) fn parent_key(namespace: Option<&str>, name: &str) -> u64 {
     fingerprint(&(namespace, name))
+}
+
+/// How a child's events are noted: its kind index, namespace and name, hashed.
+pub(crate) fn child_key(key: ChildKey<'_>) -> u64 {
+    fingerprint(&key)
 }
 
 /// The fingerprint of the plugin `digest` called with `config`.
@@ -197,22 +280,25 @@ fn version(version: Option<&str>) -> u64 {
 }
 
 impl Inputs {
-    /// The inputs of a reconcile of a parent at `parent_version`, which observes `observed`
-    /// (each child's key and version) and is served by the plugin `plugin`.
+    /// The inputs of a reconcile that began `since`, of a parent handed to it at
+    /// `parent_version`, which observes `observed` (each child's key and version) and is
+    /// served by the plugin `plugin`.
     pub fn new<'a>(
-        decisions: &Decisions,
+        since: &Since,
         plugin: u64,
         parent_version: Option<&str>,
         observed: impl IntoIterator<Item = (ChildKey<'a>, Option<&'a str>)>,
     ) -> Self {
+        let parent = version(parent_version);
         Self {
             plugin,
-            parent: version(parent_version),
+            parent,
+            stale: since.latest_parent.is_some_and(|latest| latest != parent),
             children: observed
                 .into_iter()
-                .map(|(key, v)| (fingerprint(&key), version(v)))
+                .map(|(key, v)| (child_key(key), version(v)))
                 .collect(),
-            relists: decisions.relists.load(Ordering::Acquire),
+            relists: since.relists,
         }
     }
 }
@@ -222,27 +308,43 @@ impl Decisions {
     /// before reading the caches the check and the decision read, so an event whose object
     /// the read missed is noted for the next check.
     pub fn begin(&self, parent: u64) -> Since {
+        let now = Instant::now();
         let mut parents = lock(&self.parents);
-        let entry = parents.entry(parent).or_default();
+        parents.sweep_if_due(now);
+        let entry = parents
+            .by_key
+            .entry(parent)
+            .or_insert_with(|| Entry::new(now));
+        entry.touched = now;
         Since {
             seen: std::mem::take(&mut entry.seen),
             moved: std::mem::take(&mut entry.moved),
+            latest_parent: entry.latest_parent,
+            relists: self.relists.load(Ordering::Acquire),
         }
     }
 
     /// Whether the last decision for `parent` still stands for a reconcile on `inputs`, given
-    /// what was noted `since`: see the module's rules.
-    pub fn standing(&self, parent: u64, since: &Since, inputs: &Inputs) -> Option<Standing> {
+    /// what was noted `since`: see the module's rules. `exists` tells whether the caches hold
+    /// a child of that kind, namespace and name, whatever its controller.
+    pub fn standing(
+        &self,
+        parent: u64,
+        since: &Since,
+        inputs: &Inputs,
+        exists: impl Fn(usize, Option<&str>, &str) -> bool,
+    ) -> Option<Standing> {
         let parents = lock(&self.parents);
-        let decided = parents.get(&parent)?.decided.as_ref()?;
+        let decided = parents.by_key.get(&parent)?.decided.as_ref()?;
         let now = Instant::now();
         let same_world = !since.moved
+            && !inputs.stale
             && now < decided.until
             && decided.plugin == inputs.plugin
             && decided.relists == inputs.relists
             && decided.parent.contains(&inputs.parent)
-            && since.seen.iter().all(|v| decided.knows(*v));
-        if !same_world || !children_stand(&decided.children, &inputs.children) {
+            && since.seen.iter().all(|(o, v)| decided.knows(*o, *v));
+        if !same_world || !children_stand(&decided.children, &inputs.children, exists) {
             return None;
         }
         Some(Standing {
@@ -251,23 +353,38 @@ impl Decisions {
         })
     }
 
-    /// `parent` was decided on `inputs` and the reconcile ended with `outcome`.
+    /// `parent` was decided on `inputs` and the reconcile ended with `outcome`. A decision
+    /// made on a parent older than its latest event is not kept.
     pub fn decided(&self, parent: u64, inputs: Inputs, outcome: &Outcome<'_>) {
         let now = Instant::now();
+        let mut parents = lock(&self.parents);
+        // Gone meanwhile (deleted): nothing to keep.
+        let Some(entry) = parents.by_key.get_mut(&parent) else {
+            return;
+        };
+        entry.touched = now;
+        if inputs.stale {
+            entry.decided = None;
+            return;
+        }
         let written = lock(&outcome.written.0);
         let mut parent_versions = vec![inputs.parent];
         parent_versions.extend(&written.parent);
         let children = outcome
             .children
             .iter()
-            .map(|key| {
-                let key = fingerprint(key);
+            .map(|&(index, namespace, name)| {
+                let key = child_key((index, namespace, name));
+                let saw = inputs
+                    .children
+                    .iter()
+                    .find_map(|(k, v)| (*k == key).then_some(*v));
                 Expected {
                     key,
-                    saw: inputs
-                        .children
-                        .iter()
-                        .find_map(|(k, v)| (*k == key).then_some(*v)),
+                    created: saw
+                        .is_none()
+                        .then(|| (index, namespace.map(Box::from), Box::from(name))),
+                    saw,
                     wrote: written
                         .children
                         .iter()
@@ -276,7 +393,7 @@ impl Decisions {
                 }
             })
             .collect();
-        let decided = Decided {
+        entry.decided = Some(Decided {
             plugin: inputs.plugin,
             parent: parent_versions.into_boxed_slice(),
             children,
@@ -284,64 +401,79 @@ impl Decisions {
             until: now + HOLD_AT_MOST.min(outcome.requeue / 2),
             requeue_at: now + outcome.requeue,
             requeued: outcome.requeued,
-        };
-        drop(written);
-        lock(&self.parents).entry(parent).or_default().decided = Some(decided);
+        });
     }
 
     /// The last decision for `parent` no longer stands (its reconcile failed, or did not
     /// carry the decision out in full).
     pub fn forget(&self, parent: u64) {
-        if let Some(entry) = lock(&self.parents).get_mut(&parent) {
+        if let Some(entry) = lock(&self.parents).by_key.get_mut(&parent) {
             entry.decided = None;
         }
     }
 
     /// `parent` is gone.
     pub fn remove(&self, parent: u64) {
-        lock(&self.parents).remove(&parent);
+        lock(&self.parents).by_key.remove(&parent);
     }
 
     /// Keep only the parents `keep` names (after the parents' watch listed them again).
     pub fn retain(&self, keep: impl Fn(u64) -> bool) {
         let mut parents = lock(&self.parents);
-        parents.retain(|key, _| keep(*key));
-        if parents.capacity() > 4 * parents.len().max(64) {
-            parents.shrink_to_fit();
+        parents.by_key.retain(|key, _| keep(*key));
+        if parents.by_key.capacity() > 4 * parents.by_key.len().max(64) {
+            parents.by_key.shrink_to_fit();
         }
     }
 
-    /// A watch event of `parent`, or of a child it controls, brought `object_version`.
-    pub fn noted(&self, parent: u64, object_version: Option<&str>) {
+    /// A watch event of `parent` brought `object_version`.
+    pub fn noted_parent(&self, parent: u64, object_version: Option<&str>) {
+        let now = Instant::now();
+        let mut parents = lock(&self.parents);
+        // Even before its first check: the first decision must know it had an old copy.
+        let entry = parents
+            .by_key
+            .entry(parent)
+            .or_insert_with(|| Entry::new(now));
+        let version = version(object_version);
+        entry.latest_parent = Some(version);
+        entry.touched = now;
+        entry.note(THE_PARENT, version);
+    }
+
+    /// A watch event of the child `child` (see [`child_key`]), whose controller is `parent`,
+    /// brought `object_version`.
+    pub fn noted_child(&self, parent: u64, child: u64, object_version: Option<&str>) {
         let mut parents = lock(&self.parents);
         // A parent never checked has no decision to hold.
-        let Some(entry) = parents.get_mut(&parent) else {
-            return;
-        };
-        if entry.seen.len() < SEEN_AT_MOST {
-            entry.seen.push(version(object_version));
-        } else {
-            entry.moved = true;
+        if let Some(entry) = parents.by_key.get_mut(&parent) {
+            entry.touched = Instant::now();
+            entry.note(child, version(object_version));
         }
     }
 
     /// An object `parent` may read (a related object) changed.
     pub fn moved(&self, parent: u64) {
-        if let Some(entry) = lock(&self.parents).get_mut(&parent) {
+        if let Some(entry) = lock(&self.parents).by_key.get_mut(&parent) {
             entry.moved = true;
         }
     }
 
-    /// A watch listed its kind again.
+    /// A watch listed its kind again, and its cache holds the list.
     pub fn relisted(&self) {
         self.relists.fetch_add(1, Ordering::AcqRel);
     }
 }
 
 /// Whether the observed children (key, version) leave the decision standing: each one wanted
-/// and at a version the decision saw or wrote, none missing but one whose create is on its
-/// way, and not every child write already in the cache.
-fn children_stand(expected: &[Expected], observed: &[(u64, u64)]) -> bool {
+/// and at a version the decision saw or wrote; none missing but one whose create is on its
+/// way (not in the caches under any controller: `exists`); and not every child write
+/// already in the cache.
+fn children_stand(
+    expected: &[Expected],
+    observed: &[(u64, u64)],
+    exists: impl Fn(usize, Option<&str>, &str) -> bool,
+) -> bool {
     if observed
         .iter()
         .any(|(key, _)| !expected.iter().any(|e| e.key == *key))
@@ -354,13 +486,17 @@ fn children_stand(expected: &[Expected], observed: &[(u64, u64)]) -> bool {
             .iter()
             .find_map(|(key, v)| (*key == child.key).then_some(*v));
         written += usize::from(!child.wrote.is_empty());
-        match (now, child.wrote.last()) {
-            // Its create is on its way.
-            (None, Some(_)) if child.saw.is_none() => {}
-            (None, _) => return false,
-            (Some(now), Some(last)) if now == *last => arrived += 1,
-            (Some(now), _) if Some(now) == child.saw || child.wrote.contains(&now) => {}
-            (Some(_), _) => return false,
+        match (now, child.wrote.last(), &child.created) {
+            // Its create is on its way, unless it arrived under another controller.
+            (None, Some(_), Some((index, namespace, name))) => {
+                if exists(*index, namespace.as_deref(), name) {
+                    return false;
+                }
+            }
+            (None, _, _) => return false,
+            (Some(now), Some(last), _) if now == *last => arrived += 1,
+            (Some(now), _, _) if Some(now) == child.saw || child.wrote.contains(&now) => {}
+            (Some(_), _, _) => return false,
         }
     }
     written == 0 || arrived < written
@@ -376,10 +512,15 @@ mod tests {
         (0, Some("ns"), name)
     }
 
-    /// A parent at `parent_version` observing the ConfigMaps `children` (name, version).
-    fn inputs(decisions: &Decisions, parent_version: &str, children: &[(&str, &str)]) -> Inputs {
+    fn nowhere(_: usize, _: Option<&str>, _: &str) -> bool {
+        false
+    }
+
+    /// A parent handed over at `parent_version` observing the ConfigMaps `children` (name,
+    /// version), as a check that begins now sees it.
+    fn inputs(since: &Since, parent_version: &str, children: &[(&str, &str)]) -> Inputs {
         Inputs::new(
-            decisions,
+            since,
             1,
             Some(parent_version),
             children.iter().map(|(name, v)| (child(name), Some(*v))),
@@ -394,8 +535,7 @@ mod tests {
         written: &OwnWrites,
     ) {
         let since = decisions.begin(PARENT);
-        let inputs = inputs(decisions, parent_version, observed);
-        drop(since);
+        let inputs = inputs(&since, parent_version, observed);
         decisions.decided(
             PARENT,
             inputs,
@@ -418,26 +558,41 @@ mod tests {
         decide(decisions, "10", &[], &["a", "b"], &written);
     }
 
-    fn check(decisions: &Decisions, parent_version: &str, children: &[(&str, &str)]) -> bool {
+    fn check_with(
+        decisions: &Decisions,
+        parent_version: &str,
+        children: &[(&str, &str)],
+        exists: impl Fn(usize, Option<&str>, &str) -> bool,
+    ) -> bool {
         let since = decisions.begin(PARENT);
-        let inputs = inputs(decisions, parent_version, children);
-        decisions.standing(PARENT, &since, &inputs).is_some()
+        let inputs = inputs(&since, parent_version, children);
+        decisions
+            .standing(PARENT, &since, &inputs, exists)
+            .is_some()
+    }
+
+    fn check(decisions: &Decisions, parent_version: &str, children: &[(&str, &str)]) -> bool {
+        check_with(decisions, parent_version, children, nowhere)
+    }
+
+    fn noted(decisions: &Decisions, name: &str, version: &str) {
+        decisions.noted_child(PARENT, child_key(child(name)), Some(version));
     }
 
     #[test]
     fn a_decision_stands_while_its_own_writes_are_still_arriving() {
         let decisions = Decisions::default();
         decided_first_pass(&decisions);
-        decisions.noted(PARENT, Some("11"));
+        noted(&decisions, "a", "11");
         assert!(
             check(&decisions, "10", &[("a", "11")]),
             "b's create on its way"
         );
-        decisions.noted(PARENT, Some("13"));
+        decisions.noted_parent(PARENT, Some("13"));
         assert!(check(&decisions, "13", &[("a", "11")]), "and the status");
         let since = decisions.begin(PARENT);
         let standing = decisions
-            .standing(PARENT, &since, &inputs(&decisions, "13", &[]))
+            .standing(PARENT, &since, &inputs(&since, "13", &[]), nowhere)
             .expect("nothing arrived yet");
         assert!(!standing.requeued);
         assert!(standing.requeue_in <= Duration::from_secs(300));
@@ -448,8 +603,8 @@ mod tests {
     fn once_every_child_it_wrote_arrived_the_plugin_is_asked_once_more_then_not_again() {
         let decisions = Decisions::default();
         decided_first_pass(&decisions);
-        decisions.noted(PARENT, Some("11"));
-        decisions.noted(PARENT, Some("12"));
+        noted(&decisions, "a", "11");
+        noted(&decisions, "b", "12");
         let converged = [("a", "11"), ("b", "12")];
         assert!(!check(&decisions, "13", &converged));
         // The second decision writes nothing: its world is the one it saw.
@@ -469,18 +624,50 @@ mod tests {
         decided_first_pass(&decisions);
         assert!(!check(&decisions, "13", &[("a", "11"), ("b", "20")]));
         assert!(!check(&decisions, "20", &[("a", "11")]));
-        // The parent never shows a child's version.
+        // Versions are known per object: the parent never has a child's, nor b a's.
         assert!(!check(&decisions, "11", &[("a", "11")]));
+        assert!(!check(&decisions, "13", &[("a", "11"), ("b", "11")]));
     }
 
     #[test]
     fn someone_else_s_write_the_host_then_overwrote_still_asks_the_plugin() {
         let decisions = Decisions::default();
         decided_first_pass(&decisions);
-        decisions.noted(PARENT, Some("14"));
+        decisions.noted_parent(PARENT, Some("14"));
         // By the time the reconcile reads the cache, the parent shows the host's status write.
-        decisions.noted(PARENT, Some("13"));
+        decisions.noted_parent(PARENT, Some("13"));
         assert!(!check(&decisions, "13", &[("a", "11")]));
+
+        let decisions = Decisions::default();
+        decided_first_pass(&decisions);
+        noted(&decisions, "a", "15");
+        noted(&decisions, "a", "11");
+        assert!(!check(&decisions, "13", &[("a", "11")]));
+    }
+
+    #[test]
+    fn a_parent_handed_over_older_than_its_latest_event_neither_stands_nor_is_kept() {
+        let decisions = Decisions::default();
+        decided_first_pass(&decisions);
+        // Someone's edit (20) arrived before the check began; the reconcile has the old copy.
+        decisions.noted_parent(PARENT, Some("20"));
+        assert!(!check(&decisions, "13", &[("a", "11")]));
+
+        // A decision made on that old copy, whose status write landed on top of the edit (21).
+        let written = OwnWrites::default();
+        written.parent(Some("21"));
+        decide(
+            &decisions,
+            "13",
+            &[("a", "11"), ("b", "12")],
+            &["a", "b"],
+            &written,
+        );
+        decisions.noted_parent(PARENT, Some("21"));
+        assert!(
+            !check(&decisions, "21", &[("a", "11"), ("b", "12")]),
+            "not kept: the edit was never shown to the plugin"
+        );
     }
 
     #[test]
@@ -491,6 +678,17 @@ mod tests {
         assert!(check(&decisions, "10", &[("a", "5")]));
         assert!(!check(&decisions, "10", &[]), "a deleted by someone");
         assert!(!check(&decisions, "10", &[("a", "5"), ("c", "5")]));
+    }
+
+    #[test]
+    fn a_created_child_that_arrived_under_another_controller_asks_the_plugin() {
+        let decisions = Decisions::default();
+        decided_first_pass(&decisions);
+        let b_exists = |index: usize, namespace: Option<&str>, name: &str| {
+            (index, namespace, name) == (0, Some("ns"), "b")
+        };
+        assert!(!check_with(&decisions, "13", &[("a", "11")], b_exists));
+        assert!(check(&decisions, "13", &[("a", "11")]));
     }
 
     #[test]
@@ -512,13 +710,16 @@ mod tests {
         let since = decisions.begin(PARENT);
         let other_plugin = Inputs {
             plugin: 2,
-            ..inputs(&decisions, "13", &arriving)
+            ..inputs(&since, "13", &arriving)
         };
-        assert_eq!(decisions.standing(PARENT, &since, &other_plugin), None);
+        assert_eq!(
+            decisions.standing(PARENT, &since, &other_plugin, nowhere),
+            None
+        );
 
         decided_first_pass(&decisions);
         for _ in 0..=SEEN_AT_MOST {
-            decisions.noted(PARENT, Some("11"));
+            noted(&decisions, "a", "11");
         }
         assert!(
             !check(&decisions, "13", &arriving),
@@ -532,10 +733,10 @@ mod tests {
         decided_first_pass(&decisions);
         let arriving = [("a", "11")];
         let since = decisions.begin(PARENT);
-        decisions.noted(PARENT, Some("30"));
+        noted(&decisions, "a", "30");
         assert!(
             decisions
-                .standing(PARENT, &since, &inputs(&decisions, "13", &arriving))
+                .standing(PARENT, &since, &inputs(&since, "13", &arriving), nowhere)
                 .is_some()
         );
         assert!(!check(&decisions, "13", &arriving));
@@ -557,7 +758,7 @@ mod tests {
     }
 
     #[test]
-    fn a_forgotten_or_expired_decision_stands_no_more() {
+    fn a_forgotten_expired_or_removed_decision_stands_no_more_and_is_not_brought_back() {
         let decisions = Decisions::default();
         let arriving = [("a", "11")];
         decided_first_pass(&decisions);
@@ -566,6 +767,7 @@ mod tests {
 
         decided_first_pass(&decisions);
         if let Some(decided) = lock(&decisions.parents)
+            .by_key
             .get_mut(&PARENT)
             .and_then(|e| e.decided.as_mut())
         {
@@ -573,18 +775,51 @@ mod tests {
         }
         assert!(!check(&decisions, "13", &arriving));
 
-        decided_first_pass(&decisions);
+        // Removed while a reconcile ran: its decision does not bring the entry back.
+        let since = decisions.begin(PARENT);
         decisions.remove(PARENT);
-        assert!(!check(&decisions, "13", &arriving));
+        decisions.decided(
+            PARENT,
+            inputs(&since, "10", &[]),
+            &Outcome {
+                children: Vec::new(),
+                written: &OwnWrites::default(),
+                requeue: Duration::from_secs(300),
+                requeued: false,
+            },
+        );
+        assert!(lock(&decisions.parents).by_key.is_empty());
+    }
+
+    #[test]
+    fn idle_entries_without_a_standing_decision_are_swept() {
+        let decisions = Decisions::default();
+        decided_first_pass(&decisions);
+        decisions.noted_parent(8, Some("1"));
+        let long_ago = Instant::now()
+            .checked_sub(HOLD_AT_MOST + Duration::from_secs(1))
+            .expect("the clock is past 31 s");
+        {
+            let mut parents = lock(&decisions.parents);
+            parents.swept = long_ago;
+            for entry in parents.by_key.values_mut() {
+                entry.touched = long_ago;
+            }
+        }
+        decisions.begin(9);
+        let kept: Vec<u64> = lock(&decisions.parents).by_key.keys().copied().collect();
+        assert!(kept.contains(&PARENT), "its decision still stands");
+        assert!(kept.contains(&9), "just checked");
+        assert!(!kept.contains(&8), "idle, with no decision");
     }
 
     #[test]
     fn a_short_requeue_holds_the_decision_half_as_long() {
         let decisions = Decisions::default();
-        let inputs = inputs(&decisions, "10", &[]);
+        let since = decisions.begin(PARENT);
         decisions.decided(
             PARENT,
-            inputs,
+            inputs(&since, "10", &[]),
             &Outcome {
                 children: Vec::new(),
                 written: &OwnWrites::default(),
@@ -593,6 +828,7 @@ mod tests {
             },
         );
         let held = lock(&decisions.parents)
+            .by_key
             .get(&PARENT)
             .and_then(|e| e.decided.as_ref())
             .map(|d| d.until.saturating_duration_since(Instant::now()));
@@ -600,10 +836,10 @@ mod tests {
     }
 
     #[test]
-    fn events_of_a_parent_never_checked_are_not_kept() {
+    fn child_and_related_events_of_a_parent_never_checked_are_not_kept() {
         let decisions = Decisions::default();
-        decisions.noted(PARENT, Some("1"));
+        noted(&decisions, "a", "1");
         decisions.moved(PARENT);
-        assert!(lock(&decisions.parents).is_empty());
+        assert!(lock(&decisions.parents).by_key.is_empty());
     }
 }

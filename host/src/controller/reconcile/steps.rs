@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::core::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource as _, ResourceExt as _};
 use tracing::Instrument as _;
 
@@ -159,9 +160,18 @@ impl<'a> Reconcile<'a> {
         let selection = ctx
             .serving
             .select(self.parent.labels(), self.parent.uid().as_deref());
-        let inputs = self.inputs(&observed, &selection);
+        let inputs = self.inputs(&since, &observed, &selection);
         if selection.shadow.is_none()
-            && let Some(standing) = ctx.decisions.standing(key, &since, &inputs)
+            && let Some(standing) =
+                ctx.decisions
+                    .standing(key, &since, &inputs, |index, namespace, name| {
+                        let cache = &ctx.caches.children[index];
+                        let mut child = ObjectRef::new_with(name, cache.resource.clone());
+                        if let Some(namespace) = namespace {
+                            child = child.within(namespace);
+                        }
+                        cache.store.get(&child).is_some()
+                    })
         {
             ctx.metrics.unchanged();
             return Ok(Done {
@@ -209,12 +219,17 @@ impl<'a> Reconcile<'a> {
         decisions::parent_key(self.identity.namespace.as_deref(), &self.identity.name)
     }
 
-    /// What a decision for this parent, observing `observed` and served as `selection` says,
-    /// is made on.
-    fn inputs(&self, observed: &[request::Observed], selection: &Selection) -> Inputs {
+    /// What a decision for this parent, begun `since`, observing `observed` and served as
+    /// `selection` says, is made on.
+    fn inputs(
+        &self,
+        since: &decisions::Since,
+        observed: &[request::Observed],
+        selection: &Selection,
+    ) -> Inputs {
         let serving = &selection.serving;
         Inputs::new(
-            &self.ctx.decisions,
+            since,
             decisions::plugin_fingerprint(serving.plugin.digest(), serving.config.as_deref()),
             self.parent.metadata.resource_version.as_deref(),
             observed.iter().map(|(index, child)| {
@@ -378,7 +393,8 @@ impl<'a> Reconcile<'a> {
         )
         .await?;
         let request = request::build(self.parent, observed, related, serving, finalizing);
-        lock(&self.trace).asked(&request, *serving.plugin.digest());
+        let parent_type = (ctx.parent.api_version.as_str(), ctx.parent.kind.as_str());
+        lock(&self.trace).asked(&request, *serving.plugin.digest(), parent_type);
         Ok(request)
     }
 

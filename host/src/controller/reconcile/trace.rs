@@ -29,7 +29,8 @@ pub(crate) struct Trace {
     children: Vec<ChildRecord>,
     status: Option<StatusRecord>,
     events: Vec<EventRecord>,
-    case: Option<Case>,
+    asked: Option<Asked>,
+    recorded: Option<Recorded>,
     plugin: Option<Digest>,
     shadow: Option<String>,
     /// What the record must not show.
@@ -50,7 +51,8 @@ impl Trace {
             children: Vec::new(),
             status: None,
             events: Vec::new(),
-            case: None,
+            asked: None,
+            recorded: None,
             plugin: None,
             shadow: None,
         }
@@ -68,17 +70,30 @@ impl Trace {
         self.lap = now;
     }
 
-    /// The plugin `plugin` is asked `request`.
-    pub fn asked(&mut self, request: &ReconcileRequest, plugin: Digest) {
-        if self.enabled {
-            self.case = Some(Case::of(request, &self.redaction));
-            self.plugin = Some(plugin);
+    /// The plugin `plugin` is asked `request` about a parent of `parent_type` (apiVersion,
+    /// kind).
+    pub fn asked(&mut self, request: &ReconcileRequest, plugin: Digest, parent_type: (&str, &str)) {
+        if !self.enabled {
+            return;
         }
+        let redaction = &self.redaction;
+        let untouched = !redaction.changes(parent_type.0, parent_type.1)
+            && request
+                .children
+                .iter()
+                .chain(&request.related)
+                .all(|o| !redaction.changes(&o.api_version, &o.kind));
+        self.asked = Some(if untouched {
+            Asked::Verbatim(request.clone())
+        } else {
+            Asked::Redacted(Box::new(Case::of(request, redaction)))
+        });
+        self.plugin = Some(plugin);
     }
 
     /// The plugin answered.
     pub fn answered(&mut self, answer: &Result<ReconcileResponse, CallError>, policy: &str) {
-        let (Some(case), Some(plugin)) = (&mut self.case, self.plugin) else {
+        let (Some(_), Some(plugin)) = (&self.asked, self.plugin) else {
             return;
         };
         let redaction = &self.redaction;
@@ -103,7 +118,7 @@ impl Trace {
             }
             Err(error) => (None, Some(RecordedError::of(error))),
         };
-        case.recorded = Some(Recorded {
+        self.recorded = Some(Recorded {
             at: timestamp(self.at),
             policy: policy.to_owned(),
             plugin: plugin.to_string(),
@@ -190,15 +205,14 @@ impl Trace {
             generation: parent.metadata.generation,
             resource_version: parent.metadata.resource_version.clone(),
         };
-        if let (Some(recorder), Some(case)) = (&explain.recorder, &self.case)
+        if let (Some(recorder), Some(asked)) = (&explain.recorder, &self.asked)
             && recorder.sample()
         {
-            recorder.record(
-                &ctx.policy,
-                parent.namespace.as_deref(),
-                &parent.name,
-                case.clone(),
-            );
+            let case = Case {
+                recorded: self.recorded.clone(),
+                ..asked.case(&self.redaction)
+            };
+            recorder.record(&ctx.policy, parent.namespace.as_deref(), &parent.name, case);
         }
         let record = Record {
             at: timestamp(self.at),
@@ -219,7 +233,8 @@ impl Trace {
             case: None,
             parent,
         };
-        let case = self.case.as_ref().map(serde_json::to_string).transpose();
+        let recorded = self.recorded;
+        let case = self.asked.map(|asked| asked.text(recorded)).transpose();
         match (serde_json::to_string(&record), case) {
             (Ok(json), Ok(case)) => {
                 let eventful = record.result != RecordResult::Reconciled
@@ -232,6 +247,31 @@ impl Trace {
             (Err(error), _) | (_, Err(error)) => {
                 tracing::warn!(%error, "could not keep the reconcile's record");
             }
+        }
+    }
+}
+
+/// What the plugin was asked, as a case keeps it.
+enum Asked {
+    /// Nothing in the request is to be redacted: kept as the texts the plugin was sent, and
+    /// written out as they are.
+    Verbatim(ReconcileRequest),
+    /// Parsed, with what is to be redacted redacted.
+    Redacted(Box<Case>),
+}
+
+impl Asked {
+    fn case(&self, redaction: &Redaction) -> Case {
+        match self {
+            Self::Verbatim(request) => Case::of(request, redaction),
+            Self::Redacted(case) => Case::clone(case),
+        }
+    }
+
+    fn text(self, recorded: Option<Recorded>) -> Result<String, serde_json::Error> {
+        match self {
+            Self::Verbatim(request) => Case::text_of(&request, recorded.as_ref()),
+            Self::Redacted(case) => serde_json::to_string(&Case { recorded, ..*case }),
         }
     }
 }
