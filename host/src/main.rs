@@ -14,7 +14,27 @@ fn main() -> ExitCode {
     if let Some(code) = wasmctrl::plugin::compile_child_if_asked() {
         return code;
     }
+    end_quietly_when_stdout_closes();
     run()
+}
+
+/// A reader that goes away (`wasmctrl … | head -1`) ends the command quietly, with the status
+/// a Unix tool killed by SIGPIPE has (141), as `print!` panics once stdout is a closed pipe:
+/// that is the end of the output, not a failure to report.
+fn end_quietly_when_stdout_closes() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        report(info);
+    }));
 }
 
 #[tokio::main]

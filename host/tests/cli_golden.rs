@@ -556,3 +556,21 @@ fn completion_scripts_name_the_commands_for_each_shell() {
         }
     }
 }
+
+/// A reader that goes away, as `wasmctrl … | head -1` has it, ends the command with the
+/// status SIGPIPE gives and nothing on stderr.
+#[test]
+fn a_closed_stdout_ends_a_command_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+        .arg("version")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run wasmctrl");
+    // Closed before the command (still starting) writes.
+    drop(child.stdout.take());
+    let output = child.wait_with_output().expect("wait for wasmctrl");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(141), "{stderr}");
+    assert!(stderr.is_empty(), "nothing to report: {stderr}");
+}

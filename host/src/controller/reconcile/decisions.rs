@@ -19,8 +19,9 @@
 //! - an event noted since the last check began is of a version that object neither had when
 //!   the decision was made nor got from the host's writes: someone else's write counts even
 //!   when the host's next write overwrote it before the reconcile ran;
-//! - the parent the reconcile was handed is older than the parent's latest event (the
-//!   decision, or the check, would be made on an old copy);
+//! - the parent the reconcile was handed is not the parent's latest event, nor is that
+//!   event one of this reconcile's own writes (the decision, or the check, could be made on
+//!   an old copy);
 //! - a related object it may read moved, or a watch listed its kind again;
 //! - the caches show the parent, or a child, at a version neither seen nor written, a child
 //!   the decision did not want, a child missing that existed, or a child whose create is
@@ -82,6 +83,10 @@ impl Default for Decisions {
     }
 }
 
+/// A new entry's mark, so a decision is kept only in the entry its check began in (not in
+/// one a sweep or a deletion replaced meanwhile, which missed what the old one noted).
+static BORN: AtomicU64 = AtomicU64::new(0);
+
 struct Parents {
     by_key: HashMap<u64, Entry>,
     /// When entries idle past [`HOLD_AT_MOST`] were last dropped.
@@ -116,8 +121,10 @@ struct Entry {
     moved: bool,
     /// The version of the parent's latest event.
     latest_parent: Option<u64>,
-    /// When the entry was last noted, checked or decided.
+    /// When the entry was last noted, marked moved, checked or decided.
     touched: Instant,
+    /// Which entry this is, as [`BORN`] numbered it.
+    born: u64,
 }
 
 impl Entry {
@@ -128,6 +135,7 @@ impl Entry {
             moved: false,
             latest_parent: None,
             touched: now,
+            born: BORN.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -190,6 +198,7 @@ pub(crate) struct Since {
     moved: bool,
     latest_parent: Option<u64>,
     relists: u64,
+    born: u64,
 }
 
 /// What a reconcile is about to decide on: the inputs that tell whether the last decision
@@ -202,6 +211,7 @@ pub(crate) struct Inputs {
     /// Each observed child's key and version.
     children: Vec<(u64, u64)>,
     relists: u64,
+    born: u64,
 }
 
 /// A decision that still stands: when the reconcile it ended comes due again.
@@ -280,25 +290,32 @@ fn version(version: Option<&str>) -> u64 {
 }
 
 impl Inputs {
-    /// The inputs of a reconcile that began `since`, of a parent handed to it at
-    /// `parent_version`, which observes `observed` (each child's key and version) and is
-    /// served by the plugin `plugin`.
+    /// The inputs of a reconcile that began `since` and wrote `own` so far, of a parent
+    /// handed to it at `parent_version`, which observes `observed` (each child's key and
+    /// version) and is served by the plugin `plugin`.
     pub fn new<'a>(
         since: &Since,
+        own: &OwnWrites,
         plugin: u64,
         parent_version: Option<&str>,
         observed: impl IntoIterator<Item = (ChildKey<'a>, Option<&'a str>)>,
     ) -> Self {
         let parent = version(parent_version);
+        // The latest event may be the reconcile's own finalizer write, made on the copy it
+        // holds (the patch tests that copy's version): not a newer world.
+        let stale = since
+            .latest_parent
+            .is_some_and(|latest| latest != parent && !lock(&own.0).parent.contains(&latest));
         Self {
             plugin,
             parent,
-            stale: since.latest_parent.is_some_and(|latest| latest != parent),
+            stale,
             children: observed
                 .into_iter()
                 .map(|(key, v)| (child_key(key), version(v)))
                 .collect(),
             relists: since.relists,
+            born: since.born,
         }
     }
 }
@@ -321,6 +338,7 @@ impl Decisions {
             moved: std::mem::take(&mut entry.moved),
             latest_parent: entry.latest_parent,
             relists: self.relists.load(Ordering::Acquire),
+            born: entry.born,
         }
     }
 
@@ -353,8 +371,9 @@ impl Decisions {
         })
     }
 
-    /// `parent` was decided on `inputs` and the reconcile ended with `outcome`. A decision
-    /// made on a parent older than its latest event is not kept.
+    /// `parent` was decided on `inputs` and the reconcile ended with `outcome`. Not kept when
+    /// made on an old copy of the parent, or when the entry its check began in was swept
+    /// or removed meanwhile.
     pub fn decided(&self, parent: u64, inputs: Inputs, outcome: &Outcome<'_>) {
         let now = Instant::now();
         let mut parents = lock(&self.parents);
@@ -363,7 +382,7 @@ impl Decisions {
             return;
         };
         entry.touched = now;
-        if inputs.stale {
+        if inputs.stale || entry.born != inputs.born {
             entry.decided = None;
             return;
         }
@@ -456,6 +475,7 @@ impl Decisions {
     pub fn moved(&self, parent: u64) {
         if let Some(entry) = lock(&self.parents).by_key.get_mut(&parent) {
             entry.moved = true;
+            entry.touched = Instant::now();
         }
     }
 
@@ -521,6 +541,7 @@ mod tests {
     fn inputs(since: &Since, parent_version: &str, children: &[(&str, &str)]) -> Inputs {
         Inputs::new(
             since,
+            &OwnWrites::default(),
             1,
             Some(parent_version),
             children.iter().map(|(name, v)| (child(name), Some(*v))),
@@ -667,6 +688,53 @@ mod tests {
         assert!(
             !check(&decisions, "21", &[("a", "11"), ("b", "12")]),
             "not kept: the edit was never shown to the plugin"
+        );
+    }
+
+    #[test]
+    fn the_reconcile_s_own_finalizer_write_as_the_latest_event_is_no_old_copy() {
+        let decisions = Decisions::default();
+        let since = decisions.begin(PARENT);
+        let own = OwnWrites::default();
+        own.parent(Some("11"));
+        decisions.noted_parent(PARENT, Some("11"));
+        let since_echo = decisions.begin(PARENT);
+        let inputs = Inputs::new(&since_echo, &own, 1, Some("10"), std::iter::empty());
+        assert!(!inputs.stale, "the finalizer patch was made on version 10");
+        let foreign = Inputs::new(
+            &since_echo,
+            &OwnWrites::default(),
+            1,
+            Some("10"),
+            std::iter::empty(),
+        );
+        assert!(foreign.stale);
+        drop(since);
+    }
+
+    #[test]
+    fn a_decision_whose_entry_was_swept_or_removed_meanwhile_is_not_kept() {
+        let decisions = Decisions::default();
+        let since = decisions.begin(PARENT);
+        let inputs = inputs(&since, "10", &[]);
+        // A related change lands, then the entry goes (a sweep during a slow reconcile) and
+        // the host's own status echo makes a new one.
+        decisions.moved(PARENT);
+        decisions.remove(PARENT);
+        decisions.noted_parent(PARENT, Some("10"));
+        decisions.decided(
+            PARENT,
+            inputs,
+            &Outcome {
+                children: Vec::new(),
+                written: &OwnWrites::default(),
+                requeue: Duration::from_secs(300),
+                requeued: false,
+            },
+        );
+        assert!(
+            !check(&decisions, "10", &[]),
+            "what the old entry noted is lost"
         );
     }
 

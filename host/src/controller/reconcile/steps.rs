@@ -230,6 +230,7 @@ impl<'a> Reconcile<'a> {
         let serving = &selection.serving;
         Inputs::new(
             since,
+            &self.own,
             decisions::plugin_fingerprint(serving.plugin.digest(), serving.config.as_deref()),
             self.parent.metadata.resource_version.as_deref(),
             observed.iter().map(|(index, child)| {
