@@ -195,21 +195,34 @@ async fn explain_shows_each_step_and_a_saved_or_recorded_case_replays() -> anyho
             .is_some_and(|p| p.starts_with("sha256:"))
     );
 
-    // Unchanged: a reconcile with nothing to do writes nothing, and says so.
-    let quiet = wait_for_record(
-        &url,
-        &ns,
-        "myapps.example.com/web",
-        "an idle reconcile",
-        |r| {
-            r.children.len() == 2
-                && r.children
-                    .iter()
-                    .all(|c| c.action == ChildAction::Unchanged)
-                && r.status.as_ref().is_some_and(|s| !s.written)
-        },
-    )
-    .await?;
+    // Unchanged: a reconcile with nothing to do writes nothing, and says so. A change the
+    // decision does not depend on (an annotation) brings one; the host's own writes coming
+    // back do not. Touched again until one finds the status settled too (the
+    // controller-manager moves the Deployment's ready count meanwhile).
+    let idle = |r: &Record| {
+        r.children.len() == 2
+            && r.children
+                .iter()
+                .all(|c| c.action == ChildAction::Unchanged)
+            && r.status.as_ref().is_some_and(|s| !s.written)
+    };
+    let started = Instant::now();
+    let quiet = loop {
+        let touch = json!({"metadata": {"annotations": {"example.com/touched": started.elapsed().as_millis().to_string()}}});
+        myapps
+            .patch("web", &PatchParams::default(), &Patch::Merge(touch))
+            .await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Ok(found) = records(&url, &ns, "myapps.example.com/web", 50).await
+            && let Some(record) = found.into_iter().find(idle)
+        {
+            break record;
+        }
+        anyhow::ensure!(
+            started.elapsed() < ACT * 2,
+            "timed out waiting for an idle reconcile"
+        );
+    };
     assert!(quiet.error.is_none());
 
     // Changed: the Deployment, naming the field that differed.
