@@ -157,13 +157,13 @@ fn every_failure_is_one_line_that_names_the_cause() {
             "wrong world",
             support::guest("wrong-world"),
             vec![],
-            "does not export `wasmctrl:plugin/reconciler@0.1.0`",
+            "does not export `wasmctrl:plugin/reconciler@0.1.1`",
         ),
         (
             "future contract",
             support::guest("future_contract_plugin"),
             vec![],
-            "implements contract wasmctrl:plugin@0.2.0, but this host serves only @0.1.0: rebuild the plugin with wasmctrl-plugin-sdk for contract 0.1.0",
+            "implements contract wasmctrl:plugin@0.2.0, but this host serves only @0.1.0 to @0.1.1: rebuild the plugin with wasmctrl-plugin-sdk for contract 0.1.1",
         ),
         (
             "wrong digest",
@@ -281,18 +281,29 @@ fn inspect_and_version_name_the_contracts() {
     };
     let future = inspect("future_contract_plugin");
     assert_eq!(future["contractVersion"], "0.2.0");
-    assert_eq!(future["hostContractVersions"], serde_json::json!(["0.1.0"]));
+    assert_eq!(
+        future["hostContractVersions"],
+        serde_json::json!(["0.1.0", "0.1.1"])
+    );
     assert_eq!(future["compatible"], false);
     assert!(
         future["refused"]
             .as_str()
-            .is_some_and(|r| r.contains("serves only @0.1.0")),
+            .is_some_and(|r| r.contains("serves only @0.1.0 to @0.1.1")),
         "{future}"
     );
+    assert!(future["webhooksUnknown"].is_string(), "{future}");
     let myapp = inspect("myapp_plugin");
-    assert_eq!(myapp["contractVersion"], "0.1.0");
+    assert_eq!(myapp["contractVersion"], "0.1.1");
     assert_eq!(myapp["compatible"], true);
     assert!(myapp.get("refused").is_none(), "{myapp}");
+    assert_eq!(
+        myapp["webhooks"],
+        serde_json::json!(["validate", "default"])
+    );
+    let without_webhooks = inspect("myapp_v2_plugin");
+    assert_eq!(without_webhooks["webhooks"], serde_json::json!([]));
+    assert!(without_webhooks.get("webhooksUnknown").is_none());
     let wrong_world = inspect("wrong-world");
     assert_eq!(wrong_world["compatible"], false);
     assert!(wrong_world["contractVersion"].is_null());
@@ -305,7 +316,11 @@ fn inspect_and_version_name_the_contracts() {
         serde_yaml_ng::from_slice(&version.stdout).expect("version is YAML");
     assert_eq!(
         version["pluginContracts"],
-        serde_json::json!(["wasmctrl:plugin@0.1.0"])
+        serde_json::json!(["wasmctrl:plugin@0.1.0", "wasmctrl:plugin@0.1.1"])
+    );
+    assert_eq!(
+        version["pluginWebhooks"],
+        serde_json::json!(["validate", "default", "convert"])
     );
 }
 

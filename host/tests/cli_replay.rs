@@ -266,3 +266,111 @@ fn write_json(dir: &Path, name: &str, value: &Value) -> std::path::PathBuf {
     std::fs::write(&file, serde_json::to_string_pretty(value).expect("json")).expect("write");
     file
 }
+
+/// The repository's example cases of a plugin (`plugins/<name>/cases`).
+fn example_cases(plugin: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins")
+        .join(plugin)
+        .join("cases")
+}
+
+#[test]
+fn webhook_cases_pass_fail_with_the_difference_and_update() {
+    // MyApp's validator and defaulter, Widget's converter (each case converts there and back).
+    let (code, stdout, stderr) = test_cases("myapp_plugin", &example_cases("myapp"), false);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("6 cases: 6 passed, 0 failed"), "{stdout}");
+    let (code, stdout, stderr) = test_cases("widget_plugin", &example_cases("widget"), false);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("2 cases: 2 passed, 0 failed"), "{stdout}");
+
+    // A case that expects MyApp to allow too many replicas fails, naming what differs; with
+    // `--update` it expects the denial.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let case = dir.path().join("too-many.yaml");
+    std::fs::write(
+        &case,
+        serde_yaml_ng::to_string(&json!({
+            "validate": {"object": {"apiVersion": "example.com/v1", "kind": "MyApp",
+                                    "metadata": {"name": "web"},
+                                    "spec": {"replicas": 99, "image": "nginx:1.27"}}},
+            "expect": {"allowed": true, "violations": [], "warnings": []},
+        }))
+        .expect("yaml"),
+    )
+    .expect("write");
+    let (code, stdout, _) = test_cases("myapp_plugin", &case, false);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("allowed: expected true, got false"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = test_cases("myapp_plugin", &case, true);
+    assert_eq!(code, Some(0), "{stdout}");
+    let updated: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&case).expect("read")).expect("yaml");
+    assert_eq!(updated["expect"]["violations"][0]["field"], "spec.replicas");
+    assert_eq!(test_cases("myapp_plugin", &case, false).0, Some(0));
+
+    // A plugin that serves no validate fails the case with that error, not a crash.
+    let (code, stdout, _) = test_cases("myapp_v2_plugin", &case, false);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("does not serve the `validate` webhook"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn plugin_run_calls_one_webhook_on_a_given_object() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let app = write_json(
+        dir.path(),
+        "app.json",
+        &json!({"apiVersion": "example.com/v1", "kind": "MyApp", "metadata": {"name": "web"},
+                "spec": {"replicas": 0, "image": "nginx:1.27"}}),
+    );
+    let run = |plugin_name: &str, object: &Path, flags: &[&str]| -> Value {
+        let plugin = plugin(plugin_name);
+        let mut args = vec![
+            "plugin",
+            "run",
+            &plugin,
+            "--parent",
+            path(object),
+            "-o",
+            "json",
+        ];
+        args.extend_from_slice(flags);
+        let out = wasmctrl(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let verdict = run("myapp_plugin", &app, &["--validate"]);
+    assert_eq!(verdict["allowed"], false);
+    assert_eq!(verdict["violations"][0]["field"], "spec.replicas");
+    let defaulted = run("myapp_plugin", &app, &["--default"]);
+    assert_eq!(defaulted["object"]["spec"]["port"], 80);
+
+    let widget = write_json(
+        dir.path(),
+        "widget.json",
+        &json!({"apiVersion": "example.com/v1alpha1", "kind": "Widget", "metadata": {"name": "w"},
+                "spec": {"address": "db:5432", "replicaCount": 1}}),
+    );
+    let converted = run(
+        "widget_plugin",
+        &widget,
+        &["--convert-to", "example.com/v1"],
+    );
+    assert_eq!(converted["object"]["apiVersion"], "example.com/v1");
+    assert_eq!(
+        converted["object"]["spec"]["endpoint"],
+        json!({"host": "db", "port": 5432})
+    );
+}

@@ -15,20 +15,38 @@ wasmtime::component::bindgen!({
 
 pub(crate) use exports::wasmctrl::plugin::reconciler as wit;
 
+/// The bindings of the world with webhooks. Only its `webhooks` interface is used: a plugin is
+/// loaded through [`PluginPre`] (which needs only the reconciler), and its webhooks are looked
+/// up beside it when it exports them, so a plugin that serves none, or one of contract 0.1.0,
+/// loads as before.
+mod with_webhooks {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "plugin-with-webhooks",
+        with: { "wasmctrl:plugin/log": super::wasmctrl::plugin::log },
+    });
+}
+
+pub(crate) use with_webhooks::exports::wasmctrl::plugin::webhooks as wit_webhooks;
+
 /// The contract version this host implements (the WIT package version).
 ///
-/// A host serves exactly the contract versions it has bindings for: the version is part of
-/// every interface name, and a new version may change any record. When the WIT changes, the
-/// host binds the new world next to the old one and serves both for as long as plugins of
-/// the old one are in use; until then a plugin of another version is refused at load, before
-/// any call, with both versions named ([`LoadError::ContractVersion`]).
-pub const CONTRACT_VERSION: &str = "0.1.0";
+/// The version is part of every interface name. Within one 0.x minor version the contract
+/// only grows (0.1.1 added `webhooks`), and wasmtime matches such names semver-compatibly, so
+/// this host's bindings call a 0.1.0 plugin's reconciler as they are. A plugin of another
+/// minor version, or of a newer patch than this host's, is refused at load, before any call,
+/// with both versions named ([`LoadError::ContractVersion`]). A breaking change would bind
+/// the new world next to the old one and serve both while plugins of the old one are in use.
+pub const CONTRACT_VERSION: &str = "0.1.1";
 
-/// Every contract version this host serves, for `wasmctrl version` and `plugin inspect`.
-pub const CONTRACT_VERSIONS: &[&str] = &[CONTRACT_VERSION];
+/// Every contract version this host serves, oldest first, for `wasmctrl version` and
+/// `plugin inspect`.
+pub const CONTRACT_VERSIONS: &[&str] = &["0.1.0", CONTRACT_VERSION];
 /// The interface every plugin must export, versioned.
-const RECONCILER_EXPORT: &str = "wasmctrl:plugin/reconciler@0.1.0";
+const RECONCILER_EXPORT: &str = "wasmctrl:plugin/reconciler@0.1.1";
 const RECONCILER_EXPORT_PREFIX: &str = "wasmctrl:plugin/reconciler@";
+/// The interface a plugin that serves webhooks exports (since 0.1.1).
+const WEBHOOKS_EXPORT_PREFIX: &str = "wasmctrl:plugin/webhooks@";
 
 /// What a component imports and exports, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -61,11 +79,18 @@ impl Surface {
             .find_map(|name| name.strip_prefix(RECONCILER_EXPORT_PREFIX))
     }
 
-    /// Check that the component exports the reconciler of this host's contract version.
-    /// Imports are checked by the linker, which names any it cannot satisfy.
+    /// Whether the component exports the `webhooks` interface (it may still serve none).
+    pub fn exports_webhooks(&self) -> bool {
+        self.exports
+            .iter()
+            .any(|name| name.starts_with(WEBHOOKS_EXPORT_PREFIX))
+    }
+
+    /// Check that the component exports the reconciler of a contract version this host
+    /// serves. Imports are checked by the linker, which names any it cannot satisfy.
     pub(crate) fn check(&self) -> Result<(), LoadError> {
         match self.contract_version() {
-            Some(CONTRACT_VERSION) => Ok(()),
+            Some(found) if CONTRACT_VERSIONS.contains(&found) => Ok(()),
             Some(found) => Err(LoadError::ContractVersion {
                 found: found.to_owned(),
                 supported: CONTRACT_VERSION,
@@ -119,12 +144,34 @@ mod tests {
     }
 
     #[test]
-    fn this_contract_version_is_accepted() {
+    fn this_contract_version_and_the_one_it_grew_from_are_accepted() {
+        for version in ["0.1.0", "0.1.1"] {
+            let name = format!("wasmctrl:plugin/reconciler@{version}");
+            assert!(exporting(&[&name]).check().is_ok(), "{version}");
+        }
+    }
+
+    #[test]
+    fn a_newer_patch_is_refused_like_another_minor() {
+        let err = exporting(&["wasmctrl:plugin/reconciler@0.1.2"])
+            .check()
+            .expect_err("newer than this host");
         assert!(
-            exporting(&["wasmctrl:plugin/reconciler@0.1.0"])
-                .check()
-                .is_ok()
+            matches!(&err, LoadError::ContractVersion { found, .. } if found == "0.1.2"),
+            "{err}"
         );
+    }
+
+    #[test]
+    fn only_a_webhooks_export_counts_as_one() {
+        assert!(
+            exporting(&[
+                "wasmctrl:plugin/reconciler@0.1.1",
+                "wasmctrl:plugin/webhooks@0.1.1"
+            ])
+            .exports_webhooks()
+        );
+        assert!(!exporting(&["wasmctrl:plugin/reconciler@0.1.1"]).exports_webhooks());
     }
 
     #[test]
@@ -133,7 +180,7 @@ mod tests {
             .check()
             .expect_err("newer contract");
         assert!(
-            matches!(&err, LoadError::ContractVersion { found, supported: "0.1.0" } if found == "0.2.0"),
+            matches!(&err, LoadError::ContractVersion { found, supported: "0.1.1" } if found == "0.2.0"),
             "{err}"
         );
         assert!(err.to_string().contains("@0.2.0"), "{err}");

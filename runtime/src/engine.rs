@@ -19,6 +19,7 @@ use super::error::LoadError;
 use super::limits::Limits;
 use super::plugin::{EPOCH_TICK, Plugin, PluginInfo};
 use super::sandbox::{MAX_TABLE_ELEMENTS, Sandbox};
+use super::webhook::ServedWebhooks;
 
 /// How much of each pooled memory and table stays mapped between calls. A Rust plugin's
 /// 1 MiB stack, its data and the heap a reconcile uses fit well inside.
@@ -289,14 +290,35 @@ impl PluginEngine {
                     .map(|e| LoadError::WrongWorld(format!("{e:#}")))
             })
             .map(|e| e.to_string());
+        let digest = Digest::of(bytes);
+        let webhooks = match &refusal {
+            Some(_) => Err("not asked: this host would refuse the plugin".to_owned()),
+            None if !surface.exports_webhooks() => Ok(ServedWebhooks::default()),
+            None => self
+                .prepare(
+                    component,
+                    digest,
+                    Some(bytes.len()),
+                    Limits::default(),
+                    compile_time,
+                    false,
+                )
+                .map_err(|e| e.to_string())
+                .and_then(|plugin| {
+                    plugin
+                        .served_webhooks_blocking()
+                        .map_err(|e| format!("its `served` export failed: {e}"))
+                }),
+        };
         Ok(Inspection {
-            digest: Digest::of(bytes),
+            digest,
             size_bytes: bytes.len(),
             contract_version: surface.contract_version().map(str::to_owned),
             imports: surface.imports,
             exports: surface.exports,
             compile_time,
             refusal,
+            webhooks,
         })
     }
 
@@ -317,10 +339,16 @@ impl PluginEngine {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::WrongWorld(format!("{e:#}")))?;
+        let webhooks = surface
+            .exports_webhooks()
+            .then(|| contract::wit_webhooks::GuestIndices::new(&instance_pre))
+            .transpose()
+            .map_err(|e| LoadError::WrongWorld(format!("its webhooks export: {e:#}")))?;
         let pre =
             PluginPre::new(instance_pre).map_err(|e| LoadError::WrongWorld(format!("{e:#}")))?;
-        Ok(Plugin::new(
+        Plugin::new(
             pre,
+            webhooks,
             self.inner.call_slots.clone(),
             self.inner.call_threads.clone(),
             limits,
@@ -333,7 +361,8 @@ impl PluginEngine {
                 load_time,
                 from_cache,
             },
-        ))
+        )
+        .map_err(|e| LoadError::WrongWorld(format!("{e:#}")))
     }
 
     /// [`PluginEngine::load`] on a blocking thread.
@@ -440,6 +469,10 @@ pub struct Inspection {
     /// Why this host would refuse to load it (another contract version, another world, an
     /// import it does not provide); `None` when it would load.
     pub refusal: Option<String>,
+    /// The webhooks it serves, as its `served` export answers (none for a plugin without the
+    /// webhooks export); the call's error when that failed, or why it was not asked (a
+    /// plugin this host would refuse).
+    pub webhooks: Result<ServedWebhooks, String>,
 }
 
 #[cfg(test)]

@@ -31,7 +31,8 @@ pub enum LoadError {
     WrongWorld(String),
     /// Implements the contract, but a version this host does not serve.
     #[error(
-        "plugin implements contract wasmctrl:plugin@{found}, but this host serves only @{supported}: rebuild the plugin with wasmctrl-plugin-sdk for contract {supported} (`wasmctrl plugin new` writes the SDK this host was built with), or run a wasmctrl that serves @{found}"
+        "plugin implements contract wasmctrl:plugin@{found}, but this host serves only @{} to @{supported}: rebuild the plugin with wasmctrl-plugin-sdk for contract {supported} (`wasmctrl plugin new` writes the SDK this host was built with), or run a wasmctrl that serves @{found}",
+        crate::contract::CONTRACT_VERSIONS[0]
     )]
     ContractVersion {
         /// The version the plugin exports.
@@ -122,6 +123,11 @@ pub enum CallError {
     /// caller that bypasses the call slots sees it.
     #[error("plugin sandbox failure: the instance pool is exhausted: {0}")]
     PoolExhausted(String),
+    /// The plugin does not serve the webhook asked for: its `served` export leaves it out,
+    /// or it exports no webhooks at all (a plugin of contract 0.1.0, or one that implements
+    /// none).
+    #[error("the plugin does not serve the `{0}` webhook")]
+    NotServed(&'static str),
 }
 
 /// The kinds of error a plugin can report, mirroring the contract's `reconcile-error`.
@@ -158,6 +164,7 @@ impl CallError {
             | Self::TooManyChildren { .. }
             | Self::InvalidOutput(_) => "invalid_output",
             Self::Sandbox(_) | Self::PoolExhausted(_) => "sandbox_error",
+            Self::NotServed(_) => "not_served",
         }
     }
 
@@ -186,6 +193,8 @@ impl CallError {
     ///   would strand the parent.
     /// - `Sandbox`, `PoolExhausted`: the host failed around the call, not the plugin, and
     ///   capacity comes back as running calls end.
+    ///
+    /// `NotServed` is [`Retry::AfterChange`]: only another plugin serves the webhook.
     pub fn retry(&self) -> Retry {
         match self {
             Self::Reported { kind, .. } => match kind {
@@ -201,6 +210,7 @@ impl CallError {
             | Self::InvalidOutput(_)
             | Self::Sandbox(_)
             | Self::PoolExhausted(_) => Retry::WithBackoff,
+            Self::NotServed(_) => Retry::AfterChange,
         }
     }
 }
@@ -250,6 +260,7 @@ mod tests {
             } => ("Reported(InvalidParent)", Retry::AfterChange),
             CallError::Sandbox(_) => ("Sandbox", Retry::WithBackoff),
             CallError::PoolExhausted(_) => ("PoolExhausted", Retry::WithBackoff),
+            CallError::NotServed(_) => ("NotServed", Retry::AfterChange),
         }
     }
 
@@ -286,6 +297,7 @@ mod tests {
             reported(ReportedKind::InvalidParent),
             CallError::Sandbox("the plugin call thread failed".into()),
             CallError::PoolExhausted("no room".into()),
+            CallError::NotServed("validate"),
         ];
         let mut decided = BTreeSet::new();
         for error in &examples {
@@ -295,7 +307,7 @@ mod tests {
         }
         assert_eq!(
             decided.len(),
-            12,
+            13,
             "an example of every decision: {decided:?}"
         );
     }

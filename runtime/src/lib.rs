@@ -23,6 +23,7 @@
 //! - `engine`: [`PluginEngine`], loading and inspecting components; `compiler` and
 //!   `artifact_cache` compile them and keep the precompiled artifacts;
 //! - `call`: the request and response, and the validation of every answer;
+//! - `webhook`: the same for the webhooks a plugin may serve (validate, default, convert);
 //! - `error`: [`LoadError`], [`CallError`] with its [`Retry`] class, [`ReportedKind`];
 //! - `contract` (the WIT bindings), `sandbox` (one call's store), `call_slots`,
 //!   `call_threads` and `idle_lane` (where calls run), `limits`, `digest`, `diff`.
@@ -41,6 +42,7 @@ mod idle_lane;
 mod limits;
 mod plugin;
 mod sandbox;
+mod webhook;
 
 pub use call::{
     EventType, JsonObject, ObservedObject, PluginEvent, ReconcileRequest, ReconcileResponse,
@@ -53,3 +55,7 @@ pub use engine::{CallMemory, EngineOptions, Inspection, PluginEngine, PoolUsage}
 pub use error::{CallError, LoadError, ReportedKind, Retry};
 pub use limits::Limits;
 pub use plugin::{Plugin, PluginInfo, WeakPlugin};
+pub use webhook::{
+    AdmissionRequest, AdmissionVerdict, Defaulted, MAX_WARNING_BYTES, MAX_WARNINGS, Operation,
+    ServedWebhooks, UserInfo, Violation, bounded_warnings,
+};

@@ -15,6 +15,11 @@ pub struct Limits {
     pub max_output_bytes: usize,
     /// Number of desired children one call may return.
     pub max_children: usize,
+    /// Wall-clock time for one webhook call (validate, default, convert), instantiation
+    /// included. Apart from `timeout` because the API server waits for the answer while a
+    /// client's write hangs on it: it must stay well inside the webhook's own timeout
+    /// (10 s by default, 30 s at most).
+    pub webhook_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -24,6 +29,7 @@ impl Default for Limits {
             memory_bytes: 64 << 20,
             max_output_bytes: 4 << 20,
             max_children: 500,
+            webhook_timeout: Duration::from_secs(2),
         }
     }
 }

@@ -5,17 +5,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use wasmtime::component::Instance;
 use wasmtime::{Store, Trap};
 
-use super::call::{self, ReconcileRequest, ReconcileResponse};
+use super::call::{self, JsonObject, ReconcileRequest, ReconcileResponse};
 use super::call_slots::{CallSlots, Slot};
 use super::call_threads::CallThreads;
-use super::contract::PluginPre;
+use super::contract::{PluginIndices, PluginPre, wit_webhooks};
 use super::digest::Digest;
 use super::error::CallError;
 use super::idle_lane;
 use super::limits::Limits;
 use super::sandbox::{MemoryCapExceeded, Sandbox};
+use super::webhook::{self, AdmissionRequest, AdmissionVerdict, Defaulted, ServedWebhooks};
 
 /// How often the engine's epoch clock ticks. Deadlines are enforced to within one tick. It
 /// lives with the call path, which counts every call's deadline in ticks; the engine's clock
@@ -50,6 +52,12 @@ pub struct Plugin {
 struct PluginInner {
     /// The pre-instantiated component; it also holds the wasmtime engine every call runs on.
     pre: PluginPre<Sandbox>,
+    /// Where the reconciler's functions are in every instance.
+    indices: PluginIndices,
+    /// Where the webhook functions are, when the plugin exports them (contract 0.1.1).
+    webhooks: Option<wit_webhooks::GuestIndices>,
+    /// What the plugin's `served` answered, asked once.
+    served: std::sync::OnceLock<ServedWebhooks>,
     /// The engine's call slots, shared with every plugin it loaded.
     call_slots: Arc<CallSlots>,
     /// The engine's call threads, shared with every plugin it loaded.
@@ -85,22 +93,27 @@ impl Plugin {
     /// call slots and threads.
     pub(crate) fn new(
         pre: PluginPre<Sandbox>,
+        webhooks: Option<wit_webhooks::GuestIndices>,
         call_slots: Arc<CallSlots>,
         call_threads: Arc<CallThreads>,
         limits: Limits,
         info: PluginInfo,
-    ) -> Self {
+    ) -> wasmtime::Result<Self> {
         let label = format!("sha256:{}", info.digest.short());
-        Self {
+        let indices = PluginIndices::new(pre.instance_pre())?;
+        Ok(Self {
             inner: Arc::new(PluginInner {
                 pre,
+                indices,
+                webhooks,
+                served: std::sync::OnceLock::new(),
                 call_slots,
                 call_threads,
                 limits,
                 info,
                 label,
             }),
-        }
+        })
     }
 
     /// A handle that does not keep the plugin loaded: a registry of loaded plugins can share
@@ -153,16 +166,148 @@ impl Plugin {
         tenant: &str,
         request: ReconcileRequest,
     ) -> Result<ReconcileResponse, CallError> {
+        self.call_as(tenant, Reconcile(request)).await
+    }
+
+    /// Whether the plugin exports the webhooks interface (contract 0.1.1 and later); which
+    /// of them it serves is [`Plugin::served_webhooks`].
+    pub fn exports_webhooks(&self) -> bool {
+        self.inner.webhooks.is_some()
+    }
+
+    /// The webhooks the plugin serves: none for a plugin without the webhooks export, else
+    /// what its `served` answers (asked once per loaded plugin, in a sandbox like any call).
+    pub async fn served_webhooks(&self, tenant: &str) -> Result<ServedWebhooks, CallError> {
+        if let Some(served) = self.known_served() {
+            return Ok(served);
+        }
+        let served = self.call_as(tenant, Served).await?;
+        Ok(*self.inner.served.get_or_init(|| served))
+    }
+
+    /// [`Plugin::served_webhooks`] on the current thread, for tools that call one plugin at
+    /// a time (see [`Plugin::reconcile_blocking`]).
+    pub fn served_webhooks_blocking(&self) -> Result<ServedWebhooks, CallError> {
+        if let Some(served) = self.known_served() {
+            return Ok(served);
+        }
+        let served = self.attempt(Served).into_result()?;
+        Ok(*self.inner.served.get_or_init(|| served))
+    }
+
+    fn known_served(&self) -> Option<ServedWebhooks> {
+        match &self.inner.webhooks {
+            None => Some(ServedWebhooks::default()),
+            Some(_) => self.inner.served.get().copied(),
+        }
+    }
+
+    /// Ask the plugin's `validate` whether a write is allowed, on behalf of `tenant`.
+    pub async fn validate(
+        &self,
+        tenant: &str,
+        request: AdmissionRequest,
+    ) -> Result<AdmissionVerdict, CallError> {
+        self.require(tenant, "validate", |s| s.validate).await?;
+        self.call_as(tenant, Validate(request)).await
+    }
+
+    /// [`Plugin::validate`] on the current thread.
+    pub fn validate_blocking(
+        &self,
+        request: AdmissionRequest,
+    ) -> Result<AdmissionVerdict, CallError> {
+        self.require_blocking("validate", |s| s.validate)?;
+        self.attempt(Validate(request)).into_result()
+    }
+
+    /// Ask the plugin's `default` to fill in `request.object`, on behalf of `tenant`. The
+    /// answer keeps the object's identity (checked).
+    pub async fn apply_defaults(
+        &self,
+        tenant: &str,
+        request: AdmissionRequest,
+    ) -> Result<Defaulted, CallError> {
+        self.require(tenant, "default", |s| s.default).await?;
+        self.call_as(tenant, ApplyDefaults::new(request)?).await
+    }
+
+    /// [`Plugin::apply_defaults`] on the current thread.
+    pub fn apply_defaults_blocking(
+        &self,
+        request: AdmissionRequest,
+    ) -> Result<Defaulted, CallError> {
+        self.require_blocking("default", |s| s.default)?;
+        self.attempt(ApplyDefaults::new(request)?).into_result()
+    }
+
+    /// Ask the plugin's `convert` to rewrite `object` to `desired_api_version`, on behalf of
+    /// `tenant`. The answer reaches that version and keeps what the API server requires
+    /// (checked).
+    pub async fn convert(
+        &self,
+        tenant: &str,
+        object: JsonObject,
+        desired_api_version: &str,
+    ) -> Result<JsonObject, CallError> {
+        self.require(tenant, "convert", |s| s.convert).await?;
+        self.call_as(tenant, Convert::new(object, desired_api_version))
+            .await
+    }
+
+    /// [`Plugin::convert`] on the current thread.
+    pub fn convert_blocking(
+        &self,
+        object: JsonObject,
+        desired_api_version: &str,
+    ) -> Result<JsonObject, CallError> {
+        self.require_blocking("convert", |s| s.convert)?;
+        self.attempt(Convert::new(object, desired_api_version))
+            .into_result()
+    }
+
+    /// [`CallError::NotServed`] unless the plugin says it serves `name`.
+    async fn require(
+        &self,
+        tenant: &str,
+        name: &'static str,
+        serves: fn(&ServedWebhooks) -> bool,
+    ) -> Result<(), CallError> {
+        let served = self.served_webhooks(tenant).await?;
+        if serves(&served) {
+            Ok(())
+        } else {
+            Err(CallError::NotServed(name))
+        }
+    }
+
+    fn require_blocking(
+        &self,
+        name: &'static str,
+        serves: fn(&ServedWebhooks) -> bool,
+    ) -> Result<(), CallError> {
+        let served = self.served_webhooks_blocking()?;
+        if serves(&served) {
+            Ok(())
+        } else {
+            Err(CallError::NotServed(name))
+        }
+    }
+
+    /// Run `call` in one of the engine's call slots, shared fairly between tenants, waiting
+    /// for the instance pool when it is momentarily full (up to the call's timeout).
+    async fn call_as<C: Call>(&self, tenant: &str, call: C) -> Result<C::Output, CallError> {
         let slots = &self.inner.call_slots;
         let started = std::time::Instant::now();
-        let mut request = request;
+        let timeout = C::timeout(&self.inner.limits);
+        let mut call = call;
         loop {
             let slot = slots
                 .acquire(tenant, self.inner.limits.memory_bytes)
                 .await
                 .map_err(|refused| CallError::Sandbox(refused.to_string()))?;
             let idle = slots.is_penalized(tenant);
-            let attempt = self.attempt_in_slot(request, slot, idle).await;
+            let attempt = self.attempt_in_slot(call, slot, idle).await;
             match &attempt {
                 Attempt::Done(Err(CallError::DeadlineExceeded { .. })) => {
                     slots.penalize(tenant, PENALTY);
@@ -171,13 +316,11 @@ impl Plugin {
                 _ => {}
             }
             match attempt {
-                Attempt::PoolExhausted(returned, _)
-                    if started.elapsed() < self.inner.limits.timeout =>
-                {
+                Attempt::PoolExhausted(returned, _) if started.elapsed() < timeout => {
                     // Capacity comes back when some call ends (this one's own slot, given
                     // back already, does not count: the wait starts after it).
                     let _ = tokio::time::timeout(EPOCH_TICK * 20, slots.released()).await;
-                    request = returned;
+                    call = returned;
                 }
                 attempt => return attempt.into_result(),
             }
@@ -187,10 +330,10 @@ impl Plugin {
     /// One attempt on a call thread, holding `slot` until the call is over (also when the
     /// caller stops waiting); at idle priority on a thread of its own when `idle` (the
     /// tenant is penalized).
-    async fn attempt_in_slot(&self, request: ReconcileRequest, slot: Slot, idle: bool) -> Attempt {
+    async fn attempt_in_slot<C: Call>(&self, call: C, slot: Slot, idle: bool) -> Attempt<C> {
         let plugin = self.clone();
         let work = move || {
-            let attempt = plugin.attempt(request);
+            let attempt = plugin.attempt(call);
             (attempt, slot)
         };
         let ran = if idle {
@@ -217,12 +360,12 @@ impl Plugin {
         &self,
         request: ReconcileRequest,
     ) -> Result<ReconcileResponse, CallError> {
-        self.attempt(request).into_result()
+        self.attempt(Reconcile(request)).into_result()
     }
 
-    /// Instantiate in a fresh store and call. When the instance pool has no room, the
-    /// request comes back untouched, so the caller can wait and try again without copying it.
-    fn attempt(&self, request: ReconcileRequest) -> Attempt {
+    /// Instantiate in a fresh store and call. When the instance pool has no room, the call
+    /// comes back untouched, so the caller can wait and try again without copying it.
+    fn attempt<C: Call>(&self, call: C) -> Attempt<C> {
         let inner = &*self.inner;
         let limits = &inner.limits;
         let mut store = Store::new(
@@ -233,21 +376,20 @@ impl Plugin {
         // Bound what the host copies out of the guest, before it copies: without this, one
         // large string aliased by many list entries would cost its size once per entry.
         store.set_hostcall_fuel(copy_limit(limits));
-        store.set_epoch_deadline(deadline_ticks(limits.timeout));
+        let timeout = C::timeout(limits);
+        store.set_epoch_deadline(deadline_ticks(timeout));
         store.epoch_deadline_trap();
 
-        let answer = match inner.pre.instantiate(&mut store) {
+        let answer = match inner.pre.instance_pre().instantiate(&mut store) {
             Err(error)
                 if error
                     .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
                     .is_some() =>
             {
-                return Attempt::PoolExhausted(request, format!("{error:#}"));
+                return Attempt::PoolExhausted(call, format!("{error:#}"));
             }
             Err(error) => Err(error),
-            Ok(instance) => instance
-                .wasmctrl_plugin_reconciler()
-                .call_reconcile(&mut store, &request.into()),
+            Ok(instance) => call.invoke(inner, &mut store, &instance),
         };
         store.data_mut().forward_stdio();
         let dropped = store.data().log.dropped();
@@ -255,21 +397,194 @@ impl Plugin {
             tracing::warn!(plugin = %inner.label, dropped, "plugin log budget exhausted; messages dropped");
         }
         Attempt::Done(match answer {
-            Ok(answer) => call::accept(answer, limits),
-            Err(error) => Err(classify_failure(error, store.data_mut(), limits)),
+            Ok(answer) => answer,
+            Err(error) => Err(classify_failure(error, store.data_mut(), limits, timeout)),
         })
     }
 }
 
-/// How one try at a call ended.
-enum Attempt {
-    Done(Result<ReconcileResponse, CallError>),
-    /// No room in the instance pool; the request, unused, and wasmtime's message.
-    PoolExhausted(ReconcileRequest, String),
+/// One kind of call into a plugin: which export it calls with what, and how the answer is
+/// checked. Every kind runs the same way (fresh sandbox, limits, deadline, call slots).
+trait Call: Send + 'static {
+    /// The checked answer.
+    type Output: Send + 'static;
+
+    /// The deadline of one call of this kind.
+    fn timeout(limits: &Limits) -> Duration {
+        limits.webhook_timeout
+    }
+
+    /// Call the export in `instance`: a wasmtime error when the call itself failed (a trap,
+    /// the deadline), else the answer as checked against the limits and the contract.
+    fn invoke(
+        self,
+        plugin: &PluginInner,
+        store: &mut Store<Sandbox>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Result<Self::Output, CallError>>;
 }
 
-impl Attempt {
-    fn into_result(self) -> Result<ReconcileResponse, CallError> {
+struct Reconcile(ReconcileRequest);
+
+impl Call for Reconcile {
+    type Output = ReconcileResponse;
+
+    fn timeout(limits: &Limits) -> Duration {
+        limits.timeout
+    }
+
+    fn invoke(
+        self,
+        plugin: &PluginInner,
+        store: &mut Store<Sandbox>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Result<ReconcileResponse, CallError>> {
+        let bindings = plugin.indices.load(&mut *store, instance)?;
+        let answer = bindings
+            .wasmctrl_plugin_reconciler()
+            .call_reconcile(&mut *store, &self.0.into())?;
+        Ok(call::accept(answer, &plugin.limits))
+    }
+}
+
+/// The webhook functions of `instance`, or why the plugin has none.
+fn webhooks_of(
+    plugin: &PluginInner,
+    store: &mut Store<Sandbox>,
+    instance: &Instance,
+    name: &'static str,
+) -> wasmtime::Result<Result<wit_webhooks::Guest, CallError>> {
+    match &plugin.webhooks {
+        Some(indices) => Ok(Ok(indices.load(&mut *store, instance)?)),
+        None => Ok(Err(CallError::NotServed(name))),
+    }
+}
+
+struct Served;
+
+impl Call for Served {
+    type Output = ServedWebhooks;
+
+    fn invoke(
+        self,
+        plugin: &PluginInner,
+        store: &mut Store<Sandbox>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Result<ServedWebhooks, CallError>> {
+        let hooks = match webhooks_of(plugin, store, instance, "served")? {
+            Ok(hooks) => hooks,
+            Err(error) => return Ok(Err(error)),
+        };
+        Ok(Ok(hooks.call_served(&mut *store)?.into()))
+    }
+}
+
+struct Validate(AdmissionRequest);
+
+impl Call for Validate {
+    type Output = AdmissionVerdict;
+
+    fn invoke(
+        self,
+        plugin: &PluginInner,
+        store: &mut Store<Sandbox>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Result<AdmissionVerdict, CallError>> {
+        let hooks = match webhooks_of(plugin, store, instance, "validate")? {
+            Ok(hooks) => hooks,
+            Err(error) => return Ok(Err(error)),
+        };
+        let answer = hooks.call_validate(&mut *store, &self.0.into())?;
+        Ok(webhook::accept_verdict(answer, &plugin.limits))
+    }
+}
+
+/// A `default` call and the object it defaults, kept to check the answer against.
+struct ApplyDefaults {
+    request: AdmissionRequest,
+    original: JsonObject,
+}
+
+impl ApplyDefaults {
+    fn new(request: AdmissionRequest) -> Result<Self, CallError> {
+        let original = request.object.clone().ok_or_else(|| {
+            CallError::Sandbox("a default call needs the object to default".into())
+        })?;
+        Ok(Self { request, original })
+    }
+}
+
+impl Call for ApplyDefaults {
+    type Output = Defaulted;
+
+    fn invoke(
+        self,
+        plugin: &PluginInner,
+        store: &mut Store<Sandbox>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Result<Defaulted, CallError>> {
+        let hooks = match webhooks_of(plugin, store, instance, "default")? {
+            Ok(hooks) => hooks,
+            Err(error) => return Ok(Err(error)),
+        };
+        let answer = hooks.call_default(&mut *store, &self.request.into())?;
+        Ok(webhook::accept_defaulted(
+            answer,
+            &self.original,
+            &plugin.limits,
+        ))
+    }
+}
+
+/// A `convert` call and the object it converts, kept to check the answer against.
+struct Convert {
+    original: JsonObject,
+    json: String,
+    desired_api_version: String,
+}
+
+impl Convert {
+    fn new(original: JsonObject, desired_api_version: &str) -> Self {
+        Self {
+            json: serde_json::Value::Object(original.clone()).to_string(),
+            original,
+            desired_api_version: desired_api_version.to_owned(),
+        }
+    }
+}
+
+impl Call for Convert {
+    type Output = JsonObject;
+
+    fn invoke(
+        self,
+        plugin: &PluginInner,
+        store: &mut Store<Sandbox>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Result<JsonObject, CallError>> {
+        let hooks = match webhooks_of(plugin, store, instance, "convert")? {
+            Ok(hooks) => hooks,
+            Err(error) => return Ok(Err(error)),
+        };
+        let answer = hooks.call_convert(&mut *store, &self.json, &self.desired_api_version)?;
+        Ok(webhook::accept_converted(
+            answer,
+            &self.original,
+            &self.desired_api_version,
+            &plugin.limits,
+        ))
+    }
+}
+
+/// How one try at a call ended.
+enum Attempt<C: Call> {
+    Done(Result<C::Output, CallError>),
+    /// No room in the instance pool; the call, unused, and wasmtime's message.
+    PoolExhausted(C, String),
+}
+
+impl<C: Call> Attempt<C> {
+    fn into_result(self) -> Result<C::Output, CallError> {
         match self {
             Self::Done(result) => result,
             Self::PoolExhausted(_, message) => Err(CallError::PoolExhausted(message)),
@@ -298,7 +613,12 @@ fn deadline_ticks(timeout: Duration) -> u64 {
 }
 
 /// Turn a wasmtime failure into the precise [`CallError`].
-fn classify_failure(error: wasmtime::Error, sandbox: &mut Sandbox, limits: &Limits) -> CallError {
+fn classify_failure(
+    error: wasmtime::Error,
+    sandbox: &mut Sandbox,
+    limits: &Limits,
+    timeout: Duration,
+) -> CallError {
     if let Some(cap) = error.downcast_ref::<MemoryCapExceeded>() {
         return CallError::MemoryExceeded {
             limit_bytes: cap.limit,
@@ -306,9 +626,7 @@ fn classify_failure(error: wasmtime::Error, sandbox: &mut Sandbox, limits: &Limi
         };
     }
     if let Some(Trap::Interrupt) = error.downcast_ref::<Trap>() {
-        return CallError::DeadlineExceeded {
-            timeout: limits.timeout,
-        };
+        return CallError::DeadlineExceeded { timeout };
     }
     if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
         return CallError::Trap {

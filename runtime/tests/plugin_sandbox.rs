@@ -264,7 +264,7 @@ fn component_of_another_world_is_rejected_at_load() {
     let message = err.to_string();
     assert!(matches!(err, LoadError::WrongWorld(_)), "{message}");
     assert!(
-        message.contains("wasmctrl:plugin/reconciler@0.1.0"),
+        message.contains("wasmctrl:plugin/reconciler@0.1.1"),
         "{message}"
     );
     assert!(
@@ -283,7 +283,7 @@ fn a_plugin_of_another_contract_version_is_refused_naming_both_and_can_still_be_
         .load(&bytes, None, Limits::default())
         .expect_err("contract 0.2.0");
     assert!(
-        matches!(&err, LoadError::ContractVersion { found, supported: "0.1.0" } if found == "0.2.0"),
+        matches!(&err, LoadError::ContractVersion { found, supported: "0.1.1" } if found == "0.2.0"),
         "{err}"
     );
     let inspection = engine.inspect(&bytes).expect("inspects");
@@ -292,7 +292,7 @@ fn a_plugin_of_another_contract_version_is_refused_naming_both_and_can_still_be_
     let myapp = engine
         .inspect(&guest_bytes("myapp_plugin"))
         .expect("inspects");
-    assert_eq!(myapp.contract_version.as_deref(), Some("0.1.0"));
+    assert_eq!(myapp.contract_version.as_deref(), Some("0.1.1"));
     assert_eq!(myapp.refusal, None);
     assert_still_serves(&misbehave(&engine, Limits::default()));
 }

@@ -16,6 +16,7 @@ mod rbac_cmd;
 mod rollout_cmd;
 mod run_cmd;
 mod uninstall_cmd;
+mod webhook_cases;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -99,6 +100,9 @@ struct VersionOutput {
     wasmctrl: &'static str,
     /// Plugins built for these contracts load; any other is refused at load.
     plugin_contracts: Vec<String>,
+    /// The webhooks a plugin may serve for its kind (from contract 0.1.1); `wasmctrl plugin
+    /// inspect` shows which a given plugin serves.
+    plugin_webhooks: [&'static str; 3],
 }
 
 /// The file name under which kubectl finds this binary as a plugin: with a link
@@ -156,6 +160,7 @@ impl Cli {
                             .iter()
                             .map(|v| format!("wasmctrl:plugin@{v}"))
                             .collect(),
+                        plugin_webhooks: ["validate", "default", "convert"],
                     })?
                 );
                 Ok(())

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::input;
 use super::kinds::KindTable;
 use super::locate::{self, Step};
+use super::webhook_cases::{self, CaseResult};
 pub use crate::case::RunOutput;
 use crate::case::{Case, Expected, RecordedError, compare_answers};
 use crate::controller::offline::OfflinePolicy;
@@ -43,6 +44,10 @@ pub enum PluginCommand {
         /// CustomResourceDefinitions of the policy's custom child kinds, for their scope.
         #[arg(long = "crd", value_name = "FILE", requires = "policy")]
         crds: Vec<PathBuf>,
+        /// Call the plugin's webhooks instead of reconcile: `validate` or `default` the
+        /// `--parent` as written (with `--old`, an update), or convert it to another version.
+        #[command(flatten)]
+        webhook: WebhookArgs,
         /// The sandbox's limits (a policy's own limits take precedence).
         #[command(flatten)]
         limits: LimitArgs,
@@ -389,6 +394,92 @@ struct DiffOutput {
     detail: String,
 }
 
+/// `plugin run`'s webhook calls.
+#[derive(Debug, clap::Args)]
+pub struct WebhookArgs {
+    /// Ask the plugin's `validate` whether writing `--parent` is allowed.
+    #[arg(long, group = "webhook_call")]
+    validate: bool,
+    /// Ask the plugin's `default` to fill in `--parent`.
+    #[arg(long, group = "webhook_call")]
+    default: bool,
+    /// Ask the plugin's `convert` to rewrite `--parent` to this `apiVersion`.
+    #[arg(long, value_name = "API_VERSION", group = "webhook_call")]
+    convert_to: Option<String>,
+    /// The object as stored before the write, for `--validate` and `--default`: the write
+    /// is an update.
+    #[arg(long, value_name = "FILE")]
+    old: Option<PathBuf>,
+}
+
+impl WebhookArgs {
+    fn asked(&self) -> bool {
+        self.validate || self.default || self.convert_to.is_some()
+    }
+
+    /// `plugin run` with a webhook flag: the call's answer, printed.
+    async fn run(&self, engine: PluginEngine, run: RunArgs, policy: bool) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !policy,
+            "--policy applies to reconcile; a webhook call takes --config"
+        );
+        let plugin = load(
+            &engine,
+            &run.plugin,
+            run.digest.as_ref(),
+            run.limits.limits(),
+        )?;
+        print(&self.call(&plugin, &run.request).await?, run.output)
+    }
+
+    /// Make the call on the request's parent and config; the answer as cases expect it.
+    async fn call(
+        &self,
+        plugin: &Plugin,
+        request: &RequestArgs,
+    ) -> anyhow::Result<serde_json::Value> {
+        let object = |path: &Path| -> anyhow::Result<crate::plugin::JsonObject> {
+            match input::read_object(path)? {
+                serde_json::Value::Object(map) => Ok(map),
+                _ => anyhow::bail!("{} is not an object", path.display()),
+            }
+        };
+        let parent = object(
+            request
+                .parent
+                .as_deref()
+                .context("a webhook call takes --parent, not --case")?,
+        )?;
+        if let Some(to) = &self.convert_to {
+            let conversion = webhook_cases::Conversion {
+                object: parent,
+                to: to.clone(),
+            };
+            let (answer, broken) = webhook_cases::convert(plugin, &conversion).await;
+            if let Some(broken) = broken {
+                eprintln!("warning: {broken}");
+            }
+            return Ok(answer);
+        }
+        let write = webhook_cases::Write {
+            operation: None,
+            object: Some(parent),
+            old_object: self.old.as_deref().map(object).transpose()?,
+            user: None,
+            config: request
+                .config
+                .as_deref()
+                .map(input::read_object)
+                .transpose()?,
+        };
+        if self.validate {
+            webhook_cases::validate(plugin, &write).await
+        } else {
+            webhook_cases::default(plugin, &write).await
+        }
+    }
+}
+
 /// Sandbox limits for one call; the defaults are the host's.
 #[derive(Debug, clap::Args)]
 pub struct LimitArgs {
@@ -404,6 +495,9 @@ pub struct LimitArgs {
     /// Cap on the number of desired children.
     #[arg(long, default_value_t = Limits::default().max_children)]
     max_children: usize,
+    /// Wall-clock deadline for a webhook call (validate, default, convert), in milliseconds.
+    #[arg(long, default_value_t = Limits::default().webhook_timeout.as_millis() as u64)]
+    webhook_timeout_ms: u64,
 }
 
 impl LimitArgs {
@@ -413,6 +507,7 @@ impl LimitArgs {
             memory_bytes: self.memory_mib << 20,
             max_output_bytes: self.max_output_kib << 10,
             max_children: self.max_children,
+            webhook_timeout: Duration::from_millis(self.webhook_timeout_ms),
         }
     }
 }
@@ -448,6 +543,13 @@ struct InspectOutput {
     #[serde(skip_serializing_if = "Option::is_none")]
     refused: Option<String>,
     compile_ms: f64,
+    /// The webhooks it serves for its kind (`validate`, `default`, `convert`), as its
+    /// `served` export says; empty for a plugin that exports none.
+    webhooks: Vec<&'static str>,
+    /// Why the webhooks it serves are not known (its `served` call failed, or this host
+    /// would refuse it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    webhooks_unknown: Option<String>,
     imports: Vec<String>,
     exports: Vec<String>,
     /// The signatures found beside it (not verified: `plugin verify` checks them).
@@ -464,6 +566,7 @@ impl PluginCommand {
                 digest,
                 policy,
                 crds,
+                webhook,
                 limits,
                 output,
             } => {
@@ -476,6 +579,7 @@ impl PluginCommand {
                     output,
                 };
                 match policy {
+                    _ if webhook.asked() => webhook.run(engine, run, policy.is_some()).await,
                     Some(policy) => run_as_host(engine, run, &policy, &crds).await,
                     None => run_plainly(engine, run).await,
                 }
@@ -657,6 +761,12 @@ fn inspection(bytes: &[u8], what: &str) -> anyhow::Result<InspectOutput> {
         compatible: found.refusal.is_none(),
         refused: found.refusal,
         compile_ms: found.compile_time.as_secs_f64() * 1e3,
+        webhooks: found
+            .webhooks
+            .as_ref()
+            .map(|served| served.names())
+            .unwrap_or_default(),
+        webhooks_unknown: found.webhooks.err(),
         imports: found.imports,
         exports: found.exports,
         signatures: Vec::new(),
@@ -869,7 +979,32 @@ async fn test(plugin: &Plugin, cases: &[PathBuf], update: bool) -> anyhow::Resul
         updated: 0,
     };
     for path in cases {
-        let mut case = Case::read(path)?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read case {}", path.display()))?;
+        if webhook_cases::is_webhook_case(&text) {
+            let (result, detail) =
+                match webhook_cases::run_case(plugin, path, &text, update).await? {
+                    CaseResult::Passed => {
+                        report.passed += 1;
+                        ("Passed", String::new())
+                    }
+                    CaseResult::Failed(detail) => {
+                        report.failed += 1;
+                        ("Failed", detail)
+                    }
+                    CaseResult::Updated(detail) => {
+                        report.updated += 1;
+                        ("Updated", detail)
+                    }
+                };
+            report.cases.push(TestedCase {
+                case: path.clone(),
+                result,
+                detail,
+            });
+            continue;
+        }
+        let mut case = Case::parse(&text, &path.display().to_string())?;
         let actual = plugin.reconcile(case.request()).await;
         let verdict = match case.expected_answer() {
             Some(expected) => compare_answers(&expected, &actual, Hide::nothing()),

@@ -49,22 +49,12 @@ pub fn reconcile_raw<R: Reconciler>(raw: RawRequest) -> Result<Response, Error> 
     R::reconcile(&request)
 }
 
+/// The body of the exported `reconcile` function.
 #[cfg(target_arch = "wasm32")]
-mod wasm {
-    use super::*;
-    use crate::EventType;
+mod reconciler {
+    use super::{RawRequest, install_panic_hook, reconcile_raw};
     use crate::bindings::exports::wasmctrl::plugin::reconciler as wit;
-
-    /// Route panics to the host's log before the abort, so the host can report the message
-    /// alongside the trap instead of a bare `unreachable`.
-    fn install_panic_hook() {
-        std::panic::set_hook(Box::new(|info| {
-            crate::log::write(
-                crate::log::Level::Error,
-                &format!("plugin panicked: {info}"),
-            );
-        }));
-    }
+    use crate::{Error, EventType, ObservedObject, Reconciler};
 
     /// The body of the exported `reconcile` function.
     pub fn wasm_reconcile<R: Reconciler>(
@@ -116,5 +106,85 @@ mod wasm {
     }
 }
 
+/// Route panics to the host's log before the abort, so the host can report the message
+/// alongside the trap instead of a bare `unreachable`.
 #[cfg(target_arch = "wasm32")]
-pub use wasm::wasm_reconcile;
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        crate::log::write(
+            crate::log::Level::Error,
+            &format!("plugin panicked: {info}"),
+        );
+    }));
+}
+
+#[cfg(target_arch = "wasm32")]
+pub use reconciler::wasm_reconcile;
+
+/// The bodies of the exported webhook functions.
+#[cfg(all(target_arch = "wasm32", feature = "webhooks"))]
+pub mod webhooks {
+    use super::install_panic_hook;
+    use crate::bindings::exports::wasmctrl::plugin::webhooks as wit;
+    use crate::webhooks::{
+        Converter, Defaulter, Operation, RawAdmission, UserInfo, Validator, convert_raw,
+        default_raw, validate_raw,
+    };
+
+    fn raw(request: wit::AdmissionRequest) -> RawAdmission {
+        RawAdmission {
+            operation: match request.operation {
+                wit::Operation::Create => Operation::Create,
+                wit::Operation::Update => Operation::Update,
+                wit::Operation::Delete => Operation::Delete,
+            },
+            object: request.object,
+            old_object: request.old_object,
+            user: request.user.map(|u| UserInfo {
+                username: u.username,
+                groups: u.groups,
+            }),
+            config: request.config,
+        }
+    }
+
+    /// The body of the exported `validate` function.
+    pub fn validate<V: Validator>(request: wit::AdmissionRequest) -> Result<wit::Verdict, String> {
+        install_panic_hook();
+        let verdict = validate_raw::<V>(&raw(request)).map_err(|e| e.to_string())?;
+        Ok(wit::Verdict {
+            violations: verdict
+                .violations
+                .into_iter()
+                .map(|v| wit::Violation {
+                    field: v.field,
+                    message: v.message,
+                })
+                .collect(),
+            warnings: verdict.warnings,
+        })
+    }
+
+    /// The body of the exported `default` function.
+    pub fn default<D: Defaulter>(request: wit::AdmissionRequest) -> Result<wit::Defaulted, String> {
+        install_panic_hook();
+        let defaulted = default_raw::<D>(&raw(request)).map_err(|e| e.to_string())?;
+        Ok(wit::Defaulted {
+            object: defaulted.object.to_string(),
+            warnings: defaulted.warnings,
+        })
+    }
+
+    /// The body of the exported `convert` function.
+    pub fn convert<C: Converter>(
+        object: String,
+        desired_api_version: String,
+    ) -> Result<String, String> {
+        install_panic_hook();
+        convert_raw::<C>(&object, &desired_api_version).map_err(|e| e.to_string())
+    }
+
+    /// What a webhook the plugin does not serve answers, should a host call it anyway.
+    pub const NOT_SERVED: &str =
+        "this plugin does not serve this webhook (its `served` export leaves it out)";
+}

@@ -93,3 +93,108 @@ impl TestRequest {
         reconcile_raw::<R>(self.raw)
     }
 }
+
+pub use crate::webhooks::{DefaultedRaw, RawAdmission, convert_raw, default_raw, validate_raw};
+
+use crate::webhooks::{Defaulter, Operation, UserInfo, Validator, Verdict};
+
+/// A write to validate or default, built from typed objects.
+///
+/// ```
+/// use wasmctrl_plugin_sdk::testing::TestAdmission;
+/// use wasmctrl_plugin_sdk::webhooks::{Admission, Validator, Verdict};
+/// use wasmctrl_plugin_sdk::{Error, serde_json};
+///
+/// /// Refuses to shrink `spec.size`.
+/// struct NoShrink;
+/// impl Validator for NoShrink {
+///     type Parent = serde_json::Value;
+///     type Config = serde_json::Value;
+///     fn validate(request: &Admission<serde_json::Value, serde_json::Value>) -> Result<Verdict, Error> {
+///         let mut verdict = Verdict::allow();
+///         if let (Some(new), Some(old)) = (&request.object, &request.old_object) {
+///             if new["spec"]["size"].as_u64() < old["spec"]["size"].as_u64() {
+///                 verdict.deny("spec.size", "may not shrink");
+///             }
+///         }
+///         Ok(verdict)
+///     }
+/// }
+///
+/// let old = serde_json::json!({"spec": {"size": 3}});
+/// let new = serde_json::json!({"spec": {"size": 2}});
+/// assert!(!TestAdmission::update(&new, &old).validate::<NoShrink>()?.is_allowed());
+/// assert!(TestAdmission::update(&old, &new).validate::<NoShrink>()?.is_allowed());
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct TestAdmission {
+    raw: RawAdmission,
+}
+
+impl TestAdmission {
+    fn of(operation: Operation, object: Option<String>, old_object: Option<String>) -> Self {
+        Self {
+            raw: RawAdmission {
+                operation,
+                object,
+                old_object,
+                user: None,
+                config: None,
+            },
+        }
+    }
+
+    /// A create of `object`.
+    pub fn create<P: Serialize + ?Sized>(object: &P) -> Self {
+        Self::of(Operation::Create, Some(to_json("object", object)), None)
+    }
+
+    /// An update from `old_object` to `object`.
+    pub fn update<P: Serialize + ?Sized>(object: &P, old_object: &P) -> Self {
+        Self::of(
+            Operation::Update,
+            Some(to_json("object", object)),
+            Some(to_json("old object", old_object)),
+        )
+    }
+
+    /// A delete of `old_object`.
+    pub fn delete<P: Serialize + ?Sized>(old_object: &P) -> Self {
+        Self::of(
+            Operation::Delete,
+            None,
+            Some(to_json("old object", old_object)),
+        )
+    }
+
+    /// Set the plugin config.
+    pub fn config<T: Serialize + ?Sized>(mut self, config: &T) -> Self {
+        self.raw.config = Some(to_json("config", config));
+        self
+    }
+
+    /// Say who is writing.
+    pub fn user(mut self, username: &str, groups: &[&str]) -> Self {
+        self.raw.user = Some(UserInfo {
+            username: username.to_owned(),
+            groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+        });
+        self
+    }
+
+    /// The write as it would cross the Wasm boundary.
+    pub fn into_raw(self) -> RawAdmission {
+        self.raw
+    }
+
+    /// Run `V` on this write.
+    pub fn validate<V: Validator>(self) -> Result<Verdict, Error> {
+        validate_raw::<V>(&self.raw)
+    }
+
+    /// Run `D` on this write: the object with its defaults set, and the warnings.
+    pub fn apply_defaults<D: Defaulter>(self) -> Result<DefaultedRaw, Error> {
+        default_raw::<D>(&self.raw)
+    }
+}

@@ -332,3 +332,71 @@ fn writes_in(audit_log: &std::path::Path, namespace: &str) -> anyhow::Result<Vec
         })
         .collect())
 }
+
+/// The MyApp plugin as built for contract 0.1.0, before webhooks existed, checked in with how
+/// it was built (`plugins/testdata/myapp-contract-0.1.0`).
+fn contract_0_1_0() -> std::path::PathBuf {
+    wasmctrl_testenv::repo_root()
+        .join("plugins/testdata/myapp-contract-0.1.0/myapp-contract-0.1.0.wasm")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_built_for_the_first_contract_converges_myapps_as_today_s_does()
+-> anyhow::Result<()> {
+    const TEST: &str = "myapp-contract-0-1-0";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    let fixture = contract_0_1_0();
+    let mut spec = myapp_policy_spec(
+        json!({"file": {"path": fixture.to_string_lossy()}}),
+        json!({}),
+    );
+    apply_policy(&client, TEST, TEST, spec.clone()).await?;
+    let fixture_dir = fixture.parent().expect("the fixture's directory");
+    let host = HostUnderTest::builder(TEST, &ns)
+        .plugin_dir(fixture_dir)
+        .start()
+        .await?;
+    let myapps = myapps(&client, &ns);
+    let deployments = api(&client, &resource("apps", "v1", "Deployment"), &ns);
+    for (name, replicas) in [("a", 1), ("b", 2)] {
+        apply(&myapps, myapp(name, replicas, "nginx:1.27", None)).await?;
+    }
+    for name in ["a", "b"] {
+        let app =
+            wait_for_object(&myapps, name, "MyApp ready under the 0.1.0 plugin", ready).await?;
+        wait_for_object(&deployments, name, "its Deployment", |d| owner_is(d, &app)).await?;
+    }
+    let policy_api = policies(&client);
+    let policy = get(&policy_api, TEST).await?.expect("the policy");
+    let digest = wasmctrl::plugin::Digest::of(&std::fs::read(&fixture)?);
+    assert_eq!(
+        policy["status"]["activeDigest"],
+        digest.to_string(),
+        "the 0.1.0 plugin serves: {}",
+        policy["status"]
+    );
+
+    // Today's MyApp (contract 0.1.1, with webhooks) in shadow: it decides the same for every
+    // parent, so old plugins and new ones are interchangeable.
+    spec["plugin"]["candidate"] = json!({"source": file_source("myapp_plugin")});
+    apply_policy(&client, TEST, TEST, spec).await?;
+    wait_for_object(
+        &policy_api,
+        TEST,
+        "today's MyApp evaluated in shadow, unchanged",
+        |p| {
+            let c = &p["status"]["candidate"];
+            c["evaluated"].as_u64().is_some_and(|n| n >= 2)
+                && c["unchanged"] == c["evaluated"]
+                && c["wouldChange"] == 0
+                && c["wouldFail"] == 0
+        },
+    )
+    .await?;
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}

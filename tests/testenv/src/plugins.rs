@@ -6,8 +6,9 @@ use std::sync::OnceLock;
 
 /// Every plugin crate in the repository, built for wasm32-wasip2 one cargo invocation each
 /// (by the tests on first use, and by `cargo xtask build-plugins`).
-pub const GUESTS: [&str; 6] = [
+pub const GUESTS: [&str; 7] = [
     "myapp-plugin",
+    "widget-plugin",
     "myapp-v2-plugin",
     "myapp-before-plugin",
     "misbehave-plugin",

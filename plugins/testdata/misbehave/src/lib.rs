@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::Deserialize;
 use serde_json::{Value, json};
+use wasmctrl_plugin_sdk::webhooks::{Admission, Defaulter, Defaults, Validator, Verdict};
 use wasmctrl_plugin_sdk::{Error, Reconciler, Request, Response};
 
 #[derive(Deserialize, Default)]
@@ -240,4 +241,76 @@ fn attempt<T: std::fmt::Debug, E: std::fmt::Display>(result: Result<T, E>) -> St
     }
 }
 
-wasmctrl_plugin_sdk::export_reconciler!(Misbehave);
+/// Its webhooks misbehave the same way, picked by the same config: `panic`, `loop`, `error`,
+/// `grow-memory`; `deny` refuses every write (on `spec.x`), `warn-flood` allows it with 100
+/// warnings, and its defaulter's `rename` renames the object (which the host must refuse).
+/// Otherwise validate allows and default sets `spec.defaulted: true`. It serves no `convert`.
+struct MisbehaveWebhooks;
+
+impl MisbehaveWebhooks {
+    fn misbehave(behavior: &str) -> Result<(), Error> {
+        match behavior {
+            "panic" => panic!("deliberate panic in a webhook"),
+            "loop" =>
+            {
+                #[allow(clippy::empty_loop)]
+                loop {}
+            }
+            "grow-memory" => {
+                let mut hog: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hog.push(vec![1u8; 1 << 20]);
+                    std::hint::black_box(&hog);
+                }
+            }
+            "error" => Err(Error::permanent("the webhook cannot decide")),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Validator for MisbehaveWebhooks {
+    type Parent = Value;
+    type Config = Config;
+
+    fn validate(request: &Admission<Value, Config>) -> Result<Verdict, Error> {
+        Self::misbehave(&request.config.behavior)?;
+        let mut verdict = Verdict::allow();
+        match request.config.behavior.as_str() {
+            "deny" => {
+                verdict.deny("spec.x", "x is never allowed");
+            }
+            "warn-flood" => {
+                for i in 0..100 {
+                    verdict.warn(format!("warning {i}"));
+                }
+            }
+            _ => {}
+        }
+        Ok(verdict)
+    }
+}
+
+impl Defaulter for MisbehaveWebhooks {
+    type Parent = Value;
+    type Config = Config;
+
+    fn apply_defaults(
+        request: &Admission<Value, Config>,
+        defaults: &mut Defaults,
+    ) -> Result<(), Error> {
+        Self::misbehave(&request.config.behavior)?;
+        if request.config.behavior == "rename" {
+            defaults.set("metadata.name", "renamed")?;
+        } else {
+            defaults.set("spec.defaulted", true)?;
+        }
+        Ok(())
+    }
+}
+
+wasmctrl_plugin_sdk::export_plugin!(
+    reconciler: Misbehave,
+    validator: MisbehaveWebhooks,
+    defaulter: MisbehaveWebhooks,
+);
