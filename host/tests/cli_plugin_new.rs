@@ -346,3 +346,64 @@ fn ci_without_wasmctrl_on_path_says_how_to_install_it() {
     assert!(!stderr.contains("wasmctrl CLI was not found"), "{stderr}");
     assert!(stderr.contains("cargo"), "{stderr}");
 }
+
+#[test]
+fn a_new_plugin_with_webhooks_validates_defaults_and_converts_and_its_cases_pass() {
+    let parent = tempfile::tempdir().expect("temp dir");
+    let out = wasmctrl(
+        parent.path(),
+        &[
+            "plugin",
+            "new",
+            "widget-plugin",
+            "--group",
+            "widgets.example.com",
+            "--version",
+            "v1",
+            "--kind",
+            "Widget",
+            "--with-webhooks",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dir = parent.path().join("widget-plugin");
+    std::fs::copy(
+        support::workspace_root().join("Cargo.lock"),
+        dir.join("Cargo.lock"),
+    )
+    .expect("copy Cargo.lock");
+    assert!(dir.join("cases/convert-to-v1beta1.yaml").is_file());
+
+    // Its CI: the native tests of all three webhooks, the component, and five cases (two
+    // reconciles, a denial, a default, and a conversion there and back).
+    let ci = in_crate(&dir, "./ci.sh", &[]);
+    let (stdout, stderr) = (text(&ci.stdout), text(&ci.stderr));
+    assert!(ci.status.success(), "{stdout}\n{stderr}");
+    for test in [
+        "webhooks::tests::too_many_replicas_are_denied_on_the_field ... ok",
+        "webhooks::tests::replicas_default_to_one_and_nothing_else_changes ... ok",
+        "webhooks::tests::a_conversion_comes_back_to_where_it_started ... ok",
+    ] {
+        assert!(stdout.contains(test), "{test}: {stdout}");
+    }
+    assert!(stdout.contains("5 cases: 5 passed, 0 failed"), "{stdout}");
+
+    // The component says it serves all three.
+    let wasm = scaffold_target_dir().join("wasm32-wasip2/plugin/widget_plugin.wasm");
+    let inspect = wasmctrl(
+        &dir,
+        &[
+            "plugin",
+            "inspect",
+            wasm.to_str().expect("utf-8"),
+            "-o",
+            "json",
+        ],
+    );
+    assert!(inspect.status.success(), "{}", text(&inspect.stderr));
+    let inspected: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("json");
+    assert_eq!(
+        inspected["webhooks"],
+        serde_json::json!(["validate", "default", "convert"])
+    );
+}

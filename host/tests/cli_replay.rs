@@ -283,7 +283,7 @@ fn webhook_cases_pass_fail_with_the_difference_and_update() {
     assert!(stdout.contains("6 cases: 6 passed, 0 failed"), "{stdout}");
     let (code, stdout, stderr) = test_cases("widget_plugin", &example_cases("widget"), false);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    assert!(stdout.contains("2 cases: 2 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("3 cases: 3 passed, 0 failed"), "{stdout}");
 
     // A case that expects MyApp to allow too many replicas fails, naming what differs; with
     // `--update` it expects the denial.
@@ -313,13 +313,41 @@ fn webhook_cases_pass_fail_with_the_difference_and_update() {
     assert_eq!(updated["expect"]["violations"][0]["field"], "spec.replicas");
     assert_eq!(test_cases("myapp_plugin", &case, false).0, Some(0));
 
-    // A plugin that serves no validate fails the case with that error, not a crash.
-    let (code, stdout, _) = test_cases("myapp_v2_plugin", &case, false);
-    assert_eq!(code, Some(1), "{stdout}");
-    assert!(
-        stdout.contains("does not serve the `validate` webhook"),
-        "{stdout}"
-    );
+    // A plugin that serves no validate fails the case with that error, not a crash, and
+    // `--update` does not make that the expectation.
+    let before = std::fs::read_to_string(&case).expect("read");
+    for update in [false, true] {
+        let (code, stdout, _) = test_cases("myapp_v2_plugin", &case, update);
+        assert_eq!(code, Some(1), "{stdout}");
+        assert!(
+            stdout.contains("does not serve the `validate` webhook"),
+            "{stdout}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&case).expect("read"), before);
+
+    // A conversion that loses a field on the way fails, whatever the case expects.
+    let lossy = dir.path().join("lossy.yaml");
+    std::fs::write(
+        &lossy,
+        serde_yaml_ng::to_string(&json!({
+            "convert": {"object": {"apiVersion": "example.com/v1", "kind": "Thing",
+                                   "metadata": {"name": "t"},
+                                   "spec": {"kept": 1, "lost": "v2 has no field for it"}},
+                        "to": "example.com/v2"},
+        }))
+        .expect("yaml"),
+    )
+    .expect("write");
+    for update in [true, false] {
+        let (code, stdout, _) = test_cases("misbehave_plugin", &lossy, update);
+        assert_eq!(code, Some(1), "{stdout}");
+        assert!(
+            stdout.contains("converting back to example.com/v1 does not give the original")
+                && stdout.contains("spec.lost"),
+            "{stdout}"
+        );
+    }
 }
 
 #[test]
@@ -373,4 +401,26 @@ fn plugin_run_calls_one_webhook_on_a_given_object() {
         converted["object"]["spec"]["endpoint"],
         json!({"host": "db", "port": 5432})
     );
+
+    // A call that fails is a failed command, with the plugin's reason.
+    let v2 = plugin("myapp_v2_plugin");
+    let out = wasmctrl(&["plugin", "run", &v2, "--parent", path(&app), "--validate"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("does not serve the `validate` webhook"),
+        "{stderr}"
+    );
+    let out = wasmctrl(&[
+        "plugin",
+        "run",
+        &plugin("widget_plugin"),
+        "--parent",
+        path(&app),
+        "--convert-to",
+        "example.com/v1alpha1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("converting"), "{stderr}");
 }

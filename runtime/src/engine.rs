@@ -303,12 +303,8 @@ impl PluginEngine {
                     compile_time,
                     false,
                 )
-                .map_err(|e| e.to_string())
-                .and_then(|plugin| {
-                    plugin
-                        .served_webhooks_blocking()
-                        .map_err(|e| format!("its `served` export failed: {e}"))
-                }),
+                .map(|plugin| plugin.served_webhooks())
+                .map_err(|e| e.to_string()),
         };
         Ok(Inspection {
             digest,
@@ -362,7 +358,6 @@ impl PluginEngine {
                 from_cache,
             },
         )
-        .map_err(|e| LoadError::WrongWorld(format!("{e:#}")))
     }
 
     /// [`PluginEngine::load`] on a blocking thread.

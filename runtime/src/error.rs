@@ -128,6 +128,10 @@ pub enum CallError {
     /// none).
     #[error("the plugin does not serve the `{0}` webhook")]
     NotServed(&'static str),
+    /// The caller asked something the contract does not allow (a default without the object
+    /// being written); the plugin was not called.
+    #[error("invalid plugin call: {0}")]
+    InvalidRequest(String),
 }
 
 /// The kinds of error a plugin can report, mirroring the contract's `reconcile-error`.
@@ -165,6 +169,7 @@ impl CallError {
             | Self::InvalidOutput(_) => "invalid_output",
             Self::Sandbox(_) | Self::PoolExhausted(_) => "sandbox_error",
             Self::NotServed(_) => "not_served",
+            Self::InvalidRequest(_) => "invalid_request",
         }
     }
 
@@ -194,7 +199,8 @@ impl CallError {
     /// - `Sandbox`, `PoolExhausted`: the host failed around the call, not the plugin, and
     ///   capacity comes back as running calls end.
     ///
-    /// `NotServed` is [`Retry::AfterChange`]: only another plugin serves the webhook.
+    /// `NotServed` and `InvalidRequest` are [`Retry::AfterChange`]: only another plugin
+    /// serves the webhook, and the same request is refused the same way.
     pub fn retry(&self) -> Retry {
         match self {
             Self::Reported { kind, .. } => match kind {
@@ -210,7 +216,7 @@ impl CallError {
             | Self::InvalidOutput(_)
             | Self::Sandbox(_)
             | Self::PoolExhausted(_) => Retry::WithBackoff,
-            Self::NotServed(_) => Retry::AfterChange,
+            Self::NotServed(_) | Self::InvalidRequest(_) => Retry::AfterChange,
         }
     }
 }
@@ -261,6 +267,7 @@ mod tests {
             CallError::Sandbox(_) => ("Sandbox", Retry::WithBackoff),
             CallError::PoolExhausted(_) => ("PoolExhausted", Retry::WithBackoff),
             CallError::NotServed(_) => ("NotServed", Retry::AfterChange),
+            CallError::InvalidRequest(_) => ("InvalidRequest", Retry::AfterChange),
         }
     }
 
@@ -298,6 +305,7 @@ mod tests {
             CallError::Sandbox("the plugin call thread failed".into()),
             CallError::PoolExhausted("no room".into()),
             CallError::NotServed("validate"),
+            CallError::InvalidRequest("no object".into()),
         ];
         let mut decided = BTreeSet::new();
         for error in &examples {
@@ -307,7 +315,7 @@ mod tests {
         }
         assert_eq!(
             decided.len(),
-            13,
+            14,
             "an example of every decision: {decided:?}"
         );
     }

@@ -13,7 +13,7 @@ use super::call_slots::{CallSlots, Slot};
 use super::call_threads::CallThreads;
 use super::contract::{PluginIndices, PluginPre, wit_webhooks};
 use super::digest::Digest;
-use super::error::CallError;
+use super::error::{CallError, LoadError};
 use super::idle_lane;
 use super::limits::Limits;
 use super::sandbox::{MemoryCapExceeded, Sandbox};
@@ -56,7 +56,7 @@ struct PluginInner {
     indices: PluginIndices,
     /// Where the webhook functions are, when the plugin exports them (contract 0.1.1).
     webhooks: Option<wit_webhooks::GuestIndices>,
-    /// What the plugin's `served` answered, asked once.
+    /// What the plugin's `served` answered, asked once at load.
     served: std::sync::OnceLock<ServedWebhooks>,
     /// The engine's call slots, shared with every plugin it loaded.
     call_slots: Arc<CallSlots>,
@@ -90,7 +90,9 @@ impl std::fmt::Debug for Plugin {
 
 impl Plugin {
     /// A plugin the engine has checked and pre-instantiated, whose calls share the engine's
-    /// call slots and threads.
+    /// call slots and threads. A plugin that exports webhooks is asked which it serves now,
+    /// once: a plugin whose `served` fails is refused, rather than failing every webhook call
+    /// later.
     pub(crate) fn new(
         pre: PluginPre<Sandbox>,
         webhooks: Option<wit_webhooks::GuestIndices>,
@@ -98,10 +100,12 @@ impl Plugin {
         call_threads: Arc<CallThreads>,
         limits: Limits,
         info: PluginInfo,
-    ) -> wasmtime::Result<Self> {
+    ) -> Result<Self, LoadError> {
         let label = format!("sha256:{}", info.digest.short());
-        let indices = PluginIndices::new(pre.instance_pre())?;
-        Ok(Self {
+        let indices = PluginIndices::new(pre.instance_pre())
+            .map_err(|e| LoadError::WrongWorld(format!("{e:#}")))?;
+        let exports_webhooks = webhooks.is_some();
+        let plugin = Self {
             inner: Arc::new(PluginInner {
                 pre,
                 indices,
@@ -113,7 +117,23 @@ impl Plugin {
                 info,
                 label,
             }),
-        })
+        };
+        let served = if exports_webhooks {
+            let timeout = plugin.inner.limits.webhook_timeout;
+            match plugin.attempt(Served, timeout).into_result() {
+                Ok(served) => served,
+                Err(CallError::PoolExhausted(message)) => return Err(LoadError::Sandbox(message)),
+                Err(error) => {
+                    return Err(LoadError::WrongWorld(format!(
+                        "its `served` export failed: {error}"
+                    )));
+                }
+            }
+        } else {
+            ServedWebhooks::default()
+        };
+        let _ = plugin.inner.served.set(served);
+        Ok(plugin)
     }
 
     /// A handle that does not keep the plugin loaded: a registry of loaded plugins can share
@@ -176,30 +196,9 @@ impl Plugin {
     }
 
     /// The webhooks the plugin serves: none for a plugin without the webhooks export, else
-    /// what its `served` answers (asked once per loaded plugin, in a sandbox like any call).
-    pub async fn served_webhooks(&self, tenant: &str) -> Result<ServedWebhooks, CallError> {
-        if let Some(served) = self.known_served() {
-            return Ok(served);
-        }
-        let served = self.call_as(tenant, Served).await?;
-        Ok(*self.inner.served.get_or_init(|| served))
-    }
-
-    /// [`Plugin::served_webhooks`] on the current thread, for tools that call one plugin at
-    /// a time (see [`Plugin::reconcile_blocking`]).
-    pub fn served_webhooks_blocking(&self) -> Result<ServedWebhooks, CallError> {
-        if let Some(served) = self.known_served() {
-            return Ok(served);
-        }
-        let served = self.attempt(Served).into_result()?;
-        Ok(*self.inner.served.get_or_init(|| served))
-    }
-
-    fn known_served(&self) -> Option<ServedWebhooks> {
-        match &self.inner.webhooks {
-            None => Some(ServedWebhooks::default()),
-            Some(_) => self.inner.served.get().copied(),
-        }
+    /// what its `served` answered when it was loaded.
+    pub fn served_webhooks(&self) -> ServedWebhooks {
+        self.inner.served.get().copied().unwrap_or_default()
     }
 
     /// Ask the plugin's `validate` whether a write is allowed, on behalf of `tenant`.
@@ -208,7 +207,7 @@ impl Plugin {
         tenant: &str,
         request: AdmissionRequest,
     ) -> Result<AdmissionVerdict, CallError> {
-        self.require(tenant, "validate", |s| s.validate).await?;
+        self.require("validate", |s| s.validate)?;
         self.call_as(tenant, Validate(request)).await
     }
 
@@ -217,8 +216,8 @@ impl Plugin {
         &self,
         request: AdmissionRequest,
     ) -> Result<AdmissionVerdict, CallError> {
-        self.require_blocking("validate", |s| s.validate)?;
-        self.attempt(Validate(request)).into_result()
+        self.require("validate", |s| s.validate)?;
+        self.attempt_blocking(Validate(request))
     }
 
     /// Ask the plugin's `default` to fill in `request.object`, on behalf of `tenant`. The
@@ -228,7 +227,7 @@ impl Plugin {
         tenant: &str,
         request: AdmissionRequest,
     ) -> Result<Defaulted, CallError> {
-        self.require(tenant, "default", |s| s.default).await?;
+        self.require("default", |s| s.default)?;
         self.call_as(tenant, ApplyDefaults::new(request)?).await
     }
 
@@ -237,8 +236,8 @@ impl Plugin {
         &self,
         request: AdmissionRequest,
     ) -> Result<Defaulted, CallError> {
-        self.require_blocking("default", |s| s.default)?;
-        self.attempt(ApplyDefaults::new(request)?).into_result()
+        self.require("default", |s| s.default)?;
+        self.attempt_blocking(ApplyDefaults::new(request)?)
     }
 
     /// Ask the plugin's `convert` to rewrite `object` to `desired_api_version`, on behalf of
@@ -250,7 +249,7 @@ impl Plugin {
         object: JsonObject,
         desired_api_version: &str,
     ) -> Result<JsonObject, CallError> {
-        self.require(tenant, "convert", |s| s.convert).await?;
+        self.require("convert", |s| s.convert)?;
         self.call_as(tenant, Convert::new(object, desired_api_version))
             .await
     }
@@ -261,59 +260,72 @@ impl Plugin {
         object: JsonObject,
         desired_api_version: &str,
     ) -> Result<JsonObject, CallError> {
-        self.require_blocking("convert", |s| s.convert)?;
-        self.attempt(Convert::new(object, desired_api_version))
-            .into_result()
+        self.require("convert", |s| s.convert)?;
+        self.attempt_blocking(Convert::new(object, desired_api_version))
     }
 
     /// [`CallError::NotServed`] unless the plugin says it serves `name`.
-    async fn require(
+    fn require(
         &self,
-        tenant: &str,
         name: &'static str,
         serves: fn(&ServedWebhooks) -> bool,
     ) -> Result<(), CallError> {
-        let served = self.served_webhooks(tenant).await?;
-        if serves(&served) {
+        if serves(&self.served_webhooks()) {
             Ok(())
         } else {
             Err(CallError::NotServed(name))
         }
     }
 
-    fn require_blocking(
-        &self,
-        name: &'static str,
-        serves: fn(&ServedWebhooks) -> bool,
-    ) -> Result<(), CallError> {
-        let served = self.served_webhooks_blocking()?;
-        if serves(&served) {
-            Ok(())
-        } else {
-            Err(CallError::NotServed(name))
-        }
+    /// One call of `call` on the current thread under its whole deadline.
+    fn attempt_blocking<C: Call>(&self, call: C) -> Result<C::Output, CallError> {
+        self.attempt(call, C::timeout(&self.inner.limits))
+            .into_result()
     }
 
     /// Run `call` in one of the engine's call slots, shared fairly between tenants, waiting
-    /// for the instance pool when it is momentarily full (up to the call's timeout).
+    /// for the instance pool when it is momentarily full.
+    ///
+    /// A reconcile waits for a slot as long as its tenant's turn takes, and each attempt gets
+    /// the whole timeout. A webhook call has one budget for all of it (the slot, the pool,
+    /// the call), since a client's write waits on the answer: past it, it ends as
+    /// [`CallError::DeadlineExceeded`]. Webhook calls neither earn nor clear a tenant's
+    /// penalty, which is about its reconciles (a client's writes must not lift it), and never
+    /// run at idle priority.
     async fn call_as<C: Call>(&self, tenant: &str, call: C) -> Result<C::Output, CallError> {
         let slots = &self.inner.call_slots;
-        let started = std::time::Instant::now();
         let timeout = C::timeout(&self.inner.limits);
+        let started = std::time::Instant::now();
+        let left = || timeout.saturating_sub(started.elapsed());
+        let out_of_time = || CallError::DeadlineExceeded { timeout };
         let mut call = call;
         loop {
-            let slot = slots
-                .acquire(tenant, self.inner.limits.memory_bytes)
-                .await
-                .map_err(|refused| CallError::Sandbox(refused.to_string()))?;
-            let idle = slots.is_penalized(tenant);
-            let attempt = self.attempt_in_slot(call, slot, idle).await;
-            match &attempt {
-                Attempt::Done(Err(CallError::DeadlineExceeded { .. })) => {
-                    slots.penalize(tenant, PENALTY);
+            let acquire = slots.acquire(tenant, self.inner.limits.memory_bytes);
+            let slot = if C::WEBHOOK {
+                tokio::time::timeout(left(), acquire)
+                    .await
+                    .map_err(|_| out_of_time())?
+            } else {
+                acquire.await
+            }
+            .map_err(|refused| CallError::Sandbox(refused.to_string()))?;
+            let (idle, deadline) = if C::WEBHOOK {
+                (false, left())
+            } else {
+                (slots.is_penalized(tenant), timeout)
+            };
+            if deadline.is_zero() {
+                return Err(out_of_time());
+            }
+            let attempt = self.attempt_in_slot(call, slot, idle, deadline).await;
+            if !C::WEBHOOK {
+                match &attempt {
+                    Attempt::Done(Err(CallError::DeadlineExceeded { .. })) => {
+                        slots.penalize(tenant, PENALTY);
+                    }
+                    Attempt::Done(Ok(_)) => slots.forgive(tenant),
+                    _ => {}
                 }
-                Attempt::Done(Ok(_)) => slots.forgive(tenant),
-                _ => {}
             }
             match attempt {
                 Attempt::PoolExhausted(returned, _) if started.elapsed() < timeout => {
@@ -321,6 +333,9 @@ impl Plugin {
                     // back already, does not count: the wait starts after it).
                     let _ = tokio::time::timeout(EPOCH_TICK * 20, slots.released()).await;
                     call = returned;
+                }
+                Attempt::Done(Err(CallError::DeadlineExceeded { .. })) => {
+                    return Err(out_of_time());
                 }
                 attempt => return attempt.into_result(),
             }
@@ -330,10 +345,16 @@ impl Plugin {
     /// One attempt on a call thread, holding `slot` until the call is over (also when the
     /// caller stops waiting); at idle priority on a thread of its own when `idle` (the
     /// tenant is penalized).
-    async fn attempt_in_slot<C: Call>(&self, call: C, slot: Slot, idle: bool) -> Attempt<C> {
+    async fn attempt_in_slot<C: Call>(
+        &self,
+        call: C,
+        slot: Slot,
+        idle: bool,
+        deadline: Duration,
+    ) -> Attempt<C> {
         let plugin = self.clone();
         let work = move || {
-            let attempt = plugin.attempt(call);
+            let attempt = plugin.attempt(call, deadline);
             (attempt, slot)
         };
         let ran = if idle {
@@ -360,12 +381,13 @@ impl Plugin {
         &self,
         request: ReconcileRequest,
     ) -> Result<ReconcileResponse, CallError> {
-        self.attempt(Reconcile(request)).into_result()
+        self.attempt_blocking(Reconcile(request))
     }
 
-    /// Instantiate in a fresh store and call. When the instance pool has no room, the call
-    /// comes back untouched, so the caller can wait and try again without copying it.
-    fn attempt<C: Call>(&self, call: C) -> Attempt<C> {
+    /// Instantiate in a fresh store and call, trapping after `timeout`. When the instance
+    /// pool has no room, the call comes back untouched, so the caller can wait and try again
+    /// without copying it.
+    fn attempt<C: Call>(&self, call: C, timeout: Duration) -> Attempt<C> {
         let inner = &*self.inner;
         let limits = &inner.limits;
         let mut store = Store::new(
@@ -376,7 +398,6 @@ impl Plugin {
         // Bound what the host copies out of the guest, before it copies: without this, one
         // large string aliased by many list entries would cost its size once per entry.
         store.set_hostcall_fuel(copy_limit(limits));
-        let timeout = C::timeout(limits);
         store.set_epoch_deadline(deadline_ticks(timeout));
         store.epoch_deadline_trap();
 
@@ -409,6 +430,9 @@ trait Call: Send + 'static {
     /// The checked answer.
     type Output: Send + 'static;
 
+    /// A webhook call: a client's write waits on it (see [`Plugin::call_as`]).
+    const WEBHOOK: bool = true;
+
     /// The deadline of one call of this kind.
     fn timeout(limits: &Limits) -> Duration {
         limits.webhook_timeout
@@ -428,6 +452,7 @@ struct Reconcile(ReconcileRequest);
 
 impl Call for Reconcile {
     type Output = ReconcileResponse;
+    const WEBHOOK: bool = false;
 
     fn timeout(limits: &Limits) -> Duration {
         limits.timeout
@@ -508,7 +533,7 @@ struct ApplyDefaults {
 impl ApplyDefaults {
     fn new(request: AdmissionRequest) -> Result<Self, CallError> {
         let original = request.object.clone().ok_or_else(|| {
-            CallError::Sandbox("a default call needs the object to default".into())
+            CallError::InvalidRequest("a default call needs the object being written".into())
         })?;
         Ok(Self { request, original })
     }

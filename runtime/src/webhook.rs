@@ -12,10 +12,12 @@ use super::error::{CallError, ReportedKind};
 use super::limits::Limits;
 
 /// Warnings kept from one answer; the rest are counted in a last one. The API server and
-/// `kubectl` show every warning to the person writing, so a plugin must not flood them.
-pub const MAX_WARNINGS: usize = 16;
-/// Bytes kept of one warning.
-pub const MAX_WARNING_BYTES: usize = 512;
+/// `kubectl` show every warning to the person writing, so a plugin must not flood them, and
+/// the API server itself keeps 4 KiB of warnings per request: this many at the most bytes
+/// each, plus the count, fit.
+pub const MAX_WARNINGS: usize = 12;
+/// Bytes kept of one warning (the API server may cut longer ones).
+pub const MAX_WARNING_BYTES: usize = 256;
 /// Reasons kept from one denial; the rest are counted in a last one.
 pub const MAX_VIOLATIONS: usize = 32;
 /// Bytes kept of one reason's message (and of its field path).
@@ -168,24 +170,19 @@ pub struct Defaulted {
     pub warnings: Vec<String>,
 }
 
-/// The fields that say which object this is. A default may change none of them.
-const IDENTITY: [&str; 5] = [
-    "/apiVersion",
-    "/kind",
-    "/metadata/name",
-    "/metadata/namespace",
-    "/metadata/uid",
-];
+/// The metadata a webhook may change: everything else in `metadata` (name, namespace, uid,
+/// finalizers, owner references, resource version, ...) belongs to the API server, the host
+/// and the garbage collector.
+const WEBHOOK_METADATA: [&str; 2] = ["labels", "annotations"];
 
-/// What a conversion must keep, besides reaching the version it was asked for (the API
-/// server refuses a conversion that changes any of these).
-const KEPT_BY_CONVERSION: [&str; 6] = [
+/// What a conversion must keep, besides reaching the version it was asked for: the API
+/// server refuses a conversion that changes any of these (and restores the rest of the
+/// metadata but labels and annotations itself, as the host does).
+const KEPT_BY_CONVERSION: [&str; 4] = [
     "/kind",
     "/metadata/name",
     "/metadata/namespace",
     "/metadata/uid",
-    "/metadata/labels",
-    "/metadata/annotations",
 ];
 
 /// A plugin's own failure to decide, as the host reports it.
@@ -220,8 +217,8 @@ pub(crate) fn accept_verdict(
         .into_iter()
         .take(MAX_VIOLATIONS)
         .map(|v| Violation {
-            field: bounded(v.field, MAX_VIOLATION_BYTES),
-            message: bounded(v.message, MAX_VIOLATION_BYTES),
+            field: bounded(printable(&v.field), MAX_VIOLATION_BYTES),
+            message: bounded(printable(&v.message), MAX_VIOLATION_BYTES),
         })
         .collect();
     if total > MAX_VIOLATIONS {
@@ -244,9 +241,11 @@ pub(crate) fn accept_defaulted(
 ) -> Result<Defaulted, CallError> {
     let answer = answer.map_err(reported)?;
     let object = parse_answer(&answer.object, "the defaulted object", limits)?;
-    if let Some(changed) = changed_field(original, &object, &IDENTITY) {
+    let changed = changed_field(original, &object, &["/apiVersion", "/kind", "/status"])
+        .or_else(|| changed_metadata(original, &object).map(|field| format!("metadata.{field}")));
+    if let Some(changed) = changed {
         return Err(CallError::InvalidOutput(format!(
-            "a default may not change which object it is, but it changed {changed}"
+            "a default may change the object's content, labels and annotations, but it changed {changed}"
         )));
     }
     Ok(Defaulted {
@@ -263,7 +262,7 @@ pub(crate) fn accept_converted(
     limits: &Limits,
 ) -> Result<JsonObject, CallError> {
     let json = answer.map_err(reported)?;
-    let object = parse_answer(&json, "the converted object", limits)?;
+    let mut object = parse_answer(&json, "the converted object", limits)?;
     let reached = object.get("apiVersion").and_then(Value::as_str);
     if reached != Some(desired_api_version) {
         return Err(CallError::InvalidOutput(format!(
@@ -271,12 +270,69 @@ pub(crate) fn accept_converted(
             reached.map_or_else(|| "none".to_owned(), str::to_owned)
         )));
     }
+    if original.contains_key("metadata") && !object.get("metadata").is_some_and(Value::is_object) {
+        return Err(CallError::InvalidOutput(
+            "a conversion must answer the object's metadata".into(),
+        ));
+    }
     if let Some(changed) = changed_field(original, &object, &KEPT_BY_CONVERSION) {
         return Err(CallError::InvalidOutput(format!(
             "a conversion must keep {changed} as it was"
         )));
     }
+    restore_metadata(original, &mut object)?;
     Ok(object)
+}
+
+/// The first metadata field other than labels and annotations that differs, by name.
+fn changed_metadata(before: &JsonObject, after: &JsonObject) -> Option<String> {
+    let empty = JsonObject::new();
+    let fields = |object: &JsonObject| match object.get("metadata") {
+        Some(Value::Object(metadata)) => Some(metadata.clone()),
+        None | Some(Value::Null) => Some(empty.clone()),
+        Some(_) => None,
+    };
+    let (Some(before), Some(after)) = (fields(before), fields(after)) else {
+        return Some("(the whole of it)".to_owned());
+    };
+    let mut names: Vec<&String> = before.keys().chain(after.keys()).collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .filter(|name| !WEBHOOK_METADATA.contains(&name.as_str()))
+        .find(|name| {
+            before.get(*name).unwrap_or(&Value::Null) != after.get(*name).unwrap_or(&Value::Null)
+        })
+        .cloned()
+}
+
+/// Put back the original's metadata, keeping the conversion's labels and annotations (which
+/// must be maps of strings): what the API server does with a converted object.
+fn restore_metadata(original: &JsonObject, converted: &mut JsonObject) -> Result<(), CallError> {
+    let Some(Value::Object(metadata)) = original.get("metadata") else {
+        return Ok(());
+    };
+    let mut restored = metadata.clone();
+    if let Some(Value::Object(answered)) = converted.get("metadata") {
+        for field in WEBHOOK_METADATA {
+            match answered.get(field) {
+                None | Some(Value::Null) => {
+                    restored.remove(field);
+                }
+                Some(Value::Object(map)) if map.values().all(Value::is_string) => {
+                    restored.insert(field.to_owned(), Value::Object(map.clone()));
+                }
+                Some(_) => {
+                    return Err(CallError::InvalidOutput(format!(
+                        "metadata.{field} of the converted object must map strings to strings"
+                    )));
+                }
+            }
+        }
+    }
+    converted.insert("metadata".to_owned(), Value::Object(restored));
+    Ok(())
 }
 
 fn parse_answer(json: &str, what: &str, limits: &Limits) -> Result<JsonObject, CallError> {
@@ -293,12 +349,15 @@ fn parse_answer(json: &str, what: &str, limits: &Limits) -> Result<JsonObject, C
 /// The first of `fields` (JSON pointers) whose value differs between the two objects, as a
 /// dotted path (`metadata.name`). An absent field and `null` are the same.
 fn changed_field(before: &JsonObject, after: &JsonObject, fields: &[&str]) -> Option<String> {
-    let before = Value::Object(before.clone());
-    let after = Value::Object(after.clone());
-    let read = |object: &Value, pointer: &str| object.pointer(pointer).cloned().unwrap_or_default();
+    fn read<'a>(object: &'a JsonObject, pointer: &str) -> &'a Value {
+        let mut keys = pointer.trim_start_matches('/').split('/');
+        let first = keys.next().and_then(|key| object.get(key));
+        keys.fold(first, |at, key| at.and_then(|value| value.get(key)))
+            .unwrap_or(&Value::Null)
+    }
     fields
         .iter()
-        .find(|pointer| read(&before, pointer) != read(&after, pointer))
+        .find(|pointer| read(before, pointer) != read(after, pointer))
         .map(|pointer| pointer.trim_start_matches('/').replace('/', "."))
 }
 
@@ -309,12 +368,20 @@ pub fn bounded_warnings(warnings: Vec<String>) -> Vec<String> {
     let mut kept: Vec<String> = warnings
         .into_iter()
         .take(MAX_WARNINGS)
-        .map(|w| bounded(w, MAX_WARNING_BYTES))
+        .map(|w| bounded(printable(&w), MAX_WARNING_BYTES))
         .collect();
     if total > MAX_WARNINGS {
         kept.push(format!("and {} more warnings", total - MAX_WARNINGS));
     }
     kept
+}
+
+/// `text` with control characters (newlines, escapes a terminal would act on) as spaces: a
+/// warning is printed as it is by `kubectl` and `wasmctrl`.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// `text` cut to at most `max` bytes on a character boundary, marked with `…` when cut.
@@ -374,11 +441,26 @@ mod tests {
             ("/metadata/name", json!("b")),
             ("/metadata/namespace", json!("other")),
             ("/metadata/uid", json!("u-2")),
+            ("/metadata/finalizers", json!(["x"])),
+            ("/metadata/ownerReferences", json!([{"uid": "adopted"}])),
+            ("/metadata/generateName", json!("web-")),
+            ("/status", json!({"ready": true})),
             ("/kind", json!("Other")),
             ("/apiVersion", json!("example.com/v2")),
         ] {
             let mut changed = Value::Object(app());
-            *changed.pointer_mut(pointer).expect("field") = value;
+            match changed.pointer_mut(pointer) {
+                Some(field) => *field = value,
+                None => {
+                    let (parent, key) = pointer.rsplit_once('/').expect("a parent");
+                    let parent = if parent.is_empty() {
+                        &mut changed
+                    } else {
+                        changed.pointer_mut(parent).expect("parent")
+                    };
+                    parent[key] = value;
+                }
+            }
             let err = accept_defaulted(defaulted(changed), &app(), &Limits::default())
                 .expect_err(pointer);
             let field = pointer.trim_start_matches('/').replace('/', ".");
@@ -387,6 +469,22 @@ mod tests {
                 "{pointer}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn a_default_may_set_labels_and_annotations_but_not_drop_the_metadata() {
+        let mut labelled = Value::Object(app());
+        labelled["metadata"]["labels"]["tier"] = json!("web");
+        labelled["metadata"]["annotations"] = json!({});
+        accept_defaulted(defaulted(labelled), &app(), &Limits::default()).expect("labels");
+        let mut dropped = Value::Object(app());
+        dropped.as_object_mut().expect("object").remove("metadata");
+        let err = accept_defaulted(defaulted(dropped), &app(), &Limits::default())
+            .expect_err("no metadata");
+        assert!(matches!(err, CallError::InvalidOutput(_)), "{err}");
+        let mut scalar = Value::Object(app());
+        scalar["metadata"] = json!("gone");
+        assert!(accept_defaulted(defaulted(scalar), &app(), &Limits::default()).is_err());
     }
 
     #[test]
@@ -430,14 +528,12 @@ mod tests {
     }
 
     #[test]
-    fn a_conversion_keeps_identity_labels_and_annotations() {
+    fn a_conversion_keeps_identity_and_the_host_restores_the_rest_of_the_metadata() {
         for pointer in [
             "/kind",
             "/metadata/name",
             "/metadata/namespace",
             "/metadata/uid",
-            "/metadata/labels",
-            "/metadata/annotations",
         ] {
             let mut v2 = Value::Object(app());
             v2["apiVersion"] = json!("example.com/v2");
@@ -451,17 +547,52 @@ mod tests {
             .expect_err(pointer);
             assert!(matches!(err, CallError::InvalidOutput(_)), "{pointer}");
         }
-        // The spec is the conversion's to change.
+        // The spec is the conversion's to change, and so are labels and annotations (a
+        // conversion may keep there what the other version has no field for); the rest of
+        // the metadata comes back as it was, as the API server would put it back.
         let mut v2 = Value::Object(app());
         v2["apiVersion"] = json!("example.com/v2");
         v2["spec"] = json!({"container": {"image": "nginx"}});
-        accept_converted(
+        v2["metadata"]["annotations"] = json!({"example.com/v1-only": "kept"});
+        v2["metadata"]
+            .as_object_mut()
+            .expect("map")
+            .remove("labels");
+        v2["metadata"]["finalizers"] = json!(["smuggled"]);
+        let converted = accept_converted(
             Ok(v2.to_string()),
             &app(),
             "example.com/v2",
             &Limits::default(),
         )
         .expect("a reshaped spec is the point");
+        assert_eq!(converted["spec"], v2["spec"]);
+        assert_eq!(
+            converted["metadata"],
+            json!({"name": "a", "namespace": "ns", "uid": "u-1",
+                   "annotations": {"example.com/v1-only": "kept"}})
+        );
+        // Metadata that is missing, or labels that are not strings, are refused.
+        let mut bare = v2.clone();
+        bare.as_object_mut().expect("object").remove("metadata");
+        let err = accept_converted(
+            Ok(bare.to_string()),
+            &app(),
+            "example.com/v2",
+            &Limits::default(),
+        )
+        .expect_err("no metadata");
+        assert!(matches!(err, CallError::InvalidOutput(_)), "{err}");
+        let mut odd = v2;
+        odd["metadata"]["labels"] = json!({"n": 1});
+        let err = accept_converted(
+            Ok(odd.to_string()),
+            &app(),
+            "example.com/v2",
+            &Limits::default(),
+        )
+        .expect_err("labels are strings");
+        assert!(matches!(err, CallError::InvalidOutput(_)), "{err}");
     }
 
     #[test]
@@ -487,6 +618,13 @@ mod tests {
         assert_eq!(verdict.warnings[MAX_WARNINGS], "and 5 more warnings");
         let long = bounded_warnings(vec!["x".repeat(MAX_WARNING_BYTES * 3)]);
         assert!(long[0].len() <= MAX_WARNING_BYTES + '…'.len_utf8());
+        assert_eq!(
+            bounded_warnings(vec!["a\nb\u{1b}[31m".into()]),
+            ["a b [31m"]
+        );
+        // What the API server keeps of one request's warnings.
+        let all: usize = verdict.warnings.iter().map(String::len).sum();
+        assert!(all <= 4096, "{all}");
     }
 
     #[test]

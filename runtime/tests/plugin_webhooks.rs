@@ -77,7 +77,7 @@ fn a_plugin_of_the_first_contract_loads_reconciles_and_serves_no_webhooks() {
         .expect("a 0.1.0 plugin reconciles");
     assert_eq!(response.children.len(), 2, "a Deployment and a Service");
     assert!(!plugin.exports_webhooks());
-    let served = plugin.served_webhooks_blocking().expect("served");
+    let served = plugin.served_webhooks();
     assert!(!served.any(), "{served:?}");
     let refused = plugin
         .validate_blocking(create(myapp(1, "nginx:1.27"), ""))
@@ -97,7 +97,7 @@ fn a_plugin_that_implements_no_webhook_exports_the_plain_world() {
         .expect("loads");
     assert_eq!(plugin.info().contract_version.as_deref(), Some("0.1.1"));
     assert!(!plugin.exports_webhooks(), "{:?}", plugin.info().exports);
-    assert!(!plugin.served_webhooks_blocking().expect("served").any());
+    assert!(!plugin.served_webhooks().any());
 }
 
 #[test]
@@ -106,8 +106,17 @@ fn myapp_validates_and_defaults_through_the_sandbox() {
     let plugin = engine
         .load(&guest_bytes("myapp_plugin"), None, Limits::default())
         .expect("loads");
-    let served = plugin.served_webhooks_blocking().expect("served");
-    assert_eq!(served.names(), ["validate", "default"]);
+    assert_eq!(plugin.served_webhooks().names(), ["validate", "default"]);
+    let without_object = plugin
+        .apply_defaults_blocking(AdmissionRequest {
+            object: None,
+            ..create(myapp(1, "a:1"), "")
+        })
+        .expect_err("nothing to default");
+    assert!(
+        matches!(without_object, CallError::InvalidRequest(_)),
+        "{without_object}"
+    );
 
     let denied = plugin
         .validate_blocking(create(myapp(0, "nginx:1.27"), ""))
@@ -229,8 +238,58 @@ fn answers_that_break_the_contract_are_refused_or_bounded() {
         .validate_blocking(create(myapp(1, "a:1"), "warn-flood"))
         .expect("allowed");
     assert_eq!(flooded.warnings.len(), MAX_WARNINGS + 1);
-    let err = plugin
-        .convert_blocking(myapp(1, "a:1"), "example.com/v2")
-        .expect_err("serves no convert");
-    assert!(matches!(err, CallError::NotServed("convert")), "{err}");
+    let mut lossy = myapp(1, "a:1");
+    lossy["spec"]["lost"] = json!("only v1 has it");
+    let converted = plugin
+        .convert_blocking(lossy, "example.com/v2")
+        .expect("converts");
+    assert_eq!(converted["apiVersion"], "example.com/v2");
+    assert!(converted["spec"].get("lost").is_none());
+}
+
+#[tokio::test]
+async fn a_webhook_call_keeps_to_one_budget_for_the_slot_the_pool_and_the_call() {
+    let engine = PluginEngine::new(EngineOptions {
+        max_concurrent_calls: 1,
+        ..EngineOptions::default()
+    })
+    .expect("engine");
+    let budget = Duration::from_millis(300);
+    let plugin = engine
+        .load_async(
+            guest_bytes("misbehave_plugin"),
+            None,
+            Limits {
+                webhook_timeout: budget,
+                ..Limits::default()
+            },
+        )
+        .await
+        .expect("loads");
+    let mut spinning = myapp(1, "a:1");
+    spinning["spec"]["behavior"] = json!("loop");
+    // One call holds the only slot until its deadline; the second waits for the slot, and
+    // its budget runs out while it waits, not a budget later.
+    let started = Instant::now();
+    let (first, second) = tokio::join!(
+        plugin.convert("policy/a", spinning.clone(), "example.com/v2"),
+        async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            plugin.convert("policy/a", spinning, "example.com/v2").await
+        }
+    );
+    for err in [
+        first.expect_err("loops"),
+        second.expect_err("waits, then loops"),
+    ] {
+        assert!(
+            matches!(err, CallError::DeadlineExceeded { timeout } if timeout == budget),
+            "{err}"
+        );
+    }
+    assert!(
+        started.elapsed() < budget * 3,
+        "the second call ended {:?} after the first began",
+        started.elapsed()
+    );
 }

@@ -408,7 +408,7 @@ pub struct WebhookArgs {
     convert_to: Option<String>,
     /// The object as stored before the write, for `--validate` and `--default`: the write
     /// is an update.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", requires = "webhook_call")]
     old: Option<PathBuf>,
 }
 
@@ -432,7 +432,8 @@ impl WebhookArgs {
         print(&self.call(&plugin, &run.request).await?, run.output)
     }
 
-    /// Make the call on the request's parent and config; the answer as cases expect it.
+    /// Make the call on the request's parent and config; the answer as cases expect it, or
+    /// the call's error (a conversion that does not come back is one too).
     async fn call(
         &self,
         plugin: &Plugin,
@@ -450,14 +451,21 @@ impl WebhookArgs {
                 .as_deref()
                 .context("a webhook call takes --parent, not --case")?,
         )?;
+        let what = request.source().display().to_string();
         if let Some(to) = &self.convert_to {
+            anyhow::ensure!(
+                self.old.is_none(),
+                "--old applies to --validate and --default"
+            );
             let conversion = webhook_cases::Conversion {
                 object: parent,
                 to: to.clone(),
             };
-            let (answer, broken) = webhook_cases::convert(plugin, &conversion).await;
+            let (answer, broken) = webhook_cases::convert(plugin, &conversion)
+                .await
+                .with_context(|| format!("converting {what} to {to}"))?;
             if let Some(broken) = broken {
-                eprintln!("warning: {broken}");
+                anyhow::bail!("converting {what} to {to}: {broken}");
             }
             return Ok(answer);
         }
@@ -472,11 +480,16 @@ impl WebhookArgs {
                 .map(input::read_object)
                 .transpose()?,
         };
-        if self.validate {
-            webhook_cases::validate(plugin, &write).await
+        let request = write.request()?;
+        Ok(if self.validate {
+            webhook_cases::validate(plugin, request)
+                .await
+                .with_context(|| format!("validating {what}"))?
         } else {
-            webhook_cases::default(plugin, &write).await
-        }
+            webhook_cases::default(plugin, request)
+                .await
+                .with_context(|| format!("defaulting {what}"))?
+        })
     }
 }
 

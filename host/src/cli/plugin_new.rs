@@ -39,6 +39,14 @@ pub struct NewArgs {
     /// Use the SDK at this path instead of writing this host's copy to `vendor/`.
     #[arg(long, value_name = "DIR")]
     sdk_path: Option<PathBuf>,
+    /// Also serve webhooks for the kind: a validator, a defaulter and a converter from an
+    /// older API version, with native tests and webhook cases.
+    #[arg(long)]
+    with_webhooks: bool,
+    /// With `--with-webhooks`: the older API version the converter converts from (default:
+    /// the version before `--version`, e.g. `v1beta1` before `v1`).
+    #[arg(long, value_name = "VERSION", requires = "with_webhooks")]
+    convert_from: Option<String>,
 }
 
 /// The template files, by path in the new crate.
@@ -79,6 +87,26 @@ const TEMPLATES: &[(&str, &str)] = &[
     (
         ".gitignore",
         include_str!("../../templates/plugin/gitignore"),
+    ),
+];
+
+/// The files `--with-webhooks` adds, by path in the new crate.
+const WEBHOOK_TEMPLATES: &[(&str, &str)] = &[
+    (
+        "src/webhooks.rs",
+        include_str!("../../templates/plugin/webhooks/webhooks.rs"),
+    ),
+    (
+        "cases/validate-too-many-replicas.yaml",
+        include_str!("../../templates/plugin/webhooks/cases/validate-too-many-replicas.yaml"),
+    ),
+    (
+        "cases/default-replicas.yaml",
+        include_str!("../../templates/plugin/webhooks/cases/default-replicas.yaml"),
+    ),
+    (
+        "cases/convert-to-{{older_version}}.yaml",
+        include_str!("../../templates/plugin/webhooks/cases/convert-to-older.yaml"),
     ),
 ];
 
@@ -129,6 +157,10 @@ const SDK_FILES: &[(&str, &str)] = &[
         "src/testing.rs",
         include_str!("../../../plugins/sdk/src/testing.rs"),
     ),
+    (
+        "src/webhooks.rs",
+        include_str!("../../../plugins/sdk/src/webhooks.rs"),
+    ),
 ];
 
 /// Where the SDK is written inside the new crate.
@@ -157,6 +189,8 @@ struct Names {
     kind: String,
     singular: String,
     plural: String,
+    /// With `--with-webhooks`: the version the converter converts from.
+    older_version: Option<String>,
 }
 
 impl Names {
@@ -197,6 +231,19 @@ impl Names {
             }
             None => pluralize(&singular),
         };
+        let older_version = match (args.with_webhooks, &args.convert_from) {
+            (false, _) => None,
+            (true, Some(older)) => {
+                ensure!(
+                    is_api_version(older) && older != version,
+                    "--convert-from {older:?}: use a Kubernetes API version other than {version}"
+                );
+                Some(older.clone())
+            }
+            (true, None) => Some(version_before(version).with_context(|| {
+                format!("{version} is the first version there is: name the version to convert from with --convert-from")
+            })?),
+        };
         Ok(Self {
             name: name.clone(),
             crate_name: name.replace('-', "_"),
@@ -205,7 +252,35 @@ impl Names {
             kind: kind.clone(),
             singular,
             plural,
+            older_version,
         })
+    }
+}
+
+/// The API version Kubernetes sorts just before `version` in the usual progression
+/// (`v1beta1` before `v1`, `v1alpha1` before `v1beta1`, `v1alpha1` before `v1alpha2`, `v1`
+/// before `v2alpha1`); `None` for `v1alpha1`.
+fn version_before(version: &str) -> Option<String> {
+    let rest = version.strip_prefix('v')?;
+    let digits = rest.chars().take_while(char::is_ascii_digit).count();
+    let major: u32 = rest[..digits].parse().ok()?;
+    let stage = &rest[digits..];
+    let number = |n: &str| n.parse::<u32>().ok();
+    if stage.is_empty() {
+        return Some(format!("v{major}beta1"));
+    }
+    if let Some(n) = stage.strip_prefix("beta").and_then(number) {
+        return Some(if n > 1 {
+            format!("v{major}beta{}", n - 1)
+        } else {
+            format!("v{major}alpha1")
+        });
+    }
+    let n = stage.strip_prefix("alpha").and_then(number)?;
+    match (n, major) {
+        (2.., _) => Some(format!("v{major}alpha{}", n - 1)),
+        (_, 2..) => Some(format!("v{}", major - 1)),
+        _ => None,
     }
 }
 
@@ -398,6 +473,54 @@ fn crd_yaml(names: &Names) -> anyhow::Result<String> {
     ))
 }
 
+/// Where the crate's SDK dependency points: `--sdk-path`, or the copy written to `vendor/`.
+fn sdk_path(args: &NewArgs) -> anyhow::Result<String> {
+    Ok(match &args.sdk_path {
+        Some(path) => {
+            let path = absolute(path)?;
+            ensure!(
+                path.join("Cargo.toml").is_file(),
+                "--sdk-path {}: no Cargo.toml there",
+                path.display()
+            );
+            path.to_string_lossy().into_owned()
+        }
+        None => VENDORED_SDK.to_owned(),
+    })
+}
+
+/// What `--with-webhooks` changes in the crate.
+struct Flavour {
+    /// The SDK's features.
+    features: &'static str,
+    /// The lines of `lib.rs` that declare the webhooks module.
+    webhooks_module: &'static str,
+    /// The line of `lib.rs` that exports the plugin.
+    export: &'static str,
+    /// The files it adds.
+    templates: &'static [(&'static str, &'static str)],
+}
+
+impl Flavour {
+    fn of(with_webhooks: bool) -> Self {
+        if with_webhooks {
+            Self {
+                features: r#"["schemars", "webhooks"]"#,
+                webhooks_module: "mod webhooks;\n\npub use webhooks::{MAX_REPLICAS, {{kind}}Rules, {{kind}}Versions};\n",
+                export: "wasmctrl_plugin_sdk::export_plugin!(\n    reconciler: {{kind}}Reconciler,\n    validator: {{kind}}Rules,\n    defaulter: {{kind}}Rules,\n    converter: {{kind}}Versions,\n);",
+                templates: WEBHOOK_TEMPLATES,
+            }
+        } else {
+            Self {
+                features: r#"["schemars"]"#,
+                webhooks_module: "",
+                export: "wasmctrl_plugin_sdk::export_reconciler!({{kind}}Reconciler);",
+                templates: &[],
+            }
+        }
+    }
+}
+
 /// Write the crate; returns the summary to print.
 pub fn scaffold(args: &NewArgs) -> anyhow::Result<String> {
     let names = Names::new(args)?;
@@ -412,22 +535,14 @@ pub fn scaffold(args: &NewArgs) -> anyhow::Result<String> {
     let workspace = Workspace::enclosing(&dir)?;
     let (wasm_path, plugin_dir, workspace_tables) =
         component_paths(workspace.as_ref(), &dir, &names.crate_name);
-    let sdk_path = match &args.sdk_path {
-        Some(path) => {
-            let path = absolute(path)?;
-            ensure!(
-                path.join("Cargo.toml").is_file(),
-                "--sdk-path {}: no Cargo.toml there",
-                path.display()
-            );
-            path.to_string_lossy().into_owned()
-        }
-        None => VENDORED_SDK.to_owned(),
-    };
+    let sdk_path = sdk_path(args)?;
+    let flavour = Flavour::of(args.with_webhooks);
     let sdk_dependency = format!(
-        "wasmctrl-plugin-sdk = {{ path = {}, features = [\"schemars\"] }}",
-        toml_edit::Value::from(sdk_path.as_str())
+        "wasmctrl-plugin-sdk = {{ path = {}, features = {} }}",
+        toml_edit::Value::from(sdk_path.as_str()),
+        flavour.features
     );
+    let older_version = names.older_version.clone().unwrap_or_default();
     let values = [
         ("name", names.name.as_str()),
         ("crate", names.crate_name.as_str()),
@@ -441,11 +556,22 @@ pub fn scaffold(args: &NewArgs) -> anyhow::Result<String> {
         ("sdk_dependency", sdk_dependency.as_str()),
         ("workspace_tables", workspace_tables.as_str()),
         ("wasmctrl_version", env!("CARGO_PKG_VERSION")),
+        ("older_version", older_version.as_str()),
     ];
-
+    // The export lines name the kind: filled first, then with everything else.
+    let values_of_lib = [
+        ("webhooks_module", flavour.webhooks_module),
+        ("export", flavour.export),
+    ];
     let mut files: Vec<(PathBuf, String)> = TEMPLATES
         .iter()
-        .map(|(path, text)| (PathBuf::from(render(path, &values)), render(text, &values)))
+        .chain(flavour.templates)
+        .map(|(path, text)| {
+            (
+                PathBuf::from(render(path, &values)),
+                render(&render(text, &values_of_lib), &values),
+            )
+        })
         .collect();
     files.push(("deploy/crd.yaml".into(), crd_yaml(&names)?));
     if args.sdk_path.is_none() {
@@ -564,6 +690,8 @@ mod tests {
             plural: None,
             dir: None,
             sdk_path: None,
+            with_webhooks: false,
+            convert_from: None,
         }
     }
 
@@ -637,10 +765,14 @@ mod tests {
             ("sdk_dependency", "d"),
             ("workspace_tables", "t"),
             ("wasmctrl_version", "0"),
+            ("older_version", "o"),
+            ("webhooks_module", "m"),
+            ("export", "e"),
         ];
-        for (path, text) in TEMPLATES {
+        for (path, text) in TEMPLATES.iter().chain(WEBHOOK_TEMPLATES) {
             let rendered = render(text, &values);
             assert!(!rendered.contains("{{"), "{path} keeps a placeholder");
+            assert!(!render(path, &values).contains("{{"), "{path}");
         }
         let crd: serde_json::Value =
             serde_yaml_ng::from_str(&crd_yaml(&names).expect("crd")).expect("yaml");
@@ -650,6 +782,31 @@ mod tests {
         assert!(
             !text.contains("Scaffold") && !text.contains("scaffold"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn the_converter_converts_from_the_version_before() {
+        for (version, before) in [
+            ("v1", Some("v1beta1")),
+            ("v1beta2", Some("v1beta1")),
+            ("v1beta1", Some("v1alpha1")),
+            ("v1alpha3", Some("v1alpha2")),
+            ("v2alpha1", Some("v1")),
+            ("v1alpha1", None),
+        ] {
+            assert_eq!(version_before(version).as_deref(), before, "{version}");
+        }
+        let mut first = args("p", "Backup", "v1alpha1");
+        first.with_webhooks = true;
+        let err = Names::new(&first).expect_err("nothing before v1alpha1");
+        assert!(err.to_string().contains("--convert-from"), "{err}");
+        first.convert_from = Some("v1alpha1".into());
+        assert!(Names::new(&first).is_err(), "not from itself");
+        first.convert_from = Some("v1beta9".into());
+        assert_eq!(
+            Names::new(&first).expect("valid").older_version.as_deref(),
+            Some("v1beta9")
         );
     }
 

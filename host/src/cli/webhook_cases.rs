@@ -2,7 +2,8 @@
 //! reconcile cases, and one webhook call on a given object, as `plugin run --validate |
 //! --default | --convert-to` makes it.
 //!
-//! A case file names its webhook by its one top-level key besides `expect`:
+//! A case file names its webhook by its one top-level key besides `expect` (one case per
+//! file):
 //!
 //! ```yaml
 //! validate:                 # or `default:`
@@ -12,7 +13,9 @@
 //!   user: {username: jane, groups: [dev]}
 //!   config: {...}           # the policy's plugin config
 //! expect: {allowed: false, violations: [{field: spec.replicas, message: ...}], warnings: []}
-//! ---
+//! ```
+//!
+//! ```yaml
 //! convert:
 //!   object: {...}           # at one version of the kind
 //!   to: example.com/v1alpha1
@@ -129,35 +132,31 @@ fn error_output(error: &CallError) -> Value {
     serde_json::json!({ "error": error.to_string() })
 }
 
-/// Call `validate` on `write`.
-pub async fn validate(plugin: &Plugin, write: &Write) -> anyhow::Result<Value> {
-    Ok(match plugin.validate("", write.request()?).await {
-        Ok(verdict) => verdict_output(&verdict),
-        Err(error) => error_output(&error),
-    })
+/// Call `validate` on `write`: the verdict as cases expect it.
+pub async fn validate(plugin: &Plugin, request: AdmissionRequest) -> Result<Value, CallError> {
+    let verdict = plugin.validate("", request).await?;
+    Ok(verdict_output(&verdict))
 }
 
-/// Call `default` on `write`.
-pub async fn default(plugin: &Plugin, write: &Write) -> anyhow::Result<Value> {
-    Ok(match plugin.apply_defaults("", write.request()?).await {
-        Ok(defaulted) => serde_json::json!({
-            "object": defaulted.object,
-            "warnings": defaulted.warnings,
-        }),
-        Err(error) => error_output(&error),
-    })
+/// Call `default` on `write`: the defaulted object and warnings as cases expect them.
+pub async fn default(plugin: &Plugin, request: AdmissionRequest) -> Result<Value, CallError> {
+    let defaulted = plugin.apply_defaults("", request).await?;
+    Ok(serde_json::json!({
+        "object": defaulted.object,
+        "warnings": defaulted.warnings,
+    }))
 }
 
-/// Call `convert`, and convert the answer back: the answer, and what differs on the way
-/// back (a conversion that loses what the other version holds), if anything.
-pub async fn convert(plugin: &Plugin, conversion: &Conversion) -> (Value, Option<String>) {
-    let converted = match plugin
+/// Call `convert`, and convert the answer back: the answer as cases expect it, and what
+/// differs on the way back (a conversion that loses what the other version holds), if
+/// anything.
+pub async fn convert(
+    plugin: &Plugin,
+    conversion: &Conversion,
+) -> Result<(Value, Option<String>), CallError> {
+    let converted = plugin
         .convert("", conversion.object.clone(), &conversion.to)
-        .await
-    {
-        Ok(converted) => converted,
-        Err(error) => return (error_output(&error), None),
-    };
+        .await?;
     let from = conversion.object.get("apiVersion").and_then(Value::as_str);
     let round_trip = match from {
         None => Some("the object has no apiVersion to convert back to".to_owned()),
@@ -173,7 +172,7 @@ pub async fn convert(plugin: &Plugin, conversion: &Conversion) -> (Value, Option
             Err(error) => Some(format!("converting back to {from} failed: {error}")),
         },
     };
-    (serde_json::json!({ "object": converted }), round_trip)
+    Ok((serde_json::json!({ "object": converted }), round_trip))
 }
 
 /// Run the webhook case in `text` (read from `path`) on `plugin`; with `update`, write the
@@ -186,14 +185,24 @@ pub async fn run_case(
 ) -> anyhow::Result<CaseResult> {
     let mut case: WebhookCase = serde_yaml_ng::from_str(text)
         .with_context(|| format!("{} is not a webhook case", path.display()))?;
-    let (actual, broken) = match (&case.validate, &case.default, &case.convert) {
-        (Some(write), None, None) => (validate(plugin, write).await?, None),
-        (None, Some(write), None) => (default(plugin, write).await?, None),
+    let answer = match (&case.validate, &case.default, &case.convert) {
+        (Some(write), None, None) => validate(plugin, write.request()?)
+            .await
+            .map(|answer| (answer, None)),
+        (None, Some(write), None) => default(plugin, write.request()?)
+            .await
+            .map(|answer| (answer, None)),
         (None, None, Some(conversion)) => convert(plugin, conversion).await,
         _ => anyhow::bail!(
             "{}: a webhook case has exactly one of `validate`, `default` and `convert`",
             path.display()
         ),
+    };
+    let (actual, broken) = match answer {
+        // No expectation makes a plugin serve a webhook it does not: not even `--update`.
+        Err(error @ CallError::NotServed(_)) => return Ok(CaseResult::Failed(error.to_string())),
+        Err(error) => (error_output(&error), None),
+        Ok(answer) => answer,
     };
     if let Some(broken) = broken {
         // No expectation fixes a conversion that does not come back.

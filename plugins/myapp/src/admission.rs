@@ -18,6 +18,8 @@ impl Validator for MyAppRules {
     type Parent = MyApp;
     type Config = MyAppConfig;
 
+    /// On an update, only what changes is judged: an object stored before a rule existed
+    /// (or before it tightened) can still be edited, scaled back and finalized.
     fn validate(request: &Admission<MyApp, MyAppConfig>) -> Result<Verdict, Error> {
         let mut verdict = Verdict::allow();
         let (Operation::Create | Operation::Update, Some(app)) =
@@ -25,8 +27,14 @@ impl Validator for MyAppRules {
         else {
             return Ok(verdict);
         };
+        if app.metadata.deletion_timestamp.is_some() {
+            return Ok(verdict); // on its way out: finalizers must be able to go
+        }
+        let old = request.old_object.as_ref().map(|old| &old.spec);
         let spec = &app.spec;
-        if !(1..=MAX_REPLICAS).contains(&spec.replicas) {
+        if old.is_none_or(|old| old.replicas != spec.replicas)
+            && !(1..=MAX_REPLICAS).contains(&spec.replicas)
+        {
             verdict.deny(
                 "spec.replicas",
                 format!(
@@ -35,20 +43,22 @@ impl Validator for MyAppRules {
                 ),
             );
         }
-        match image_reference(&spec.image) {
-            Err(why) => {
-                verdict.deny(
-                    "spec.image",
-                    format!("{:?} is not an image reference: {why}", spec.image),
-                );
+        if old.is_none_or(|old| old.image != spec.image) {
+            match image_reference(&spec.image) {
+                Err(why) => {
+                    verdict.deny(
+                        "spec.image",
+                        format!("{:?} is not an image reference: {why}", spec.image),
+                    );
+                }
+                Ok(Pinned::No) => {
+                    verdict.warn(format!(
+                        "spec.image {:?} has no tag or digest: every rollout may run a different image",
+                        spec.image
+                    ));
+                }
+                Ok(Pinned::Yes) => {}
             }
-            Ok(Pinned::No) => {
-                verdict.warn(format!(
-                    "spec.image {:?} has no tag or digest: every rollout may run a different image",
-                    spec.image
-                ));
-            }
-            Ok(Pinned::Yes) => {}
         }
         Ok(verdict)
     }
@@ -81,8 +91,8 @@ enum Pinned {
     No,
 }
 
-/// Read `image` as `[registry[:port]/]repository[:tag][@sha256:<64 hex>]`, the reference
-/// grammar of the OCI distribution spec, closely enough to catch what a kubelet would fail
+/// Read `image` as `[domain[:port]/]path[:tag][@algorithm:hex]`, the reference grammar of
+/// the OCI distribution spec (as `docker pull` reads it), to catch what a kubelet would fail
 /// to pull.
 fn image_reference(image: &str) -> Result<Pinned, String> {
     if image.is_empty() {
@@ -96,57 +106,120 @@ fn image_reference(image: &str) -> Result<Pinned, String> {
         None => (image, None),
     };
     if let Some(digest) = digest {
-        let hex = digest
-            .strip_prefix("sha256:")
-            .ok_or("a digest must start with sha256:")?;
-        if hex.len() != 64
-            || !hex
-                .bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-        {
-            return Err("a sha256 digest is 64 lowercase hex digits".into());
-        }
+        check_digest(digest)?;
     }
     // A colon after the last slash starts the tag; one before it is a registry's port.
     let last_part = name.rsplit('/').next().unwrap_or(name);
-    let (repository, tag) = match last_part.split_once(':') {
+    let (name, tag) = match last_part.split_once(':') {
         Some((_, tag)) => (&name[..name.len() - tag.len() - 1], Some(tag)),
         None => (name, None),
     };
     if let Some(tag) = tag {
+        let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
         let valid = !tag.is_empty()
             && tag.len() <= 128
-            && tag
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-            && !tag.starts_with(['.', '-']);
+            && tag.bytes().next().is_some_and(word)
+            && tag.bytes().all(|b| word(b) || b == b'.' || b == b'-');
         if !valid {
             return Err(format!("tag {tag:?} is not valid"));
         }
     }
-    let path = match repository.split_once('/') {
-        // A first part with a dot or a port, or `localhost`, is a registry host.
-        Some((host, path)) if host.contains(['.', ':']) || host == "localhost" => path,
-        _ => repository,
+    if name.len() > 255 {
+        return Err("the name is longer than 255 characters".into());
+    }
+    // The first part is a registry when it has a dot, a port or capitals, or is localhost.
+    let path = match name.split_once('/') {
+        Some((domain, path))
+            if domain.contains(['.', ':'])
+                || domain == "localhost"
+                || domain.bytes().any(|b| b.is_ascii_uppercase()) =>
+        {
+            check_domain(domain)?;
+            path
+        }
+        _ => name,
     };
-    let components_valid = !path.is_empty()
-        && path.split('/').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-                && part.starts_with(|c: char| c.is_ascii_alphanumeric())
-        });
-    if !components_valid {
-        return Err(format!(
-            "repository {path:?} must be lowercase letters, digits and separators (._-)"
-        ));
+    for component in path.split('/') {
+        if !is_path_component(component) {
+            return Err(format!(
+                "{component:?} must be lowercase letters and digits, separated by one `.`, one or two `_`, or dashes"
+            ));
+        }
     }
     Ok(if digest.is_some() || tag.is_some_and(|t| t != "latest") {
         Pinned::Yes
     } else {
         Pinned::No
     })
+}
+
+/// `[a-z0-9]+` runs joined by `.`, `_`, `__` or any number of `-`.
+fn is_path_component(component: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let mut runs = component.split(|c: char| !alnum(c));
+    let mut separators = component.split(alnum).filter(|s| !s.is_empty());
+    !component.is_empty()
+        && component.starts_with(alnum)
+        && component.ends_with(alnum)
+        && runs.all(|run| !run.is_empty())
+        && separators.all(|sep| matches!(sep, "." | "_" | "__") || sep.bytes().all(|b| b == b'-'))
+}
+
+/// `host[:port]`: DNS labels of letters, digits and inner dashes, then digits.
+fn check_domain(domain: &str) -> Result<(), String> {
+    let (host, port) = match domain.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (domain, None),
+    };
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    if !host.split('.').all(label_ok) {
+        return Err(format!("registry {domain:?} is not a host name"));
+    }
+    if port.is_some_and(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit())) {
+        return Err(format!(
+            "registry {domain:?} has a port that is not a number"
+        ));
+    }
+    Ok(())
+}
+
+/// `algorithm:encoded`; sha256 and sha512 must be lowercase hex of their length.
+fn check_digest(digest: &str) -> Result<(), String> {
+    let (algorithm, encoded) = digest
+        .split_once(':')
+        .ok_or("a digest is algorithm:hex, e.g. sha256:…")?;
+    let hex = |len: usize| {
+        encoded.len() == len
+            && encoded
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let known = match algorithm {
+        "sha256" => hex(64),
+        "sha512" => hex(128),
+        _ => {
+            !algorithm.is_empty()
+                && algorithm
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+._-".contains(&b))
+                && encoded.len() >= 32
+                && encoded
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"=_-".contains(&b))
+        }
+    };
+    if known {
+        Ok(())
+    } else {
+        Err(format!("digest {digest:?} is not valid for its algorithm"))
+    }
 }
 
 #[cfg(test)]
@@ -210,6 +283,37 @@ mod tests {
             .expect("decides");
         assert!(verdict.is_allowed());
         assert_eq!(verdict.warnings.len(), 1, "{verdict:?}");
+    }
+
+    #[test]
+    fn an_update_is_judged_on_what_it_changes() {
+        // Stored before the bound existed: other edits, and scaling into bounds, go through.
+        let stored = app(80, "nginx:1.27");
+        let mut relabelled = stored.clone();
+        relabelled["metadata"]["labels"] = json!({"tier": "web"});
+        let verdict = TestAdmission::update(&relabelled, &stored)
+            .validate::<MyAppRules>()
+            .expect("decides");
+        assert!(verdict.is_allowed(), "{verdict:?}");
+        assert!(
+            TestAdmission::update(&app(10, "nginx:1.27"), &stored)
+                .validate::<MyAppRules>()
+                .expect("decides")
+                .is_allowed()
+        );
+        let verdict = TestAdmission::update(&app(90, "nginx:1.27"), &stored)
+            .validate::<MyAppRules>()
+            .expect("decides");
+        assert_eq!(verdict.violations[0].field, "spec.replicas", "{verdict:?}");
+        // A bad value on its way out does not hold the finalizer.
+        let mut leaving = app(0, "NOT VALID");
+        leaving["metadata"]["deletionTimestamp"] = json!("2026-12-06T00:00:00Z");
+        assert!(
+            TestAdmission::update(&leaving, &app(1, "nginx:1.27"))
+                .validate::<MyAppRules>()
+                .expect("decides")
+                .is_allowed()
+        );
     }
 
     #[test]

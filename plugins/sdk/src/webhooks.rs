@@ -175,21 +175,35 @@ pub trait Validator {
 /// The fields a [`Defaulter`] sets, by path, and the warnings it gives.
 #[derive(Debug, Clone, Default)]
 pub struct Defaults {
-    sets: Vec<(String, Value)>,
+    sets: Vec<(Vec<String>, Value)>,
     warnings: Vec<String>,
 }
 
 impl Defaults {
     /// Set `path` (dot-separated keys, e.g. `spec.replicas`) to `value`, creating the
-    /// objects on the way. Later sets of the same path win.
+    /// objects on the way (an absent or `null` one). It overwrites what the write holds
+    /// there, so check that a field is missing before defaulting it. Later sets of the same
+    /// path win. For a key that holds a dot (an annotation such as `example.com/tier`), use
+    /// [`Defaults::set_at`].
     pub fn set(&mut self, path: &str, value: impl Serialize) -> Result<&mut Self, Error> {
-        let value = serde_json::to_value(value)?;
         if path.is_empty() || path.split('.').any(str::is_empty) {
             return Err(Error::permanent(format!(
                 "default path {path:?} must be dot-separated keys such as spec.replicas"
             )));
         }
-        self.sets.push((path.to_owned(), value));
+        self.set_at(&path.split('.').collect::<Vec<_>>(), value)
+    }
+
+    /// Set the field at `keys` (e.g. `["metadata", "annotations", "example.com/tier"]`) to
+    /// `value`, as [`Defaults::set`] does. Lists are not entered: a path through a list is an
+    /// error when applied.
+    pub fn set_at(&mut self, keys: &[&str], value: impl Serialize) -> Result<&mut Self, Error> {
+        if keys.is_empty() {
+            return Err(Error::permanent("a default needs a field to set"));
+        }
+        let value = serde_json::to_value(value)?;
+        self.sets
+            .push((keys.iter().map(|k| (*k).to_owned()).collect(), value));
         Ok(self)
     }
 
@@ -201,23 +215,35 @@ impl Defaults {
 
     /// Set every field on `object`.
     fn apply(self, object: &mut Value) -> Result<Vec<String>, Error> {
-        for (path, value) in self.sets {
+        for (keys, value) in self.sets {
+            let Some((last, on_the_way)) = keys.split_last() else {
+                continue;
+            };
             let mut at = &mut *object;
-            let mut keys = path.split('.').peekable();
-            while let Some(key) = keys.next() {
+            for key in on_the_way {
+                if at.is_null() {
+                    *at = Value::Object(serde_json::Map::new());
+                }
                 let Value::Object(map) = at else {
                     return Err(Error::permanent(format!(
-                        "cannot set default {path}: the object holds a non-object on the way"
+                        "cannot set default {}: the object holds a non-object on the way",
+                        keys.join(".")
                     )));
                 };
-                if keys.peek().is_none() {
-                    map.insert(key.to_owned(), value);
-                    break;
-                }
                 at = map
-                    .entry(key.to_owned())
+                    .entry(key.clone())
                     .or_insert_with(|| Value::Object(serde_json::Map::new()));
             }
+            if at.is_null() {
+                *at = Value::Object(serde_json::Map::new());
+            }
+            let Value::Object(map) = at else {
+                return Err(Error::permanent(format!(
+                    "cannot set default {}: the object holds a non-object on the way",
+                    keys.join(".")
+                )));
+            };
+            map.insert(last.clone(), value);
         }
         Ok(self.warnings)
     }
@@ -368,13 +394,42 @@ pub fn convert_raw<C: Converter>(object: &str, desired_api_version: &str) -> Res
         return Err(Error::permanent("a converted object must be a JSON object"));
     };
     fields.insert("apiVersion".into(), desired_api_version.into());
-    for kept in ["kind", "metadata"] {
-        match input.get(kept) {
-            Some(value) => fields.insert(kept.into(), value.clone()),
-            None => fields.remove(kept),
-        };
-    }
+    keep_what_a_conversion_keeps(&input, fields);
     Ok(output.to_string())
+}
+
+/// `kind` and `metadata` as they were, but for the labels and annotations of the converted
+/// type when it has metadata (a conversion may keep there what the other version has no
+/// field for); and `status` as it was when the converted type has none.
+fn keep_what_a_conversion_keeps(input: &Value, output: &mut serde_json::Map<String, Value>) {
+    match input.get("kind") {
+        Some(kind) => output.insert("kind".into(), kind.clone()),
+        None => output.remove("kind"),
+    };
+    let answered = output.remove("metadata");
+    match input.get("metadata") {
+        Some(Value::Object(metadata)) => {
+            let mut metadata = metadata.clone();
+            if let Some(Value::Object(answered)) = answered {
+                for field in ["labels", "annotations"] {
+                    match answered.get(field) {
+                        Some(value) => metadata.insert(field.into(), value.clone()),
+                        None => metadata.remove(field),
+                    };
+                }
+            }
+            output.insert("metadata".into(), Value::Object(metadata));
+        }
+        Some(other) => {
+            output.insert("metadata".into(), other.clone());
+        }
+        None => {}
+    }
+    if output.get("status").is_none_or(Value::is_null)
+        && let Some(status) = input.get("status")
+    {
+        output.insert("status".into(), status.clone());
+    }
 }
 
 #[cfg(test)]
@@ -450,6 +505,52 @@ mod tests {
     }
 
     #[test]
+    fn a_conversion_keeps_the_status_and_the_converted_labels() {
+        let old = json!({"apiVersion": "example.com/v1alpha1", "kind": "Widget",
+                         "metadata": {"name": "w", "uid": "u", "labels": {"a": "b"}},
+                         "spec": {"host": "db"}, "status": {"ready": true}});
+        let new: Value = serde_json::from_str(
+            &convert_raw::<Versions>(&old.to_string(), "example.com/v1").expect("up"),
+        )
+        .expect("json");
+        // The types know no status and no metadata: both come through as they were.
+        assert_eq!(new["status"], json!({"ready": true}));
+        assert_eq!(new["metadata"], old["metadata"]);
+
+        /// Keeps the older host in an annotation, with metadata in both types.
+        #[derive(Deserialize, Serialize)]
+        struct Meta {
+            metadata: serde_json::Map<String, Value>,
+        }
+        struct Annotating;
+        impl Converter for Annotating {
+            type Older = Meta;
+            type Newer = Meta;
+            const OLDER: &'static str = "example.com/v1alpha1";
+            const NEWER: &'static str = "example.com/v1";
+            fn upgrade(mut older: Meta) -> Result<Meta, Error> {
+                older
+                    .metadata
+                    .insert("annotations".into(), json!({"kept": "x"}));
+                older.metadata.remove("labels");
+                older.metadata.insert("name".into(), json!("renamed"));
+                Ok(older)
+            }
+            fn downgrade(newer: Meta) -> Result<Meta, Error> {
+                Ok(newer)
+            }
+        }
+        let new: Value = serde_json::from_str(
+            &convert_raw::<Annotating>(&old.to_string(), "example.com/v1").expect("up"),
+        )
+        .expect("json");
+        assert_eq!(
+            new["metadata"],
+            json!({"name": "w", "uid": "u", "annotations": {"kept": "x"}})
+        );
+    }
+
+    #[test]
     fn a_conversion_between_versions_it_does_not_know_is_an_error() {
         let old = json!({"apiVersion": "example.com/v1alpha1", "kind": "Widget", "spec": {}});
         let err = convert_raw::<Versions>(&old.to_string(), "example.com/v2").expect_err("v2");
@@ -468,6 +569,16 @@ mod tests {
             json!({"spec": {"unknown": true, "replicas": 1, "template": {"tier": "gold"}}})
         );
         assert!(Defaults::default().set("spec..x", 1).is_err());
+        let mut annotated = json!({"metadata": {"name": "a", "annotations": null}});
+        let mut defaults = Defaults::default();
+        defaults
+            .set_at(&["metadata", "annotations", "example.com/tier"], "gold")
+            .expect("keys");
+        defaults.apply(&mut annotated).expect("applies");
+        assert_eq!(
+            annotated["metadata"]["annotations"],
+            json!({"example.com/tier": "gold"})
+        );
         let mut scalar = json!({"spec": 3});
         let mut defaults = Defaults::default();
         defaults.set("spec.replicas", 1).expect("path");

@@ -22,7 +22,7 @@ use wasmctrl_plugin_sdk::{
 
 #[cfg(test)]
 mod tests;
-
+{{webhooks_module}}
 /// What to run: `replicas` copies of `image`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
@@ -102,7 +102,7 @@ impl Reconciler for {{kind}}Reconciler {
     }
 }
 
-wasmctrl_plugin_sdk::export_reconciler!({{kind}}Reconciler);
+{{export}}
 
 fn deployment(name: &str, spec: &{{kind}}Spec, selector: &BTreeMap<String, String>) -> Deployment {
     Deployment {

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use wasmctrl_plugin_sdk::webhooks::{Admission, Defaulter, Defaults, Validator, Verdict};
+use wasmctrl_plugin_sdk::webhooks::{
+    Admission, Converter, Defaulter, Defaults, Validator, Verdict,
+};
 use wasmctrl_plugin_sdk::{Error, Reconciler, Request, Response};
 
 #[derive(Deserialize, Default)]
@@ -244,7 +246,32 @@ fn attempt<T: std::fmt::Debug, E: std::fmt::Display>(result: Result<T, E>) -> St
 /// Its webhooks misbehave the same way, picked by the same config: `panic`, `loop`, `error`,
 /// `grow-memory`; `deny` refuses every write (on `spec.x`), `warn-flood` allows it with 100
 /// warnings, and its defaulter's `rename` renames the object (which the host must refuse).
-/// Otherwise validate allows and default sets `spec.defaulted: true`. It serves no `convert`.
+/// Otherwise validate allows and default sets `spec.defaulted: true`. Its converter, between
+/// `example.com/v1` and `example.com/v2`, misbehaves on the object's own `spec.behavior`
+/// (`panic`, `loop`), and upgrading loses `spec.lost`, which v2 has no field for: a
+/// conversion that does not come back.
+struct MisbehaveVersions;
+
+impl Converter for MisbehaveVersions {
+    type Older = Value;
+    type Newer = Value;
+    const OLDER: &'static str = "example.com/v1";
+    const NEWER: &'static str = "example.com/v2";
+
+    fn upgrade(mut older: Value) -> Result<Value, Error> {
+        MisbehaveWebhooks::misbehave(older["spec"]["behavior"].as_str().unwrap_or_default())?;
+        if let Some(spec) = older["spec"].as_object_mut() {
+            spec.remove("lost");
+        }
+        Ok(older)
+    }
+
+    fn downgrade(newer: Value) -> Result<Value, Error> {
+        MisbehaveWebhooks::misbehave(newer["spec"]["behavior"].as_str().unwrap_or_default())?;
+        Ok(newer)
+    }
+}
+
 struct MisbehaveWebhooks;
 
 impl MisbehaveWebhooks {
@@ -313,4 +340,5 @@ wasmctrl_plugin_sdk::export_plugin!(
     reconciler: Misbehave,
     validator: MisbehaveWebhooks,
     defaulter: MisbehaveWebhooks,
+    converter: MisbehaveVersions,
 );
