@@ -6,6 +6,7 @@
 //! operator host ([`controller`]), its [`metrics`], [`health`] and [`leader`] election, their
 //! HTTP [`server`], and the command line ([`cli`]).
 
+pub mod admission;
 pub mod case;
 pub mod cli;
 pub mod controller;

@@ -46,6 +46,36 @@ struct ResultLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookLabels {
+    policy: String,
+    webhook: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookResultLabels {
+    policy: String,
+    webhook: &'static str,
+    result: &'static str,
+}
+
+/// How a webhook request ends, as `wasmctrl_webhook_requests_total` labels it: the plugin
+/// allowed, denied or patched the write; it failed, and the failure policy refused
+/// (`failed_closed`) or admitted (`failed_open`) it; the replica served no such policy
+/// (`unserved`); the body was no AdmissionReview (`malformed`).
+pub const WEBHOOK_RESULTS: [&str; 7] = [
+    "allowed",
+    "denied",
+    "patched",
+    "failed_closed",
+    "failed_open",
+    "unserved",
+    "malformed",
+];
+
+/// The webhooks a policy serves, as metrics label them.
+pub const WEBHOOKS: [&str; 2] = ["validate", "default"];
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
     controller: String,
 }
@@ -137,6 +167,8 @@ pub struct Metrics {
     rollout_transitions: Family<ResultLabels, Counter>,
     related_cache: Family<ControllerLabels, Gauge>,
     controller_restarts: Family<ControllerLabels, Counter>,
+    webhook_requests: Family<WebhookResultLabels, Counter>,
+    webhook_time: Family<WebhookLabels, Histogram>,
     explain_bytes: Gauge,
     explain_records: Gauge,
     pool_warm_memories: Gauge,
@@ -211,6 +243,8 @@ impl Metrics {
             rollout_transitions: Family::default(),
             related_cache: Family::default(),
             controller_restarts: Family::default(),
+            webhook_requests: Family::default(),
+            webhook_time: histograms(),
             explain_bytes: Gauge::default(),
             explain_records: Gauge::default(),
             pool_warm_memories: Gauge::default(),
@@ -361,6 +395,17 @@ impl Metrics {
             "wasmctrl_explain_records",
             "Reconcile records held for `wasmctrl explain`",
             metrics.explain_records.clone(),
+        );
+        registry.register(
+            "wasmctrl_webhook_requests",
+            "Webhook requests per policy, webhook (validate, default) and result (allowed, denied, patched, failed_closed, failed_open, unserved, malformed)",
+            metrics.webhook_requests.clone(),
+        );
+        registry.register_with_unit(
+            "wasmctrl_webhook_duration",
+            "Length of one webhook request as the host answers it, the plugin's call included",
+            Unit::Seconds,
+            metrics.webhook_time.clone(),
         );
         metrics.register_engine(registry);
     }
@@ -550,7 +595,46 @@ impl Metrics {
                 });
             }
         }
+        for webhook in WEBHOOKS {
+            for result in WEBHOOK_RESULTS {
+                self.webhook_requests.remove(&WebhookResultLabels {
+                    policy: policy.to_owned(),
+                    webhook,
+                    result,
+                });
+            }
+            self.webhook_time.remove(&WebhookLabels {
+                policy: policy.to_owned(),
+                webhook,
+            });
+        }
         self.set_active_plugin(policy, None);
+    }
+
+    /// One webhook request of `policy` ended with `result` (one of [`WEBHOOK_RESULTS`]),
+    /// after `took` when the plugin was asked.
+    pub fn webhook_request(
+        &self,
+        policy: &str,
+        webhook: &'static str,
+        result: &'static str,
+        took: Option<std::time::Duration>,
+    ) {
+        self.webhook_requests
+            .get_or_create(&WebhookResultLabels {
+                policy: policy.to_owned(),
+                webhook,
+                result,
+            })
+            .inc();
+        if let Some(took) = took {
+            self.webhook_time
+                .get_or_create(&WebhookLabels {
+                    policy: policy.to_owned(),
+                    webhook,
+                })
+                .observe(took.as_secs_f64());
+        }
     }
 
     /// One more (`1`) or one fewer (`-1`) plugin load waits for a slot.

@@ -57,5 +57,5 @@ pub use limits::Limits;
 pub use plugin::{Plugin, PluginInfo, WeakPlugin};
 pub use webhook::{
     AdmissionRequest, AdmissionVerdict, Defaulted, MAX_WARNING_BYTES, MAX_WARNINGS, Operation,
-    ServedWebhooks, UserInfo, Violation, bounded_warnings,
+    ServedWebhooks, UserInfo, Violation, bounded_warnings, one_line,
 };

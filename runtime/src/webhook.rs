@@ -376,6 +376,12 @@ pub fn bounded_warnings(warnings: Vec<String>) -> Vec<String> {
     kept
 }
 
+/// `text` on one line, control characters as spaces, cut to at most `max` bytes (marked with
+/// `…`): how a plugin's own words (a reason, a panic message) reach a client or a log line.
+pub fn one_line(text: &str, max: usize) -> String {
+    bounded(printable(text), max)
+}
+
 /// `text` with control characters (newlines, escapes a terminal would act on) as spaces: a
 /// warning is printed as it is by `kubectl` and `wasmctrl`.
 fn printable(text: &str) -> String {

@@ -54,11 +54,27 @@ pub fn server_config(
         Some(files) => Arc::new(FromFiles::load(files)?),
         None => Arc::new(Fixed(Arc::new(self_signed(names)?))),
     };
+    Ok(with_resolver(resolver))
+}
+
+/// The server side of a listener whose certificate `resolver` picks.
+pub(crate) fn with_resolver(resolver: Arc<dyn ResolvesServerCert>) -> Arc<rustls::ServerConfig> {
+    crate::ensure_crypto_provider();
     let mut config = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Arc::new(config)
+}
+
+/// A certificate chain and its key, both PEM, ready to serve.
+pub(crate) fn certified_pem(chain: &[u8], key: &[u8]) -> anyhow::Result<CertifiedKey> {
+    let chain = CertificateDer::pem_slice_iter(chain)
+        .collect::<Result<Vec<_>, _>>()
+        .context("reading the certificate chain")?;
+    anyhow::ensure!(!chain.is_empty(), "the certificate chain is empty");
+    let key = PrivateKeyDer::from_pem_slice(key).context("reading the private key")?;
+    certified(chain, &key)
 }
 
 /// A self-signed certificate for `names`, valid from now for a year (a pod lives far less).

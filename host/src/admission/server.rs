@@ -1,0 +1,219 @@
+//! The webhook listener: HTTPS on a port of its own, on every replica, where the API server
+//! sends the AdmissionReviews of the kinds whose policies serve webhooks.
+//!
+//! - `POST /validate/{policy}` and `POST /default/{policy}`, where `{policy}` is a cluster
+//!   policy's name or `{namespace}/{name}` for a namespaced one (the path the host writes
+//!   into the webhook configurations it owns).
+//! - Who may call: anyone who reaches the port and completes the TLS handshake. The API
+//!   server is told the CA to trust (the configurations' `caBundle`); the host checks nothing
+//!   else a peer could forge, because a review grants nothing: it only asks the plugin what
+//!   it would say about an object the caller sends, writes nothing, and is bounded in size
+//!   ([`MAX_REVIEW_BYTES`]) and time (the plugin's webhook deadline), its calls sharing the
+//!   policy's call slots. What a peer other than the API server can do is spend those slots,
+//!   so only the API server should reach the port (a NetworkPolicy).
+//! - A policy this replica does not serve (yet: its plugin still loading) gets
+//!   `503 Service Unavailable`, so the API server applies the configuration's own failure
+//!   policy; a body that is no AdmissionReview gets `400`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+use super::certs::Issued;
+use super::review::{Answerer, Hook, answer};
+use crate::metrics::Metrics;
+
+/// The largest AdmissionReview read: an object and its old version at the API server's own
+/// request limit (3 MiB each), and the review around them.
+pub const MAX_REVIEW_BYTES: usize = 7 << 20;
+/// Reviews read and answered at once; more wait. With [`MAX_REVIEW_BYTES`] it bounds the
+/// memory reviews hold (the API server sends a few at a time; its own timeout is 30 s at
+/// most).
+pub const MAX_REVIEWS_IN_FLIGHT: usize = 32;
+/// The longest a review may take from its first byte to its answer, reading the body
+/// included: a client that sends slowly is cut off (the API server's timeout is 30 s at
+/// most, and the plugin's deadline far less).
+pub const REVIEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How metrics label a request for a policy this replica does not serve: the path is the
+/// caller's to choose, so it never becomes a label of its own.
+const UNKNOWN_POLICY: &str = "(none)";
+
+/// Who answers each policy's webhooks on this replica: its active plugin, registered by the
+/// policy's controller when it loads one and removed when it stops.
+#[derive(Default)]
+pub struct Answerers {
+    by_policy: Mutex<HashMap<String, Arc<Answerer>>>,
+}
+
+impl Answerers {
+    /// An empty registry.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// `answerer` answers `policy`'s webhooks from now on.
+    pub fn serve(&self, policy: &str, answerer: Answerer) {
+        crate::lock(&self.by_policy).insert(policy.to_owned(), Arc::new(answerer));
+    }
+
+    /// `policy`'s webhooks are answered no more (503: the API server's failure policy).
+    pub fn stop(&self, policy: &str) {
+        crate::lock(&self.by_policy).remove(policy);
+    }
+
+    fn get(&self, policy: &str) -> Option<Arc<Answerer>> {
+        crate::lock(&self.by_policy).get(policy).cloned()
+    }
+}
+
+#[derive(Clone)]
+struct Served {
+    answerers: Arc<Answerers>,
+    metrics: Arc<Metrics>,
+}
+
+/// The listener's routes.
+pub fn router(answerers: Arc<Answerers>, metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/validate/{*policy}", post(validate))
+        .route("/default/{*policy}", post(default))
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(axum::error_handling::HandleErrorLayer::new(
+                    |_: tower::BoxError| async {
+                        (StatusCode::REQUEST_TIMEOUT, "the review took too long")
+                    },
+                ))
+                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                    MAX_REVIEWS_IN_FLIGHT,
+                ))
+                .layer(tower::timeout::TimeoutLayer::new(REVIEW_TIMEOUT)),
+        )
+        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        .with_state(Served { answerers, metrics })
+}
+
+async fn validate(
+    State(served): State<Served>,
+    Path(policy): Path<String>,
+    body: Bytes,
+) -> Response {
+    review(Hook::Validate, &served, &policy, &body).await
+}
+
+async fn default(
+    State(served): State<Served>,
+    Path(policy): Path<String>,
+    body: Bytes,
+) -> Response {
+    review(Hook::Default, &served, &policy, &body).await
+}
+
+async fn review(hook: Hook, served: &Served, policy: &str, body: &[u8]) -> Response {
+    let Some(answerer) = served.answerers.get(policy) else {
+        served
+            .metrics
+            .webhook_request(UNKNOWN_POLICY, hook.name(), "unserved", None);
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("this replica serves no webhooks of policy {policy} (yet)"),
+        )
+            .into_response();
+    };
+    let request = match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
+        .map_err(|e| e.to_string())
+        .and_then(|review| {
+            let request: Result<AdmissionRequest<DynamicObject>, _> = review.try_into();
+            request.map_err(|_| "the review has no request".to_owned())
+        }) {
+        Ok(request) => request,
+        Err(why) => {
+            served
+                .metrics
+                .webhook_request(policy, hook.name(), "malformed", None);
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("not an AdmissionReview: {why}"),
+            )
+                .into_response();
+        }
+    };
+    let started = std::time::Instant::now();
+    let (response, outcome) = answer(hook, &answerer, &request).await;
+    served
+        .metrics
+        .webhook_request(policy, hook.name(), outcome, Some(started.elapsed()));
+    match serde_json::to_vec(&response.into_review()) {
+        Ok(body) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the answer cannot be sent: {error}"),
+        )
+            .into_response(),
+    }
+}
+
+/// Serve the webhooks on `tcp`, presenting `certificate`, until `shutdown` completes.
+pub async fn serve(
+    tcp: tokio::net::TcpListener,
+    certificate: &Arc<ServingCertificate>,
+    answerers: Arc<Answerers>,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let tls = crate::server::tls::TlsListener::new(tcp, certificate.server_config())
+        .context("serving webhooks over TLS")?;
+    axum::serve(tls, router(answerers, metrics))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving webhooks over TLS")
+}
+
+/// The serving pair the listener presents, swapped in place when the pair is renewed: new
+/// connections get the new one, connections already open keep theirs.
+#[derive(Debug)]
+pub struct ServingCertificate(ArcSwap<CertifiedKey>);
+
+impl ServingCertificate {
+    /// A listener's certificate, presenting `issued`.
+    pub fn new(issued: &Issued) -> anyhow::Result<Arc<Self>> {
+        Ok(Arc::new(Self(ArcSwap::from_pointee(certified(issued)?))))
+    }
+
+    /// Present `issued` from now on.
+    pub fn replace(&self, issued: &Issued) -> anyhow::Result<()> {
+        self.0.store(Arc::new(certified(issued)?));
+        Ok(())
+    }
+
+    /// The TLS settings of a listener that presents this certificate.
+    pub fn server_config(self: &Arc<Self>) -> Arc<rustls::ServerConfig> {
+        crate::server::tls::with_resolver(self.clone())
+    }
+}
+
+impl ResolvesServerCert for ServingCertificate {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.load_full())
+    }
+}
+
+fn certified(issued: &Issued) -> anyhow::Result<CertifiedKey> {
+    crate::server::tls::certified_pem(issued.certificate.as_bytes(), issued.key.as_bytes())
+}

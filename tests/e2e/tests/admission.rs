@@ -1,0 +1,325 @@
+//! The webhooks against a real API server: the hosts make one CA and serving pair in a
+//! Secret and every replica serves the same (a pair that is due is renewed from the same CA,
+//! so the CA bundle the API server holds stays valid); the API server calls the listener
+//! over HTTPS as the webhook configurations say, and its client sees the plugin's answers.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, ResourceExt as _};
+use wasmctrl::admission::certs::Certificates;
+use wasmctrl_e2e::*;
+
+const SECRET: &str = "wasmctrl-webhooks";
+
+fn names(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| (*n).to_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_one_ca_and_renew_the_serving_pair_from_it() -> anyhow::Result<()> {
+    const TEST: &str = "webhook-certificates";
+    let (client, ns) = test_namespace(TEST).await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let served = names(&["wasmctrl-webhooks.wasmctrl.svc", "127.0.0.1"]);
+    let replica = |names: Vec<String>| Certificates::new(secrets.clone(), SECRET, names);
+
+    // Two replicas start together on no Secret: one makes it, both serve its pair.
+    let first = replica(served.clone());
+    let second = replica(served.clone());
+    let (a, b) = tokio::join!(first.ensure(), second.ensure());
+    let (a, b) = (a?, b?);
+    assert_eq!(a.ca_bundle, b.ca_bundle);
+    assert_eq!(a.certificate, b.certificate);
+    let stored = secrets.get(SECRET).await?;
+    assert_eq!(stored.type_.as_deref(), Some("kubernetes.io/tls"));
+    let keys: Vec<&String> = stored.data.as_ref().expect("data").keys().collect();
+    assert_eq!(keys, ["ca.crt", "ca.key", "tls.crt", "tls.key"]);
+
+    // Not due: read as it is, by any replica.
+    assert_eq!(second.ensure().await?.certificate, a.certificate);
+
+    // Due (here: a replica that renews anything with less than 100 days left, more than a
+    // pair is valid), the pair is renewed from the same CA, once: the next replica reads the
+    // renewed one. Labels others put on the Secret stay.
+    let mut labelled = secrets.get(SECRET).await?;
+    labelled
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("team".to_owned(), "platform".to_owned());
+    labelled.metadata.managed_fields = None;
+    secrets
+        .replace(SECRET, &Default::default(), &labelled)
+        .await?;
+    let renewed = replica(served.clone())
+        .renew_within(Duration::from_secs(100 * 24 * 3600))
+        .ensure()
+        .await?;
+    assert_ne!(renewed.certificate, a.certificate);
+    assert_eq!(renewed.ca_bundle, a.ca_bundle, "the CA stays");
+    let again = replica(served.clone()).ensure().await?;
+    assert_eq!(again.certificate, renewed.certificate);
+    let kept = secrets.get(SECRET).await?;
+    assert_eq!(
+        kept.labels().get("team").map(String::as_str),
+        Some("platform")
+    );
+
+    // A host that serves under another name gets a pair that covers it, from the same CA.
+    let mut more = served.clone();
+    more.push("wasmctrl-webhooks.wasmctrl.svc.cluster.local".to_owned());
+    let widened = replica(more).ensure().await?;
+    assert_ne!(widened.certificate, renewed.certificate);
+    assert_eq!(widened.ca_bundle, a.ca_bundle);
+
+    // A Secret of that name that holds something else is reported, and left alone.
+    secrets.delete(SECRET, &Default::default()).await?;
+    let foreign: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": SECRET},
+        "stringData": {"token": "not a CA"},
+    }))?;
+    secrets.create(&Default::default(), &foreign).await?;
+    let err = second.ensure().await.expect_err("not a webhook pair");
+    assert!(format!("{err:#}").contains(SECRET), "{err:#}");
+    let kept = secrets.get(SECRET).await?;
+    assert!(kept.data.expect("data").contains_key("token"));
+
+    delete_namespace(&client, &ns).await?;
+    Ok(())
+}
+
+mod served {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{DynamicObject, PostParams};
+    use kube::{Api, Client};
+    use serde_json::{Value, json};
+    use wasmctrl::admission::certs::Certificates;
+    use wasmctrl::admission::configurations::{self, Endpoint, Scope};
+    use wasmctrl::admission::review::{Answerer, FailurePolicy};
+    use wasmctrl::admission::server::{Answerers, ServingCertificate, serve};
+    use wasmctrl::metrics::Metrics;
+    use wasmctrl::plugin::{EngineOptions, Limits, PluginEngine};
+    use wasmctrl_e2e::*;
+
+    /// A webhook listener on 127.0.0.1 with a pair from the Secret: its URL and answerers.
+    async fn listener(
+        client: &Client,
+        ns: &str,
+    ) -> anyhow::Result<(String, String, Arc<Answerers>)> {
+        let issued = Certificates::new(
+            Api::<Secret>::namespaced(client.clone(), ns),
+            super::SECRET,
+            vec!["127.0.0.1".to_owned()],
+        )
+        .ensure()
+        .await?;
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("https://{}", tcp.local_addr()?);
+        let certificate = ServingCertificate::new(&issued)?;
+        let answerers = Answerers::new();
+        let serving = answerers.clone();
+        tokio::spawn(async move {
+            let served = serve(
+                tcp,
+                &certificate,
+                serving,
+                Arc::new(Metrics::new()),
+                std::future::pending(),
+            )
+            .await;
+            if let Err(error) = served {
+                eprintln!("the webhook listener stopped: {error:#}");
+            }
+        });
+        Ok((url, issued.ca_bundle, answerers))
+    }
+
+    fn answerer(
+        plugin: &str,
+        config: Value,
+        failure_policy: FailurePolicy,
+    ) -> anyhow::Result<Answerer> {
+        let plugin = PluginEngine::new(EngineOptions::default())?.load(
+            &wasmctrl_testenv::plugins::guest_bytes(plugin),
+            None,
+            Limits::default(),
+        )?;
+        Ok(Answerer {
+            policy: "ReconcilePolicy/myapp-webhooks".to_owned(),
+            plugin,
+            config: Some(config.to_string()),
+            tenant: "policy/myapp-webhooks".to_owned(),
+            failure_policy,
+        })
+    }
+
+    fn app(name: &str, replicas: i64, image: &str) -> anyhow::Result<DynamicObject> {
+        Ok(serde_json::from_value(myapp(name, replicas, image, None))?)
+    }
+
+    /// Create `object` until the API server's answer satisfies `done` (the webhook
+    /// configurations take a moment to reach it); the last answer.
+    async fn create_until(
+        myapps: &Api<DynamicObject>,
+        object: &DynamicObject,
+        what: &str,
+        done: impl Fn(&Result<DynamicObject, kube::Error>) -> bool,
+    ) -> anyhow::Result<Result<DynamicObject, kube::Error>> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let answer = myapps.create(&PostParams::default(), object).await;
+            if done(&answer) {
+                return Ok(answer);
+            }
+            if let Ok(created) = &answer {
+                myapps
+                    .delete(&created.name_any(), &Default::default())
+                    .await?;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: the API server kept answering {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    use kube::ResourceExt as _;
+
+    fn denied(answer: &Result<DynamicObject, kube::Error>) -> Option<&kube::core::Status> {
+        match answer {
+            Err(kube::Error::Api(status)) => Some(&**status),
+            _ => None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_api_server_asks_the_plugin_over_https_and_the_client_sees_its_answer()
+    -> anyhow::Result<()> {
+        const TEST: &str = "webhooks-served";
+        let (client, ns) = test_namespace(TEST).await?;
+        install_repo_crds(&client).await?;
+        let (url, ca_bundle, answerers) = listener(&client, &ns).await?;
+        let policy = format!("{ns}/myapp-webhooks");
+        answerers.serve(
+            &policy,
+            answerer("myapp_plugin", json!({}), FailurePolicy::Fail)?,
+        );
+        let scope = Scope {
+            policy: policy.clone(),
+            group: "example.com".to_owned(),
+            version: "v1".to_owned(),
+            plural: "myapps".to_owned(),
+            namespace: Some(ns.clone()),
+            operations: vec!["CREATE".to_owned(), "UPDATE".to_owned()],
+            failure_policy: FailurePolicy::Fail,
+            timeout_seconds: 5,
+            // The test's own writes (as the cluster admin) are the ones judged here.
+            exempt_users: vec!["system:serviceaccount:wasmctrl:wasmctrl".to_owned()],
+        };
+        let endpoint = Endpoint::Url(url);
+        configurations::reconcile(&client, &scope, &endpoint, &ca_bundle, true, true).await?;
+        let myapps = myapps(&client, &ns);
+
+        // A MyApp that breaks the plugin's rules is refused at create, with the plugin's
+        // message and each field as a cause.
+        let refused = create_until(
+            &myapps,
+            &app("too-big", 80, "nginx:1.27")?,
+            "the denial",
+            |a| denied(a).is_some_and(|status| status.code == 422),
+        )
+        .await?;
+        let status = denied(&refused).expect("denied");
+        assert_eq!(status.code, 422, "{status:?}");
+        assert!(
+            status
+                .message
+                .contains("spec.replicas: must be between 1 and 50, got 80"),
+            "{status:?}"
+        );
+        let causes = &status.details.as_ref().expect("details").causes;
+        assert_eq!(causes[0].field, "spec.replicas", "{status:?}");
+
+        // A MyApp without a port gets the plugin's default as it is stored (the mutating
+        // configuration may reach the API server a moment after the validating one).
+        create_until(&myapps, &app("web", 2, "nginx:1.27")?, "the default", |a| {
+            a.as_ref()
+                .is_ok_and(|created| created.data["spec"]["port"] == 80)
+        })
+        .await??;
+
+        // A warning reaches the client (an image with no tag), the write goes through.
+        let request =
+            kube::core::Request::new(format!("/apis/example.com/v1/namespaces/{ns}/myapps"))
+                .create(
+                    &PostParams::default(),
+                    serde_json::to_vec(&myapp("unpinned", 1, "nginx", None))?,
+                )?;
+        let response = client.send(request.map(kube::client::Body::from)).await?;
+        assert!(response.status().is_success(), "{response:?}");
+        let warnings: Vec<String> = response
+            .headers()
+            .get_all("warning")
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_owned))
+            .collect();
+        assert!(
+            warnings.iter().any(|w| w.contains("has no tag or digest")),
+            "{warnings:?}"
+        );
+
+        // A plugin that traps, under Fail: refused with the reason, well within the timeout.
+        answerers.serve(
+            &policy,
+            answerer(
+                "misbehave_plugin",
+                json!({"behavior": "panic"}),
+                FailurePolicy::Fail,
+            )?,
+        );
+        let started = std::time::Instant::now();
+        let trapped = myapps
+            .create(&PostParams::default(), &app("trapped", 1, "nginx:1.27")?)
+            .await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let status = denied(&trapped).expect("refused under Fail");
+        assert!(
+            status.message.contains("could not") && status.message.contains("panic"),
+            "{status:?}"
+        );
+        // ...and under Ignore, admitted.
+        answerers.serve(
+            &policy,
+            answerer(
+                "misbehave_plugin",
+                json!({"behavior": "panic"}),
+                FailurePolicy::Ignore,
+            )?,
+        );
+        myapps
+            .create(&PostParams::default(), &app("admitted", 1, "nginx:1.27")?)
+            .await?;
+
+        // The configurations removed, writes no longer reach the plugin.
+        answerers.serve(
+            &policy,
+            answerer("myapp_plugin", json!({}), FailurePolicy::Fail)?,
+        );
+        configurations::remove_all(&client, &policy).await?;
+        create_until(
+            &myapps,
+            &app("unjudged", 80, "nginx:1.27")?,
+            "no webhook",
+            |a| a.is_ok(),
+        )
+        .await??;
+
+        delete_namespace(&client, &ns).await?;
+        Ok(())
+    }
+}
