@@ -86,6 +86,7 @@ impl Plane {
                     }
                 };
                 let started = (|| {
+                    wasmctrl_testenv::remove_dead_test_clusters();
                     let binaries = Binaries::build(&repo_root())?;
                     let dir =
                         repo_root().join(format!("target/cluster-faults-{}", std::process::id()));

@@ -187,8 +187,10 @@ impl TestEnv {
 }
 
 /// Test processes that started their own cluster leave its state directory behind when they
-/// exit (their processes die with them). Remove those whose processes are all gone.
-fn remove_dead_test_clusters() {
+/// exit (their processes die with them). Remove those whose processes are all gone: every
+/// test binary that starts a cluster of its own calls this first, or the directories (about
+/// 125 MB each) pile up in a checkout that is tested again and again.
+pub fn remove_dead_test_clusters() {
     let Ok(entries) = std::fs::read_dir(repo_root().join("target")) else {
         return;
     };
