@@ -39,8 +39,8 @@ pub use objects::{
     wait_collected, wait_for_object, wait_for_object_within, wait_gone,
 };
 pub use policies::{
-    apply_policy, delete_namespace, file_source, namespaced_policies, place_namespace, policies,
-    test_namespace,
+    apply_policy, candidate_decides_the_same, delete_namespace, file_source, namespaced_policies,
+    place_namespace, policies, test_namespace,
 };
 pub use process::{
     SelfProcess, cosign, impersonating_kubeconfig, spawn_self, token_kubeconfig, wasmctrl_cli,

@@ -110,3 +110,13 @@ pub fn file_source(plugin: &str) -> Value {
     let path = wasmctrl_testenv::plugins::guest(plugin);
     json!({"file": {"path": path.to_string_lossy()}})
 }
+
+/// Whether the policy's shadow candidate has been evaluated on at least `parents` parents and
+/// would change and fail on none: it decides as the active plugin does.
+pub fn candidate_decides_the_same(policy: &Value, parents: u64) -> bool {
+    let c = &policy["status"]["candidate"];
+    c["evaluated"].as_u64().is_some_and(|n| n >= parents)
+        && c["unchanged"] == c["evaluated"]
+        && c["wouldChange"] == 0
+        && c["wouldFail"] == 0
+}

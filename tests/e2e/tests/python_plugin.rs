@@ -82,13 +82,7 @@ async fn a_python_plugin_converges_myapps_and_decides_as_the_rust_one() -> anyho
         &policy_api,
         TEST,
         "the Rust candidate evaluated, unchanged",
-        |p| {
-            let c = &p["status"]["candidate"];
-            c["evaluated"].as_u64().is_some_and(|n| n >= 2)
-                && c["unchanged"] == c["evaluated"]
-                && c["wouldChange"] == 0
-                && c["wouldFail"] == 0
-        },
+        |p| candidate_decides_the_same(p, 2),
     )
     .await?;
 
