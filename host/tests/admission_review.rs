@@ -21,13 +21,13 @@ fn load(name: &str, limits: Limits) -> Plugin {
 }
 
 fn answerer(plugin: Plugin, config: Value, failure_policy: FailurePolicy) -> Answerer {
-    Answerer {
-        policy: "ReconcilePolicy/myapp".to_owned(),
+    Answerer::with_plugin(
+        "ReconcilePolicy/myapp",
         plugin,
-        config: Some(config.to_string()),
-        tenant: "policy/myapp".to_owned(),
+        Some(config.to_string()),
+        "policy/myapp",
         failure_policy,
-    }
+    )
 }
 
 fn myapp(replicas: i64, image: &str) -> Value {

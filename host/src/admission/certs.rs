@@ -56,6 +56,27 @@ pub struct Issued {
     pub not_after: SystemTime,
 }
 
+impl Issued {
+    /// A pair someone else issued (cert-manager, mounted as files): the CA bundle, the
+    /// serving certificate (its chain) and key, all PEM. The key must be the certificate's.
+    pub fn from_pem(ca_bundle: String, certificate: String, key: String) -> anyhow::Result<Self> {
+        let (_, not_after, _) = inspect(&certificate)?;
+        crate::server::tls::certified_pem(certificate.as_bytes(), key.as_bytes())?
+            .keys_match()
+            .context("the key is not the certificate's")?;
+        anyhow::ensure!(
+            !ca_bundle.trim().is_empty(),
+            "the CA bundle is empty: the API server would trust no certificate"
+        );
+        Ok(Self {
+            ca_bundle,
+            certificate,
+            key,
+            not_after,
+        })
+    }
+}
+
 impl std::fmt::Debug for Issued {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Issued")

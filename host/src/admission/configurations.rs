@@ -13,12 +13,11 @@ use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
     ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 
 use super::review::{FailurePolicy, Hook};
-use crate::controller::{MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, policy_label_value};
 
 /// The field manager of the configurations.
 const MANAGER: &str = "wasmctrl-webhooks";
@@ -40,7 +39,7 @@ pub enum Endpoint {
 }
 
 /// What a policy's webhooks cover.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Scope {
     /// The listener's path for the policy: its name, or `namespace/name`.
     pub policy: String,
@@ -62,6 +61,11 @@ pub struct Scope {
     /// Users whose writes are not sent to the webhooks: the hosts' own (finalizers, field
     /// hand-overs), which must go through even while the plugin cannot answer.
     pub exempt_users: Vec<String>,
+    /// The policy, as the configurations' owner: deleting it deletes them (garbage
+    /// collection), even while no host runs.
+    pub owner: Option<OwnerReference>,
+    /// The configurations' labels (who manages them, for which policy).
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl Scope {
@@ -160,16 +164,8 @@ impl Scope {
     fn metadata(&self) -> ObjectMeta {
         ObjectMeta {
             name: Some(self.configuration_name()),
-            labels: Some(
-                [
-                    (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
-                    (
-                        POLICY_LABEL.to_owned(),
-                        policy_label_value(&self.policy.replace('/', ".")),
-                    ),
-                ]
-                .into(),
-            ),
+            labels: Some(self.labels.clone()).filter(|l| !l.is_empty()),
+            owner_references: self.owner.clone().map(|owner| vec![owner]),
             ..ObjectMeta::default()
         }
     }
@@ -329,6 +325,8 @@ mod tests {
             failure_policy: FailurePolicy::Fail,
             timeout_seconds: 5,
             exempt_users: vec!["system:serviceaccount:wasmctrl:wasmctrl".into()],
+            owner: None,
+            labels: Default::default(),
         }
     }
 

@@ -8,5 +8,6 @@
 
 pub mod certs;
 pub mod configurations;
+pub mod hosting;
 pub mod review;
 pub mod server;

@@ -12,6 +12,8 @@
 //!   that says the write went through unchecked. The API server never waits on a host
 //!   error: every failure is an answer.
 
+use std::sync::Arc;
+
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation as ReviewOperation};
 use kube::core::response::{StatusCause, StatusDetails, StatusSummary};
@@ -41,84 +43,251 @@ impl Hook {
     }
 }
 
-/// What happens to a write when the plugin cannot answer for it, as a webhook configuration's
-/// `failurePolicy` says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FailurePolicy {
-    /// The write is refused.
-    #[default]
-    Fail,
-    /// The write goes through unchecked.
-    Ignore,
+/// What happens to a write when the plugin cannot answer for it, as a webhook
+/// configuration's `failurePolicy` says (the policy's `spec.admission.failurePolicy`).
+pub use crate::policy::admission::WebhookFailurePolicy as FailurePolicy;
+
+/// The plugin that answers a review, with the config it is called with.
+#[derive(Clone)]
+pub struct Answering {
+    /// The plugin.
+    pub plugin: Plugin,
+    /// The policy's plugin config for it, JSON.
+    pub config: Option<String>,
 }
 
-/// Who answers a policy's webhooks: its active plugin, with the policy's config, as the
-/// policy's tenant of the engine's call slots.
+/// The plugins a review is put to: the one whose answer the API server gets, and a
+/// candidate asked the same in shadow, for comparison only.
+pub struct Chosen {
+    /// Answers.
+    pub answering: Answering,
+    /// Asked beside it; its answer is only compared ([`Choose::compared`]).
+    pub shadow: Option<Answering>,
+}
+
+/// How a shadow candidate's answer compared with the answer the API server got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Comparison {
+    /// The same decision (and the same defaults).
+    Same,
+    /// The candidate would refuse a write that was admitted: its message.
+    WouldDeny(String),
+    /// The candidate would admit a write that was refused.
+    WouldAllow,
+    /// The candidate would fill in other defaults.
+    WouldDefaultDifferently,
+    /// The candidate could not answer: why.
+    WouldFail(String),
+}
+
+/// Which plugin answers each review of a policy, chosen per object as reconciles choose it
+/// per parent (a candidate serves the parents of its share and its canary, and shadows the
+/// others), and where shadow comparisons go.
+pub trait Choose: Send + Sync {
+    /// The plugins for a write of `object` (the object written, or the one deleted).
+    fn choose(&self, hook: Hook, object: Option<&DynamicObject>) -> Chosen;
+    /// A shadow candidate's answer to a write of `object`, compared.
+    fn compared(&self, hook: Hook, object: Option<&DynamicObject>, comparison: Comparison);
+}
+
+/// One plugin answering every review, nothing in shadow.
+struct OnePlugin(Answering);
+
+impl Choose for OnePlugin {
+    fn choose(&self, _: Hook, _: Option<&DynamicObject>) -> Chosen {
+        Chosen {
+            answering: self.0.clone(),
+            shadow: None,
+        }
+    }
+
+    fn compared(&self, _: Hook, _: Option<&DynamicObject>, _: Comparison) {}
+}
+
+/// Who answers a policy's webhooks: its plugins, as the policy's tenant of the engine's
+/// call slots, under its failure policy.
 #[derive(Clone)]
 pub struct Answerer {
     /// The policy, for messages (`ReconcilePolicy/NAME`, or `NAMESPACE/NAME`).
     pub policy: String,
-    /// The plugin that answers.
-    pub plugin: Plugin,
-    /// The policy's plugin config, JSON.
-    pub config: Option<String>,
+    /// Which plugin answers each review.
+    pub plugins: Arc<dyn Choose>,
     /// The policy's share of the call slots.
     pub tenant: String,
     /// What a failure of the plugin does to the write.
     pub failure_policy: FailurePolicy,
+    /// Shadow calls in flight at most; a review that finds them all taken is not
+    /// shadowed (a candidate's comparison must never hold an answer up, nor pile up).
+    pub shadow_slots: Arc<tokio::sync::Semaphore>,
 }
+
+impl Answerer {
+    /// `plugin` answers every review of `policy`, with `config`.
+    pub fn with_plugin(
+        policy: &str,
+        plugin: Plugin,
+        config: Option<String>,
+        tenant: &str,
+        failure_policy: FailurePolicy,
+    ) -> Self {
+        Self::choosing(
+            policy,
+            Arc::new(OnePlugin(Answering { plugin, config })),
+            tenant,
+            failure_policy,
+        )
+    }
+
+    /// `plugins` choose who answers each review of `policy`.
+    pub fn choosing(
+        policy: &str,
+        plugins: Arc<dyn Choose>,
+        tenant: &str,
+        failure_policy: FailurePolicy,
+    ) -> Self {
+        Self {
+            policy: policy.to_owned(),
+            plugins,
+            tenant: tenant.to_owned(),
+            failure_policy,
+            shadow_slots: Arc::new(tokio::sync::Semaphore::new(SHADOW_CALLS)),
+        }
+    }
+}
+
+/// Shadow calls one policy makes at once.
+const SHADOW_CALLS: usize = 4;
 
 /// How a review ended, for metrics: `allowed`, `denied`, `patched`, or the plugin's failure
 /// under the failure policy (`failed_closed`, `failed_open`).
 pub type Outcome = &'static str;
 
-/// Answer `request` with `answerer`'s plugin.
+/// What a plugin decided about a write.
+#[derive(Debug, Clone)]
+enum Decision {
+    /// Nothing to decide (a connect; a delete, to a defaulter).
+    Nothing,
+    /// `validate`'s verdict.
+    Verdict(AdmissionVerdict),
+    /// `default`'s patch from the object as written (empty: nothing to fill in).
+    Defaults {
+        patch: json_patch::Patch,
+        warnings: Vec<String>,
+    },
+    /// The plugin could not answer: why.
+    Failed(String),
+}
+
+/// Answer `request` with `answerer`'s plugin (and, in shadow, its candidate).
 pub async fn answer(
     hook: Hook,
     answerer: &Answerer,
     request: &AdmissionRequest<DynamicObject>,
 ) -> (AdmissionResponse, Outcome) {
-    let response = AdmissionResponse::from(request);
+    let object = request.object.as_ref().or(request.old_object.as_ref());
+    let chosen = answerer.plugins.choose(hook, object);
+    let decision = decide(hook, &chosen.answering, answerer, request).await;
+    if let Some(shadow) = chosen.shadow {
+        shadow_compare(hook, shadow, answerer, request, &decision);
+    }
+    respond(hook, answerer, request, decision)
+}
+
+/// Ask `shadow` the same in the background, and hand its comparison with `decision` to the
+/// answerer's plugins; skipped when the answerer's shadow calls are all in flight.
+fn shadow_compare(
+    hook: Hook,
+    shadow: Answering,
+    answerer: &Answerer,
+    request: &AdmissionRequest<DynamicObject>,
+    decision: &Decision,
+) {
+    let Ok(slot) = answerer.shadow_slots.clone().try_acquire_owned() else {
+        return;
+    };
+    let (answerer, request, decision) = (answerer.clone(), request.clone(), decision.clone());
+    tokio::spawn(async move {
+        let shadowed = decide(hook, &shadow, &answerer, &request).await;
+        drop(slot);
+        let object = request.object.as_ref().or(request.old_object.as_ref());
+        answerer
+            .plugins
+            .compared(hook, object, compare(&decision, &shadowed));
+    });
+}
+
+/// How `shadowed` differs from `answered`.
+fn compare(answered: &Decision, shadowed: &Decision) -> Comparison {
+    match (answered, shadowed) {
+        (_, Decision::Failed(why)) => Comparison::WouldFail(why.clone()),
+        (Decision::Verdict(a), Decision::Verdict(s)) if a.allowed() && !s.allowed() => {
+            Comparison::WouldDeny(s.message())
+        }
+        (Decision::Verdict(a), Decision::Verdict(s)) if !a.allowed() && s.allowed() => {
+            Comparison::WouldAllow
+        }
+        (Decision::Defaults { patch: a, .. }, Decision::Defaults { patch: s, .. }) if a != s => {
+            Comparison::WouldDefaultDifferently
+        }
+        _ => Comparison::Same,
+    }
+}
+
+/// What `answering` decides about `request`.
+async fn decide(
+    hook: Hook,
+    answering: &Answering,
+    answerer: &Answerer,
+    request: &AdmissionRequest<DynamicObject>,
+) -> Decision {
     let Some(operation) = operation(&request.operation) else {
         // CONNECT is no write: nothing to judge.
-        return (response, "allowed");
+        return Decision::Nothing;
     };
-    let plugin_request = match plugin_request(operation, answerer, request) {
+    let plugin_request = match plugin_request(operation, &answering.config, request) {
         Ok(plugin_request) => plugin_request,
-        Err(why) => return failed(response, hook, answerer, &why),
+        Err(why) => return Decision::Failed(why),
     };
+    let plugin = &answering.plugin;
     match hook {
-        Hook::Validate => {
-            match answerer
-                .plugin
-                .validate(&answerer.tenant, plugin_request)
-                .await
-            {
-                Ok(verdict) => judged(response, request, verdict),
-                Err(error) => failed(response, hook, answerer, &error.to_string()),
-            }
-        }
+        Hook::Validate => match plugin.validate(&answerer.tenant, plugin_request).await {
+            Ok(verdict) => Decision::Verdict(verdict),
+            Err(error) => Decision::Failed(error.to_string()),
+        },
         Hook::Default => {
             let written = plugin_request.object.clone();
-            match answerer
-                .plugin
+            match plugin
                 .apply_defaults(&answerer.tenant, plugin_request)
                 .await
             {
-                Ok(defaulted) => defaulted_to(
-                    answerer,
-                    response,
-                    written,
-                    defaulted.object,
-                    defaulted.warnings,
-                ),
-                Err(CallError::InvalidRequest(_)) if request.object.is_none() => {
-                    // A delete: there is no object to default.
-                    (response, "allowed")
+                Ok(defaulted) => {
+                    let before = Value::Object(written.unwrap_or_default());
+                    Decision::Defaults {
+                        patch: json_patch::diff(&before, &Value::Object(defaulted.object)),
+                        warnings: defaulted.warnings,
+                    }
                 }
-                Err(error) => failed(response, hook, answerer, &error.to_string()),
+                // A delete: there is no object to default.
+                Err(CallError::InvalidRequest(_)) if request.object.is_none() => Decision::Nothing,
+                Err(error) => Decision::Failed(error.to_string()),
             }
         }
+    }
+}
+
+/// The API server's answer to `decision`.
+fn respond(
+    hook: Hook,
+    answerer: &Answerer,
+    request: &AdmissionRequest<DynamicObject>,
+    decision: Decision,
+) -> (AdmissionResponse, Outcome) {
+    let response = AdmissionResponse::from(request);
+    match decision {
+        Decision::Nothing => (response, "allowed"),
+        Decision::Verdict(verdict) => judged(response, request, verdict),
+        Decision::Defaults { patch, warnings } => defaulted_to(answerer, response, patch, warnings),
+        Decision::Failed(why) => failed(response, hook, answerer, &why),
     }
 }
 
@@ -134,7 +303,7 @@ fn operation(operation: &ReviewOperation) -> Option<Operation> {
 /// The write as the plugin's contract states it.
 fn plugin_request(
     operation: Operation,
-    answerer: &Answerer,
+    config: &Option<String>,
     request: &AdmissionRequest<DynamicObject>,
 ) -> Result<PluginRequest, String> {
     let json = |object: &Option<DynamicObject>| -> Result<Option<JsonObject>, String> {
@@ -155,7 +324,7 @@ fn plugin_request(
             username: request.user_info.username.clone().unwrap_or_default(),
             groups: request.user_info.groups.clone().unwrap_or_default(),
         }),
-        config: answerer.config.clone(),
+        config: config.clone(),
     })
 }
 
@@ -204,15 +373,12 @@ fn judged(
 fn defaulted_to(
     answerer: &Answerer,
     mut response: AdmissionResponse,
-    written: Option<JsonObject>,
-    defaulted: JsonObject,
+    patch: json_patch::Patch,
     warnings: Vec<String>,
 ) -> (AdmissionResponse, Outcome) {
     if !warnings.is_empty() {
         response.warnings = Some(warnings);
     }
-    let before = Value::Object(written.unwrap_or_default());
-    let patch = json_patch::diff(&before, &Value::Object(defaulted));
     if patch.0.is_empty() {
         return (response, "allowed");
     }
@@ -262,3 +428,58 @@ fn failed(
 
 /// Bytes kept of the reason a plugin could not answer.
 const MAX_REASON_BYTES: usize = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::Violation;
+
+    fn verdict(denied: bool) -> Decision {
+        Decision::Verdict(AdmissionVerdict {
+            violations: if denied {
+                vec![Violation {
+                    field: "spec.x".to_owned(),
+                    message: "no".to_owned(),
+                }]
+            } else {
+                Vec::new()
+            },
+            warnings: Vec::new(),
+        })
+    }
+
+    fn defaults(value: i64) -> Decision {
+        let before = serde_json::json!({"spec": {}});
+        Decision::Defaults {
+            patch: json_patch::diff(&before, &serde_json::json!({"spec": {"port": value}})),
+            warnings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_shadow_is_compared_on_what_the_api_server_would_do() {
+        assert_eq!(
+            compare(&verdict(false), &verdict(true)),
+            Comparison::WouldDeny("spec.x: no".to_owned())
+        );
+        assert_eq!(
+            compare(&verdict(true), &verdict(false)),
+            Comparison::WouldAllow
+        );
+        assert_eq!(compare(&verdict(true), &verdict(true)), Comparison::Same);
+        assert_eq!(compare(&defaults(80), &defaults(80)), Comparison::Same);
+        assert_eq!(
+            compare(&defaults(80), &defaults(8080)),
+            Comparison::WouldDefaultDifferently
+        );
+        assert_eq!(
+            compare(&verdict(false), &Decision::Failed("trap".to_owned())),
+            Comparison::WouldFail("trap".to_owned())
+        );
+        // The active plugin failing is the failure policy's business, not the candidate's.
+        assert_eq!(
+            compare(&Decision::Failed("trap".to_owned()), &verdict(false)),
+            Comparison::Same
+        );
+    }
+}

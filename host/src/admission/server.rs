@@ -72,8 +72,38 @@ impl Answerers {
         crate::lock(&self.by_policy).remove(policy);
     }
 
+    /// `answerer` answers `policy`'s webhooks until the registration returned is dropped.
+    pub fn register(self: &Arc<Self>, policy: &str, answerer: Answerer) -> Registration {
+        let answerer = Arc::new(answerer);
+        crate::lock(&self.by_policy).insert(policy.to_owned(), answerer.clone());
+        Registration {
+            answerers: self.clone(),
+            policy: policy.to_owned(),
+            answerer,
+        }
+    }
+
     fn get(&self, policy: &str) -> Option<Arc<Answerer>> {
         crate::lock(&self.by_policy).get(policy).cloned()
+    }
+}
+
+/// A policy's answerer, registered until this is dropped (unless another replaced it).
+pub struct Registration {
+    answerers: Arc<Answerers>,
+    policy: String,
+    answerer: Arc<Answerer>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut by_policy = crate::lock(&self.answerers.by_policy);
+        if by_policy
+            .get(&self.policy)
+            .is_some_and(|current| Arc::ptr_eq(current, &self.answerer))
+        {
+            by_policy.remove(&self.policy);
+        }
     }
 }
 

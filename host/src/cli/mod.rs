@@ -16,6 +16,7 @@ mod rbac_cmd;
 mod rollout_cmd;
 mod run_cmd;
 mod uninstall_cmd;
+mod webhook_args;
 mod webhook_cases;
 
 use std::ffi::OsString;

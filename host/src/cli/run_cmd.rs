@@ -170,6 +170,8 @@ pub struct RunCommand {
     #[command(flatten)]
     election: ElectionArgs,
     #[command(flatten)]
+    webhooks: super::webhook_args::WebhookArgs,
+    #[command(flatten)]
     explain: ExplainArgs,
 }
 
@@ -301,8 +303,19 @@ impl RunCommand {
         let engine = self.engine(cache_dir)?;
         let listener = self.bind_listener(&client).await?;
         let drain = Duration::from_secs(self.shutdown_timeout_seconds);
-        let host = Host::elected(gated, engine, self.host_options()?, leadership.clone())
+        let webhooks = self.webhooks.bind(&client, own_namespace()).await?;
+        let mut host = Host::elected(gated, engine, self.host_options()?, leadership.clone())
             .impersonating_from(config);
+        // The webhook listener answers until the host has stopped (its policies' answerers
+        // go with them), so reviews sent while the pod drains still get an answer.
+        let webhooks_stop = CancellationToken::new();
+        let webhook_listener = match webhooks {
+            Some((listener, hosting)) => {
+                host = host.serving_webhooks(hosting);
+                Some(listener.serve(host.metrics(), webhooks_stop.clone()))
+            }
+            None => None,
+        };
         let stop = CancellationToken::new();
         tokio::spawn({
             let stop = stop.clone();
@@ -327,13 +340,24 @@ impl RunCommand {
         // The host returns within `drain` of the signal, abandoning (and logging) what did
         // not stop in time; the listener gets as long to finish the requests it serves.
         let host = async {
-            match host.run(stop.clone().cancelled_owned()).await {
+            let result = match host.run(stop.clone().cancelled_owned()).await {
                 Err(error) if error.is::<StopTimedOut>() => {
                     tracing::warn!(error = %error, "exiting without what did not stop");
                     Ok(())
                 }
                 result => result,
-            }
+            };
+            webhooks_stop.cancel();
+            result
+        };
+        let server = async {
+            let webhooks = async {
+                match webhook_listener {
+                    Some(listener) => listener.await,
+                    None => Ok(()),
+                }
+            };
+            tokio::try_join!(server, webhooks).map(|_| ())
         };
         let drained = async {
             stop.cancelled().await;

@@ -152,6 +152,7 @@ impl Host {
                 readiness: Arc::new(crate::health::Readiness::default()),
                 leadership,
                 activity: Arc::default(),
+                webhooks: None,
             }),
         }
     }
@@ -162,6 +163,17 @@ impl Host {
     pub fn impersonating_from(mut self, config: kube::Config) -> Self {
         match Arc::get_mut(&mut self.shared) {
             Some(shared) => shared.identities.impersonating_from(config),
+            None => unreachable!("a Host's shared state is handed out only when it runs"),
+        }
+        self
+    }
+
+    /// Serve the webhooks policies ask for (`spec.admission`) through `hosting`'s listener.
+    /// Without this, a policy that asks for webhooks is told the host serves none
+    /// (`WebhooksServed=False`, `WebhooksOff`).
+    pub fn serving_webhooks(mut self, hosting: crate::admission::hosting::Hosting) -> Self {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => shared.webhooks = Some(Arc::new(hosting)),
             None => unreachable!("a Host's shared state is handed out only when it runs"),
         }
         self
@@ -329,7 +341,25 @@ impl Host {
                             () = stop.cancelled() => return,
                         }
                         let namespace = shared.options.namespace.as_deref();
-                        let result = match shared.identities.acting_for(&policy) {
+                        // Its webhooks first: nothing answers them any more (garbage
+                        // collection would remove them too, once the policy is gone).
+                        let removed = if policy_run::webhooks::served_any(&policy) {
+                            crate::admission::configurations::remove_all(
+                                &shared.client,
+                                &policy.name_any(),
+                            )
+                            .await
+                        } else {
+                            Ok(())
+                        };
+                        let result = match removed.and(
+                            shared.identities.acting_for(&policy).map_err(|refused| {
+                                anyhow::anyhow!(
+                                    "no identity to release its parents with: {}",
+                                    refused.message
+                                )
+                            }),
+                        ) {
                             Ok(acting) => {
                                 policy_run::release::retire(
                                     &shared.client,
@@ -339,10 +369,7 @@ impl Host {
                                 )
                                 .await
                             }
-                            Err(refused) => Err(anyhow::anyhow!(
-                                "no identity to release its parents with: {}",
-                                refused.message
-                            )),
+                            Err(error) => Err(error),
                         };
                         let Err(error) = result else {
                             return;

@@ -5,6 +5,7 @@
 //! The schema rejects what it can (CEL where OpenAPI cannot say it), so a user learns about a
 //! malformed policy from `kubectl apply`, not from the host's logs.
 
+pub mod admission;
 pub mod namespaced;
 pub mod permissions;
 pub mod placement;
@@ -98,6 +99,10 @@ pub struct ReconcilePolicySpec {
         )
     )]
     pub redact_fields: Vec<String>,
+    /// Webhooks the plugin serves for the parent kind: validating and defaulting its writes
+    /// before the API server stores them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<admission::AdmissionSpec>,
 }
 
 /// The prune guard's settings. Deletions count against two budgets of
@@ -509,6 +514,10 @@ pub struct ReconcilePolicyStatus {
     /// been reconciled once under it (see `spec.safety`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prune_guard: Option<PruneGuardStatus>,
+    /// The webhooks served for the policy's parent kind (`spec.admission`), and since when;
+    /// the `WebhooksServed` condition says why one asked for is not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub webhooks: Vec<admission::ServedWebhook>,
 }
 
 /// How the prune guard stands in its current window.
@@ -592,6 +601,10 @@ pub struct CandidateStatus {
     /// A few of the differences, by parent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub examples: Vec<ShadowExample>,
+    /// How the candidate's webhook answers compare with the active plugin's, on the same
+    /// writes (since it was loaded), when the policy serves webhooks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhooks: Option<admission::ShadowWebhooks>,
 }
 
 /// One parent the candidate would treat differently.

@@ -169,7 +169,7 @@ impl<'a> PluginRequest<'a> {
             source: &spec.source,
             digest: spec.digest.as_deref(),
             digest_field: "spec.plugin.digest",
-            limits: limits(policy.spec.limits.as_ref()),
+            limits: policy_limits(&policy.spec),
             verify: spec.verify.as_ref(),
             tenant: crate::policy::namespaced::tenant(policy),
         }
@@ -181,7 +181,7 @@ impl<'a> PluginRequest<'a> {
             source: &candidate.source,
             digest: candidate.digest.as_deref(),
             digest_field: "spec.plugin.candidate.digest",
-            limits: limits(policy.spec.limits.as_ref()),
+            limits: policy_limits(&policy.spec),
             verify: policy.spec.plugin.verify.as_ref(),
             tenant: crate::policy::namespaced::tenant(policy),
         }
@@ -570,6 +570,16 @@ impl KeptSignatures {
         self.entries
             .push_back(((policy.to_owned(), digest), signatures));
     }
+}
+
+/// The call limits of a policy's plugins: its `limits`, and its webhooks' deadline
+/// (`spec.admission.pluginTimeoutMs`), over the host's defaults.
+pub fn policy_limits(spec: &crate::policy::ReconcilePolicySpec) -> Limits {
+    let mut limits = limits(spec.limits.as_ref());
+    if let Some(admission) = &spec.admission {
+        limits.webhook_timeout = admission.plugin_timeout();
+    }
+    limits
 }
 
 /// The call limits a policy asks for, over the host's defaults.

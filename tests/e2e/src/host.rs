@@ -161,6 +161,8 @@ pub struct HostBuilder {
     /// What teams' NamespacedReconcilePolicies may ask for.
     team_bounds: wasmctrl::policy::namespaced::TeamBounds,
     default_verify: Option<wasmctrl::policy::VerifySpec>,
+    /// The webhook listener policies serve their webhooks through.
+    webhooks: Option<wasmctrl::admission::hosting::Hosting>,
 }
 
 impl HostBuilder {
@@ -183,7 +185,14 @@ impl HostBuilder {
             standby: false,
             team_bounds: wasmctrl::policy::namespaced::TeamBounds::default(),
             default_verify: None,
+            webhooks: None,
         }
+    }
+
+    /// Serve policies' webhooks (`spec.admission`) through `hosting`'s listener.
+    pub fn webhooks(mut self, hosting: wasmctrl::admission::hosting::Hosting) -> Self {
+        self.webhooks = Some(hosting);
+        self
     }
 
     /// Let up to `loads` plugins be fetched and compiled at once, as
@@ -294,6 +303,11 @@ impl HostBuilder {
     /// The host, not yet running (for a process of its own that runs it until killed).
     pub async fn build(self) -> anyhow::Result<Host> {
         wasmctrl::ensure_crypto_provider();
+        let webhooks = self.webhooks;
+        let serving = |host: Host| match webhooks {
+            Some(hosting) => host.serving_webhooks(hosting),
+            None => host,
+        };
         let engine = PluginEngine::new(EngineOptions {
             cache_dir: self.disk_cache.then(disk_cache),
             max_concurrent_calls: self.max_concurrent_calls,
@@ -338,11 +352,13 @@ impl HostBuilder {
                 service_account_config(&namespace, &name).await?
             }
             Credentials::Client(client) => {
-                return Ok(Host::elected(client, engine, options, leadership));
+                return Ok(serving(Host::elected(client, engine, options, leadership)));
             }
         };
         let client = Client::try_from(config.clone())?;
-        Ok(Host::elected(client, engine, options, leadership).impersonating_from(config))
+        Ok(serving(
+            Host::elected(client, engine, options, leadership).impersonating_from(config),
+        ))
     }
 
     /// Start the host on a task of this test's runtime.

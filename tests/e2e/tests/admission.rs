@@ -99,6 +99,7 @@ mod served {
     use serde_json::{Value, json};
     use wasmctrl::admission::certs::Certificates;
     use wasmctrl::admission::configurations::{self, Endpoint, Scope};
+    use wasmctrl::admission::hosting::Hosting;
     use wasmctrl::admission::review::{Answerer, FailurePolicy};
     use wasmctrl::admission::server::{Answerers, ServingCertificate, serve};
     use wasmctrl::metrics::Metrics;
@@ -148,13 +149,13 @@ mod served {
             None,
             Limits::default(),
         )?;
-        Ok(Answerer {
-            policy: "ReconcilePolicy/myapp-webhooks".to_owned(),
+        Ok(Answerer::with_plugin(
+            "ReconcilePolicy/myapp-webhooks",
             plugin,
-            config: Some(config.to_string()),
-            tenant: "policy/myapp-webhooks".to_owned(),
+            Some(config.to_string()),
+            "policy/myapp-webhooks",
             failure_policy,
-        })
+        ))
     }
 
     fn app(name: &str, replicas: i64, image: &str) -> anyhow::Result<DynamicObject> {
@@ -186,6 +187,26 @@ mod served {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Create a MyApp of 80 replicas named `name` until the plugin's rule refuses it (`422`,
+    /// its message); the refusal.
+    async fn refused_too_big(
+        myapps: &Api<DynamicObject>,
+        name: &str,
+    ) -> anyhow::Result<kube::core::Status> {
+        let refused = create_until(myapps, &app(name, 80, "nginx:1.27")?, "the denial", |a| {
+            denied(a).is_some_and(|status| status.code == 422)
+        })
+        .await?;
+        let status = denied(&refused).expect("denied").clone();
+        assert!(
+            status
+                .message
+                .contains("spec.replicas: must be between 1 and 50, got 80"),
+            "{status:?}"
+        );
+        Ok(status)
     }
 
     use kube::ResourceExt as _;
@@ -220,6 +241,8 @@ mod served {
             timeout_seconds: 5,
             // The test's own writes (as the cluster admin) are the ones judged here.
             exempt_users: vec!["system:serviceaccount:wasmctrl:wasmctrl".to_owned()],
+            owner: None,
+            labels: Default::default(),
         };
         let endpoint = Endpoint::Url(url);
         configurations::reconcile(&client, &scope, &endpoint, &ca_bundle, true, true).await?;
@@ -227,21 +250,7 @@ mod served {
 
         // A MyApp that breaks the plugin's rules is refused at create, with the plugin's
         // message and each field as a cause.
-        let refused = create_until(
-            &myapps,
-            &app("too-big", 80, "nginx:1.27")?,
-            "the denial",
-            |a| denied(a).is_some_and(|status| status.code == 422),
-        )
-        .await?;
-        let status = denied(&refused).expect("denied");
-        assert_eq!(status.code, 422, "{status:?}");
-        assert!(
-            status
-                .message
-                .contains("spec.replicas: must be between 1 and 50, got 80"),
-            "{status:?}"
-        );
+        let status = refused_too_big(&myapps, "too-big").await?;
         let causes = &status.details.as_ref().expect("details").causes;
         assert_eq!(causes[0].field, "spec.replicas", "{status:?}");
 
@@ -319,6 +328,144 @@ mod served {
         )
         .await??;
 
+        delete_namespace(&client, &ns).await?;
+        Ok(())
+    }
+
+    /// The failure policy of the policy's validating webhook, once it exists.
+    async fn validating_failure_policy(
+        client: &Client,
+        policy: &str,
+    ) -> anyhow::Result<Option<String>> {
+        use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+        let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        Ok(configurations
+            .get_opt(&format!("wasmctrl-{policy}"))
+            .await?
+            .and_then(|c| c.webhooks)
+            .and_then(|w| w.into_iter().next())
+            .and_then(|w| w.failure_policy))
+    }
+
+    async fn wait_for_failure_policy(
+        client: &Client,
+        policy: &str,
+        expected: Option<&str>,
+    ) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = validating_failure_policy(client, policy).await?;
+            if now.as_deref() == expected {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the validating webhook's failure policy stayed {now:?}, not {expected:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn hosting(url: &str, answerers: &Arc<Answerers>, ca_bundle: &str) -> Hosting {
+        // The sender goes: the CA bundle never changes here.
+        let (_, ca_bundle) = tokio::sync::watch::channel(ca_bundle.to_owned());
+        Hosting {
+            answerers: answerers.clone(),
+            endpoint: Endpoint::Url(url.to_owned()),
+            ca_bundle,
+            exempt_users: vec!["system:serviceaccount:wasmctrl:wasmctrl".to_owned()],
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_policy_asks_and_the_host_serves_its_plugins_webhooks() -> anyhow::Result<()> {
+        const TEST: &str = "webhooks-policy";
+        let (client, ns) = test_namespace(TEST).await?;
+        install_repo_crds(&client).await?;
+        let (url, ca_bundle, answerers) = listener(&client, &ns).await?;
+        let host = HostUnderTest::builder(TEST, &ns)
+            .webhooks(hosting(&url, &answerers, &ca_bundle))
+            .start()
+            .await?;
+        let name = ns.clone();
+        let mut spec = myapp_policy_spec(file_source("myapp_plugin"), json!({}));
+        spec["admission"] = json!({"validate": true, "default": true});
+        apply_policy(&client, TEST, &name, spec.clone()).await?;
+        let myapps = myapps(&client, &ns);
+
+        // The plugin's rule refuses a MyApp at create, with its message and field.
+        refused_too_big(&myapps, "too-big").await?;
+        // Its default is filled in.
+        create_until(&myapps, &app("web", 2, "nginx:1.27")?, "the default", |a| {
+            a.as_ref()
+                .is_ok_and(|created| created.data["spec"]["port"] == 80)
+        })
+        .await??;
+        // The policy says what it serves, and since when.
+        let served = wait_for_object(&policies(&client), &name, "webhooks in the status", |p| {
+            p["status"]["webhooks"]
+                .as_array()
+                .is_some_and(|w| w.len() == 2)
+                && condition(p, "WebhooksServed").is_some_and(|c| c["status"] == "True")
+        })
+        .await?;
+        let webhooks = &served["status"]["webhooks"];
+        assert_eq!(webhooks[0]["webhook"], "validate", "{webhooks}");
+        assert_eq!(webhooks[0]["configuration"], format!("wasmctrl-{name}"));
+        assert_eq!(webhooks[0]["failurePolicy"], "Fail");
+        assert!(webhooks[0]["since"].is_string(), "{webhooks}");
+
+        // A candidate that would refuse what the active plugin admits is counted before it
+        // serves anything.
+        spec["plugin"]["candidate"] = json!({
+            "source": file_source("misbehave_plugin"), "config": {"behavior": "deny"},
+        });
+        apply_policy(&client, TEST, &name, spec.clone()).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        for i in 0.. {
+            myapps
+                .create(
+                    &PostParams::default(),
+                    &app(&format!("shadowed-{i}"), 1, "nginx:1.27")?,
+                )
+                .await?;
+            let policy = policies(&client).get(&name).await?;
+            let counted = &policy.data["status"]["candidate"]["webhooks"];
+            if counted["wouldDeny"].as_u64().is_some_and(|n| n >= 1) {
+                let example = counted["examples"][0].as_str().unwrap_or_default();
+                assert!(example.contains("x is never allowed"), "{counted}");
+                break;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the candidate's denials were never counted: {}",
+                policy.data["status"]
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+
+        // The host stops: nothing answers, so the webhook no longer refuses every write…
+        host.stop().await?;
+        wait_for_failure_policy(&client, &name, Some("Ignore")).await?;
+        // …and a host that starts again serves it as before, with the same CA.
+        let host = HostUnderTest::builder(TEST, &ns)
+            .webhooks(hosting(&url, &answerers, &ca_bundle))
+            .start()
+            .await?;
+        wait_for_failure_policy(&client, &name, Some("Fail")).await?;
+        refused_too_big(&myapps, "too-big-again").await?;
+
+        // The policy goes, and its webhooks with it.
+        policies(&client).delete(&name, &Default::default()).await?;
+        wait_for_failure_policy(&client, &name, None).await?;
+        create_until(
+            &myapps,
+            &app("unjudged", 80, "nginx:1.27")?,
+            "no webhook",
+            |a| a.is_ok(),
+        )
+        .await??;
+        host.stop().await?;
         delete_namespace(&client, &ns).await?;
         Ok(())
     }

@@ -156,6 +156,27 @@ async fn valid_policy_is_accepted_and_mistakes_are_refused() -> anyhow::Result<(
         "spec.related[0].nameFrom",
     ));
 
+    let mut no_webhook = valid_spec();
+    no_webhook["admission"] = json!({"failurePolicy": "Ignore"});
+    cases.push(("admission serving nothing", no_webhook, "set at least one"));
+    let mut impatient = valid_spec();
+    impatient["admission"] =
+        json!({"validate": true, "timeoutSeconds": 2, "pluginTimeoutMs": 2000});
+    cases.push((
+        "a plugin deadline the API server does not wait for",
+        impatient,
+        "pluginTimeoutMs must be below timeoutSeconds",
+    ));
+    let mut twice = valid_spec();
+    twice["admission"] = json!({"default": true, "operations": ["CREATE", "CREATE"]});
+    cases.push(("an operation listed twice", twice, "listed once"));
+    let mut admission = valid_spec();
+    admission["admission"] = json!({"validate": true, "default": true, "failurePolicy": "Ignore",
+        "timeoutSeconds": 3, "operations": ["CREATE", "UPDATE", "DELETE"]});
+    dry_run(&api, &policy("valid", admission))
+        .await
+        .map_err(anyhow::Error::msg)?;
+
     for (what, spec, expected) in cases {
         let message = dry_run(&api, &policy("invalid", spec))
             .await

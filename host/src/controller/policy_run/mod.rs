@@ -17,6 +17,7 @@ pub(crate) mod status;
 pub(crate) mod swap;
 pub(crate) mod watch_health;
 pub(crate) mod watches;
+pub(crate) mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,6 +126,7 @@ pub(crate) async fn run(
                 let reported = async {
                     status.flush().await;
                     release_left_scopes(&policy, &shared).await;
+                    webhooks::remove_unanswered(&policy, &shared).await;
                 };
                 tokio::select! {
                     () = reported => {}
@@ -264,11 +266,20 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
     .run(updates.clone());
     let swapper = swapper.run(policy.clone(), updates, candidate);
     let report = report_periodically(&ctx, &policy, &parents, &status, &setup.health, running);
+    let webhooks = webhooks::PolicyWebhooks::new(
+        &policy,
+        shared,
+        scope,
+        &parts.acting,
+        ctx.serving.clone(),
+        status.clone(),
+    );
     // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {
         () = run => {}
-        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout); } => {}
+        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout, webhooks.serve(shared)); } => {}
     }
+    webhooks.relax(shared).await;
 }
 
 /// The watches of the policy's parents, children and related objects.

@@ -214,6 +214,7 @@ pub(crate) fn candidate_counts(
             .filter(|p| candidate.serves(&p.labels(), p.metadata.uid.as_deref()))
             .count() as u64,
         evaluated: verdicts.len() as u64,
+        webhooks: serving.webhook_shadow(),
         ..CandidateStatus::default()
     };
     let mut examples = Vec::new();

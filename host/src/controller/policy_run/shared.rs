@@ -27,4 +27,6 @@ pub(crate) struct Shared {
     pub related_budget: Arc<ReadBudget>,
     /// Every task a stop waits for, and where each stands.
     pub activity: Arc<crate::controller::stopping::Activity>,
+    /// The webhook listener this host serves policies' webhooks on, if it serves any.
+    pub webhooks: Option<Arc<crate::admission::hosting::Hosting>>,
 }

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::leader::Leadership;
 use crate::plugin::Digest;
+use crate::policy::admission::ServedWebhook;
 use crate::policy::{
     CandidateStatus, KindRef, ParentRef, PruneGuardStatus, ReconcilePolicy, ReconcilePolicyStatus,
     RolloutStatus, Signer,
@@ -261,6 +262,16 @@ impl PolicyStatusWriter {
     /// The prune guard's window; `None` in the steady state.
     pub fn set_prune_guard(&mut self, window: Option<PruneGuardStatus>) {
         self.current.prune_guard = window;
+    }
+
+    /// The webhooks served for the policy, as last reported.
+    pub fn webhooks(&self) -> &[ServedWebhook] {
+        &self.current.webhooks
+    }
+
+    /// The webhooks served for the policy.
+    pub fn set_webhooks(&mut self, webhooks: Vec<ServedWebhook>) {
+        self.current.webhooks = webhooks;
     }
 
     /// How the policy's parents stand.

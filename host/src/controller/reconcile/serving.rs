@@ -8,8 +8,13 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use kube::runtime::reflector::ObjectRef;
 
+use kube::ResourceExt as _;
+use kube::core::DynamicObject;
+
+use crate::admission::review::{Answering, Choose, Chosen, Comparison, Hook};
 use crate::controller::cache::cached::CachedObject;
 use crate::plugin::{Plugin, Verdict};
+use crate::policy::admission::ShadowWebhooks;
 
 /// The swappable state of one policy: the active plugin, the candidate, and the candidate's
 /// shadow verdicts. The swap task holds this, and nothing else of the policy's context.
@@ -21,6 +26,16 @@ pub(crate) struct Serving {
     pub candidate: arc_swap::ArcSwapOption<Candidate>,
     /// The candidate's shadow verdict per parent, since it was loaded.
     pub shadow: Mutex<HashMap<ObjectRef<CachedObject>, Shadowed>>,
+    /// The candidate's shadow webhook answers, compared, since it was loaded.
+    pub webhook_shadow: Mutex<WebhookShadow>,
+}
+
+/// A candidate's shadow webhook answers, compared with the active plugin's.
+#[derive(Debug, Default)]
+pub(crate) struct WebhookShadow {
+    /// The candidate they are of: another candidate starts over.
+    pub digest: Option<crate::plugin::Digest>,
+    pub counts: ShadowWebhooks,
 }
 
 /// The candidate's shadow run for one parent.
@@ -52,7 +67,104 @@ impl Serving {
             active: ArcSwap::from_pointee(active),
             candidate: arc_swap::ArcSwapOption::empty(),
             shadow: Mutex::default(),
+            webhook_shadow: Mutex::default(),
         }
+    }
+
+    /// The shadow webhook comparisons of the candidate now loaded (none without one, or
+    /// before any).
+    pub fn webhook_shadow(&self) -> Option<ShadowWebhooks> {
+        let candidate = self.candidate.load_full()?;
+        let shadow = crate::lock(&self.webhook_shadow);
+        (shadow.digest.as_ref() == Some(candidate.serving.plugin.digest()))
+            .then(|| shadow.counts.clone())
+    }
+}
+
+/// Differences kept as examples.
+const WEBHOOK_EXAMPLES: usize = 5;
+
+impl Choose for Serving {
+    /// The plugin reconciles would choose for the object's parent; a candidate that does not
+    /// serve the webhook leaves its share to the active plugin (its shadow comparison shows
+    /// it would fail there).
+    fn choose(&self, hook: Hook, object: Option<&DynamicObject>) -> Chosen {
+        let empty = std::collections::BTreeMap::new();
+        let labels = object.map_or(&empty, |o| o.labels());
+        let uid = object.and_then(|o| o.metadata.uid.as_deref());
+        let selection = self.select(labels, uid);
+        let serving = if serves(&selection.serving, hook) {
+            selection.serving
+        } else {
+            self.active.load_full()
+        };
+        Chosen {
+            answering: answering(&serving),
+            shadow: selection.shadow.as_deref().map(answering),
+        }
+    }
+
+    fn compared(&self, hook: Hook, object: Option<&DynamicObject>, comparison: Comparison) {
+        let Some(candidate) = self.candidate.load_full() else {
+            return;
+        };
+        let digest = *candidate.serving.plugin.digest();
+        let mut shadow = crate::lock(&self.webhook_shadow);
+        if shadow.digest != Some(digest) {
+            *shadow = WebhookShadow {
+                digest: Some(digest),
+                counts: ShadowWebhooks::default(),
+            };
+        }
+        let counts = &mut shadow.counts;
+        counts.evaluated += 1;
+        let what = match comparison {
+            Comparison::Same => return,
+            Comparison::WouldDeny(message) => {
+                counts.would_deny += 1;
+                format!("would deny: {message}")
+            }
+            Comparison::WouldAllow => {
+                counts.would_allow += 1;
+                "would allow".to_owned()
+            }
+            Comparison::WouldDefaultDifferently => {
+                counts.would_default_differently += 1;
+                "would fill in other defaults".to_owned()
+            }
+            Comparison::WouldFail(why) => {
+                counts.would_fail += 1;
+                format!("would fail: {why}")
+            }
+        };
+        let name = object.map_or_else(
+            || "(unnamed)".to_owned(),
+            |o| match &o.metadata.namespace {
+                Some(ns) => format!("{ns}/{}", o.name_any()),
+                None => o.name_any(),
+            },
+        );
+        let example = crate::controller::reconcile::events::truncate(
+            format!("{name} {}: {what}", hook.name()),
+            512,
+        );
+        counts.examples.insert(0, example);
+        counts.examples.truncate(WEBHOOK_EXAMPLES);
+    }
+}
+
+fn serves(plugin: &ActivePlugin, hook: Hook) -> bool {
+    let served = plugin.plugin.served_webhooks();
+    match hook {
+        Hook::Validate => served.validate,
+        Hook::Default => served.default,
+    }
+}
+
+fn answering(plugin: &ActivePlugin) -> Answering {
+    Answering {
+        plugin: plugin.plugin.clone(),
+        config: plugin.config.clone(),
     }
 }
 

@@ -1,0 +1,364 @@
+//! A running policy's webhooks (`spec.admission`), beside its controller.
+//!
+//! - **Every replica** answers them: the policy's plugins are registered with the host's
+//!   listener while the controller runs, chosen per object as reconciles choose them per
+//!   parent (see [`Serving`]'s `Choose`), so a standby answers as the leader does.
+//! - **The leader** keeps the webhook configurations that send the API server to the
+//!   listeners: for what the policy asks and the active plugin serves, with the CA bundle
+//!   of the pair the listeners present (rewritten when it changes), owned by the policy (so
+//!   they go with it even while no host runs). When the controller stops (a restart, a new
+//!   spec, the host shutting down), the leader relaxes a `Fail` webhook to `Ignore`: no
+//!   webhook that refuses every write may outlive what answers it. The next controller, on
+//!   this replica or the next leader, restores it.
+//! - A policy that stops asking, and one that cannot start, has its configurations removed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::ResourceExt as _;
+
+use crate::admission::configurations::{self, Scope};
+use crate::admission::hosting::Hosting;
+use crate::admission::review::{Answerer, FailurePolicy};
+use crate::controller::kinds::ResolvedKind;
+use crate::controller::labels::{MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, policy_label_value};
+use crate::controller::reconcile::backoff::Backoff;
+use crate::controller::reconcile::serving::Serving;
+use crate::policy::ReconcilePolicy;
+use crate::policy::admission::{AdmissionSpec, ServedWebhook};
+
+use super::identity::Acting;
+use super::shared::Shared;
+use super::status::{PolicyStatusWriter, State};
+
+/// The condition that says whether the webhooks asked for are served.
+const CONDITION: &str = "WebhooksServed";
+/// How often the leader checks what it should serve (the active plugin may have been
+/// swapped for one that serves other webhooks).
+const CHECK: Duration = Duration::from_secs(5);
+
+/// One running policy's webhooks.
+pub(crate) struct PolicyWebhooks {
+    name: String,
+    asked: Option<AdmissionSpec>,
+    scope: Scope,
+    tenant: String,
+    serving: Arc<Serving>,
+    status: Arc<tokio::sync::Mutex<PolicyStatusWriter>>,
+    /// What the leader applied last: the webhooks and the CA bundle.
+    applied: tokio::sync::Mutex<Option<Applied>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Applied {
+    validate: bool,
+    default: bool,
+    failure_policy: FailurePolicy,
+    ca_bundle: String,
+}
+
+impl PolicyWebhooks {
+    /// The webhooks of `policy`, whose parents are `parent` (in `namespace`, when confined),
+    /// answered by `serving` as `acting`.
+    pub fn new(
+        policy: &ReconcilePolicy,
+        shared: &Shared,
+        (parent, namespace): (&ResolvedKind, Option<&str>),
+        acting: &Acting,
+        serving: Arc<Serving>,
+        status: Arc<tokio::sync::Mutex<PolicyStatusWriter>>,
+    ) -> Self {
+        let name = policy.name_any();
+        let asked = policy
+            .spec
+            .admission
+            .clone()
+            .filter(AdmissionSpec::serves_any);
+        let mut scope = scope_of(policy, shared, parent, namespace);
+        scope
+            .exempt_users
+            .extend(acting.account.as_ref().map(|a| a.user_name()));
+        Self {
+            name,
+            asked,
+            scope,
+            tenant: crate::policy::namespaced::tenant(policy),
+            serving,
+            status,
+            applied: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Serve the webhooks until dropped (never completes).
+    pub async fn serve(&self, shared: &Shared) {
+        let Some(asked) = &self.asked else {
+            self.not_asked(shared).await;
+            return std::future::pending().await;
+        };
+        let Some(hosting) = &shared.webhooks else {
+            // Nothing here answers what an earlier host may have registered.
+            self.not_asked(shared).await;
+            let mut status = self.status.lock().await;
+            status.set_optional(
+                CONDITION,
+                Some(State::failed(
+                    "WebhooksOff",
+                    "this host serves no webhooks: run it with --webhook-listen (the chart's webhooks.enabled)",
+                )),
+            );
+            status.flush().await;
+            return std::future::pending().await;
+        };
+        let _registration = hosting.answerers.register(
+            &self.name,
+            Answerer::choosing(
+                &self.name,
+                self.serving.clone(),
+                &self.tenant,
+                self.scope.failure_policy,
+            ),
+        );
+        self.keep_configurations(shared, hosting, asked).await;
+    }
+
+    /// The leader's part: the configurations as the policy asks and the plugin serves.
+    async fn keep_configurations(&self, shared: &Shared, hosting: &Hosting, asked: &AdmissionSpec) {
+        let mut ca_bundle = hosting.ca_bundle.clone();
+        let mut leading = shared.leadership.subscribe();
+        let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        loop {
+            let served = self.serving.active.load().plugin.served_webhooks();
+            let want = Applied {
+                validate: asked.validate && served.validate,
+                default: asked.default && served.default,
+                failure_policy: self.scope.failure_policy,
+                ca_bundle: ca_bundle.borrow_and_update().clone(),
+            };
+            let mut wait = CHECK;
+            let mut problem = None;
+            if shared.leadership.is_leader() {
+                let mut applied = self.applied.lock().await;
+                if applied.as_ref() != Some(&want) {
+                    match self.apply(shared, hosting, &want).await {
+                        Ok(()) => {
+                            retry.succeeded(&());
+                            *applied = Some(want.clone());
+                        }
+                        Err(error) => {
+                            tracing::warn!(policy = %self.name, error = %format!("{error:#}"), "could not write the policy's webhook configurations");
+                            wait = retry.failed(&()).delay;
+                            problem = Some(format!("{error:#}"));
+                        }
+                    }
+                }
+            }
+            self.report(asked, &want, problem).await;
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                Ok(()) = ca_bundle.changed() => {}
+                Ok(()) = leading.changed() => {
+                    // A new leader writes what it serves: a relaxed webhook is restored.
+                    *self.applied.lock().await = None;
+                }
+            }
+        }
+    }
+
+    async fn apply(
+        &self,
+        shared: &Shared,
+        hosting: &Hosting,
+        want: &Applied,
+    ) -> anyhow::Result<()> {
+        let scope = Scope {
+            failure_policy: want.failure_policy,
+            ..self.scope.clone()
+        };
+        configurations::reconcile(
+            &shared.client,
+            &scope,
+            &hosting.endpoint,
+            &want.ca_bundle,
+            want.validate,
+            want.default,
+        )
+        .await
+    }
+
+    /// `status.webhooks` and the condition, from what is served.
+    async fn report(&self, asked: &AdmissionSpec, want: &Applied, problem: Option<String>) {
+        let mut status = self.status.lock().await;
+        let configuration = self.scope.configuration_name();
+        let failure_policy = self.scope.failure_policy;
+        let served: Vec<ServedWebhook> = [("validate", want.validate), ("default", want.default)]
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(webhook, _)| {
+                let same = status.webhooks().iter().find(|w| {
+                    w.webhook == webhook
+                        && w.configuration == configuration
+                        && w.failure_policy == failure_policy
+                });
+                ServedWebhook {
+                    webhook: webhook.to_owned(),
+                    configuration: configuration.clone(),
+                    failure_policy,
+                    since: same.map_or_else(|| Time(jiff::Timestamp::now()), |w| w.since.clone()),
+                }
+            })
+            .collect();
+        let missing: Vec<&str> = [
+            ("validate", asked.validate && !want.validate),
+            ("default", asked.default && !want.default),
+        ]
+        .into_iter()
+        .filter_map(|(webhook, missing)| missing.then_some(webhook))
+        .collect();
+        let state = if let Some(problem) = problem {
+            State::failed(
+                "ConfigurationNotWritten",
+                format!("could not write the webhook configurations: {problem}"),
+            )
+        } else if !missing.is_empty() {
+            State::failed(
+                "WebhookNotServed",
+                format!(
+                    "the active plugin ({}) does not serve {}: build it with the SDK's `webhooks` feature and export them",
+                    self.serving.active.load().plugin.digest().short(),
+                    missing.join(" or ")
+                ),
+            )
+        } else {
+            State::ok(
+                "Served",
+                format!(
+                    "{} served for {} by every replica (configuration {configuration})",
+                    served
+                        .iter()
+                        .map(|w| w.webhook.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" and "),
+                    self.scope.plural
+                ),
+            )
+        };
+        status.set_webhooks(served);
+        status.set_optional(CONDITION, Some(state));
+        status.flush().await;
+    }
+
+    /// The policy asks for no webhook (or this host serves none): the leader removes what an
+    /// earlier version had served, as its status says (garbage collection removes them with
+    /// the policy; a policy that never served one costs no request).
+    async fn not_asked(&self, shared: &Shared) {
+        if self.status.lock().await.webhooks().is_empty() {
+            let mut status = self.status.lock().await;
+            status.set_optional(CONDITION, None);
+            status.flush().await;
+            return;
+        }
+        let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        loop {
+            shared.leadership.until_leader().await;
+            match configurations::remove_all(&shared.client, &self.name).await {
+                Ok(()) => break,
+                Err(error) => {
+                    tracing::warn!(policy = %self.name, error = %format!("{error:#}"), "could not remove the webhook configurations the policy no longer asks for");
+                    tokio::time::sleep(retry.failed(&()).delay).await;
+                }
+            }
+        }
+        let mut status = self.status.lock().await;
+        status.set_webhooks(Vec::new());
+        status.set_optional(CONDITION, None);
+        status.flush().await;
+    }
+
+    /// The controller stopped: a `Fail` webhook this leader wrote becomes `Ignore` until a
+    /// controller serves it again. One attempt; a failure is logged.
+    pub async fn relax(&self, shared: &Shared) {
+        let Some(hosting) = &shared.webhooks else {
+            return;
+        };
+        let applied = self.applied.lock().await.clone();
+        let Some(applied) = applied.filter(|a| a.failure_policy == FailurePolicy::Fail) else {
+            return;
+        };
+        if !shared.leadership.is_leader() {
+            return;
+        }
+        let relaxed = Applied {
+            failure_policy: FailurePolicy::Ignore,
+            ..applied
+        };
+        match self.apply(shared, hosting, &relaxed).await {
+            Ok(()) => {
+                tracing::info!(policy = %self.name, "webhooks relaxed to failurePolicy Ignore until the policy's controller serves them again");
+            }
+            Err(error) => {
+                tracing::warn!(policy = %self.name, error = %format!("{error:#}"), "could not relax the policy's webhooks");
+            }
+        }
+    }
+}
+
+/// The leader removes the webhook configurations of a policy that cannot start (nothing
+/// answers them); logged when it cannot.
+pub(crate) async fn remove_unanswered(policy: &ReconcilePolicy, shared: &Shared) {
+    if !shared.leadership.is_leader() || !served_any(policy) {
+        return;
+    }
+    let name = policy.name_any();
+    if let Err(error) = configurations::remove_all(&shared.client, &name).await {
+        tracing::warn!(policy = %name, error = %format!("{error:#}"), "could not remove the webhook configurations of a policy that cannot start");
+    }
+}
+
+/// Whether the policy's status says webhooks were served for it.
+pub(crate) fn served_any(policy: &ReconcilePolicy) -> bool {
+    policy
+        .status
+        .as_ref()
+        .is_some_and(|s| !s.webhooks.is_empty())
+}
+
+fn scope_of(
+    policy: &ReconcilePolicy,
+    shared: &Shared,
+    parent: &ResolvedKind,
+    namespace: Option<&str>,
+) -> Scope {
+    let asked = policy.spec.admission.clone().unwrap_or_default();
+    let resource = &parent.resource;
+    Scope {
+        policy: policy.name_any(),
+        group: resource.group.clone(),
+        version: resource.version.clone(),
+        plural: resource.plural.clone(),
+        namespace: namespace.filter(|_| parent.namespaced).map(str::to_owned),
+        operations: asked.operations(),
+        failure_policy: asked.failure_policy(),
+        timeout_seconds: i32::try_from(asked.timeout_seconds()).unwrap_or(30),
+        exempt_users: shared
+            .webhooks
+            .as_ref()
+            .map(|h| h.exempt_users.clone())
+            .unwrap_or_default(),
+        owner: policy.metadata.uid.clone().map(|uid| OwnerReference {
+            api_version: "wasmctrl.dev/v1alpha1".to_owned(),
+            kind: "ReconcilePolicy".to_owned(),
+            name: policy.name_any(),
+            uid,
+            ..OwnerReference::default()
+        }),
+        labels: [
+            (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
+            (
+                POLICY_LABEL.to_owned(),
+                policy_label_value(&policy.name_any()),
+            ),
+        ]
+        .into(),
+    }
+}
