@@ -212,7 +212,9 @@ async fn a_failing_plugin_denies_under_fail_and_admits_with_a_warning_under_igno
 }
 
 #[tokio::test]
-async fn a_webhook_the_plugin_does_not_serve_follows_the_failure_policy() {
+async fn a_webhook_the_plugin_does_not_serve_admits_the_write_unjudged_and_says_so() {
+    // A plugin swapped in without the webhook, until the leader removes its entry: there is
+    // nothing to judge the write by, whatever the failure policy.
     let without = answerer(
         load("myapp_v2_plugin", Limits::default()),
         json!({}),
@@ -224,14 +226,14 @@ async fn a_webhook_the_plugin_does_not_serve_follows_the_failure_policy() {
         &review("CREATE", Some(myapp(1, "a:1")), None),
     )
     .await;
-    assert_eq!(outcome, "failed_closed");
+    assert_eq!(outcome, "unserved");
+    assert!(response.allowed);
+    let warnings = response.warnings.unwrap_or_default();
     assert!(
-        response
-            .result
-            .message
-            .contains("does not serve the `validate` webhook"),
-        "{}",
-        response.result.message
+        warnings
+            .iter()
+            .any(|w| w.contains("does not serve the validate webhook")),
+        "{warnings:?}"
     );
 }
 
@@ -363,5 +365,59 @@ mod listener {
         )
         .await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_team_cannot_hold_more_than_its_share_of_reviews() {
+        use wasmctrl::admission::server::MAX_REVIEWS_PER_TENANT;
+        let answerers = Answerers::new();
+        let router = router(answerers.clone(), Arc::new(Metrics::new()));
+        let limits = Limits {
+            webhook_timeout: std::time::Duration::from_millis(1500),
+            ..Limits::default()
+        };
+        // Every review of this policy loops until its deadline: its team's share is taken.
+        answerers.serve(
+            "team-a/myapp",
+            answerer(
+                load("misbehave_plugin", limits),
+                json!({"behavior": "loop"}),
+                FailurePolicy::Fail,
+            ),
+        );
+        let slow: Vec<_> = (0..MAX_REVIEWS_PER_TENANT)
+            .map(|_| {
+                let router = router.clone();
+                tokio::spawn(async move {
+                    post(
+                        &router,
+                        "/validate/team-a/myapp",
+                        review_body(myapp(1, "a:1")),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        // One more is answered at once, under the policy's failure policy, not queued.
+        let started = std::time::Instant::now();
+        let (status, body) = post(
+            &router,
+            "/validate/team-a/myapp",
+            review_body(myapp(1, "a:1")),
+        )
+        .await;
+        assert!(started.elapsed() < std::time::Duration::from_millis(500));
+        assert_eq!(status, StatusCode::OK);
+        let review: Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(review["response"]["allowed"], false);
+        let message = review["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(message.contains("are being answered already"), "{message}");
+        for review in slow {
+            let (status, _) = review.await.expect("joined");
+            assert_eq!(status, StatusCode::OK);
+        }
     }
 }

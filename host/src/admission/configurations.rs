@@ -1,11 +1,13 @@
-//! The webhook configurations the host owns for a policy: one `ValidatingWebhookConfiguration`
-//! and one `MutatingWebhookConfiguration` per policy that serves webhooks, each with one
-//! webhook for the policy's parent kind, pointing at the hosts' listener with the CA bundle
-//! of their certificate ([`super::certs`]).
+//! The webhook configurations the hosts keep: one `ValidatingWebhookConfiguration` and one
+//! `MutatingWebhookConfiguration` for the whole installation (the chart makes both, empty,
+//! so the host's grant names them and creates none), holding one webhook entry per policy
+//! that serves webhooks, for its parent kind, pointing at the hosts' listener with the CA
+//! bundle of their certificate ([`super::certs`]).
 //!
-//! They are written with server-side apply under the host's field manager and removed when
-//! the policy stops asking (or goes), the validating one with `failurePolicy: Fail` first:
-//! a webhook that refuses every write of a kind must never outlive what answers it.
+//! Each policy's entry is written with server-side apply under a field manager of the
+//! policy's own, so policies never touch each other's entries: applying none removes the
+//! policy's entry alone. Uninstalling the chart deletes both configurations, entries and
+//! all, before the hosts go: no webhook outlives what answers it.
 
 use anyhow::Context as _;
 use k8s_openapi::ByteString;
@@ -13,14 +15,14 @@ use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
     ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 
 use super::review::{FailurePolicy, Hook};
 
-/// The field manager of the configurations.
-const MANAGER: &str = "wasmctrl-webhooks";
+/// The configurations' name when the host is not told another (`--webhook-configuration`).
+pub const DEFAULT_NAME: &str = "wasmctrl-webhooks";
 
 /// Where the API server reaches the hosts' listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,28 +63,12 @@ pub struct Scope {
     /// Users whose writes are not sent to the webhooks: the hosts' own (finalizers, field
     /// hand-overs), which must go through even while the plugin cannot answer.
     pub exempt_users: Vec<String>,
-    /// The policy, as the configurations' owner: deleting it deletes them (garbage
-    /// collection), even while no host runs.
-    pub owner: Option<OwnerReference>,
-    /// The configurations' labels (who manages them, for which policy).
-    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl Scope {
-    /// The configurations' name: `wasmctrl-<policy>` for a cluster policy,
-    /// `wasmctrl.<namespace>.<policy>` for a namespaced one (a namespace has no dot, so no
-    /// two policies share a name).
-    pub fn configuration_name(&self) -> String {
-        configuration_name(&self.policy)
-    }
-
     /// The webhook's own name, fully qualified as the API server requires.
     fn webhook_name(&self, hook: Hook) -> String {
-        format!(
-            "{}.{}.webhooks.wasmctrl.dev",
-            hook.name(),
-            self.policy.replace('/', ".")
-        )
+        webhook_name(hook, &self.policy)
     }
 
     fn client_config(
@@ -161,15 +147,6 @@ impl Scope {
         })
     }
 
-    fn metadata(&self) -> ObjectMeta {
-        ObjectMeta {
-            name: Some(self.configuration_name()),
-            labels: Some(self.labels.clone()).filter(|l| !l.is_empty()),
-            owner_references: self.owner.clone().map(|owner| vec![owner]),
-            ..ObjectMeta::default()
-        }
-    }
-
     fn failure_policy(&self) -> String {
         match self.failure_policy {
             FailurePolicy::Fail => "Fail",
@@ -178,136 +155,200 @@ impl Scope {
         .to_owned()
     }
 
-    /// The validating configuration.
-    pub fn validating(
+    /// The policy's validating webhook.
+    pub fn validating(&self, endpoint: &Endpoint, ca_bundle: &str) -> ValidatingWebhook {
+        ValidatingWebhook {
+            name: self.webhook_name(Hook::Validate),
+            admission_review_versions: vec!["v1".to_owned()],
+            client_config: self.client_config(Hook::Validate, endpoint, ca_bundle),
+            failure_policy: Some(self.failure_policy()),
+            match_conditions: self.match_conditions(),
+            match_policy: Some("Equivalent".to_owned()),
+            namespace_selector: self.namespace_selector(),
+            rules: Some(self.rules(self.operations.clone())),
+            side_effects: "None".to_owned(),
+            timeout_seconds: Some(self.timeout_seconds),
+            ..ValidatingWebhook::default()
+        }
+    }
+
+    /// The policy's mutating webhook.
+    pub fn mutating(&self, endpoint: &Endpoint, ca_bundle: &str) -> MutatingWebhook {
+        MutatingWebhook {
+            name: self.webhook_name(Hook::Default),
+            admission_review_versions: vec!["v1".to_owned()],
+            client_config: self.client_config(Hook::Default, endpoint, ca_bundle),
+            failure_policy: Some(self.failure_policy()),
+            match_conditions: self.match_conditions(),
+            match_policy: Some("Equivalent".to_owned()),
+            namespace_selector: self.namespace_selector(),
+            // Defaults first, then validation sees them: one pass is enough for a
+            // plugin's defaults, which depend only on the object.
+            reinvocation_policy: Some("Never".to_owned()),
+            // A delete has no object to default.
+            rules: Some(
+                self.rules(
+                    self.operations
+                        .iter()
+                        .filter(|op| op.as_str() != "DELETE")
+                        .cloned()
+                        .collect(),
+                ),
+            ),
+            side_effects: "None".to_owned(),
+            timeout_seconds: Some(self.timeout_seconds),
+            ..MutatingWebhook::default()
+        }
+    }
+}
+
+/// The two configurations of one installation, by name, as one client writes them.
+#[derive(Clone)]
+pub struct Configurations {
+    client: kube::Client,
+    name: String,
+}
+
+impl Configurations {
+    /// The configurations named `name`, written through `client`.
+    pub fn new(client: kube::Client, name: &str) -> Self {
+        Self {
+            client,
+            name: name.to_owned(),
+        }
+    }
+
+    /// Their name (both share it).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Make the policy's entries exactly `validate` and `default` for `scope`. A
+    /// configuration that does not exist yet is made (outside the chart: its grant names
+    /// them and cannot create).
+    pub async fn reconcile(
         &self,
+        scope: &Scope,
         endpoint: &Endpoint,
         ca_bundle: &str,
-    ) -> ValidatingWebhookConfiguration {
-        ValidatingWebhookConfiguration {
-            metadata: self.metadata(),
-            webhooks: Some(vec![ValidatingWebhook {
-                name: self.webhook_name(Hook::Validate),
-                admission_review_versions: vec!["v1".to_owned()],
-                client_config: self.client_config(Hook::Validate, endpoint, ca_bundle),
-                failure_policy: Some(self.failure_policy()),
-                match_conditions: self.match_conditions(),
-                match_policy: Some("Equivalent".to_owned()),
-                namespace_selector: self.namespace_selector(),
-                rules: Some(self.rules(self.operations.clone())),
-                side_effects: "None".to_owned(),
-                timeout_seconds: Some(self.timeout_seconds),
-                ..ValidatingWebhook::default()
-            }]),
-        }
-    }
-
-    /// The mutating configuration.
-    pub fn mutating(&self, endpoint: &Endpoint, ca_bundle: &str) -> MutatingWebhookConfiguration {
-        MutatingWebhookConfiguration {
-            metadata: self.metadata(),
-            webhooks: Some(vec![MutatingWebhook {
-                name: self.webhook_name(Hook::Default),
-                admission_review_versions: vec!["v1".to_owned()],
-                client_config: self.client_config(Hook::Default, endpoint, ca_bundle),
-                failure_policy: Some(self.failure_policy()),
-                match_conditions: self.match_conditions(),
-                match_policy: Some("Equivalent".to_owned()),
-                namespace_selector: self.namespace_selector(),
-                // Defaults first, then validation sees them: one pass is enough for a
-                // plugin's defaults, which depend only on the object.
-                reinvocation_policy: Some("Never".to_owned()),
-                // A delete has no object to default.
-                rules: Some(
-                    self.rules(
-                        self.operations
-                            .iter()
-                            .filter(|op| op.as_str() != "DELETE")
-                            .cloned()
-                            .collect(),
-                    ),
-                ),
-                side_effects: "None".to_owned(),
-                timeout_seconds: Some(self.timeout_seconds),
-                ..MutatingWebhook::default()
-            }]),
-        }
-    }
-}
-
-/// Write (or remove) the configurations of `scope` so that exactly `validate` and `default`
-/// are served.
-pub async fn reconcile(
-    client: &kube::Client,
-    scope: &Scope,
-    endpoint: &Endpoint,
-    ca_bundle: &str,
-    validate: bool,
-    default: bool,
-) -> anyhow::Result<()> {
-    let name = scope.configuration_name();
-    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let apply = PatchParams::apply(MANAGER).force();
-    if validate {
-        validating
-            .patch(
-                &name,
-                &apply,
-                &Patch::Apply(scope.validating(endpoint, ca_bundle)),
-            )
+        validate: bool,
+        default: bool,
+    ) -> anyhow::Result<()> {
+        let manager = field_manager(&scope.policy);
+        let apply = PatchParams::apply(&manager).force();
+        let metadata = ObjectMeta {
+            name: Some(self.name.clone()),
+            ..ObjectMeta::default()
+        };
+        let validating = ValidatingWebhookConfiguration {
+            metadata: metadata.clone(),
+            webhooks: Some(
+                validate
+                    .then(|| scope.validating(endpoint, ca_bundle))
+                    .into_iter()
+                    .collect(),
+            ),
+        };
+        Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+            .patch(&self.name, &apply, &Patch::Apply(&validating))
             .await
-            .with_context(|| format!("writing ValidatingWebhookConfiguration {name}"))?;
-    } else {
-        remove(&validating, &name).await?;
-    }
-    if default {
-        mutating
-            .patch(
-                &name,
-                &apply,
-                &Patch::Apply(scope.mutating(endpoint, ca_bundle)),
-            )
+            .with_context(|| {
+                format!(
+                    "writing {}'s webhook in ValidatingWebhookConfiguration {}",
+                    scope.policy, self.name
+                )
+            })?;
+        let mutating = MutatingWebhookConfiguration {
+            metadata,
+            webhooks: Some(
+                default
+                    .then(|| scope.mutating(endpoint, ca_bundle))
+                    .into_iter()
+                    .collect(),
+            ),
+        };
+        Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .patch(&self.name, &apply, &Patch::Apply(&mutating))
             .await
-            .with_context(|| format!("writing MutatingWebhookConfiguration {name}"))?;
+            .with_context(|| {
+                format!(
+                    "writing {}'s webhook in MutatingWebhookConfiguration {}",
+                    scope.policy, self.name
+                )
+            })?;
+        Ok(())
+    }
+
+    /// Remove the entries of the policy whose listener path is `policy`, the validating one
+    /// first; nothing when a configuration is not there.
+    pub async fn remove(&self, policy: &str) -> anyhow::Result<()> {
+        let validating = Api::<ValidatingWebhookConfiguration>::all(self.client.clone());
+        let mutating = Api::<MutatingWebhookConfiguration>::all(self.client.clone());
+        let empty = |api_version: &str, kind: &str| {
+            serde_json::json!({
+                "apiVersion": api_version, "kind": kind,
+                "metadata": {"name": self.name}, "webhooks": [],
+            })
+        };
+        let apply = PatchParams::apply(&field_manager(policy)).force();
+        let version = "admissionregistration.k8s.io/v1";
+        if validating.get_opt(&self.name).await?.is_some() {
+            validating
+                .patch(
+                    &self.name,
+                    &apply,
+                    &Patch::Apply(empty(version, "ValidatingWebhookConfiguration")),
+                )
+                .await
+                .with_context(|| format!("removing {policy}'s validating webhook"))?;
+        }
+        if mutating.get_opt(&self.name).await?.is_some() {
+            mutating
+                .patch(
+                    &self.name,
+                    &apply,
+                    &Patch::Apply(empty(version, "MutatingWebhookConfiguration")),
+                )
+                .await
+                .with_context(|| format!("removing {policy}'s mutating webhook"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The field manager of a policy's entries: its own, so that applying none removes its
+/// entries alone (within the API server's 128 characters: a long name is hashed).
+fn field_manager(policy: &str) -> String {
+    let whole = format!("wasmctrl-webhooks/{policy}");
+    if whole.len() <= 128 {
+        whole
     } else {
-        remove(&mutating, &name).await?;
-    }
-    Ok(())
-}
-
-/// Remove both configurations of the policy whose listener path is `policy`: the validating
-/// one first.
-pub async fn remove_all(client: &kube::Client, policy: &str) -> anyhow::Result<()> {
-    let name = configuration_name(policy);
-    remove(
-        &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
-        &name,
-    )
-    .await?;
-    remove(
-        &Api::<MutatingWebhookConfiguration>::all(client.clone()),
-        &name,
-    )
-    .await
-}
-
-fn configuration_name(policy: &str) -> String {
-    match policy.split_once('/') {
-        Some((namespace, name)) => format!("wasmctrl.{namespace}.{name}"),
-        None => format!("wasmctrl-{policy}"),
+        format!("wasmctrl-webhooks/{}", short_hash(policy))
     }
 }
 
-async fn remove<K>(api: &Api<K>, name: &str) -> anyhow::Result<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(error) => Err(error).with_context(|| format!("removing webhook configuration {name}")),
+/// A policy's webhook name, fully qualified as the API server requires (at most 253
+/// characters: a long policy name is hashed).
+fn webhook_name(hook: Hook, policy: &str) -> String {
+    let whole = format!(
+        "{}.{}.webhooks.wasmctrl.dev",
+        hook.name(),
+        policy.replace('/', ".")
+    );
+    if whole.len() <= 253 {
+        whole
+    } else {
+        format!(
+            "{}.p-{}.webhooks.wasmctrl.dev",
+            hook.name(),
+            short_hash(policy)
+        )
     }
+}
+
+fn short_hash(text: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(text.as_bytes())[..8])
 }
 
 #[cfg(test)]
@@ -325,26 +366,29 @@ mod tests {
             failure_policy: FailurePolicy::Fail,
             timeout_seconds: 5,
             exempt_users: vec!["system:serviceaccount:wasmctrl:wasmctrl".into()],
-            owner: None,
-            labels: Default::default(),
         }
     }
 
     #[test]
-    fn no_two_policies_share_a_configuration() {
-        assert_eq!(scope("a.b", None).configuration_name(), "wasmctrl-a.b");
-        assert_eq!(scope("a/b", Some("a")).configuration_name(), "wasmctrl.a.b");
-        assert_ne!(
-            scope("a.b", None).configuration_name(),
-            scope("a/b", Some("a")).configuration_name()
+    fn long_policy_names_still_make_valid_webhook_names_and_managers() {
+        let long = "p".repeat(250);
+        let name = webhook_name(Hook::Validate, &long);
+        assert!(
+            name.len() <= 253 && name.ends_with(".webhooks.wasmctrl.dev"),
+            "{name}"
+        );
+        assert_ne!(name, webhook_name(Hook::Validate, &"q".repeat(250)));
+        assert!(field_manager(&long).len() <= 128);
+        assert_eq!(
+            webhook_name(Hook::Default, "apps"),
+            "default.apps.webhooks.wasmctrl.dev"
         );
     }
 
     #[test]
     fn a_confined_policy_judges_only_its_namespace_and_the_hosts_writes_pass() {
         let endpoint = Endpoint::Url("https://127.0.0.1:9443/".into());
-        let validating = scope("team-a/apps", Some("team-a")).validating(&endpoint, "CA");
-        let hook = &validating.webhooks.as_ref().expect("webhooks")[0];
+        let hook = &scope("team-a/apps", Some("team-a")).validating(&endpoint, "CA");
         assert_eq!(hook.name, "validate.team-a.apps.webhooks.wasmctrl.dev");
         assert_eq!(
             hook.client_config.url.as_deref(),
@@ -368,8 +412,7 @@ mod tests {
             hook.match_conditions.as_ref().expect("conditions")[0].expression,
             "!(request.userInfo.username in ['system:serviceaccount:wasmctrl:wasmctrl'])"
         );
-        let mutating = scope("apps", None).mutating(&endpoint, "CA");
-        let hook = &mutating.webhooks.as_ref().expect("webhooks")[0];
+        let hook = &scope("apps", None).mutating(&endpoint, "CA");
         let rule = &hook.rules.as_ref().expect("rules")[0];
         assert_eq!(rule.scope.as_deref(), Some("*"));
         assert_eq!(

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use tokio::sync::watch;
 
 use super::certs::{Certificates, Issued};
-use super::configurations::Endpoint;
+use super::configurations::{Configurations, Endpoint};
 use super::server::{Answerers, ServingCertificate};
 
 /// How often a host checks its serving pair for a renewal (its own or another replica's,
@@ -23,12 +23,22 @@ pub struct Hosting {
     pub answerers: Arc<Answerers>,
     /// Where the API server reaches the hosts' listeners.
     pub endpoint: Endpoint,
+    /// The name of the validating and the mutating webhook configuration policies' entries
+    /// go in (see [`super::configurations`]).
+    pub configuration: String,
     /// The CA bundle the webhook configurations carry: the CA of the pair the listeners
     /// present.
     pub ca_bundle: watch::Receiver<String>,
     /// Users whose writes the webhooks do not judge: the host's own (finalizers), so that a
     /// plugin that cannot answer never keeps the host from letting a parent go.
     pub exempt_users: Vec<String>,
+}
+
+impl Hosting {
+    /// The configurations, written through `client`.
+    pub fn configurations(&self, client: &kube::Client) -> Configurations {
+        Configurations::new(client.clone(), &self.configuration)
+    }
 }
 
 /// Where the listener's pair comes from.

@@ -12,8 +12,10 @@
 //!   that says the write went through unchecked. The API server never waits on a host
 //!   error: every failure is an answer.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use kube::ResourceExt as _;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation as ReviewOperation};
 use kube::core::response::{StatusCause, StatusDetails, StatusSummary};
@@ -84,24 +86,33 @@ pub enum Comparison {
 /// per parent (a candidate serves the parents of its share and its canary, and shadows the
 /// others), and where shadow comparisons go.
 pub trait Choose: Send + Sync {
-    /// The plugins for a write of `object` (the object written, or the one deleted).
-    fn choose(&self, hook: Hook, object: Option<&DynamicObject>) -> Chosen;
-    /// A shadow candidate's answer to a write of `object`, compared.
-    fn compared(&self, hook: Hook, object: Option<&DynamicObject>, comparison: Comparison);
+    /// The plugins for a write of an object with these labels and uid (none on a create:
+    /// the API server gives the object its uid between defaulting and validation, and both
+    /// must be answered by the same plugin).
+    fn choose(&self, labels: &BTreeMap<String, String>, uid: Option<&str>) -> Chosen;
+    /// `shadow`'s answer to a write of `object` (the object written, or the one deleted),
+    /// compared with the answer given.
+    fn compared(
+        &self,
+        hook: Hook,
+        object: Option<&DynamicObject>,
+        shadow: &Answering,
+        comparison: Comparison,
+    );
 }
 
 /// One plugin answering every review, nothing in shadow.
 struct OnePlugin(Answering);
 
 impl Choose for OnePlugin {
-    fn choose(&self, _: Hook, _: Option<&DynamicObject>) -> Chosen {
+    fn choose(&self, _: &BTreeMap<String, String>, _: Option<&str>) -> Chosen {
         Chosen {
             answering: self.0.clone(),
             shadow: None,
         }
     }
 
-    fn compared(&self, _: Hook, _: Option<&DynamicObject>, _: Comparison) {}
+    fn compared(&self, _: Hook, _: Option<&DynamicObject>, _: &Answering, _: Comparison) {}
 }
 
 /// Who answers a policy's webhooks: its plugins, as the policy's tenant of the engine's
@@ -157,6 +168,8 @@ impl Answerer {
 
 /// Shadow calls one policy makes at once.
 const SHADOW_CALLS: usize = 4;
+/// Appended to a policy's tenant for its shadow calls.
+const SHADOW_TENANT: &str = "/shadow";
 
 /// How a review ended, for metrics: `allowed`, `denied`, `patched`, or the plugin's failure
 /// under the failure policy (`failed_closed`, `failed_open`).
@@ -176,6 +189,9 @@ enum Decision {
     },
     /// The plugin could not answer: why.
     Failed(String),
+    /// The plugin does not serve the webhook (a plugin swapped in that dropped it, until
+    /// the leader removes its entry): nothing to judge the write by.
+    Unserved,
 }
 
 /// Answer `request` with `answerer`'s plugin (and, in shadow, its candidate).
@@ -185,8 +201,12 @@ pub async fn answer(
     request: &AdmissionRequest<DynamicObject>,
 ) -> (AdmissionResponse, Outcome) {
     let object = request.object.as_ref().or(request.old_object.as_ref());
-    let chosen = answerer.plugins.choose(hook, object);
-    let decision = decide(hook, &chosen.answering, answerer, request).await;
+    let labels = object.map(|o| o.labels().clone()).unwrap_or_default();
+    let uid = object
+        .and_then(|o| o.metadata.uid.as_deref())
+        .filter(|_| request.operation != ReviewOperation::Create);
+    let chosen = answerer.plugins.choose(&labels, uid);
+    let decision = decide(hook, &chosen.answering, answerer, request, "").await;
     if let Some(shadow) = chosen.shadow {
         shadow_compare(hook, shadow, answerer, request, &decision);
     }
@@ -207,12 +227,12 @@ fn shadow_compare(
     };
     let (answerer, request, decision) = (answerer.clone(), request.clone(), decision.clone());
     tokio::spawn(async move {
-        let shadowed = decide(hook, &shadow, &answerer, &request).await;
+        let shadowed = decide(hook, &shadow, &answerer, &request, SHADOW_TENANT).await;
         drop(slot);
         let object = request.object.as_ref().or(request.old_object.as_ref());
         answerer
             .plugins
-            .compared(hook, object, compare(&decision, &shadowed));
+            .compared(hook, object, &shadow, compare(&decision, &shadowed));
     });
 }
 
@@ -220,6 +240,9 @@ fn shadow_compare(
 fn compare(answered: &Decision, shadowed: &Decision) -> Comparison {
     match (answered, shadowed) {
         (_, Decision::Failed(why)) => Comparison::WouldFail(why.clone()),
+        (Decision::Verdict(_) | Decision::Defaults { .. }, Decision::Unserved) => {
+            Comparison::WouldFail("it does not serve this webhook".to_owned())
+        }
         (Decision::Verdict(a), Decision::Verdict(s)) if a.allowed() && !s.allowed() => {
             Comparison::WouldDeny(s.message())
         }
@@ -233,13 +256,17 @@ fn compare(answered: &Decision, shadowed: &Decision) -> Comparison {
     }
 }
 
-/// What `answering` decides about `request`.
+/// What `answering` decides about `request`, as the answerer's tenant (with `lane`
+/// appended: shadow calls are a tenant of their own, so a slow candidate never takes the
+/// slots the answers wait for).
 async fn decide(
     hook: Hook,
     answering: &Answering,
     answerer: &Answerer,
     request: &AdmissionRequest<DynamicObject>,
+    lane: &str,
 ) -> Decision {
+    let tenant = format!("{}{lane}", answerer.tenant);
     let Some(operation) = operation(&request.operation) else {
         // CONNECT is no write: nothing to judge.
         return Decision::Nothing;
@@ -250,8 +277,9 @@ async fn decide(
     };
     let plugin = &answering.plugin;
     match hook {
-        Hook::Validate => match plugin.validate(&answerer.tenant, plugin_request).await {
+        Hook::Validate => match plugin.validate(&tenant, plugin_request).await {
             Ok(verdict) => Decision::Verdict(verdict),
+            Err(CallError::NotServed(_)) => Decision::Unserved,
             Err(error) => Decision::Failed(error.to_string()),
         },
         Hook::Default => {
@@ -269,6 +297,7 @@ async fn decide(
                 }
                 // A delete: there is no object to default.
                 Err(CallError::InvalidRequest(_)) if request.object.is_none() => Decision::Nothing,
+                Err(CallError::NotServed(_)) => Decision::Unserved,
                 Err(error) => Decision::Failed(error.to_string()),
             }
         }
@@ -288,7 +317,26 @@ fn respond(
         Decision::Verdict(verdict) => judged(response, request, verdict),
         Decision::Defaults { patch, warnings } => defaulted_to(answerer, response, patch, warnings),
         Decision::Failed(why) => failed(response, hook, answerer, &why),
+        Decision::Unserved => {
+            let mut response = response;
+            response.warnings = Some(vec![format!(
+                "not judged: the plugin of {} does not serve the {} webhook",
+                answerer.policy,
+                hook.name()
+            )]);
+            (response, "unserved")
+        }
     }
+}
+
+/// The failure policy's answer to a review the plugin was not asked about, for `why`.
+pub fn unanswered(
+    hook: Hook,
+    answerer: &Answerer,
+    request: &AdmissionRequest<DynamicObject>,
+    why: &str,
+) -> (AdmissionResponse, Outcome) {
+    respond(hook, answerer, request, Decision::Failed(why.to_owned()))
 }
 
 fn operation(operation: &ReviewOperation) -> Option<Operation> {

@@ -31,7 +31,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 use super::certs::Issued;
-use super::review::{Answerer, Hook, answer};
+use super::review::{Answerer, Hook, answer, unanswered};
 use crate::metrics::Metrics;
 
 /// The largest AdmissionReview read: an object and its old version at the API server's own
@@ -45,6 +45,10 @@ pub const MAX_REVIEWS_IN_FLIGHT: usize = 32;
 /// included: a client that sends slowly is cut off (the API server's timeout is 30 s at
 /// most, and the plugin's deadline far less).
 pub const REVIEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Reviews of one tenant (a team's namespace, or a cluster policy) answered at once; a
+/// review past them gets its policy's failure policy at once, so that no team's busy or
+/// slow webhooks hold the listener's reviews from another's.
+pub const MAX_REVIEWS_PER_TENANT: usize = 8;
 /// How metrics label a request for a policy this replica does not serve: the path is the
 /// caller's to choose, so it never becomes a label of its own.
 const UNKNOWN_POLICY: &str = "(none)";
@@ -54,6 +58,8 @@ const UNKNOWN_POLICY: &str = "(none)";
 #[derive(Default)]
 pub struct Answerers {
     by_policy: Mutex<HashMap<String, Arc<Answerer>>>,
+    /// Each tenant's reviews in flight.
+    by_tenant: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Answerers {
@@ -72,38 +78,17 @@ impl Answerers {
         crate::lock(&self.by_policy).remove(policy);
     }
 
-    /// `answerer` answers `policy`'s webhooks until the registration returned is dropped.
-    pub fn register(self: &Arc<Self>, policy: &str, answerer: Answerer) -> Registration {
-        let answerer = Arc::new(answerer);
-        crate::lock(&self.by_policy).insert(policy.to_owned(), answerer.clone());
-        Registration {
-            answerers: self.clone(),
-            policy: policy.to_owned(),
-            answerer,
-        }
-    }
-
     fn get(&self, policy: &str) -> Option<Arc<Answerer>> {
         crate::lock(&self.by_policy).get(policy).cloned()
     }
-}
 
-/// A policy's answerer, registered until this is dropped (unless another replaced it).
-pub struct Registration {
-    answerers: Arc<Answerers>,
-    policy: String,
-    answerer: Arc<Answerer>,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        let mut by_policy = crate::lock(&self.answerers.by_policy);
-        if by_policy
-            .get(&self.policy)
-            .is_some_and(|current| Arc::ptr_eq(current, &self.answerer))
-        {
-            by_policy.remove(&self.policy);
-        }
+    /// A place among `tenant`'s reviews in flight, if one is free.
+    fn admit(&self, tenant: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let slots = crate::lock(&self.by_tenant)
+            .entry(tenant.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(MAX_REVIEWS_PER_TENANT)))
+            .clone();
+        slots.try_acquire_owned().ok()
     }
 }
 
@@ -180,7 +165,17 @@ async fn review(hook: Hook, served: &Served, policy: &str, body: &[u8]) -> Respo
         }
     };
     let started = std::time::Instant::now();
-    let (response, outcome) = answer(hook, &answerer, &request).await;
+    let (response, outcome) = match served.answerers.admit(&answerer.tenant) {
+        Some(_in_flight) => answer(hook, &answerer, &request).await,
+        None => unanswered(
+            hook,
+            &answerer,
+            &request,
+            &format!(
+                "{MAX_REVIEWS_PER_TENANT} reviews of this policy's team are being answered already"
+            ),
+        ),
+    };
     served
         .metrics
         .webhook_request(policy, hook.name(), outcome, Some(started.elapsed()));

@@ -42,6 +42,15 @@ pub(super) struct WebhookArgs {
     /// `ca.crt` that someone else keeps current (cert-manager's Secret, mounted).
     #[arg(long, env = "WASMCTRL_WEBHOOK_CERT_DIR")]
     webhook_cert_dir: Option<PathBuf>,
+    /// The ValidatingWebhookConfiguration and MutatingWebhookConfiguration (one name for
+    /// both) that hold each policy's webhook: the chart makes them, so that the host's
+    /// grant names them; a host run by hand makes them if they are missing.
+    #[arg(
+        long,
+        env = "WASMCTRL_WEBHOOK_CONFIGURATION",
+        default_value = crate::admission::configurations::DEFAULT_NAME
+    )]
+    webhook_configuration: String,
     /// The namespace of the Secret and the Service. Default: the namespace the host runs
     /// in.
     #[arg(long, env = "WASMCTRL_WEBHOOK_NAMESPACE")]
@@ -109,6 +118,7 @@ impl WebhookArgs {
             Hosting {
                 answerers,
                 endpoint,
+                configuration: self.webhook_configuration.clone(),
                 ca_bundle: ca_bundle_rx,
                 exempt_users: vec![host_user],
             },

@@ -153,6 +153,7 @@ impl Host {
                 leadership,
                 activity: Arc::default(),
                 webhooks: None,
+                shutting_down: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -295,6 +296,7 @@ impl Host {
             }
         }
         tracing::info!(controllers = running.len(), "shutting down");
+        self.shared.shutting_down.store(true, Ordering::Release);
         namespaced_stop.cancel();
         for r in running.values() {
             r.stop.cancel();
@@ -343,14 +345,14 @@ impl Host {
                         let namespace = shared.options.namespace.as_deref();
                         // Its webhooks first: nothing answers them any more (garbage
                         // collection would remove them too, once the policy is gone).
-                        let removed = if policy_run::webhooks::served_any(&policy) {
-                            crate::admission::configurations::remove_all(
-                                &shared.client,
-                                &policy.name_any(),
-                            )
-                            .await
-                        } else {
-                            Ok(())
+                        let removed = match &shared.webhooks {
+                            Some(hosting) if policy_run::webhooks::served_any(&policy) => {
+                                hosting
+                                    .configurations(&shared.client)
+                                    .remove(&policy.name_any())
+                                    .await
+                            }
+                            _ => Ok(()),
                         };
                         let result = match removed.and(
                             shared.identities.acting_for(&policy).map_err(|refused| {

@@ -12,8 +12,8 @@ pub const DEFAULT_PLUGIN_TIMEOUT_MS: u32 = 2000;
 
 /// The plugin validates and defaults the parent kind's writes, as admission webhooks the
 /// hosts serve and register with the API server. The plugin must export the contract's
-/// `webhooks` interface and serve the webhooks asked for; a policy that asks for one its
-/// plugin does not serve is refused (`WebhookNotServed`).
+/// `webhooks` interface and serve the webhooks asked for: one it does not serve is not
+/// registered, and the `WebhooksServed` condition says so (`WebhookNotServed`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.validate || self.default").message("admission serves validate, default or both: set at least one"))]

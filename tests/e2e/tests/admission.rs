@@ -98,7 +98,7 @@ mod served {
     use kube::{Api, Client};
     use serde_json::{Value, json};
     use wasmctrl::admission::certs::Certificates;
-    use wasmctrl::admission::configurations::{self, Endpoint, Scope};
+    use wasmctrl::admission::configurations::{Configurations, Endpoint, Scope};
     use wasmctrl::admission::hosting::Hosting;
     use wasmctrl::admission::review::{Answerer, FailurePolicy};
     use wasmctrl::admission::server::{Answerers, ServingCertificate, serve};
@@ -241,11 +241,12 @@ mod served {
             timeout_seconds: 5,
             // The test's own writes (as the cluster admin) are the ones judged here.
             exempt_users: vec!["system:serviceaccount:wasmctrl:wasmctrl".to_owned()],
-            owner: None,
-            labels: Default::default(),
         };
         let endpoint = Endpoint::Url(url);
-        configurations::reconcile(&client, &scope, &endpoint, &ca_bundle, true, true).await?;
+        let configurations = Configurations::new(client.clone(), &format!("wasmctrl-{ns}"));
+        configurations
+            .reconcile(&scope, &endpoint, &ca_bundle, true, true)
+            .await?;
         let myapps = myapps(&client, &ns);
 
         // A MyApp that breaks the plugin's rules is refused at create, with the plugin's
@@ -319,7 +320,7 @@ mod served {
             &policy,
             answerer("myapp_plugin", json!({}), FailurePolicy::Fail)?,
         );
-        configurations::remove_all(&client, &policy).await?;
+        configurations.remove(&policy).await?;
         create_until(
             &myapps,
             &app("unjudged", 80, "nginx:1.27")?,
@@ -328,23 +329,40 @@ mod served {
         )
         .await??;
 
+        delete_configurations(&client, &format!("wasmctrl-{ns}")).await?;
         delete_namespace(&client, &ns).await?;
         Ok(())
     }
 
-    /// The failure policy of the policy's validating webhook, once it exists.
+    /// The failure policy of the policy's validating webhook (in the test's configuration,
+    /// `wasmctrl-<namespace>`), once it exists.
     async fn validating_failure_policy(
         client: &Client,
         policy: &str,
     ) -> anyhow::Result<Option<String>> {
         use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
         let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        let entry = format!("validate.{policy}.webhooks.wasmctrl.dev");
         Ok(configurations
             .get_opt(&format!("wasmctrl-{policy}"))
             .await?
             .and_then(|c| c.webhooks)
-            .and_then(|w| w.into_iter().next())
+            .and_then(|w| w.into_iter().find(|w| w.name == entry))
             .and_then(|w| w.failure_policy))
+    }
+
+    /// Delete the test's configurations (cluster-scoped: the namespace does not take them).
+    async fn delete_configurations(client: &Client, name: &str) -> anyhow::Result<()> {
+        use k8s_openapi::api::admissionregistration::v1::{
+            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+        };
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .delete(name, &Default::default())
+            .await?;
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .delete(name, &Default::default())
+            .await?;
+        Ok(())
     }
 
     async fn wait_for_failure_policy(
@@ -366,12 +384,13 @@ mod served {
         }
     }
 
-    fn hosting(url: &str, answerers: &Arc<Answerers>, ca_bundle: &str) -> Hosting {
+    fn hosting(ns: &str, url: &str, answerers: &Arc<Answerers>, ca_bundle: &str) -> Hosting {
         // The sender goes: the CA bundle never changes here.
         let (_, ca_bundle) = tokio::sync::watch::channel(ca_bundle.to_owned());
         Hosting {
             answerers: answerers.clone(),
             endpoint: Endpoint::Url(url.to_owned()),
+            configuration: format!("wasmctrl-{ns}"),
             ca_bundle,
             exempt_users: vec!["system:serviceaccount:wasmctrl:wasmctrl".to_owned()],
         }
@@ -384,7 +403,7 @@ mod served {
         install_repo_crds(&client).await?;
         let (url, ca_bundle, answerers) = listener(&client, &ns).await?;
         let host = HostUnderTest::builder(TEST, &ns)
-            .webhooks(hosting(&url, &answerers, &ca_bundle))
+            .webhooks(hosting(&ns, &url, &answerers, &ca_bundle))
             .start()
             .await?;
         let name = ns.clone();
@@ -449,7 +468,7 @@ mod served {
         wait_for_failure_policy(&client, &name, Some("Ignore")).await?;
         // …and a host that starts again serves it as before, with the same CA.
         let host = HostUnderTest::builder(TEST, &ns)
-            .webhooks(hosting(&url, &answerers, &ca_bundle))
+            .webhooks(hosting(&ns, &url, &answerers, &ca_bundle))
             .start()
             .await?;
         wait_for_failure_policy(&client, &name, Some("Fail")).await?;
@@ -466,6 +485,7 @@ mod served {
         )
         .await??;
         host.stop().await?;
+        delete_configurations(&client, &format!("wasmctrl-{ns}")).await?;
         delete_namespace(&client, &ns).await?;
         Ok(())
     }

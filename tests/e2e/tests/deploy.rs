@@ -464,14 +464,25 @@ fn the_hosts_own_role_has_no_rule_on_policy_kinds_and_impersonates_only_whom_it_
         "authorization.k8s.io",
         "authentication.k8s.io",
     ];
+    // Policies' webhooks go in the chart's two configurations, which it names: it can
+    // change no other, nor make one.
+    let webhook_configurations = json!({
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+        "resourceNames": ["wasmctrl"],
+        "verbs": ["get", "patch"],
+    });
     for role in defaults.iter().filter(|o| o["kind"] == "ClusterRole") {
         if role["metadata"]["name"] != "wasmctrl" {
             continue;
         }
-        for rule in role["rules"].as_array().context("rules")? {
+        let rules = role["rules"].as_array().context("rules")?;
+        assert!(rules.contains(&webhook_configurations), "{rules:?}");
+        for rule in rules {
             // Namespaces' labels place team policies: read, never written.
             if *rule
                 == json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]})
+                || *rule == webhook_configurations
             {
                 continue;
             }
@@ -490,7 +501,30 @@ fn the_hosts_own_role_has_no_rule_on_policy_kinds_and_impersonates_only_whom_it_
         .context("the host's Role")?;
     assert_eq!(
         own["rules"],
-        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update"]}])
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update"]},
+            // The webhooks' CA and serving pair: read and renewed by name; made by the first
+            // host (creation cannot be limited to a name).
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["wasmctrl-webhook-tls"], "verbs": ["get", "update"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        ])
+    );
+    // With cert-manager issuing the pair, the host has no right on any Secret.
+    let issued = documents(&render(&[
+        "wasmctrl",
+        CHART,
+        "--namespace",
+        "wasmctrl",
+        "--set",
+        "webhooks.certManager.enabled=true",
+    ])?)?;
+    let own_issued = issued
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "wasmctrl")
+        .context("the host's Role")?;
+    assert!(
+        !own_issued["rules"].to_string().contains("secrets"),
+        "{own_issued}"
     );
     assert!(
         !serde_json::to_string(&defaults)?.contains("impersonate"),
@@ -890,6 +924,10 @@ fn the_network_policy_admits_the_listener_from_monitoring_and_the_api_server_onl
                 test_pod,
                 {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
             ],
+        }, {
+            // The API server's addresses unknown here: the webhook port is open rather than
+            // closed (a webhook nothing reaches refuses every write).
+            "ports": [{"port": 9443, "protocol": "TCP"}],
         }])
     );
 
@@ -907,6 +945,14 @@ fn the_network_policy_admits_the_listener_from_monitoring_and_the_api_server_onl
             {"ipBlock": {"cidr": "10.0.0.1/32"}},
             {"ipBlock": {"cidr": "10.0.0.2/32"}},
         ])
+    );
+    assert_eq!(
+        policy["spec"]["ingress"][1],
+        json!({
+            "ports": [{"port": 9443, "protocol": "TCP"}],
+            "from": [{"ipBlock": {"cidr": "10.0.0.1/32"}}, {"ipBlock": {"cidr": "10.0.0.2/32"}}],
+        }),
+        "reviews from the API server only"
     );
     assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
     assert_eq!(
@@ -1248,7 +1294,10 @@ fn with_watch_namespace_the_hosts_rules_on_that_namespace_are_a_role_there() -> 
             "selfsubjectaccessreviews",
             "tokenreviews",
             "subjectaccessreviews",
-            "namespaces"
+            "namespaces",
+            "validatingwebhookconfigurations",
+            "mutatingwebhookconfigurations",
+            "selfsubjectreviews"
         ],
         "only what is cluster-scoped stays cluster-wide"
     );

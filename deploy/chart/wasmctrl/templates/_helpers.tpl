@@ -129,3 +129,8 @@ none). A control plane whose addresses change later needs a `helm upgrade`, or t
 {{- if or .policy .keylessTrustRoots .rekorPublicKeys -}}true{{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The webhook Secret's name. */ -}}
+{{- define "wasmctrl.webhookSecret" -}}
+{{- .Values.webhooks.secretName | default (printf "%s-webhook-tls" (include "wasmctrl.fullname" .)) -}}
+{{- end }}

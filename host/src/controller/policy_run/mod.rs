@@ -124,9 +124,9 @@ pub(crate) async fn run(
                 syncing.synced();
                 step.set("reporting why it cannot start, and releasing the parents it left");
                 let reported = async {
+                    webhooks::remove_unanswered(&policy, &shared, &mut status).await;
                     status.flush().await;
                     release_left_scopes(&policy, &shared).await;
-                    webhooks::remove_unanswered(&policy, &shared).await;
                 };
                 tokio::select! {
                     () = reported => {}
@@ -279,7 +279,7 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
         () = run => {}
         () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout, webhooks.serve(shared)); } => {}
     }
-    webhooks.relax(shared).await;
+    webhooks.finish(shared).await;
 }
 
 /// The watches of the policy's parents, children and related objects.

@@ -29,4 +29,6 @@ pub(crate) struct Shared {
     pub activity: Arc<crate::controller::stopping::Activity>,
     /// The webhook listener this host serves policies' webhooks on, if it serves any.
     pub webhooks: Option<Arc<crate::admission::hosting::Hosting>>,
+    /// Set once the host is stopping for good (not a policy's restart).
+    pub shutting_down: std::sync::atomic::AtomicBool,
 }

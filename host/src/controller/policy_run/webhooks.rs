@@ -15,14 +15,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
 
-use crate::admission::configurations::{self, Scope};
+use crate::admission::configurations::Scope;
 use crate::admission::hosting::Hosting;
 use crate::admission::review::{Answerer, FailurePolicy};
 use crate::controller::kinds::ResolvedKind;
-use crate::controller::labels::{MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, policy_label_value};
 use crate::controller::reconcile::backoff::Backoff;
 use crate::controller::reconcile::serving::Serving;
 use crate::policy::ReconcilePolicy;
@@ -37,6 +36,9 @@ const CONDITION: &str = "WebhooksServed";
 /// How often the leader checks what it should serve (the active plugin may have been
 /// swapped for one that serves other webhooks).
 const CHECK: Duration = Duration::from_secs(5);
+/// How often the leader writes the configurations even when it wrote them as they should
+/// be: an edit or a removal by someone else is undone within this.
+const REWRITE: Duration = Duration::from_secs(60);
 
 /// One running policy's webhooks.
 pub(crate) struct PolicyWebhooks {
@@ -96,21 +98,25 @@ impl PolicyWebhooks {
             self.not_asked(shared).await;
             return std::future::pending().await;
         };
-        let Some(hosting) = &shared.webhooks else {
-            // Nothing here answers what an earlier host may have registered.
+        let refusal = match (&shared.webhooks, asked.problem()) {
+            (None, _) => Some(State::failed(
+                "WebhooksOff",
+                "this host serves no webhooks: run it with --webhook-listen and --webhook-service (the chart's webhooks.enabled)",
+            )),
+            (Some(_), Some(problem)) => Some(State::failed("InvalidAdmission", problem)),
+            (Some(_), None) => None,
+        };
+        let Some(hosting) = shared.webhooks.as_ref().filter(|_| refusal.is_none()) else {
             self.not_asked(shared).await;
             let mut status = self.status.lock().await;
-            status.set_optional(
-                CONDITION,
-                Some(State::failed(
-                    "WebhooksOff",
-                    "this host serves no webhooks: run it with --webhook-listen (the chart's webhooks.enabled)",
-                )),
-            );
+            status.set_optional(CONDITION, refusal);
             status.flush().await;
             return std::future::pending().await;
         };
-        let _registration = hosting.answerers.register(
+        // Registered until another controller of the policy replaces it or the policy stops
+        // asking or goes: across a restart (and a panic) the previous plugins answer until
+        // the next ones are loaded.
+        hosting.answerers.serve(
             &self.name,
             Answerer::choosing(
                 &self.name,
@@ -122,11 +128,14 @@ impl PolicyWebhooks {
         self.keep_configurations(shared, hosting, asked).await;
     }
 
-    /// The leader's part: the configurations as the policy asks and the plugin serves.
+    /// The leader's part: the configurations as the policy asks and the plugin serves,
+    /// written again every [`REWRITE`] whatever it last wrote (someone may have edited or
+    /// removed them).
     async fn keep_configurations(&self, shared: &Shared, hosting: &Hosting, asked: &AdmissionSpec) {
         let mut ca_bundle = hosting.ca_bundle.clone();
         let mut leading = shared.leadership.subscribe();
         let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        let mut written_at = tokio::time::Instant::now();
         loop {
             let served = self.serving.active.load().plugin.served_webhooks();
             let want = Applied {
@@ -137,13 +146,15 @@ impl PolicyWebhooks {
             };
             let mut wait = CHECK;
             let mut problem = None;
-            if shared.leadership.is_leader() {
+            let leading_now = shared.leadership.is_leader();
+            let shown = if leading_now {
                 let mut applied = self.applied.lock().await;
-                if applied.as_ref() != Some(&want) {
+                if applied.as_ref() != Some(&want) || written_at.elapsed() >= REWRITE {
                     match self.apply(shared, hosting, &want).await {
                         Ok(()) => {
                             retry.succeeded(&());
                             *applied = Some(want.clone());
+                            written_at = tokio::time::Instant::now();
                         }
                         Err(error) => {
                             tracing::warn!(policy = %self.name, error = %format!("{error:#}"), "could not write the policy's webhook configurations");
@@ -152,8 +163,12 @@ impl PolicyWebhooks {
                         }
                     }
                 }
-            }
-            self.report(asked, &want, problem).await;
+                applied.clone()
+            } else {
+                // A standby reports nothing (its status is the leader's to write).
+                Some(want.clone())
+            };
+            self.report(hosting, asked, shown.as_ref(), problem).await;
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 Ok(()) = ca_bundle.changed() => {}
@@ -175,23 +190,31 @@ impl PolicyWebhooks {
             failure_policy: want.failure_policy,
             ..self.scope.clone()
         };
-        configurations::reconcile(
-            &shared.client,
-            &scope,
-            &hosting.endpoint,
-            &want.ca_bundle,
-            want.validate,
-            want.default,
-        )
-        .await
+        hosting
+            .configurations(&shared.client)
+            .reconcile(
+                &scope,
+                &hosting.endpoint,
+                &want.ca_bundle,
+                want.validate,
+                want.default,
+            )
+            .await
     }
 
     /// `status.webhooks` and the condition, from what is served.
-    async fn report(&self, asked: &AdmissionSpec, want: &Applied, problem: Option<String>) {
+    async fn report(
+        &self,
+        hosting: &Hosting,
+        asked: &AdmissionSpec,
+        served: Option<&Applied>,
+        problem: Option<String>,
+    ) {
+        let (validate, default) = served.map_or((false, false), |s| (s.validate, s.default));
         let mut status = self.status.lock().await;
-        let configuration = self.scope.configuration_name();
+        let configuration = hosting.configuration.clone();
         let failure_policy = self.scope.failure_policy;
-        let served: Vec<ServedWebhook> = [("validate", want.validate), ("default", want.default)]
+        let served: Vec<ServedWebhook> = [("validate", validate), ("default", default)]
             .into_iter()
             .filter(|(_, on)| *on)
             .map(|(webhook, _)| {
@@ -209,8 +232,8 @@ impl PolicyWebhooks {
             })
             .collect();
         let missing: Vec<&str> = [
-            ("validate", asked.validate && !want.validate),
-            ("default", asked.default && !want.default),
+            ("validate", asked.validate && !validate),
+            ("default", asked.default && !default),
         ]
         .into_iter()
         .filter_map(|(webhook, missing)| missing.then_some(webhook))
@@ -252,20 +275,24 @@ impl PolicyWebhooks {
     /// earlier version had served, as its status says (garbage collection removes them with
     /// the policy; a policy that never served one costs no request).
     async fn not_asked(&self, shared: &Shared) {
-        if self.status.lock().await.webhooks().is_empty() {
-            let mut status = self.status.lock().await;
-            status.set_optional(CONDITION, None);
-            status.flush().await;
-            return;
+        if let Some(hosting) = &shared.webhooks {
+            hosting.answerers.stop(&self.name);
         }
-        let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-        loop {
-            shared.leadership.until_leader().await;
-            match configurations::remove_all(&shared.client, &self.name).await {
-                Ok(()) => break,
-                Err(error) => {
-                    tracing::warn!(policy = %self.name, error = %format!("{error:#}"), "could not remove the webhook configurations the policy no longer asks for");
-                    tokio::time::sleep(retry.failed(&()).delay).await;
+        let served = !self.status.lock().await.webhooks().is_empty();
+        if let Some(hosting) = shared.webhooks.as_ref().filter(|_| served) {
+            let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+            loop {
+                shared.leadership.until_leader().await;
+                match hosting
+                    .configurations(&shared.client)
+                    .remove(&self.name)
+                    .await
+                {
+                    Ok(()) => break,
+                    Err(error) => {
+                        tracing::warn!(policy = %self.name, error = %format!("{error:#}"), "could not remove the webhooks the policy no longer asks for");
+                        tokio::time::sleep(retry.failed(&()).delay).await;
+                    }
                 }
             }
         }
@@ -275,26 +302,54 @@ impl PolicyWebhooks {
         status.flush().await;
     }
 
-    /// The controller stopped: a `Fail` webhook this leader wrote becomes `Ignore` until a
-    /// controller serves it again. One attempt; a failure is logged.
-    pub async fn relax(&self, shared: &Shared) {
+    /// The controller stopped. A policy that is gone (or going) has its answerer and its
+    /// entries removed. When the host is shutting down, the leader relaxes a `Fail` webhook
+    /// to `Ignore` until a controller serves it again (the next leader's, or this host's
+    /// when it comes back): no webhook that refuses writes outlives what answers it. A
+    /// restart of the controller changes nothing: the answerer registered answers until the
+    /// next controller replaces it. One attempt each; a failure is logged.
+    pub async fn finish(&self, shared: &Shared) {
         let Some(hosting) = &shared.webhooks else {
             return;
         };
+        let policies: kube::Api<ReconcilePolicy> = kube::Api::all(shared.client.clone());
+        let gone = match policies.get_opt(&self.name).await {
+            Ok(found) => found.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+            Err(error) => {
+                tracing::warn!(policy = %self.name, error = %error, "cannot tell whether the policy is gone; keeping its webhooks");
+                false
+            }
+        };
+        if gone {
+            hosting.answerers.stop(&self.name);
+            if shared.leadership.is_leader()
+                && let Err(error) = hosting
+                    .configurations(&shared.client)
+                    .remove(&self.name)
+                    .await
+            {
+                tracing::warn!(policy = %self.name, error = %format!("{error:#}"), "could not remove the deleted policy's webhooks");
+            }
+            return;
+        }
+        if !shared
+            .shutting_down
+            .load(std::sync::atomic::Ordering::Acquire)
+            || !shared.leadership.is_leader()
+        {
+            return;
+        }
         let applied = self.applied.lock().await.clone();
         let Some(applied) = applied.filter(|a| a.failure_policy == FailurePolicy::Fail) else {
             return;
         };
-        if !shared.leadership.is_leader() {
-            return;
-        }
         let relaxed = Applied {
             failure_policy: FailurePolicy::Ignore,
             ..applied
         };
         match self.apply(shared, hosting, &relaxed).await {
             Ok(()) => {
-                tracing::info!(policy = %self.name, "webhooks relaxed to failurePolicy Ignore until the policy's controller serves them again");
+                tracing::info!(policy = %self.name, "webhooks relaxed to failurePolicy Ignore until a controller of the policy serves them again");
             }
             Err(error) => {
                 tracing::warn!(policy = %self.name, error = %format!("{error:#}"), "could not relax the policy's webhooks");
@@ -303,14 +358,32 @@ impl PolicyWebhooks {
     }
 }
 
-/// The leader removes the webhook configurations of a policy that cannot start (nothing
-/// answers them); logged when it cannot.
-pub(crate) async fn remove_unanswered(policy: &ReconcilePolicy, shared: &Shared) {
+/// A policy that cannot start answers no review: its answerer goes, and the leader removes
+/// its entries (logged when it cannot) and says so in `status`.
+pub(crate) async fn remove_unanswered(
+    policy: &ReconcilePolicy,
+    shared: &Shared,
+    status: &mut PolicyStatusWriter,
+) {
+    let Some(hosting) = &shared.webhooks else {
+        return;
+    };
+    let name = policy.name_any();
+    hosting.answerers.stop(&name);
     if !shared.leadership.is_leader() || !served_any(policy) {
         return;
     }
-    let name = policy.name_any();
-    if let Err(error) = configurations::remove_all(&shared.client, &name).await {
+    status.set_webhooks(Vec::new());
+    if policy.spec.admission.is_some() {
+        status.set_optional(
+            CONDITION,
+            Some(State::failed(
+                "PolicyNotRunning",
+                "the policy's controller is not running (Ready says why): its webhooks are removed until it runs",
+            )),
+        );
+    }
+    if let Err(error) = hosting.configurations(&shared.client).remove(&name).await {
         tracing::warn!(policy = %name, error = %format!("{error:#}"), "could not remove the webhook configurations of a policy that cannot start");
     }
 }
@@ -345,20 +418,5 @@ fn scope_of(
             .as_ref()
             .map(|h| h.exempt_users.clone())
             .unwrap_or_default(),
-        owner: policy.metadata.uid.clone().map(|uid| OwnerReference {
-            api_version: "wasmctrl.dev/v1alpha1".to_owned(),
-            kind: "ReconcilePolicy".to_owned(),
-            name: policy.name_any(),
-            uid,
-            ..OwnerReference::default()
-        }),
-        labels: [
-            (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
-            (
-                POLICY_LABEL.to_owned(),
-                policy_label_value(&policy.name_any()),
-            ),
-        ]
-        .into(),
     }
 }

@@ -85,30 +85,35 @@ impl Serving {
 const WEBHOOK_EXAMPLES: usize = 5;
 
 impl Choose for Serving {
-    /// The plugin reconciles would choose for the object's parent; a candidate that does not
-    /// serve the webhook leaves its share to the active plugin (its shadow comparison shows
-    /// it would fail there).
-    fn choose(&self, hook: Hook, object: Option<&DynamicObject>) -> Chosen {
-        let empty = std::collections::BTreeMap::new();
-        let labels = object.map_or(&empty, |o| o.labels());
-        let uid = object.and_then(|o| o.metadata.uid.as_deref());
+    /// The plugin reconciles would choose for the object as a parent, and the candidate in
+    /// shadow for the others.
+    fn choose(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+        uid: Option<&str>,
+    ) -> Chosen {
         let selection = self.select(labels, uid);
-        let serving = if serves(&selection.serving, hook) {
-            selection.serving
-        } else {
-            self.active.load_full()
-        };
         Chosen {
-            answering: answering(&serving),
+            answering: answering(&selection.serving),
             shadow: selection.shadow.as_deref().map(answering),
         }
     }
 
-    fn compared(&self, hook: Hook, object: Option<&DynamicObject>, comparison: Comparison) {
+    fn compared(
+        &self,
+        hook: Hook,
+        object: Option<&DynamicObject>,
+        shadow: &Answering,
+        comparison: Comparison,
+    ) {
+        // Counted for the candidate loaded now only: one replaced meanwhile starts over.
         let Some(candidate) = self.candidate.load_full() else {
             return;
         };
         let digest = *candidate.serving.plugin.digest();
+        if digest != *shadow.plugin.digest() {
+            return;
+        }
         let mut shadow = crate::lock(&self.webhook_shadow);
         if shadow.digest != Some(digest) {
             *shadow = WebhookShadow {
@@ -150,14 +155,6 @@ impl Choose for Serving {
         );
         counts.examples.insert(0, example);
         counts.examples.truncate(WEBHOOK_EXAMPLES);
-    }
-}
-
-fn serves(plugin: &ActivePlugin, hook: Hook) -> bool {
-    let served = plugin.plugin.served_webhooks();
-    match hook {
-        Hook::Validate => served.validate,
-        Hook::Default => served.default,
     }
 }
 
