@@ -93,6 +93,7 @@ mod served {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use anyhow::Context as _;
     use k8s_openapi::api::core::v1::Secret;
     use kube::api::{DynamicObject, PostParams};
     use kube::{Api, Client};
@@ -106,37 +107,171 @@ mod served {
     use wasmctrl::plugin::{EngineOptions, Limits, PluginEngine};
     use wasmctrl_e2e::*;
 
+    /// A replica's webhook listener on 127.0.0.1, with the pair from the Secret.
+    struct Listener {
+        address: std::net::SocketAddr,
+        ca_bundle: String,
+        /// The serving certificate it started with, PEM.
+        pem: String,
+        answerers: Arc<Answerers>,
+        certificate: Arc<ServingCertificate>,
+        metrics: Arc<Metrics>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Listener {
+        async fn start(client: &Client, ns: &str) -> anyhow::Result<Self> {
+            let issued = Certificates::new(
+                Api::<Secret>::namespaced(client.clone(), ns),
+                super::SECRET,
+                vec!["127.0.0.1".to_owned()],
+            )
+            .ensure()
+            .await?;
+            let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let address = tcp.local_addr()?;
+            let certificate = ServingCertificate::new(&issued)?;
+            let answerers = Answerers::new();
+            let metrics = Arc::new(Metrics::new());
+            let (serving, presented, counted) =
+                (answerers.clone(), certificate.clone(), metrics.clone());
+            let task = tokio::spawn(async move {
+                let served = serve(tcp, &presented, serving, counted, std::future::pending()).await;
+                if let Err(error) = served {
+                    eprintln!("the webhook listener stopped: {error:#}");
+                }
+            });
+            Ok(Self {
+                address,
+                pem: issued.certificate,
+                ca_bundle: issued.ca_bundle,
+                answerers,
+                certificate,
+                metrics,
+                task,
+            })
+        }
+
+        /// Reviews this listener answered.
+        fn answered(&self) -> f64 {
+            self.metrics
+                .encode()
+                .lines()
+                .filter(|l| l.starts_with("wasmctrl_webhook_requests_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        }
+    }
+
     /// A webhook listener on 127.0.0.1 with a pair from the Secret: its URL and answerers.
     async fn listener(
         client: &Client,
         ns: &str,
     ) -> anyhow::Result<(String, String, Arc<Answerers>)> {
-        let issued = Certificates::new(
-            Api::<Secret>::namespaced(client.clone(), ns),
-            super::SECRET,
-            vec!["127.0.0.1".to_owned()],
-        )
-        .ensure()
-        .await?;
-        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("https://{}", tcp.local_addr()?);
-        let certificate = ServingCertificate::new(&issued)?;
-        let answerers = Answerers::new();
-        let serving = answerers.clone();
-        tokio::spawn(async move {
-            let served = serve(
-                tcp,
-                &certificate,
-                serving,
-                Arc::new(Metrics::new()),
-                std::future::pending(),
-            )
-            .await;
-            if let Err(error) = served {
-                eprintln!("the webhook listener stopped: {error:#}");
+        let listener = Listener::start(client, ns).await?;
+        Ok((
+            format!("https://{}", listener.address),
+            listener.ca_bundle,
+            listener.answerers,
+        ))
+    }
+
+    /// What a Service does for the replicas behind it: each connection goes to the first
+    /// replica listed that takes it. TLS passes through untouched.
+    struct Front {
+        url: String,
+        backends: Arc<std::sync::Mutex<Vec<std::net::SocketAddr>>>,
+        open: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    }
+
+    impl Front {
+        async fn start(backends: Vec<std::net::SocketAddr>) -> anyhow::Result<Self> {
+            let front = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let url = format!("https://{}", front.local_addr()?);
+            let backends = Arc::new(std::sync::Mutex::new(backends));
+            let open = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let (routes, connections) = (backends.clone(), open.clone());
+            tokio::spawn(async move {
+                while let Ok((mut inbound, _)) = front.accept().await {
+                    let order = routes.lock().expect("not poisoned").clone();
+                    let task = tokio::spawn(async move {
+                        for backend in order {
+                            if let Ok(mut outbound) = tokio::net::TcpStream::connect(backend).await
+                            {
+                                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound)
+                                    .await;
+                                return;
+                            }
+                        }
+                    });
+                    connections
+                        .lock()
+                        .expect("not poisoned")
+                        .push(task.abort_handle());
+                }
+            });
+            Ok(Self {
+                url,
+                backends,
+                open,
+            })
+        }
+
+        /// New connections go to `backends`.
+        fn route(&self, backends: Vec<std::net::SocketAddr>) {
+            *self.backends.lock().expect("not poisoned") = backends;
+        }
+
+        /// The connections open break, as when the replica behind them goes (a write the
+        /// API server sends on one just then fails, as it would).
+        fn drop_connections(&self) {
+            for connection in self.open.lock().expect("not poisoned").drain(..) {
+                connection.abort();
             }
-        });
-        Ok((url, issued.ca_bundle, answerers))
+        }
+    }
+
+    /// The certificate `address` presents to a client that trusts `ca_bundle` for
+    /// 127.0.0.1, DER.
+    async fn presented(address: std::net::SocketAddr, ca_bundle: &str) -> anyhow::Result<Vec<u8>> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(ca_bundle.as_bytes())?)
+            .tls_info(true)
+            .build()?;
+        let response = client
+            .post(format!("https://{address}/validate/nobody"))
+            .send()
+            .await?;
+        let info = response
+            .extensions()
+            .get::<reqwest::tls::TlsInfo>()
+            .context("no TLS info")?;
+        Ok(info.peer_certificate().context("no certificate")?.to_vec())
+    }
+
+    fn der(pem: &str) -> anyhow::Result<Vec<u8>> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject as _;
+        Ok(CertificateDer::from_pem_slice(pem.as_bytes())?.to_vec())
+    }
+
+    async fn create_apps(
+        myapps: &Api<DynamicObject>,
+        prefix: &str,
+        n: usize,
+    ) -> anyhow::Result<()> {
+        for i in 0..n {
+            let created = myapps
+                .create(
+                    &PostParams::default(),
+                    &app(&format!("{prefix}-{i}"), 1, "nginx:1.27")?,
+                )
+                .await
+                .with_context(|| format!("creating {prefix}-{i}"))?;
+            assert_eq!(created.data["spec"]["port"], 80, "defaulted");
+        }
+        Ok(())
     }
 
     fn answerer(
@@ -485,6 +620,87 @@ mod served {
         )
         .await??;
         host.stop().await?;
+        delete_configurations(&client, &format!("wasmctrl-{ns}")).await?;
+        delete_namespace(&client, &ns).await?;
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_replica_answers_one_going_and_a_renewed_pair_fail_no_write() -> anyhow::Result<()>
+    {
+        const TEST: &str = "webhooks-replicas";
+        let (client, ns) = test_namespace(TEST).await?;
+        install_repo_crds(&client).await?;
+        let (a, b) = (
+            Listener::start(&client, &ns).await?,
+            Listener::start(&client, &ns).await?,
+        );
+        assert_eq!(a.ca_bundle, b.ca_bundle, "one CA for every replica");
+        let front = Front::start(vec![a.address]).await?;
+        let leader = HostUnderTest::builder(TEST, &ns)
+            .webhooks(hosting(&ns, &front.url, &a.answerers, &a.ca_bundle))
+            .start()
+            .await?;
+        let standby = HostUnderTest::builder(TEST, &ns)
+            .standby()
+            .webhooks(hosting(&ns, &front.url, &b.answerers, &b.ca_bundle))
+            .start()
+            .await?;
+        let name = ns.clone();
+        let mut spec = myapp_policy_spec(file_source("myapp_plugin"), json!({}));
+        spec["admission"] = json!({"validate": true, "default": true});
+        apply_policy(&client, TEST, &name, spec).await?;
+        let myapps = myapps(&client, &ns);
+        refused_too_big(&myapps, "too-big").await?;
+        create_apps(&myapps, "on-the-leader", 3).await?;
+        assert!(a.answered() >= 4.0 && b.answered() == 0.0);
+
+        // The standby answers as the leader does (once its controller runs: the standby
+        // writes nothing, so the policy's status cannot say when).
+        front.route(vec![b.address]);
+        front.drop_connections();
+        refused_too_big(&myapps, "too-big-standby").await?;
+        create_apps(&myapps, "on-the-standby", 3).await?;
+        assert!(b.answered() >= 4.0, "{}", b.answered());
+
+        // The pair is renewed from the same CA under the writes: none fails (connections open
+        // keep their session), and new connections get the renewed pair.
+        let renewed = Certificates::new(
+            Api::<Secret>::namespaced(client.clone(), &ns),
+            super::SECRET,
+            vec!["127.0.0.1".to_owned()],
+        )
+        .renew_within(Duration::from_secs(100 * 24 * 3600))
+        .ensure()
+        .await?;
+        assert_eq!(renewed.ca_bundle, a.ca_bundle, "the CA stays");
+        assert_eq!(presented(a.address, &a.ca_bundle).await?, der(&a.pem)?);
+        assert_ne!(renewed.certificate, a.pem);
+        b.certificate.replace(&renewed)?;
+        a.certificate.replace(&renewed)?;
+        front.route(vec![a.address, b.address]);
+        create_apps(&myapps, "renewed", 3).await?;
+        assert_eq!(
+            presented(b.address, &b.ca_bundle).await?,
+            der(&renewed.certificate)?
+        );
+        assert_eq!(
+            presented(a.address, &a.ca_bundle).await?,
+            der(&renewed.certificate)?
+        );
+
+        // The leader goes (its host, its listener, its connections): the standby answers
+        // every write.
+        leader.stop().await?;
+        a.task.abort();
+        front.drop_connections();
+        let before = b.answered();
+        refused_too_big(&myapps, "too-big-after").await?;
+        create_apps(&myapps, "after", 3).await?;
+        assert!(b.answered() >= before + 4.0, "{before} {}", b.answered());
+
+        standby.stop().await?;
+        policies(&client).delete(&name, &Default::default()).await?;
         delete_configurations(&client, &format!("wasmctrl-{ns}")).await?;
         delete_namespace(&client, &ns).await?;
         Ok(())
