@@ -379,7 +379,10 @@ pub enum BenchSet {
     /// from the first create to all reconciled, by reconcile stage (size from
     /// WASMCTRL_BENCH_SIZES, default 1000; data and `perf script` text in target/profile).
     Profile,
-    /// The plugin calls and the convergence.
+    /// Webhook latency as the API server sees it: a no-op webhook, the host with a no-op
+    /// plugin, and MyApp's validator (creates from WASMCTRL_BENCH_CREATES, default 500).
+    Webhooks,
+    /// The plugin calls, the convergence and the webhooks.
     All,
 }
 
@@ -404,9 +407,11 @@ pub fn bench(which: BenchSet) -> anyhow::Result<()> {
                 ("WASMCTRL_BENCH_UNTIL", "reconciled".into()),
             ])
         }
+        BenchSet::Webhooks => bench_webhooks(),
         BenchSet::All => {
             bench_plugin_calls()?;
-            bench_convergence(&[])
+            bench_convergence(&[])?;
+            bench_webhooks()
         }
     }
 }
@@ -422,6 +427,15 @@ fn bench_convergence(env: &[(&str, String)]) -> anyhow::Result<()> {
         command.env(name, value);
     }
     run("benchmarking convergence", &mut command)
+}
+
+/// The webhook bench, on a control plane of its own.
+fn bench_webhooks() -> anyhow::Result<()> {
+    Binaries::build(&repo_root())?;
+    run(
+        "benchmarking webhooks",
+        cargo().args(["bench", "-p", "wasmctrl-e2e", "--bench", "webhooks"]),
+    )
 }
 
 /// The plugin-call benchmark runs pinned to one CPU (`taskset -c 1`, where taskset exists):

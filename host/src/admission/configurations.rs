@@ -316,6 +316,87 @@ impl Configurations {
     }
 }
 
+impl Configurations {
+    /// Remove the entries of policies that no longer exist (deleted while no host ran):
+    /// every entry the hosts write whose name is not among `kept` (see [`webhook_names`]).
+    /// The number removed.
+    pub async fn sweep(&self, kept: &std::collections::HashSet<String>) -> anyhow::Result<usize> {
+        let validating = Api::<ValidatingWebhookConfiguration>::all(self.client.clone());
+        let names = validating
+            .get_opt(&self.name)
+            .await?
+            .and_then(|c| c.webhooks)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| w.name);
+        let mut removed = self.remove_orphans(&validating, names, kept).await?;
+        let mutating = Api::<MutatingWebhookConfiguration>::all(self.client.clone());
+        let names = mutating
+            .get_opt(&self.name)
+            .await?
+            .and_then(|c| c.webhooks)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| w.name);
+        removed += self.remove_orphans(&mutating, names, kept).await?;
+        Ok(removed)
+    }
+
+    /// Remove, by position, the entries among `names` (in order) that the hosts write and
+    /// `kept` does not hold; each removal tests the name first, so a configuration changed
+    /// meanwhile is refused whole rather than losing another entry.
+    async fn remove_orphans<K>(
+        &self,
+        api: &Api<K>,
+        names: impl Iterator<Item = String>,
+        kept: &std::collections::HashSet<String>,
+    ) -> anyhow::Result<usize>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let orphans: Vec<(usize, String)> = names
+            .enumerate()
+            .filter(|(_, name)| name.ends_with(WEBHOOK_SUFFIX) && !kept.contains(name))
+            .collect();
+        if orphans.is_empty() {
+            return Ok(0);
+        }
+        let mut operations = Vec::new();
+        for (position, name) in orphans.iter().rev() {
+            operations.push(serde_json::json!({"op": "test", "path": format!("/webhooks/{position}/name"), "value": name}));
+            operations
+                .push(serde_json::json!({"op": "remove", "path": format!("/webhooks/{position}")}));
+        }
+        let patch: json_patch::Patch =
+            serde_json::from_value(serde_json::Value::Array(operations))?;
+        api.patch(
+            &self.name,
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "removing the webhooks of deleted policies from {}",
+                self.name
+            )
+        })?;
+        tracing::info!(configuration = %self.name, removed = ?orphans.iter().map(|(_, n)| n).collect::<Vec<_>>(), "removed the webhooks of policies deleted while no host ran");
+        Ok(orphans.len())
+    }
+}
+
+/// The end of every webhook name the hosts write.
+const WEBHOOK_SUFFIX: &str = ".webhooks.wasmctrl.dev";
+
+/// The names of a policy's two webhooks, validating and mutating, as its entries carry them.
+pub fn webhook_names(policy: &str) -> [String; 2] {
+    [
+        webhook_name(Hook::Validate, policy),
+        webhook_name(Hook::Default, policy),
+    ]
+}
+
 /// The field manager of a policy's entries: its own, so that applying none removes its
 /// entries alone (within the API server's 128 characters: a long name is hashed).
 fn field_manager(policy: &str) -> String {

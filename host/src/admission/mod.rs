@@ -8,6 +8,7 @@
 
 pub mod certs;
 pub mod configurations;
+mod explained;
 pub mod hosting;
 pub mod review;
 pub mod server;

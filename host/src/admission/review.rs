@@ -21,6 +21,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation as Re
 use kube::core::response::{StatusCause, StatusDetails, StatusSummary};
 use serde_json::Value;
 
+use super::explained;
 use crate::plugin::{
     AdmissionRequest as PluginRequest, AdmissionVerdict, CallError, JsonObject, Operation, Plugin,
     UserInfo,
@@ -130,6 +131,8 @@ pub struct Answerer {
     /// Shadow calls in flight at most; a review that finds them all taken is not
     /// shadowed (a candidate's comparison must never hold an answer up, nor pile up).
     pub shadow_slots: Arc<tokio::sync::Semaphore>,
+    /// Where each answer's record is kept, for `wasmctrl explain`; none keeps none.
+    pub explain: Option<Arc<crate::explain::Explain>>,
 }
 
 impl Answerer {
@@ -162,7 +165,15 @@ impl Answerer {
             tenant: tenant.to_owned(),
             failure_policy,
             shadow_slots: Arc::new(tokio::sync::Semaphore::new(SHADOW_CALLS)),
+            explain: None,
         }
+    }
+
+    /// Keep a record of each answer in `explain`.
+    #[must_use]
+    pub fn explained(mut self, explain: Arc<crate::explain::Explain>) -> Self {
+        self.explain = Some(explain);
+        self
     }
 }
 
@@ -205,12 +216,45 @@ pub async fn answer(
     let uid = object
         .and_then(|o| o.metadata.uid.as_deref())
         .filter(|_| request.operation != ReviewOperation::Create);
+    let (at, started) = (jiff::Timestamp::now(), std::time::Instant::now());
     let chosen = answerer.plugins.choose(&labels, uid);
     let decision = decide(hook, &chosen.answering, answerer, request, "").await;
     if let Some(shadow) = chosen.shadow {
         shadow_compare(hook, shadow, answerer, request, &decision);
     }
-    respond(hook, answerer, request, decision)
+    let Some(explain) = &answerer.explain else {
+        return respond(hook, answerer, request, decision);
+    };
+    let (violations, defaulted) = match &decision {
+        Decision::Verdict(verdict) => (
+            verdict
+                .violations
+                .iter()
+                .map(|v| format!("{}: {}", v.field, v.message))
+                .collect(),
+            Vec::new(),
+        ),
+        Decision::Defaults { patch, .. } => (Vec::new(), explained::patched_paths(patch)),
+        _ => (Vec::new(), Vec::new()),
+    };
+    let (response, outcome) = respond(hook, answerer, request, decision);
+    let answered = explained::Answered {
+        at,
+        took: started.elapsed(),
+        plugin: Some(chosen.answering.plugin.digest().to_string()),
+        violations,
+        defaulted,
+    };
+    explained::keep(
+        explain,
+        &answerer.policy,
+        hook.name(),
+        request,
+        &response,
+        outcome,
+        answered,
+    );
+    (response, outcome)
 }
 
 /// Ask `shadow` the same in the background, and hand its comparison with `decision` to the

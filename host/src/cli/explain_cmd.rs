@@ -26,7 +26,7 @@ use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 
-use crate::explain::{ChildAction, Record};
+use crate::explain::{ChildAction, Explained, Record, WebhookRecord};
 
 /// Show a parent's last reconciles: what the plugin was asked and decided, what was written,
 /// and how long each step took.
@@ -82,7 +82,7 @@ pub enum ExplainFormat {
 
 #[derive(serde::Deserialize)]
 struct Records {
-    records: Vec<Record>,
+    records: Vec<Explained>,
 }
 
 impl ExplainCommand {
@@ -143,14 +143,25 @@ impl ExplainCommand {
             }
         };
         if let Some(path) = &self.save {
-            let case = records.first().and_then(|r| r.case.as_ref()).context(
+            let newest_reconcile = records.iter().find_map(|r| match r {
+                Explained::Reconcile(record) => Some(record),
+                Explained::Webhook(_) => None,
+            });
+            let case = newest_reconcile.and_then(|r| r.case.as_ref()).context(
                 "the last reconcile did not call the plugin, so there is no case to save",
             )?;
             std::fs::write(path, case.to_yaml()?)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         Ok(match self.output {
-            ExplainFormat::Text => records.iter().map(text).collect::<Vec<_>>().join("\n"),
+            ExplainFormat::Text => records
+                .iter()
+                .map(|record| match record {
+                    Explained::Reconcile(record) => text(record),
+                    Explained::Webhook(record) => webhook_text(record),
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
             ExplainFormat::Yaml => crate::yaml::to_string(&records)?,
             ExplainFormat::Json => serde_json::to_string_pretty(&records)? + "\n",
         })
@@ -239,7 +250,7 @@ async fn direct(
 }
 
 /// The records in a host's answer; its message when it has none.
-fn records_from(answer: Answer, parent: &str) -> anyhow::Result<Vec<Record>> {
+fn records_from(answer: Answer, parent: &str) -> anyhow::Result<Vec<Explained>> {
     match answer.status {
         200 => Ok(serde_json::from_str::<Records>(&answer.body)
             .context("the host's answer is not a list of records")?
@@ -260,7 +271,7 @@ async fn through_api_server(
     client: &Client,
     service: &str,
     ask: &Ask<'_>,
-) -> anyhow::Result<Vec<Record>> {
+) -> anyhow::Result<Vec<Explained>> {
     let Ask {
         query,
         parent,
@@ -350,7 +361,7 @@ async fn through_api_server(
             refusals.join("\n  ")
         );
     }
-    records.sort_by(|a, b| b.at.cmp(&a.at));
+    records.sort_by(|a, b| b.at().cmp(a.at()));
     records.truncate((*history).max(1));
     Ok(records)
 }
@@ -368,6 +379,53 @@ fn pod_port(pod: &Pod, port: &IntOrString) -> Option<i32> {
             .find(|p| p.name.as_deref() == Some(name))
             .map(|p| p.container_port),
     }
+}
+
+/// A webhook answer for people.
+fn webhook_text(record: &WebhookRecord) -> String {
+    let mut out = String::new();
+    let parent = &record.parent;
+    let _ = writeln!(
+        out,
+        "{} {}{}: {} {} answered by policy {}'s {} webhook at {}",
+        parent.kind,
+        parent
+            .namespace
+            .as_deref()
+            .map(|ns| format!("{ns}/"))
+            .unwrap_or_default(),
+        parent.name,
+        record.operation,
+        if record.user.is_empty() {
+            String::new()
+        } else {
+            format!("by {}", record.user)
+        },
+        record.policy,
+        record.webhook,
+        record.at
+    );
+    let _ = writeln!(
+        out,
+        "  outcome: {} in {:.1} ms",
+        record.outcome, record.duration_ms
+    );
+    if let Some(plugin) = &record.plugin {
+        let _ = writeln!(out, "  plugin:  {plugin}");
+    }
+    if let Some(message) = &record.message {
+        let _ = writeln!(out, "  message: {message}");
+    }
+    for violation in &record.violations {
+        let _ = writeln!(out, "  violation: {violation}");
+    }
+    for warning in &record.warnings {
+        let _ = writeln!(out, "  warning: {warning}");
+    }
+    if !record.defaulted.is_empty() {
+        let _ = writeln!(out, "  defaulted: {}", record.defaulted.join(", "));
+    }
+    out
 }
 
 /// A record for people.

@@ -227,6 +227,7 @@ impl Host {
             watcher(api, watcher::Config::default())
                 .backoff(crate::watch_backoff::WatchBackoff::default()),
         ));
+        let sweep = self.sweep_webhooks(claims.clone());
         let mut running: HashMap<String, Running> = HashMap::new();
         let mut listed: HashSet<String> = HashSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -296,6 +297,9 @@ impl Host {
             }
         }
         tracing::info!(controllers = running.len(), "shutting down");
+        if let Some(sweep) = &sweep {
+            sweep.abort();
+        }
         self.shared.shutting_down.store(true, Ordering::Release);
         namespaced_stop.cancel();
         for r in running.values() {
@@ -308,6 +312,29 @@ impl Host {
         stopping::drain(&self.shared.activity, self.shared.options.drain_timeout).await?;
         tracing::info!("every controller stopped");
         Ok(())
+    }
+
+    /// Once this replica leads and knows every policy in the cluster, remove the webhook
+    /// entries of policies deleted while no host ran (nothing else would: their controllers
+    /// are gone). A failure is logged; a policy's own leader rewrites its entries within a
+    /// minute should one be swept as it was made.
+    fn sweep_webhooks(&self, claims: reflector::Store<ReconcilePolicy>) -> Option<JoinHandle<()>> {
+        let hosting = self.shared.webhooks.clone()?;
+        let shared = self.shared.clone();
+        Some(tokio::spawn(async move {
+            shared.leadership.until_leader().await;
+            if claims.wait_until_ready().await.is_err() {
+                return;
+            }
+            let kept = claims
+                .state()
+                .iter()
+                .flat_map(|p| crate::admission::configurations::webhook_names(&p.name_any()))
+                .collect();
+            if let Err(error) = hosting.configurations(&shared.client).sweep(&kept).await {
+                tracing::warn!(error = %format!("{error:#}"), "could not remove the webhooks of deleted policies");
+            }
+        }))
     }
 
     /// Stop the controller of a policy that is being deleted, then release the finalizers it

@@ -1,6 +1,6 @@
 //! Why does my object look like this? The host's answer, exactly: every reconcile leaves a
 //! [`Record`] of what the plugin was asked, what it decided, what was written and how long
-//! each step took. The records live in memory ([`ExplainStore`], bounded), are served at
+//! each step took, and every webhook answer a [`WebhookRecord`] of what the plugin said. The records live in memory ([`ExplainStore`], bounded), are served at
 //! `/explain` on the host's listener for `wasmctrl explain`, and can be written to a
 //! directory as case files ([`Recorder`]) for `wasmctrl plugin replay`.
 //!
@@ -12,8 +12,8 @@ mod recorder;
 mod store;
 
 pub use record::{
-    ChildAction, ChildRecord, ErrorRecord, EventRecord, ParentRef, Record, RecordResult,
-    StatusRecord, StepTime,
+    ChildAction, ChildRecord, ErrorRecord, EventRecord, Explained, ParentRef, Record, RecordResult,
+    StatusRecord, StepTime, WebhookRecord, timestamp,
 };
 pub use recorder::{RecordOptions, Recorder};
 pub use store::{Bounds, ExplainStore, Lookup, ParentResource};

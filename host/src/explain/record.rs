@@ -5,6 +5,12 @@ use serde_json::Value;
 
 use crate::case::Case;
 
+/// RFC 3339 in UTC with exactly three decimals, so records from two replicas sort by time
+/// as text.
+pub fn timestamp(at: jiff::Timestamp) -> String {
+    at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
 /// One reconcile of one parent, step by step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -42,6 +48,66 @@ pub struct Record {
     /// What the plugin was asked and answered; `explain --save` writes it as a case file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub case: Option<Case>,
+}
+
+/// One admission review a policy's plugin answered: what `wasmctrl explain` shows beside the
+/// reconciles. It keeps no value of the object written (the defaults as the fields they set,
+/// not their values), so it needs no redaction of its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookRecord {
+    /// When the review arrived (RFC 3339, milliseconds).
+    pub at: String,
+    /// The policy whose webhook it was.
+    pub policy: String,
+    /// The object written, as the review named it.
+    pub parent: ParentRef,
+    /// `validate` or `default`.
+    pub webhook: String,
+    /// `CREATE`, `UPDATE`, `DELETE`.
+    pub operation: String,
+    /// Who wrote.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub user: String,
+    /// The plugin that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// `allowed`, `denied`, `patched`, `failed_closed`, `failed_open`, `unserved`.
+    pub outcome: String,
+    /// Wall-clock time of the answer, in milliseconds.
+    pub duration_ms: f64,
+    /// The denial or the failure, as the client saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The fields the plugin found wrong.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub violations: Vec<String>,
+    /// The warnings the client got.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// The fields the defaults set, as JSON pointers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub defaulted: Vec<String>,
+}
+
+/// A record `wasmctrl explain` shows: a reconcile, or a webhook answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Explained {
+    /// A webhook answer (tried first: it has the fields a reconcile's record lacks).
+    Webhook(Box<WebhookRecord>),
+    /// A reconcile.
+    Reconcile(Box<Record>),
+}
+
+impl Explained {
+    /// When it happened (RFC 3339).
+    pub fn at(&self) -> &str {
+        match self {
+            Self::Webhook(record) => &record.at,
+            Self::Reconcile(record) => &record.at,
+        }
+    }
 }
 
 /// Which parent a record is about.
@@ -153,4 +219,62 @@ pub struct ErrorRecord {
     pub reason: String,
     /// The error, with the plugin's own message when it reported one.
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent() -> ParentRef {
+        ParentRef {
+            api_version: "example.com/v1".to_owned(),
+            kind: "MyApp".to_owned(),
+            plural: "myapps".to_owned(),
+            namespace: Some("ns".to_owned()),
+            name: "web".to_owned(),
+            uid: String::new(),
+            generation: None,
+            resource_version: None,
+        }
+    }
+
+    #[test]
+    fn a_reader_tells_a_webhook_answer_from_a_reconcile() {
+        let reconcile = Record {
+            at: "2026-12-06T07:00:00.000Z".to_owned(),
+            policy: "p".to_owned(),
+            parent: parent(),
+            plugin: None,
+            result: RecordResult::Reconciled,
+            duration_ms: 1.0,
+            steps: Vec::new(),
+            children: Vec::new(),
+            status: None,
+            events: Vec::new(),
+            error: None,
+            shadow: None,
+            case: None,
+        };
+        let webhook = WebhookRecord {
+            at: "2026-12-06T07:00:01.000Z".to_owned(),
+            policy: "p".to_owned(),
+            parent: parent(),
+            webhook: "validate".to_owned(),
+            operation: "CREATE".to_owned(),
+            user: "jane".to_owned(),
+            plugin: None,
+            outcome: "denied".to_owned(),
+            duration_ms: 0.4,
+            message: Some("no".to_owned()),
+            violations: vec!["spec.x: no".to_owned()],
+            warnings: Vec::new(),
+            defaulted: Vec::new(),
+        };
+        let read = |json: String| serde_json::from_str::<Explained>(&json).expect("a record");
+        let reconcile_read = read(serde_json::to_string(&reconcile).expect("JSON"));
+        assert_eq!(reconcile_read, Explained::Reconcile(Box::new(reconcile)));
+        let webhook_read = read(serde_json::to_string(&webhook).expect("JSON"));
+        assert_eq!(webhook_read.at(), "2026-12-06T07:00:01.000Z");
+        assert_eq!(webhook_read, Explained::Webhook(Box::new(webhook)));
+    }
 }

@@ -381,8 +381,8 @@ impl ExplainStore {
     }
 
     /// Keep `json`, the record of a reconcile of `parent` (a JSON object without its
-    /// `case`), and `case`, dropping the oldest records as the bounds require. The parent's
-    /// previous record loses its case. A record larger than the whole store is not kept.
+    /// `case`), and `case`, dropping the oldest records as the bounds require. A record
+    /// with a case takes it from the parent's older records (one case per parent). A record larger than the whole store is not kept.
     ///
     /// Past the per-parent bound, the oldest *quiet* record goes first (one that changed no
     /// child and did not fail: a resync, an echo of the reconcile's own writes), so the
@@ -426,11 +426,17 @@ impl ExplainStore {
         };
         let seq = inner.next;
         inner.next += 1;
-        if let Some(previous) = records.back_mut() {
-            if let Some(case) = previous.case.take() {
-                inner.held -= case.cost();
-            }
+        if let Some(previous) = records.back() {
             inner.history.push_back((key.clone(), previous.seq));
+        }
+        // One case per parent, the newest reconcile's: a record without one (a webhook
+        // answer) leaves the last reconcile's in place.
+        if entry.case.is_some() {
+            for older in &mut records {
+                if let Some(case) = older.case.take() {
+                    inner.held -= case.cost();
+                }
+            }
         }
         if records.len() >= self.bounds.per_parent {
             let quiet = records.iter().position(|e| !e.eventful).unwrap_or(0);
@@ -672,6 +678,37 @@ mod tests {
             Lookup::Found { records, .. } => records.iter().map(ToString::to_string).collect(),
             other => panic!("expected records, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_record_without_a_case_leaves_the_last_reconciles_case() {
+        let store = ExplainStore::new(Bounds {
+            max_bytes: 1 << 20,
+            per_parent: 3,
+        });
+        store.push(
+            &parent("a"),
+            r#"{"n":1}"#.into(),
+            Some(r#"{"c":1}"#.into()),
+            false,
+        );
+        let with_one_case = store.bytes();
+        store.push(&parent("a"), r#"{"n":2}"#.into(), None, false);
+        assert_eq!(
+            found(look(&store, "MyApp", Some("ns"), "a", 10)),
+            [r#"{"n":2}"#, r#"{"n":1,"case":{"c":1}}"#]
+        );
+        store.push(
+            &parent("a"),
+            r#"{"n":3}"#.into(),
+            Some(r#"{"c":3}"#.into()),
+            false,
+        );
+        assert_eq!(
+            found(look(&store, "MyApp", Some("ns"), "a", 10)),
+            [r#"{"n":3,"case":{"c":3}}"#, r#"{"n":2}"#, r#"{"n":1}"#]
+        );
+        assert!(store.bytes() > with_one_case);
     }
 
     #[test]

@@ -519,6 +519,28 @@ mod served {
         }
     }
 
+    /// The webhook answers the host keeps on record for MyApp `name`, newest first.
+    fn webhook_records(
+        host: &HostUnderTest,
+        ns: &str,
+        name: &str,
+    ) -> anyhow::Result<Vec<wasmctrl::explain::WebhookRecord>> {
+        use wasmctrl::explain::{Explained, Lookup};
+        let store = &host.explain.store;
+        let Lookup::Found { records } =
+            store.lookup("MyApp", Some(ns), name, 50, &store.kinds_named("MyApp"))
+        else {
+            anyhow::bail!("no record of MyApp {name}");
+        };
+        let mut found = Vec::new();
+        for record in records {
+            if let Explained::Webhook(record) = serde_json::from_str(&record)? {
+                found.push(*record);
+            }
+        }
+        Ok(found)
+    }
+
     fn hosting(ns: &str, url: &str, answerers: &Arc<Answerers>, ca_bundle: &str) -> Hosting {
         // The sender goes: the CA bundle never changes here.
         let (_, ca_bundle) = tokio::sync::watch::channel(ca_bundle.to_owned());
@@ -555,6 +577,25 @@ mod served {
                 .is_ok_and(|created| created.data["spec"]["port"] == 80)
         })
         .await??;
+        // Each answer is on record for `wasmctrl explain`, beside the object's reconciles:
+        // what the plugin said, never a value of the object.
+        let denial = webhook_records(&host, &ns, "too-big")?
+            .into_iter()
+            .find(|r| r.outcome == "denied")
+            .context("no record of the denial")?;
+        assert_eq!(denial.webhook, "validate");
+        assert_eq!(denial.operation, "CREATE");
+        assert!(
+            denial.violations[0].starts_with("spec.replicas: must be between 1 and 50"),
+            "{denial:?}"
+        );
+        assert!(denial.plugin.is_some_and(|p| p.starts_with("sha256:")));
+        let defaults = webhook_records(&host, &ns, "web")?
+            .into_iter()
+            .find(|r| r.outcome == "patched")
+            .context("no record of the defaults")?;
+        assert_eq!(defaults.defaulted, ["/spec/port"]);
+
         // The policy says what it serves, and since when.
         let served = wait_for_object(&policies(&client), &name, "webhooks in the status", |p| {
             p["status"]["webhooks"]
@@ -699,8 +740,20 @@ mod served {
         create_apps(&myapps, "after", 3).await?;
         assert!(b.answered() >= before + 4.0, "{before} {}", b.answered());
 
+        // Every host stops, then the policy is deleted: its (relaxed) entries outlive it
+        // until a host starts and finds no policy of theirs.
         standby.stop().await?;
+        assert_eq!(
+            validating_failure_policy(&client, &name).await?.as_deref(),
+            Some("Ignore")
+        );
         policies(&client).delete(&name, &Default::default()).await?;
+        let next = HostUnderTest::builder(TEST, &ns)
+            .webhooks(hosting(&ns, &front.url, &b.answerers, &b.ca_bundle))
+            .start()
+            .await?;
+        wait_for_failure_policy(&client, &name, None).await?;
+        next.stop().await?;
         delete_configurations(&client, &format!("wasmctrl-{ns}")).await?;
         delete_namespace(&client, &ns).await?;
         Ok(())

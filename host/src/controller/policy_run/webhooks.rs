@@ -123,7 +123,8 @@ impl PolicyWebhooks {
                 self.serving.clone(),
                 &self.tenant,
                 self.scope.failure_policy,
-            ),
+            )
+            .explained(shared.options.explain.clone()),
         );
         self.keep_configurations(shared, hosting, asked).await;
     }

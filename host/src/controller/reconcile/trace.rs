@@ -15,7 +15,7 @@ use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::error::ReconcileError;
 use crate::explain::{
     ChildAction, ChildRecord, ErrorRecord, EventRecord, ParentRef, Record, RecordResult,
-    StatusRecord, StepTime,
+    StatusRecord, StepTime, timestamp,
 };
 use crate::plugin::{CallError, Digest, ReconcileRequest, ReconcileResponse};
 
@@ -278,12 +278,6 @@ impl Asked {
 
 fn millis(duration: Duration) -> f64 {
     (duration.as_secs_f64() * 1e6).round() / 1e3
-}
-
-/// RFC 3339 in UTC with exactly three decimals, so records from two replicas sort by time
-/// as text.
-fn timestamp(at: jiff::Timestamp) -> String {
-    at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
 
 #[cfg(test)]
