@@ -1052,6 +1052,92 @@ async fn the_network_policy_admits_the_api_server_addresses_the_cluster_shows() 
 }
 
 #[test]
+fn webhooks_are_served_behind_a_service_with_the_hosts_pair_or_cert_managers() -> anyhow::Result<()>
+{
+    let defaults = rendered_with(&[])?;
+    let service = object(&defaults, "Service", "wasmctrl-webhooks")?;
+    assert_eq!(
+        service["spec"]["ports"],
+        json!([{"name": "webhooks", "port": 443, "targetPort": "webhooks", "protocol": "TCP", "appProtocol": "https"}])
+    );
+    // Both configurations exist, empty: the host writes policies' entries into them.
+    for kind in [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ] {
+        assert!(
+            object(&defaults, kind, "wasmctrl")?
+                .get("webhooks")
+                .is_none()
+        );
+    }
+    let run = args(&defaults)?;
+    for expected in [
+        "--webhook-listen=0.0.0.0:9443",
+        "--webhook-service=wasmctrl-webhooks:443",
+        "--webhook-configuration=wasmctrl",
+        "--webhook-secret=wasmctrl-webhook-tls",
+    ] {
+        assert!(run.iter().any(|a| a == expected), "{expected}: {run:?}");
+    }
+
+    // cert-manager issues the pair for the Service's names; the host reads it mounted.
+    let issued = rendered_with(&[
+        "webhooks.certManager.enabled=true",
+        "webhooks.certManager.issuerRef.kind=ClusterIssuer",
+        "webhooks.certManager.issuerRef.name=corp-ca",
+    ])?;
+    let certificate = object(&issued, "Certificate", "wasmctrl-webhook-tls")?;
+    assert_eq!(
+        certificate["spec"]["dnsNames"],
+        json!([
+            "wasmctrl-webhooks.wasmctrl.svc",
+            "wasmctrl-webhooks.wasmctrl.svc.cluster.local"
+        ])
+    );
+    assert_eq!(
+        certificate["spec"]["issuerRef"],
+        json!({"kind": "ClusterIssuer", "name": "corp-ca"})
+    );
+    assert!(
+        !issued.iter().any(|o| o["kind"] == "Issuer"),
+        "no CA of the chart's own when an issuer is named"
+    );
+    let run = args(&issued)?;
+    assert!(
+        run.iter()
+            .any(|a| a == "--webhook-cert-dir=/etc/wasmctrl/webhook-tls")
+    );
+    assert!(!run.iter().any(|a| a.starts_with("--webhook-secret")));
+    let pod = pod(&issued)?;
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|v| v["name"] == "webhook-tls"
+                && v["secret"]["secretName"] == "wasmctrl-webhook-tls"),
+        "{pod}"
+    );
+    // Without an issuer named, a self-signed CA of the chart's own issues it.
+    let own_ca = rendered_with(&["webhooks.certManager.enabled=true"])?;
+    assert_eq!(
+        object(&own_ca, "Certificate", "wasmctrl-webhook-tls")?["spec"]["issuerRef"],
+        json!({"kind": "Issuer", "name": "wasmctrl-webhook-ca"})
+    );
+    object(&own_ca, "Issuer", "wasmctrl-webhook-ca")?;
+
+    // Off: nothing of it.
+    let off = rendered_with(&["webhooks.enabled=false"])?;
+    assert!(!args(&off)?.iter().any(|a| a.starts_with("--webhook")));
+    assert!(
+        !off.iter()
+            .any(|o| o["kind"] == "ValidatingWebhookConfiguration")
+    );
+    Ok(())
+}
+
+#[test]
 fn extra_trust_roots_are_mounted_read_only_and_passed_to_the_host() -> anyhow::Result<()> {
     let defaults = rendered_with(&[])?;
     assert!(
