@@ -280,34 +280,44 @@ impl Configurations {
     }
 
     /// Remove the entries of the policy whose listener path is `policy`, the validating one
-    /// first; nothing when a configuration is not there.
+    /// first; nothing (two reads) when it has none, so it may be asked whenever in doubt.
     pub async fn remove(&self, policy: &str) -> anyhow::Result<()> {
         let validating = Api::<ValidatingWebhookConfiguration>::all(self.client.clone());
         let mutating = Api::<MutatingWebhookConfiguration>::all(self.client.clone());
-        let empty = |api_version: &str, kind: &str| {
+        let [validate_name, default_name] = webhook_names(policy);
+        let empty = |kind: &str| {
             serde_json::json!({
-                "apiVersion": api_version, "kind": kind,
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
                 "metadata": {"name": self.name}, "webhooks": [],
             })
         };
         let apply = PatchParams::apply(&field_manager(policy)).force();
-        let version = "admissionregistration.k8s.io/v1";
-        if validating.get_opt(&self.name).await?.is_some() {
+        let has_validating = validating
+            .get_opt(&self.name)
+            .await?
+            .and_then(|c| c.webhooks)
+            .is_some_and(|w| w.iter().any(|w| w.name == validate_name));
+        if has_validating {
             validating
                 .patch(
                     &self.name,
                     &apply,
-                    &Patch::Apply(empty(version, "ValidatingWebhookConfiguration")),
+                    &Patch::Apply(empty("ValidatingWebhookConfiguration")),
                 )
                 .await
                 .with_context(|| format!("removing {policy}'s validating webhook"))?;
         }
-        if mutating.get_opt(&self.name).await?.is_some() {
+        let has_mutating = mutating
+            .get_opt(&self.name)
+            .await?
+            .and_then(|c| c.webhooks)
+            .is_some_and(|w| w.iter().any(|w| w.name == default_name));
+        if has_mutating {
             mutating
                 .patch(
                     &self.name,
                     &apply,
-                    &Patch::Apply(empty(version, "MutatingWebhookConfiguration")),
+                    &Patch::Apply(empty("MutatingWebhookConfiguration")),
                 )
                 .await
                 .with_context(|| format!("removing {policy}'s mutating webhook"))?;

@@ -1,5 +1,6 @@
 //! The record `wasmctrl explain` shows of one webhook answer ([`WebhookRecord`]), kept in the
-//! host's explain store beside the reconciles of the same object.
+//! host's explain store beside the reconciles of the same object: no field of the object,
+//! the plugin's own words, and the paths its defaults set.
 
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};

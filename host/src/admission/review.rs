@@ -90,7 +90,7 @@ pub trait Choose: Send + Sync {
     /// The plugins for a write of an object with these labels and uid (none on a create:
     /// the API server gives the object its uid between defaulting and validation, and both
     /// must be answered by the same plugin).
-    fn choose(&self, labels: &BTreeMap<String, String>, uid: Option<&str>) -> Chosen;
+    fn choose(&self, hook: Hook, labels: &BTreeMap<String, String>, uid: Option<&str>) -> Chosen;
     /// `shadow`'s answer to a write of `object` (the object written, or the one deleted),
     /// compared with the answer given.
     fn compared(
@@ -106,7 +106,7 @@ pub trait Choose: Send + Sync {
 struct OnePlugin(Answering);
 
 impl Choose for OnePlugin {
-    fn choose(&self, _: &BTreeMap<String, String>, _: Option<&str>) -> Chosen {
+    fn choose(&self, _: Hook, _: &BTreeMap<String, String>, _: Option<&str>) -> Chosen {
         Chosen {
             answering: self.0.clone(),
             shadow: None,
@@ -217,7 +217,7 @@ pub async fn answer(
         .and_then(|o| o.metadata.uid.as_deref())
         .filter(|_| request.operation != ReviewOperation::Create);
     let (at, started) = (jiff::Timestamp::now(), std::time::Instant::now());
-    let chosen = answerer.plugins.choose(&labels, uid);
+    let chosen = answerer.plugins.choose(hook, &labels, uid);
     let decision = decide(hook, &chosen.answering, answerer, request, "").await;
     if let Some(shadow) = chosen.shadow {
         shadow_compare(hook, shadow, answerer, request, &decision);
@@ -328,10 +328,7 @@ async fn decide(
         },
         Hook::Default => {
             let written = plugin_request.object.clone();
-            match plugin
-                .apply_defaults(&answerer.tenant, plugin_request)
-                .await
-            {
+            match plugin.apply_defaults(&tenant, plugin_request).await {
                 Ok(defaulted) => {
                     let before = Value::Object(written.unwrap_or_default());
                     Decision::Defaults {

@@ -110,10 +110,11 @@ pub fn router(answerers: Arc<Answerers>, metrics: Arc<Metrics>) -> Router {
                         (StatusCode::REQUEST_TIMEOUT, "the review took too long")
                     },
                 ))
+                // The timeout outside the limit: a review waiting for its turn is bounded too.
+                .layer(tower::timeout::TimeoutLayer::new(REVIEW_TIMEOUT))
                 .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
                     MAX_REVIEWS_IN_FLIGHT,
-                ))
-                .layer(tower::timeout::TimeoutLayer::new(REVIEW_TIMEOUT)),
+                )),
         )
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
         .with_state(Served { answerers, metrics })

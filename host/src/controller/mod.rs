@@ -315,8 +315,8 @@ impl Host {
     }
 
     /// Once this replica leads and knows every policy in the cluster, remove the webhook
-    /// entries of policies deleted while no host ran (nothing else would: their controllers
-    /// are gone). A failure is logged; a policy's own leader rewrites its entries within a
+    /// entries of policies deleted (or moved to another host's selector) while no host ran:
+    /// nothing else would, their controllers are gone. A failure is logged; a policy's own leader rewrites its entries within a
     /// minute should one be swept as it was made.
     fn sweep_webhooks(&self, claims: reflector::Store<ReconcilePolicy>) -> Option<JoinHandle<()>> {
         let hosting = self.shared.webhooks.clone()?;
@@ -326,13 +326,39 @@ impl Host {
             if claims.wait_until_ready().await.is_err() {
                 return;
             }
-            let kept = claims
-                .state()
-                .iter()
-                .flat_map(|p| crate::admission::configurations::webhook_names(&p.name_any()))
-                .collect();
-            if let Err(error) = hosting.configurations(&shared.client).sweep(&kept).await {
-                tracing::warn!(error = %format!("{error:#}"), "could not remove the webhooks of deleted policies");
+            // Tried again, with what is known then: a sweep refused because a configuration
+            // changed under it (a policy's own write) is no failure of the sweep.
+            let retry =
+                reconcile::backoff::Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
+            // The policies this host runs: one moved to another host's selector while none
+            // ran has its entries here removed too.
+            let selector = shared
+                .options
+                .policy_selector
+                .as_deref()
+                .map(crate::policy::placement::PolicySelector::parse);
+            if let Some(Err(_)) = selector {
+                return;
+            }
+            let selected = |policy: &ReconcilePolicy| match &selector {
+                Some(Ok(selector)) => selector.matches(policy.labels()),
+                _ => true,
+            };
+            for _ in 0..5 {
+                let kept = claims
+                    .state()
+                    .iter()
+                    .filter(|p| selected(p))
+                    .flat_map(|p| crate::admission::configurations::webhook_names(&p.name_any()))
+                    .collect();
+                match hosting.configurations(&shared.client).sweep(&kept).await {
+                    Ok(_) => return,
+                    Err(error) => {
+                        let delay = retry.failed(&()).delay;
+                        tracing::warn!(error = %format!("{error:#}"), retry_in = ?delay, "could not remove the webhooks of deleted policies");
+                        tokio::time::sleep(delay).await;
+                    }
+                }
             }
         }))
     }
@@ -373,13 +399,13 @@ impl Host {
                         // Its webhooks first: nothing answers them any more (garbage
                         // collection would remove them too, once the policy is gone).
                         let removed = match &shared.webhooks {
-                            Some(hosting) if policy_run::webhooks::served_any(&policy) => {
+                            Some(hosting) => {
                                 hosting
                                     .configurations(&shared.client)
                                     .remove(&policy.name_any())
                                     .await
                             }
-                            _ => Ok(()),
+                            None => Ok(()),
                         };
                         let result = match removed.and(
                             shared.identities.acting_for(&policy).map_err(|refused| {

@@ -51,8 +51,9 @@ pub struct Record {
 }
 
 /// One admission review a policy's plugin answered: what `wasmctrl explain` shows beside the
-/// reconciles. It keeps no value of the object written (the defaults as the fields they set,
-/// not their values), so it needs no redaction of its own.
+/// reconciles. It keeps no field of the object written (the defaults as the paths they set,
+/// not their values); the violations and warnings are the plugin's words, as the client got
+/// them. Whoever may read the object's records (`get` on it) reads these.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WebhookRecord {

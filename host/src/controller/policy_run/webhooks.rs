@@ -2,15 +2,17 @@
 //!
 //! - **Every replica** answers them: the policy's plugins are registered with the host's
 //!   listener while the controller runs, chosen per object as reconciles choose them per
-//!   parent (see [`Serving`]'s `Choose`), so a standby answers as the leader does.
-//! - **The leader** keeps the webhook configurations that send the API server to the
-//!   listeners: for what the policy asks and the active plugin serves, with the CA bundle
-//!   of the pair the listeners present (rewritten when it changes), owned by the policy (so
-//!   they go with it even while no host runs). When the controller stops (a restart, a new
-//!   spec, the host shutting down), the leader relaxes a `Fail` webhook to `Ignore`: no
-//!   webhook that refuses every write may outlive what answers it. The next controller, on
-//!   this replica or the next leader, restores it.
-//! - A policy that stops asking, and one that cannot start, has its configurations removed.
+//!   parent (see [`Serving`]'s `Choose`), so a standby answers as the leader does. The
+//!   registration outlives a restart of the controller (the previous plugins answer until
+//!   the next are loaded) and goes when the policy goes, stops asking or cannot start.
+//! - **The leader** keeps the policy's entries in the installation's two webhook
+//!   configurations: for what the policy asks and the active plugin serves, with the CA
+//!   bundle of the pair the listeners present, written again when that changes and every
+//!   [`REWRITE`]. When the host shuts down, the leader relaxes a `Fail` webhook to `Ignore`
+//!   until a controller serves it again: no webhook that refuses every write may outlive
+//!   what answers it.
+//! - A policy that stops asking, cannot start, goes, or moves to another host has its
+//!   entries removed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,8 +38,9 @@ const CONDITION: &str = "WebhooksServed";
 /// How often the leader checks what it should serve (the active plugin may have been
 /// swapped for one that serves other webhooks).
 const CHECK: Duration = Duration::from_secs(5);
-/// How often the leader writes the configurations even when it wrote them as they should
-/// be: an edit or a removal by someone else is undone within this.
+/// How often the leader writes its entries even when it wrote them as they should be: an
+/// edit by someone else, or an entry removed, is undone within this (a configuration
+/// deleted whole comes back with the chart, whose grant lets the host make none).
 const REWRITE: Duration = Duration::from_secs(60);
 
 /// One running policy's webhooks.
@@ -273,14 +276,12 @@ impl PolicyWebhooks {
     }
 
     /// The policy asks for no webhook (or this host serves none): the leader removes what an
-    /// earlier version had served, as its status says (garbage collection removes them with
-    /// the policy; a policy that never served one costs no request).
+    /// earlier version served (two reads when there is none).
     async fn not_asked(&self, shared: &Shared) {
         if let Some(hosting) = &shared.webhooks {
             hosting.answerers.stop(&self.name);
         }
-        let served = !self.status.lock().await.webhooks().is_empty();
-        if let Some(hosting) = shared.webhooks.as_ref().filter(|_| served) {
+        if let Some(hosting) = &shared.webhooks {
             let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
             loop {
                 shared.leadership.until_leader().await;
@@ -313,15 +314,10 @@ impl PolicyWebhooks {
         let Some(hosting) = &shared.webhooks else {
             return;
         };
-        let policies: kube::Api<ReconcilePolicy> = kube::Api::all(shared.client.clone());
-        let gone = match policies.get_opt(&self.name).await {
-            Ok(found) => found.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
-            Err(error) => {
-                tracing::warn!(policy = %self.name, error = %error, "cannot tell whether the policy is gone; keeping its webhooks");
-                false
-            }
-        };
-        if gone {
+        let shutting_down = shared
+            .shutting_down
+            .load(std::sync::atomic::Ordering::Acquire);
+        if !shutting_down && self.gone(shared).await {
             hosting.answerers.stop(&self.name);
             if shared.leadership.is_leader()
                 && let Err(error) = hosting
@@ -329,15 +325,11 @@ impl PolicyWebhooks {
                     .remove(&self.name)
                     .await
             {
-                tracing::warn!(policy = %self.name, error = %format!("{error:#}"), "could not remove the deleted policy's webhooks");
+                tracing::warn!(policy = %self.name, error = %format!("{error:#}"), "could not remove the webhooks of a policy this host no longer runs");
             }
             return;
         }
-        if !shared
-            .shutting_down
-            .load(std::sync::atomic::Ordering::Acquire)
-            || !shared.leadership.is_leader()
-        {
+        if !shutting_down || !shared.leadership.is_leader() {
             return;
         }
         let applied = self.applied.lock().await.clone();
@@ -359,6 +351,41 @@ impl PolicyWebhooks {
     }
 }
 
+impl PolicyWebhooks {
+    /// Whether this host runs the policy no more: deleted (or being deleted), or no longer
+    /// matching its `--policy-selector` (moved to another host). Unknown (the API server
+    /// does not answer within [`GONE_CHECK`]) counts as still here: its webhooks stay.
+    async fn gone(&self, shared: &Shared) -> bool {
+        let policies: kube::Api<ReconcilePolicy> = kube::Api::all(shared.client.clone());
+        let found = match tokio::time::timeout(GONE_CHECK, policies.get_opt(&self.name)).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(error)) => {
+                tracing::warn!(policy = %self.name, error = %error, "cannot tell whether the policy is gone; keeping its webhooks");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!(policy = %self.name, "the API server did not say whether the policy is gone; keeping its webhooks");
+                return false;
+            }
+        };
+        let Some(policy) = found else {
+            return true;
+        };
+        let selected = shared
+            .options
+            .policy_selector
+            .as_deref()
+            .is_none_or(|text| {
+                crate::policy::placement::PolicySelector::parse(text)
+                    .is_ok_and(|selector| selector.matches(policy.labels()))
+            });
+        policy.metadata.deletion_timestamp.is_some() || !selected
+    }
+}
+
+/// How long a stopping controller waits to learn whether its policy is gone.
+const GONE_CHECK: Duration = Duration::from_secs(5);
+
 /// A policy that cannot start answers no review: its answerer goes, and the leader removes
 /// its entries (logged when it cannot) and says so in `status`.
 pub(crate) async fn remove_unanswered(
@@ -371,7 +398,7 @@ pub(crate) async fn remove_unanswered(
     };
     let name = policy.name_any();
     hosting.answerers.stop(&name);
-    if !shared.leadership.is_leader() || !served_any(policy) {
+    if !shared.leadership.is_leader() {
         return;
     }
     status.set_webhooks(Vec::new());
@@ -387,14 +414,6 @@ pub(crate) async fn remove_unanswered(
     if let Err(error) = hosting.configurations(&shared.client).remove(&name).await {
         tracing::warn!(policy = %name, error = %format!("{error:#}"), "could not remove the webhook configurations of a policy that cannot start");
     }
-}
-
-/// Whether the policy's status says webhooks were served for it.
-pub(crate) fn served_any(policy: &ReconcilePolicy) -> bool {
-    policy
-        .status
-        .as_ref()
-        .is_some_and(|s| !s.webhooks.is_empty())
 }
 
 fn scope_of(

@@ -89,12 +89,25 @@ impl Choose for Serving {
     /// shadow for the others.
     fn choose(
         &self,
+        hook: Hook,
         labels: &std::collections::BTreeMap<String, String>,
         uid: Option<&str>,
     ) -> Chosen {
         let selection = self.select(labels, uid);
+        // A candidate that does not serve the webhook leaves its share to the active plugin
+        // (its shadow comparisons say it would fail there).
+        let served = selection.serving.plugin.served_webhooks();
+        let serves = match hook {
+            Hook::Validate => served.validate,
+            Hook::Default => served.default,
+        };
+        let serving = if serves {
+            selection.serving
+        } else {
+            self.active.load_full()
+        };
         Chosen {
-            answering: answering(&selection.serving),
+            answering: answering(&serving),
             shadow: selection.shadow.as_deref().map(answering),
         }
     }
