@@ -1,10 +1,13 @@
 //! The webhooks a policy's plugin serves to the API server for its parent kind: what each
-//! AdmissionReview is answered ([`review`]), and the certificate the listener presents,
-//! which the hosts make and renew themselves ([`certs`]), and the webhook configurations
-//! that send the API server to it ([`configurations`]).
+//! AdmissionReview is answered ([`review`]) and kept on record for `explain`, the listener
+//! ([`server`]), the certificate it presents, which the hosts make and renew themselves
+//! ([`certs`]), the policy's entries in the webhook configurations that send the API server
+//! to it ([`configurations`]), and what `wasmctrl run` hands the host to serve them
+//! ([`hosting`]).
 //!
 //! A validating and a mutating webhook are answered the same way on every replica, leader or
-//! standby: by the policy's active plugin, in its sandbox, under the policy's failure policy.
+//! standby: by the policy's plugins (a rollout's candidate for its share), in their sandbox,
+//! under the policy's failure policy.
 
 pub mod certs;
 pub mod configurations;
