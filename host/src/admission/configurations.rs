@@ -282,89 +282,75 @@ impl Configurations {
     /// Remove the entries of the policy whose listener path is `policy`, the validating one
     /// first; nothing (two reads) when it has none, so it may be asked whenever in doubt.
     pub async fn remove(&self, policy: &str) -> anyhow::Result<()> {
-        let validating = Api::<ValidatingWebhookConfiguration>::all(self.client.clone());
-        let mutating = Api::<MutatingWebhookConfiguration>::all(self.client.clone());
-        let [validate_name, default_name] = webhook_names(policy);
-        let empty = |kind: &str| {
-            serde_json::json!({
+        let apply = PatchParams::apply(&field_manager(policy)).force();
+        for (kind, entry) in KINDS.into_iter().zip(webhook_names(policy)) {
+            if !self.entry_names(kind).await?.contains(&entry) {
+                continue;
+            }
+            let empty = serde_json::json!({
                 "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
                 "metadata": {"name": self.name}, "webhooks": [],
-            })
-        };
-        let apply = PatchParams::apply(&field_manager(policy)).force();
-        let has_validating = validating
-            .get_opt(&self.name)
-            .await?
-            .and_then(|c| c.webhooks)
-            .is_some_and(|w| w.iter().any(|w| w.name == validate_name));
-        if has_validating {
-            validating
-                .patch(
-                    &self.name,
-                    &apply,
-                    &Patch::Apply(empty("ValidatingWebhookConfiguration")),
-                )
+            });
+            self.api(kind)
+                .patch(&self.name, &apply, &Patch::Apply(empty))
                 .await
-                .with_context(|| format!("removing {policy}'s validating webhook"))?;
-        }
-        let has_mutating = mutating
-            .get_opt(&self.name)
-            .await?
-            .and_then(|c| c.webhooks)
-            .is_some_and(|w| w.iter().any(|w| w.name == default_name));
-        if has_mutating {
-            mutating
-                .patch(
-                    &self.name,
-                    &apply,
-                    &Patch::Apply(empty("MutatingWebhookConfiguration")),
-                )
-                .await
-                .with_context(|| format!("removing {policy}'s mutating webhook"))?;
+                .with_context(|| {
+                    format!("removing {policy}'s webhook from {kind} {}", self.name)
+                })?;
         }
         Ok(())
     }
-}
 
-impl Configurations {
     /// Remove the entries of policies that no longer exist (deleted while no host ran):
     /// every entry the hosts write whose name is not among `kept` (see [`webhook_names`]).
     /// The number removed.
     pub async fn sweep(&self, kept: &std::collections::HashSet<String>) -> anyhow::Result<usize> {
-        let validating = Api::<ValidatingWebhookConfiguration>::all(self.client.clone());
-        let names = validating
-            .get_opt(&self.name)
-            .await?
-            .and_then(|c| c.webhooks)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|w| w.name);
-        let mut removed = self.remove_orphans(&validating, names, kept).await?;
-        let mutating = Api::<MutatingWebhookConfiguration>::all(self.client.clone());
-        let names = mutating
-            .get_opt(&self.name)
-            .await?
-            .and_then(|c| c.webhooks)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|w| w.name);
-        removed += self.remove_orphans(&mutating, names, kept).await?;
+        let mut removed = 0;
+        for kind in KINDS {
+            let names = self.entry_names(kind).await?;
+            removed += self.remove_orphans(kind, names, kept).await?;
+        }
         Ok(removed)
+    }
+
+    /// The configuration of `kind`, read untyped: both kinds hold their entries as
+    /// `webhooks[].name`, which is all removal reads.
+    fn api(&self, kind: &str) -> Api<kube::core::DynamicObject> {
+        let resource = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            kind,
+        ));
+        Api::all_with(self.client.clone(), &resource)
+    }
+
+    /// The names of the entries in the configuration of `kind`, in order (none when it is
+    /// not there).
+    async fn entry_names(&self, kind: &str) -> anyhow::Result<Vec<String>> {
+        let found = self
+            .api(kind)
+            .get_opt(&self.name)
+            .await
+            .with_context(|| format!("reading {kind} {}", self.name))?;
+        Ok(found
+            .and_then(|c| c.data["webhooks"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|w| w["name"].as_str().map(str::to_owned))
+            .collect())
     }
 
     /// Remove, by position, the entries among `names` (in order) that the hosts write and
     /// `kept` does not hold; each removal tests the name first, so a configuration changed
     /// meanwhile is refused whole rather than losing another entry.
-    async fn remove_orphans<K>(
+    async fn remove_orphans(
         &self,
-        api: &Api<K>,
-        names: impl Iterator<Item = String>,
+        kind: &str,
+        names: Vec<String>,
         kept: &std::collections::HashSet<String>,
-    ) -> anyhow::Result<usize>
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    {
+    ) -> anyhow::Result<usize> {
         let orphans: Vec<(usize, String)> = names
+            .into_iter()
             .enumerate()
             .filter(|(_, name)| name.ends_with(WEBHOOK_SUFFIX) && !kept.contains(name))
             .collect();
@@ -379,22 +365,29 @@ impl Configurations {
         }
         let patch: json_patch::Patch =
             serde_json::from_value(serde_json::Value::Array(operations))?;
-        api.patch(
-            &self.name,
-            &PatchParams::default(),
-            &Patch::<()>::Json(patch),
-        )
-        .await
-        .with_context(|| {
-            format!(
-                "removing the webhooks of deleted policies from {}",
-                self.name
+        self.api(kind)
+            .patch(
+                &self.name,
+                &PatchParams::default(),
+                &Patch::<()>::Json(patch),
             )
-        })?;
+            .await
+            .with_context(|| {
+                format!(
+                    "removing the webhooks of deleted policies from {kind} {}",
+                    self.name
+                )
+            })?;
         tracing::info!(configuration = %self.name, removed = ?orphans.iter().map(|(_, n)| n).collect::<Vec<_>>(), "removed the webhooks of policies deleted while no host ran");
         Ok(orphans.len())
     }
 }
+
+/// The two kinds of configuration, in the order of [`webhook_names`]: validating, mutating.
+const KINDS: [&str; 2] = [
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+];
 
 /// The end of every webhook name the hosts write.
 const WEBHOOK_SUFFIX: &str = ".webhooks.wasmctrl.dev";

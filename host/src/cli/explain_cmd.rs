@@ -381,20 +381,21 @@ fn pod_port(pod: &Pod, port: &IntOrString) -> Option<i32> {
     }
 }
 
+/// `Kind namespace/name`, as a record's first line names its object.
+fn parent_named(parent: &crate::explain::ParentRef) -> String {
+    match &parent.namespace {
+        Some(ns) => format!("{} {ns}/{}", parent.kind, parent.name),
+        None => format!("{} {}", parent.kind, parent.name),
+    }
+}
+
 /// A webhook answer for people.
 fn webhook_text(record: &WebhookRecord) -> String {
     let mut out = String::new();
-    let parent = &record.parent;
     let _ = writeln!(
         out,
-        "{} {}{}: {} {} answered by policy {}'s {} webhook at {}",
-        parent.kind,
-        parent
-            .namespace
-            .as_deref()
-            .map(|ns| format!("{ns}/"))
-            .unwrap_or_default(),
-        parent.name,
+        "{}: {} {} answered by policy {}'s {} webhook at {}",
+        parent_named(&record.parent),
         record.operation,
         if record.user.is_empty() {
             String::new()
@@ -434,14 +435,8 @@ fn text(record: &Record) -> String {
     let parent = &record.parent;
     let _ = writeln!(
         out,
-        "{} {}{} (generation {}) reconciled by policy {} at {}",
-        parent.kind,
-        parent
-            .namespace
-            .as_deref()
-            .map(|ns| format!("{ns}/"))
-            .unwrap_or_default(),
-        parent.name,
+        "{} (generation {}) reconciled by policy {} at {}",
+        parent_named(parent),
         parent.generation.map_or("-".to_owned(), |g| g.to_string()),
         record.policy,
         record.at
