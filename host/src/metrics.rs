@@ -61,8 +61,9 @@ struct WebhookResultLabels {
 /// How a webhook request ends, as `wasmctrl_webhook_requests_total` labels it: the plugin
 /// allowed, denied or patched the write; it failed, and the failure policy refused
 /// (`failed_closed`) or admitted (`failed_open`) it; the replica served no such policy
-/// (`unserved`); the body was no AdmissionReview (`malformed`).
-pub const WEBHOOK_RESULTS: [&str; 7] = [
+/// (`unserved`); the body was no AdmissionReview (`malformed`). A conversion's objects were
+/// all `converted`, or one `failed` (and the review with it).
+pub const WEBHOOK_RESULTS: [&str; 9] = [
     "allowed",
     "denied",
     "patched",
@@ -70,10 +71,12 @@ pub const WEBHOOK_RESULTS: [&str; 7] = [
     "failed_open",
     "unserved",
     "malformed",
+    "converted",
+    "failed",
 ];
 
 /// The webhooks a policy serves, as metrics label them.
-pub const WEBHOOKS: [&str; 2] = ["validate", "default"];
+pub const WEBHOOKS: [&str; 3] = ["validate", "default", "convert"];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
@@ -398,7 +401,7 @@ impl Metrics {
         );
         registry.register(
             "wasmctrl_webhook_requests",
-            "Webhook requests per policy, webhook (validate, default) and result (allowed, denied, patched, failed_closed, failed_open, unserved, malformed)",
+            "Webhook requests per policy, webhook (validate, default, convert) and result (allowed, denied, patched, failed_closed, failed_open, unserved, malformed; converted, failed)",
             metrics.webhook_requests.clone(),
         );
         registry.register_with_unit(

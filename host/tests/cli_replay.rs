@@ -149,6 +149,55 @@ fn a_case_runs_as_the_request_it_holds_and_replays_against_what_was_recorded() {
     assert_eq!(replay_expecting("misbehave_plugin", &cases).0, Some(1));
 }
 
+#[test]
+fn replay_round_trips_each_parent_through_the_converter_and_fails_what_does_not_come_back() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let case = |name: &str, spec: Value| {
+        let file = dir.path().join(format!("{name}.yaml"));
+        let case = json!({"parent": {"apiVersion": "example.com/v1", "kind": "Misfit",
+                                     "metadata": {"name": name, "namespace": "default"},
+                                     "spec": spec},
+                          "config": {}});
+        std::fs::write(&file, serde_yaml_ng::to_string(&case).expect("yaml")).expect("write");
+        file
+    };
+    let replay = |file: &Path, convert: bool| {
+        let plugin = plugin("misbehave_plugin");
+        let mut args = vec![
+            "plugin",
+            "replay",
+            &plugin,
+            path(file),
+            "--against",
+            &plugin,
+        ];
+        if convert {
+            args.extend(["--convert-to", "example.com/v2"]);
+        }
+        let out = wasmctrl(&args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    // The misbehaving converter drops `spec.lost` on the way to v2.
+    let keeps = case("keeps", json!({"kept": 1}));
+    let loses = case("loses", json!({"lost": 1}));
+    assert_eq!(replay(&keeps, true).0, Some(0));
+    assert_eq!(
+        replay(&loses, false).0,
+        Some(0),
+        "the reconcile alone is unchanged"
+    );
+    let (code, stdout) = replay(&loses, true);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.starts_with("would-fail"), "{stdout}");
+    assert!(
+        stdout.contains("converting to example.com/v2 and back to example.com/v1 does not give the original (spec differs)"),
+        "{stdout}"
+    );
+}
+
 /// `wasmctrl plugin test PLUGIN CASES [--update]`: exit code, stdout and stderr.
 fn test_cases(plugin_name: &str, cases: &Path, update: bool) -> (Option<i32>, String, String) {
     let plugin = plugin(plugin_name);

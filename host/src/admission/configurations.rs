@@ -40,6 +40,33 @@ pub enum Endpoint {
     Url(String),
 }
 
+/// How the API server reaches `path` on the hosts' listener at `endpoint`, trusting
+/// `ca_bundle`.
+pub fn client_config(endpoint: &Endpoint, path: String, ca_bundle: &str) -> WebhookClientConfig {
+    let ca_bundle = Some(ByteString(ca_bundle.as_bytes().to_vec()));
+    match endpoint {
+        Endpoint::Service {
+            namespace,
+            name,
+            port,
+        } => WebhookClientConfig {
+            ca_bundle,
+            service: Some(ServiceReference {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                path: Some(path),
+                port: Some(*port),
+            }),
+            url: None,
+        },
+        Endpoint::Url(base) => WebhookClientConfig {
+            ca_bundle,
+            service: None,
+            url: Some(format!("{}{path}", base.trim_end_matches('/'))),
+        },
+    }
+}
+
 /// What a policy's webhooks cover.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scope {
@@ -77,29 +104,11 @@ impl Scope {
         endpoint: &Endpoint,
         ca_bundle: &str,
     ) -> WebhookClientConfig {
-        let path = format!("/{}/{}", hook.name(), self.policy);
-        let ca_bundle = Some(ByteString(ca_bundle.as_bytes().to_vec()));
-        match endpoint {
-            Endpoint::Service {
-                namespace,
-                name,
-                port,
-            } => WebhookClientConfig {
-                ca_bundle,
-                service: Some(ServiceReference {
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                    path: Some(path),
-                    port: Some(*port),
-                }),
-                url: None,
-            },
-            Endpoint::Url(base) => WebhookClientConfig {
-                ca_bundle,
-                service: None,
-                url: Some(format!("{}{path}", base.trim_end_matches('/'))),
-            },
-        }
+        client_config(
+            endpoint,
+            format!("/{}/{}", hook.name(), self.policy),
+            ca_bundle,
+        )
     }
 
     /// The writes sent: the policy's operations of the parent resource (not its status),

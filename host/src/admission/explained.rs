@@ -75,6 +75,7 @@ pub(super) fn keep(
         violations: answered.violations,
         warnings: response.warnings.clone().unwrap_or_default(),
         defaulted: answered.defaulted,
+        conversion: None,
     };
     let eventful = refused || outcome.starts_with("failed");
     match serde_json::to_string(&record) {

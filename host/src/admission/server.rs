@@ -3,7 +3,8 @@
 //!
 //! - `POST /validate/{policy}` and `POST /default/{policy}`, where `{policy}` is a cluster
 //!   policy's name or `{namespace}/{name}` for a namespaced one (the path the host writes
-//!   into the webhook configurations it owns).
+//!   into the webhook configurations it owns), and `POST /convert/{policy}`, the conversion
+//!   webhook of a cluster policy's parent CRD (see [`super::conversion`]).
 //! - Who may call: anyone who reaches the port and completes the TLS handshake. The API
 //!   server is told the CA to trust (the configurations' `caBundle`); the host checks nothing
 //!   else a peer could forge, because a review grants nothing: it only asks the plugin what
@@ -27,16 +28,21 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use kube::core::conversion::{ConversionRequest, ConversionReview};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 use super::certs::Issued;
+use super::conversion::Converter;
 use super::review::{Answerer, Hook, answer, unanswered};
 use crate::metrics::Metrics;
 
 /// The largest AdmissionReview read: an object and its old version at the API server's own
 /// request limit (3 MiB each), and the review around them.
 pub const MAX_REVIEW_BYTES: usize = 7 << 20;
+/// How long a conversion waits for a place among its team's reviews in flight before it
+/// fails (it has no failure policy to fall back on, and fails the read that needed it).
+pub const CONVERSION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Reviews read and answered at once; more wait. With [`MAX_REVIEW_BYTES`] it bounds the
 /// memory reviews hold (the API server sends a few at a time; its own timeout is 30 s at
 /// most).
@@ -58,6 +64,9 @@ const UNKNOWN_POLICY: &str = "(none)";
 #[derive(Default)]
 pub struct Answerers {
     by_policy: Mutex<HashMap<String, Arc<Answerer>>>,
+    /// Who converts each policy's parent kind: kept apart from the admission webhooks,
+    /// since a CRD's conversion outlives them (it is served until no stored object needs it).
+    converters: Mutex<HashMap<String, Arc<Converter>>>,
     /// Each tenant's reviews in flight.
     by_tenant: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
@@ -82,13 +91,35 @@ impl Answerers {
         crate::lock(&self.by_policy).get(policy).cloned()
     }
 
+    /// `converter` converts `policy`'s parent kind from now on.
+    pub fn convert(&self, policy: &str, converter: Converter) {
+        crate::lock(&self.converters).insert(policy.to_owned(), Arc::new(converter));
+    }
+
+    /// `policy`'s parent kind is converted no more (503: the read fails).
+    pub fn stop_converting(&self, policy: &str) {
+        crate::lock(&self.converters).remove(policy);
+    }
+
+    /// Whether this replica converts `policy`'s parent kind.
+    pub fn converts(&self, policy: &str) -> bool {
+        crate::lock(&self.converters).contains_key(policy)
+    }
+
+    fn converter(&self, policy: &str) -> Option<Arc<Converter>> {
+        crate::lock(&self.converters).get(policy).cloned()
+    }
+
     /// A place among `tenant`'s reviews in flight, if one is free.
     fn admit(&self, tenant: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let slots = crate::lock(&self.by_tenant)
+        self.slots(tenant).try_acquire_owned().ok()
+    }
+
+    fn slots(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
+        crate::lock(&self.by_tenant)
             .entry(tenant.to_owned())
             .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(MAX_REVIEWS_PER_TENANT)))
-            .clone();
-        slots.try_acquire_owned().ok()
+            .clone()
     }
 }
 
@@ -103,6 +134,7 @@ pub fn router(answerers: Arc<Answerers>, metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/validate/{*policy}", post(validate))
         .route("/default/{*policy}", post(default))
+        .route("/convert/{*policy}", post(convert))
         .layer(
             tower::ServiceBuilder::new()
                 .layer(axum::error_handling::HandleErrorLayer::new(
@@ -134,6 +166,83 @@ async fn default(
     body: Bytes,
 ) -> Response {
     review(Hook::Default, &served, &policy, &body).await
+}
+
+async fn convert(
+    State(served): State<Served>,
+    Path(policy): Path<String>,
+    body: Bytes,
+) -> Response {
+    const WEBHOOK: &str = "convert";
+    let Some(converter) = served.answerers.converter(&policy) else {
+        served
+            .metrics
+            .webhook_request(UNKNOWN_POLICY, WEBHOOK, "unserved", None);
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("this replica converts no kind of policy {policy} (yet)"),
+        )
+            .into_response();
+    };
+    let request = match serde_json::from_slice::<ConversionReview>(&body)
+        .map_err(|e| e.to_string())
+        .and_then(|review| {
+            ConversionRequest::try_from(review).map_err(|_| "the review has no request".to_owned())
+        }) {
+        Ok(request) => request,
+        Err(why) => {
+            served
+                .metrics
+                .webhook_request(&policy, WEBHOOK, "malformed", None);
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("not a ConversionReview: {why}"),
+            )
+                .into_response();
+        }
+    };
+    drop(body);
+    let started = std::time::Instant::now();
+    // A conversion waits a little for its turn among its team's reviews rather than failing
+    // at once: it has no failure policy, and a read fails with it. The wait is bounded so a
+    // team's busy conversions cannot hold the listener's reviews from another's.
+    let slots = served.answerers.slots(&converter.tenant);
+    let Ok(Ok(_in_flight)) = tokio::time::timeout(CONVERSION_WAIT, slots.acquire_owned()).await
+    else {
+        served
+            .metrics
+            .webhook_request(&policy, WEBHOOK, "failed", Some(started.elapsed()));
+        let busy = kube::core::conversion::ConversionResponse::for_request(request).failure(
+            kube::core::Status::failure(
+                &format!(
+                    "{MAX_REVIEWS_PER_TENANT} reviews of policy {policy}'s team were being answered for {CONVERSION_WAIT:?}: try again"
+                ),
+                "ConversionBusy",
+            ),
+        );
+        return json_answer(&busy.into_review());
+    };
+    let (response, outcome) = super::conversion::answer(&converter, request).await;
+    served
+        .metrics
+        .webhook_request(&policy, WEBHOOK, outcome, Some(started.elapsed()));
+    json_answer(&response.into_review())
+}
+
+/// `answer` as the response body.
+fn json_answer(answer: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec(answer) {
+        Ok(body) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the answer cannot be sent: {error}"),
+        )
+            .into_response(),
+    }
 }
 
 async fn review(hook: Hook, served: &Served, policy: &str, body: &[u8]) -> Response {
@@ -180,18 +289,7 @@ async fn review(hook: Hook, served: &Served, policy: &str, body: &[u8]) -> Respo
     served
         .metrics
         .webhook_request(policy, hook.name(), outcome, Some(started.elapsed()));
-    match serde_json::to_vec(&response.into_review()) {
-        Ok(body) => (
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response(),
-        Err(error) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the answer cannot be sent: {error}"),
-        )
-            .into_response(),
-    }
+    json_answer(&response.into_review())
 }
 
 /// Serve the webhooks on `tcp`, presenting `certificate`, until `shutdown` completes.

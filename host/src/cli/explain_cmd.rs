@@ -414,6 +414,9 @@ fn webhook_text(record: &WebhookRecord) -> String {
     if let Some(plugin) = &record.plugin {
         let _ = writeln!(out, "  plugin:  {plugin}");
     }
+    if let Some(conversion) = &record.conversion {
+        let _ = writeln!(out, "  versions: {conversion}");
+    }
     if let Some(message) = &record.message {
         let _ = writeln!(out, "  message: {message}");
     }

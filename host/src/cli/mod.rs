@@ -6,6 +6,7 @@ mod explain_cmd;
 mod input;
 mod kinds;
 mod locate;
+mod migrate_cmd;
 mod output;
 mod plugin_cmd;
 mod plugin_new;
@@ -25,6 +26,7 @@ use std::path::{Path, PathBuf};
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 pub use explain_cmd::ExplainCommand;
+pub use migrate_cmd::{MigrateCommand, Migrated};
 pub use plugin_cmd::{CasesDiffer, PluginCommand, RunOutput};
 pub use probe_cmd::ProbeCommand;
 pub use rbac_cmd::RbacCommand;
@@ -79,6 +81,9 @@ pub enum Command {
     /// Answer a policy's prune guard: confirm the deletions it holds.
     #[command(subcommand)]
     Prune(PruneCommand),
+    /// Rewrite a custom resource's stored objects at its storage version, so an older API
+    /// version can be retired.
+    Migrate(MigrateCommand),
     /// Release every finalizer wasmctrl holds and delete the policies, once the hosts are gone.
     Uninstall(UninstallCommand),
     /// Ask a host's /healthz or /readyz as the kubelet does, from an image without a shell;
@@ -141,6 +146,7 @@ impl Cli {
             Command::Explain(command) => command.run().await,
             Command::Rollout(command) => command.run().await,
             Command::Prune(command) => command.run().await,
+            Command::Migrate(command) => command.run().await,
             Command::Uninstall(command) => command.run().await,
             Command::Probe(command) => command.run().await,
             Command::Completion { shell } => {

@@ -90,6 +90,11 @@ pub enum PluginCommand {
         /// Compare with this plugin's answers to the same cases.
         #[arg(long, value_name = "OLD.wasm")]
         against: Option<PathBuf>,
+        /// Also convert each case's parent to this API version (`example.com/v1alpha1`) and
+        /// back through the plugin's converter: a case whose parent does not come back
+        /// unchanged would fail. Repeat for each version the kind is served at.
+        #[arg(long, value_name = "API_VERSION")]
+        convert_to: Vec<String>,
         /// The sandbox's limits.
         #[command(flatten)]
         limits: LimitArgs,
@@ -623,6 +628,7 @@ impl PluginCommand {
                 cases,
                 expect,
                 against,
+                convert_to,
                 limits,
                 output,
             } => {
@@ -634,7 +640,7 @@ impl PluginCommand {
                     _ => Baseline::Recorded,
                 };
                 let plugin = load(&engine, &plugin, None, limits.limits())?;
-                let report = replay(&plugin, &baseline, &case_files(&cases)?).await?;
+                let report = replay(&plugin, &baseline, &case_files(&cases)?, &convert_to).await?;
                 conclude(&report, report.all_unchanged(), output)
             }
             Self::Test {
@@ -895,6 +901,7 @@ async fn replay(
     plugin: &Plugin,
     baseline: &Baseline,
     cases: &[PathBuf],
+    convert_to: &[String],
 ) -> anyhow::Result<ReplayReport> {
     let mut report = ReplayReport {
         cases: Vec::new(),
@@ -919,7 +926,20 @@ async fn replay(
         };
         let actual = plugin.reconcile(request).await;
         // The author's own tool: every value is quoted.
-        let verdict = compare_answers(&expected, &actual, Hide::nothing());
+        let mut verdict = compare_answers(&expected, &actual, Hide::nothing());
+        if let (false, Some(parent)) = (
+            matches!(verdict, Verdict::WouldFail(_)),
+            case.parent.as_object(),
+        ) {
+            for to in convert_to {
+                if let Err(problem) =
+                    crate::admission::conversion::round_trip(plugin, "", parent, to).await
+                {
+                    verdict = Verdict::WouldFail(problem);
+                    break;
+                }
+            }
+        }
         match verdict {
             Verdict::Unchanged => report.unchanged += 1,
             Verdict::WouldChange(_) => report.would_change += 1,

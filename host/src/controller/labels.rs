@@ -17,6 +17,10 @@ pub const DESIRED_HASH_ANNOTATION: &str = "wasmctrl.dev/desired-hash";
 /// The finalizer on a ReconcilePolicy whose parents hold finalizers of its own.
 pub const POLICY_FINALIZER: &str = "wasmctrl.dev/release-parents";
 
+/// The finalizer on a ReconcilePolicy whose plugin its parent CRD's conversion was pointed
+/// at: the policy stays until the stanza is back as it was.
+pub const CONVERSION_FINALIZER: &str = "wasmctrl.dev/put-back-conversion";
+
 /// The finalizer a policy named `policy_label` holds on its parents.
 pub(crate) fn parent_finalizer(policy_label: &str) -> String {
     format!("wasmctrl.dev/{policy_label}")

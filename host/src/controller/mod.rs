@@ -273,6 +273,11 @@ impl Host {
                     }
                 }
                 Some(Ok(watcher::Event::Delete(policy))) => {
+                    // Gone, its finalizers with it: its CRD's conversion is put back (or an
+                    // admin let it go).
+                    if let Some(hosting) = &self.shared.webhooks {
+                        hosting.answerers.stop_converting(&policy.name_any());
+                    }
                     if let Some(old) = running.get(&policy.name_any()) {
                         tracing::info!(policy = %policy.name_any(), "policy deleted; stopping its controller");
                         old.delete(&self.shared.metrics, &policy.name_any());
@@ -386,6 +391,12 @@ impl Host {
                 let (shared, policy) = (shared.clone(), policy.clone());
                 async move {
                     step.set("releasing the deleted policy's parents");
+                    // Every replica converts its kind while its CRD still points here.
+                    let converting =
+                        policy_run::conversion::keep_converting_while_retiring(&policy, &shared);
+                    if stop.run_until_cancelled(converting).await.is_none() {
+                        return;
+                    }
                     let retry = reconcile::backoff::Backoff::new(
                         Duration::from_secs(1),
                         Duration::from_secs(30),
@@ -395,42 +406,17 @@ impl Host {
                             () = shared.leadership.until_leader() => {}
                             () = stop.cancelled() => return,
                         }
-                        let namespace = shared.options.namespace.as_deref();
-                        // Its webhooks first: nothing answers them any more (garbage
-                        // collection would remove them too, once the policy is gone).
-                        let removed = match &shared.webhooks {
-                            Some(hosting) => {
-                                hosting
-                                    .configurations(&shared.client)
-                                    .remove(&policy.name_any())
-                                    .await
-                            }
-                            None => Ok(()),
-                        };
-                        let result = match removed.and(
-                            shared.identities.acting_for(&policy).map_err(|refused| {
-                                anyhow::anyhow!(
-                                    "no identity to release its parents with: {}",
-                                    refused.message
-                                )
-                            }),
-                        ) {
-                            Ok(acting) => {
-                                policy_run::release::retire(
-                                    &shared.client,
-                                    &acting.client,
-                                    &policy,
-                                    namespace,
-                                )
-                                .await
-                            }
-                            Err(error) => Err(error),
+                        let Some(result) = stop
+                            .run_until_cancelled(retire_once(&shared, &policy))
+                            .await
+                        else {
+                            return;
                         };
                         let Err(error) = result else {
                             return;
                         };
                         let delay = retry.failed(&()).delay;
-                        tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), retry_in = ?delay, "could not release the policy's parents");
+                        tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), retry_in = ?delay, "could not let the deleted policy go");
                         tokio::select! {
                             () = tokio::time::sleep(delay) => {}
                             () = stop.cancelled() => return,
@@ -691,6 +677,33 @@ fn only_the_plugin_differs(old: &ReconcilePolicySpec, new: &ReconcilePolicySpec)
     let mut aligned = old.clone();
     aligned.plugin = new.plugin.clone();
     aligned == *new && old.plugin.verify == new.plugin.verify
+}
+
+/// One attempt at letting a deleted policy go: its webhook entries removed (nothing answers
+/// them any more; garbage collection would remove them too, once the policy is gone), its
+/// parents released, its CRD's conversion put back (refused while a stored object needs it:
+/// then the policy stays, and says why), its finalizers removed.
+async fn retire_once(shared: &Shared, policy: &ReconcilePolicy) -> anyhow::Result<()> {
+    if let Some(hosting) = &shared.webhooks {
+        hosting
+            .configurations(&shared.client)
+            .remove(&policy.name_any())
+            .await?;
+    }
+    let acting = shared.identities.acting_for(policy).map_err(|refused| {
+        anyhow::anyhow!(
+            "no identity to release its parents with: {}",
+            refused.message
+        )
+    })?;
+    policy_run::release::retire(
+        &shared.client,
+        &acting.client,
+        policy,
+        shared.options.namespace.as_deref(),
+        policy_run::conversion::retire(policy, shared),
+    )
+    .await
 }
 
 #[cfg(test)]

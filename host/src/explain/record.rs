@@ -63,9 +63,9 @@ pub struct WebhookRecord {
     pub policy: String,
     /// The object written, as the review named it.
     pub parent: ParentRef,
-    /// `validate` or `default`.
+    /// `validate`, `default` or `convert`.
     pub webhook: String,
-    /// `CREATE`, `UPDATE`, `DELETE`.
+    /// `CREATE`, `UPDATE`, `DELETE`, or `CONVERT`.
     pub operation: String,
     /// Who wrote.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -89,6 +89,9 @@ pub struct WebhookRecord {
     /// The fields the defaults set, as JSON pointers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub defaulted: Vec<String>,
+    /// A conversion's versions, `from → to`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<String>,
 }
 
 /// A record `wasmctrl explain` shows: a reconcile, or a webhook answer.
@@ -270,6 +273,7 @@ mod tests {
             violations: vec!["spec.x: no".to_owned()],
             warnings: Vec::new(),
             defaulted: Vec::new(),
+            conversion: None,
         };
         let read = |json: String| serde_json::from_str::<Explained>(&json).expect("a record");
         let reconcile_read = read(serde_json::to_string(&reconcile).expect("JSON"));

@@ -6,6 +6,7 @@
 //! malformed policy from `kubectl apply`, not from the host's logs.
 
 pub mod admission;
+pub mod conversion;
 pub mod namespaced;
 pub mod permissions;
 pub mod placement;
@@ -45,6 +46,7 @@ pub const CONFIRM_PRUNE_ANNOTATION: &str = "wasmctrl.dev/confirm-prune";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.conversion) || self.conversion.versions.exists(v, self.parent.apiVersion.endsWith('/' + v))").message("spec.conversion.versions lists the parent's own version (the version of spec.parent.apiVersion)"))]
 pub struct ReconcilePolicySpec {
     /// The parent kind whose objects this policy reconciles.
     pub parent: ParentRef,
@@ -103,6 +105,10 @@ pub struct ReconcilePolicySpec {
     /// before the API server stores them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<admission::AdmissionSpec>,
+    /// The API versions of the parent kind the plugin converts between, served as its
+    /// CustomResourceDefinition's conversion webhook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<conversion::ConversionSpec>,
 }
 
 /// The prune guard's settings. Deletions count against two budgets of
@@ -518,6 +524,10 @@ pub struct ReconcilePolicyStatus {
     /// the `WebhooksServed` condition says why one asked for is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub webhooks: Vec<admission::ServedWebhook>,
+    /// The parent CRD's conversion the hosts serve (`spec.conversion`), or still serve until
+    /// no stored object needs it; the `ConversionServed` condition says why it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<conversion::ConversionStatus>,
 }
 
 /// How the prune guard stands in its current window.

@@ -252,6 +252,12 @@ pub fn confine(
             "spec.plugin.verify.keysFrom: its ConfigMaps are read with the host's rights; a NamespacedReconcilePolicy lists its keys in verify.keys".to_owned(),
         ));
     }
+    if spec.conversion.is_some() {
+        return Err(Refusal::new(
+            "ConversionNotAllowed",
+            "spec.conversion: a CRD's conversion serves every namespace; only a ReconcilePolicy (an admin's) may ask for it".to_owned(),
+        ));
+    }
     if let Some(refusal) = bounds.problem(&spec) {
         return Err(refusal);
     }
@@ -366,6 +372,13 @@ mod tests {
             policy["spec"]["versions"][0]["schema"]
         );
         assert_eq!(cluster_name("team-a", "app"), "team-a.app");
+    }
+
+    #[test]
+    fn a_team_cannot_change_how_a_crd_converts() {
+        let spec = spec(serde_json::json!({"conversion": {"versions": ["v1alpha1", "v1"]}}));
+        let refused = confine("team-a", spec, &TeamBounds::default()).expect_err("refused");
+        assert_eq!(refused.reason, "ConversionNotAllowed");
     }
 
     #[test]

@@ -100,81 +100,9 @@ mod served {
     use serde_json::{Value, json};
     use wasmctrl::admission::certs::Certificates;
     use wasmctrl::admission::configurations::{Configurations, Endpoint, Scope};
-    use wasmctrl::admission::hosting::Hosting;
     use wasmctrl::admission::review::{Answerer, FailurePolicy};
-    use wasmctrl::admission::server::{Answerers, ServingCertificate, serve};
-    use wasmctrl::metrics::Metrics;
     use wasmctrl::plugin::{EngineOptions, Limits, PluginEngine};
     use wasmctrl_e2e::*;
-
-    /// A replica's webhook listener on 127.0.0.1, with the pair from the Secret.
-    struct Listener {
-        address: std::net::SocketAddr,
-        ca_bundle: String,
-        /// The serving certificate it started with, PEM.
-        pem: String,
-        answerers: Arc<Answerers>,
-        certificate: Arc<ServingCertificate>,
-        metrics: Arc<Metrics>,
-        task: tokio::task::JoinHandle<()>,
-    }
-
-    impl Listener {
-        async fn start(client: &Client, ns: &str) -> anyhow::Result<Self> {
-            let issued = Certificates::new(
-                Api::<Secret>::namespaced(client.clone(), ns),
-                super::SECRET,
-                vec!["127.0.0.1".to_owned()],
-            )
-            .ensure()
-            .await?;
-            let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let address = tcp.local_addr()?;
-            let certificate = ServingCertificate::new(&issued)?;
-            let answerers = Answerers::new();
-            let metrics = Arc::new(Metrics::new());
-            let (serving, presented, counted) =
-                (answerers.clone(), certificate.clone(), metrics.clone());
-            let task = tokio::spawn(async move {
-                let served = serve(tcp, &presented, serving, counted, std::future::pending()).await;
-                if let Err(error) = served {
-                    eprintln!("the webhook listener stopped: {error:#}");
-                }
-            });
-            Ok(Self {
-                address,
-                pem: issued.certificate,
-                ca_bundle: issued.ca_bundle,
-                answerers,
-                certificate,
-                metrics,
-                task,
-            })
-        }
-
-        /// Reviews this listener answered.
-        fn answered(&self) -> f64 {
-            self.metrics
-                .encode()
-                .lines()
-                .filter(|l| l.starts_with("wasmctrl_webhook_requests_total{"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        }
-    }
-
-    /// A webhook listener on 127.0.0.1 with a pair from the Secret: its URL and answerers.
-    async fn listener(
-        client: &Client,
-        ns: &str,
-    ) -> anyhow::Result<(String, String, Arc<Answerers>)> {
-        let listener = Listener::start(client, ns).await?;
-        Ok((
-            format!("https://{}", listener.address),
-            listener.ca_bundle,
-            listener.answerers,
-        ))
-    }
 
     /// What a Service does for the replicas behind it: each connection goes to the first
     /// replica listed that takes it. TLS passes through untouched.
@@ -359,7 +287,7 @@ mod served {
         const TEST: &str = "webhooks-served";
         let (client, ns) = test_namespace(TEST).await?;
         install_repo_crds(&client).await?;
-        let (url, ca_bundle, answerers) = listener(&client, &ns).await?;
+        let (url, ca_bundle, answerers) = listener(&client, &ns, super::SECRET).await?;
         let policy = format!("{ns}/myapp-webhooks");
         answerers.serve(
             &policy,
@@ -541,24 +469,12 @@ mod served {
         Ok(found)
     }
 
-    fn hosting(ns: &str, url: &str, answerers: &Arc<Answerers>, ca_bundle: &str) -> Hosting {
-        // The sender goes: the CA bundle never changes here.
-        let (_, ca_bundle) = tokio::sync::watch::channel(ca_bundle.to_owned());
-        Hosting {
-            answerers: answerers.clone(),
-            endpoint: Endpoint::Url(url.to_owned()),
-            configuration: format!("wasmctrl-{ns}"),
-            ca_bundle,
-            exempt_users: vec!["system:serviceaccount:wasmctrl:wasmctrl".to_owned()],
-        }
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_policy_asks_and_the_host_serves_its_plugins_webhooks() -> anyhow::Result<()> {
         const TEST: &str = "webhooks-policy";
         let (client, ns) = test_namespace(TEST).await?;
         install_repo_crds(&client).await?;
-        let (url, ca_bundle, answerers) = listener(&client, &ns).await?;
+        let (url, ca_bundle, answerers) = listener(&client, &ns, super::SECRET).await?;
         let host = HostUnderTest::builder(TEST, &ns)
             .webhooks(hosting(&ns, &url, &answerers, &ca_bundle))
             .start()
@@ -673,8 +589,8 @@ mod served {
         let (client, ns) = test_namespace(TEST).await?;
         install_repo_crds(&client).await?;
         let (a, b) = (
-            Listener::start(&client, &ns).await?,
-            Listener::start(&client, &ns).await?,
+            Listener::start(&client, &ns, super::SECRET).await?,
+            Listener::start(&client, &ns, super::SECRET).await?,
         );
         assert_eq!(a.ca_bundle, b.ca_bundle, "one CA for every replica");
         let front = Front::start(vec![a.address]).await?;

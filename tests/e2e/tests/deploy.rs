@@ -526,6 +526,38 @@ fn the_hosts_own_role_has_no_rule_on_policy_kinds_and_impersonates_only_whom_it_
         !own_issued["rules"].to_string().contains("secrets"),
         "{own_issued}"
     );
+    // CRDs: none by default; the conversion stanza of those the values name, by name.
+    assert!(
+        !serde_json::to_string(&defaults)?.contains("customresourcedefinitions"),
+        "no right on CRDs unless the values name them"
+    );
+    let converting = documents(&render(&[
+        "wasmctrl",
+        CHART,
+        "--namespace",
+        "wasmctrl",
+        "--set",
+        "webhooks.conversionCrds={widgets.example.com}",
+    ])?)?;
+    let role = converting
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "wasmctrl")
+        .context("the host's ClusterRole")?;
+    let crd_rules: Vec<&serde_json::Value> = role["rules"]
+        .as_array()
+        .context("rules")?
+        .iter()
+        .filter(|r| r.to_string().contains("customresourcedefinitions"))
+        .collect();
+    assert_eq!(
+        crd_rules,
+        [&json!({
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": ["widgets.example.com"],
+            "verbs": ["get", "patch"],
+        })]
+    );
     assert!(
         !serde_json::to_string(&defaults)?.contains("impersonate"),
         "no impersonation unless the values name whom"

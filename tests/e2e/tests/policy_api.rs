@@ -170,6 +170,21 @@ async fn valid_policy_is_accepted_and_mistakes_are_refused() -> anyhow::Result<(
     let mut twice = valid_spec();
     twice["admission"] = json!({"default": true, "operations": ["CREATE", "CREATE"]});
     cases.push(("an operation listed twice", twice, "listed once"));
+    let mut elsewhere = valid_spec();
+    elsewhere["conversion"] = json!({"versions": ["v1alpha1", "v2"]});
+    cases.push((
+        "conversion without the parent's version",
+        elsewhere,
+        "lists the parent's own version",
+    ));
+    let mut one = valid_spec();
+    one["conversion"] = json!({"versions": ["v1"]});
+    cases.push(("conversion of one version", one, "spec.conversion.versions"));
+    let mut converting = valid_spec();
+    converting["conversion"] = json!({"versions": ["v1alpha1", "v1"]});
+    dry_run(&api, &policy("valid", converting))
+        .await
+        .map_err(anyhow::Error::msg)?;
     let mut admission = valid_spec();
     admission["admission"] = json!({"validate": true, "default": true, "failurePolicy": "Ignore",
         "timeoutSeconds": 3, "operations": ["CREATE", "UPDATE", "DELETE"]});

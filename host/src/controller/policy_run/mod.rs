@@ -3,6 +3,7 @@
 //! kube-runtime `Controller` over the parent kind, its children and its related kinds until
 //! told to stop. Stopping is graceful: reconciles in flight finish first.
 
+pub(crate) mod conversion;
 pub(crate) mod identity;
 pub(crate) mod parent_claims;
 pub(crate) mod permissions;
@@ -200,6 +201,13 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
     } = launch;
     let name = policy.name_any();
     let setup = watch_setup(&policy, shared, &parts.acting, metrics);
+    let mut syncing = syncing;
+    if policy.spec.conversion.is_some() {
+        // Its parents are listed through the conversion webhook, which the API server
+        // reaches through a Service that sends it to ready hosts only: this host's readiness
+        // cannot wait for them.
+        syncing.synced();
+    }
     let (controller, parents, caches, wait_for_caches) = watches(&setup, &parts).finish(syncing);
     metrics.set_active_plugin(Some(&parts.plugin.digest().to_string()));
     let (finalizers_ready, finalizers_ready_rx) = watch::channel(false);
@@ -266,6 +274,13 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
     .run(updates.clone());
     let swapper = swapper.run(policy.clone(), updates, candidate);
     let report = report_periodically(&ctx, &policy, &parents, &status, &setup.health, running);
+    let conversion = conversion::PolicyConversion::new(
+        &policy,
+        shared,
+        &parts.parent,
+        ctx.serving.clone(),
+        status.clone(),
+    );
     let webhooks = webhooks::PolicyWebhooks::new(
         &policy,
         shared,
@@ -277,7 +292,7 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
     // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {
         () = run => {}
-        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout, webhooks.serve(shared)); } => {}
+        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout, webhooks.serve(shared), conversion.serve(shared)); } => {}
     }
     webhooks.finish(shared).await;
 }

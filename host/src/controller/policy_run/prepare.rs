@@ -67,7 +67,17 @@ pub(crate) async fn prepare(
         Some(plugin) => plugin.clone(),
         None => plugin.insert(load(policy, shared, status).await?).clone(),
     };
-    match check(policy, shared, acting).await {
+    super::conversion::convert_early(policy, shared, &plugin, status.conversion());
+    let checked = match check(policy, shared, acting).await {
+        Ok((acting, kinds)) => {
+            // Last: the CRD sends its conversions to the hosts only once the policy can run.
+            super::conversion::prepare(policy, shared, &plugin, &kinds.0, status)
+                .await
+                .map(|()| (acting, kinds))
+        }
+        Err(problem) => Err(problem),
+    };
+    match checked {
         Ok((acting, (parent, children, related))) => {
             status.set_claimed_parent(Some(policy.spec.parent.clone()));
             Some(Parts {

@@ -153,6 +153,18 @@ pub(crate) async fn set_policy_finalizer(
     uid: Option<&str>,
     present: bool,
 ) -> anyhow::Result<()> {
+    set_finalizer_of_policy(client, name, uid, POLICY_FINALIZER, present).await
+}
+
+/// Add (`present`) or remove `finalizer` on policy `name` with `uid` (nothing if the policy
+/// is gone or was re-created).
+pub(crate) async fn set_finalizer_of_policy(
+    client: &Client,
+    name: &str,
+    uid: Option<&str>,
+    finalizer: &str,
+    present: bool,
+) -> anyhow::Result<()> {
     let api = Api::<ReconcilePolicy>::all(client.clone());
     let Some(policy) = api
         .get_opt(name)
@@ -164,7 +176,7 @@ pub(crate) async fn set_policy_finalizer(
     if policy.metadata.uid.as_deref() != uid {
         return Ok(());
     }
-    let Some(ops) = finalizer_patch(&policy.metadata, POLICY_FINALIZER, present) else {
+    let Some(ops) = finalizer_patch(&policy.metadata, finalizer, present) else {
         return Ok(());
     };
     let patch: json_patch::Patch = serde_json::from_value(ops)?;
@@ -184,21 +196,50 @@ pub(crate) async fn set_policy_finalizer(
 /// scope it recorded; through `acting`, the client the policy acts through), then let the
 /// policy go (as the host, through `host`). `namespace` is the host's own restriction, if
 /// any; the policy's `spec.parent.namespace` narrows it.
+///
+/// `last` runs after the parents are released and before the policy goes: an error keeps
+/// the policy (its conversion, which may have to outlive its controller).
 pub(crate) async fn retire(
     host: &Client,
     acting: &Client,
     policy: &ReconcilePolicy,
     namespace: Option<&str>,
+    last: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    if !policy.finalizers().iter().any(|f| f == POLICY_FINALIZER) {
-        return Ok(());
+    let releases = policy.finalizers().iter().any(|f| f == POLICY_FINALIZER);
+    if !releases {
+        return last.await;
     }
-    release_all(host, acting, policy, namespace).await
+    release_parents_of(host, acting, policy, namespace).await?;
+    last.await?;
+    let_go(host, policy).await
+}
+
+/// Remove [`POLICY_FINALIZER`] from `policy`.
+async fn let_go(host: &Client, policy: &ReconcilePolicy) -> anyhow::Result<()> {
+    set_policy_finalizer(
+        host,
+        &policy.name_any(),
+        policy.metadata.uid.as_deref(),
+        false,
+    )
+    .await
 }
 
 /// [`retire`], whether or not the policy holds [`POLICY_FINALIZER`]: an uninstall releases
 /// what a policy's parents hold even after someone removed the policy's own finalizer.
 pub(crate) async fn release_all(
+    host: &Client,
+    acting: &Client,
+    policy: &ReconcilePolicy,
+    namespace: Option<&str>,
+) -> anyhow::Result<()> {
+    release_parents_of(host, acting, policy, namespace).await?;
+    let_go(host, policy).await
+}
+
+/// The parents' part of [`release_all`].
+async fn release_parents_of(
     host: &Client,
     acting: &Client,
     policy: &ReconcilePolicy,
@@ -220,7 +261,7 @@ pub(crate) async fn release_all(
         released += release_scope(acting, &scope, None, &finalizer).await?;
     }
     tracing::info!(policy = %name, released, "policy deleted; its parents' finalizers released");
-    set_policy_finalizer(host, &name, uid, false).await
+    Ok(())
 }
 
 /// A kind resolved, or `None` if it is not served: a kind that is gone has no parents left

@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 
+use crate::admission::conversion::round_trip;
 use crate::case::{Case, compare_answers};
 use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::serving::ActivePlugin;
@@ -23,11 +24,16 @@ const EXAMPLES: usize = 5;
 
 /// Replay the gate's cases with `candidate`. An error means the cases could not be read:
 /// the gate cannot decide yet.
+///
+/// `convert_to` are the versions the policy's parents are converted to (`spec.conversion`):
+/// each case's parent must come back unchanged from each through the candidate's converter,
+/// or the case would fail.
 pub(crate) async fn replay(
     ctx: &PolicyContext,
     gate: &ReplayGate,
     namespace: Option<&str>,
     candidate: &ActivePlugin,
+    convert_to: &[String],
 ) -> anyhow::Result<ReplayResult> {
     let max = gate.max_cases.unwrap_or(DEFAULT_MAX_CASES) as usize;
     let cases = match (&gate.config_map, gate.recorded) {
@@ -57,13 +63,23 @@ pub(crate) async fn replay(
         };
         let mut request = case.request();
         request.config = candidate.config.clone();
+        let parent = serde_json::from_str::<crate::plugin::JsonObject>(&request.parent);
         let actual = candidate.plugin.reconcile(request).await;
         result.cases += 1;
         // The examples reach the policy's status.
-        let verdict = ctx
+        let mut verdict = ctx
             .redaction
             .in_status()
             .hiding(|hide| compare_answers(&expected, &actual, hide));
+        if let (false, Ok(parent)) = (matches!(verdict, Verdict::WouldFail(_)), &parent) {
+            for to in convert_to {
+                // As its reconciles here: the gate's calls are the candidate's, untenanted.
+                if let Err(problem) = round_trip(&candidate.plugin, "", parent, to).await {
+                    verdict = Verdict::WouldFail(problem);
+                    break;
+                }
+            }
+        }
         let failed = match &verdict {
             Verdict::Unchanged => {
                 result.unchanged += 1;
@@ -85,6 +101,14 @@ pub(crate) async fn replay(
         }
     }
     Ok(result)
+}
+
+/// The versions `policy`'s parents are converted to (`spec.conversion`), which a
+/// candidate's converter must round-trip them through.
+pub(crate) fn convert_to(policy: &crate::policy::ReconcilePolicy) -> Vec<String> {
+    policy.spec.conversion.as_ref().map_or_else(Vec::new, |c| {
+        crate::admission::conversion::other_versions(&policy.spec.parent.api_version, &c.versions)
+    })
 }
 
 /// Whether the candidate passed: nothing it would fail on, nor (with `failOnChange`)

@@ -487,8 +487,14 @@ impl Driver {
                 self.apply(&candidate, Some(0));
                 let namespace = policy.namespace();
                 Some(
-                    replay_gate::replay(&self.ctx, gate, namespace.as_deref(), &candidate.serving)
-                        .await,
+                    replay_gate::replay(
+                        &self.ctx,
+                        gate,
+                        namespace.as_deref(),
+                        &candidate.serving,
+                        &replay_gate::convert_to(policy),
+                    )
+                    .await,
                 )
             }
             _ => None,

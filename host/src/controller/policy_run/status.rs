@@ -12,6 +12,7 @@ use serde_json::json;
 use crate::leader::Leadership;
 use crate::plugin::Digest;
 use crate::policy::admission::ServedWebhook;
+use crate::policy::conversion::ConversionStatus;
 use crate::policy::{
     CandidateStatus, KindRef, ParentRef, PruneGuardStatus, ReconcilePolicy, ReconcilePolicyStatus,
     RolloutStatus, Signer,
@@ -272,6 +273,16 @@ impl PolicyStatusWriter {
     /// The webhooks served for the policy.
     pub fn set_webhooks(&mut self, webhooks: Vec<ServedWebhook>) {
         self.current.webhooks = webhooks;
+    }
+
+    /// The parent CRD's conversion served for the policy, as last reported.
+    pub fn conversion(&self) -> Option<&ConversionStatus> {
+        self.current.conversion.as_ref()
+    }
+
+    /// The parent CRD's conversion served for the policy.
+    pub fn set_conversion(&mut self, conversion: Option<ConversionStatus>) {
+        self.current.conversion = conversion;
     }
 
     /// How the policy's parents stand.

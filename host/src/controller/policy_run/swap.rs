@@ -143,6 +143,19 @@ impl Swapper {
             }
         };
         let mut status = self.status.lock().await;
+        let converts = policy.spec.conversion.is_some() || status.conversion().is_some();
+        if converts && !plugin.served_webhooks().convert {
+            // Every read of the kind at another version than stored would fail.
+            let message = format!(
+                "plugin {} does not serve convert, and the policy's kind is converted by its plugin (spec.conversion); still serving {}",
+                plugin.digest().short(),
+                current.plugin.digest()
+            );
+            tracing::warn!(policy = %name, %message, "new plugin refused; the active one keeps serving");
+            self.metrics.swapped("refused");
+            status.set_plugin(State::failed("ConvertNotServed", message), None);
+            return;
+        }
         status.set_plugin(
             State::ok("Loaded", loaded_message(plugin.digest(), &signers)),
             Some(plugin.digest()),
