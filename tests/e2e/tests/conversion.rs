@@ -140,11 +140,32 @@ async fn converting(
     ns: &str,
     spec: Value,
 ) -> anyhow::Result<(HostUnderTest, String, Value)> {
+    converting_recorded(client, test, ns, spec, None).await
+}
+
+/// [`converting`], the host recording every reconcile as a case in `cases`.
+async fn converting_recorded(
+    client: &Client,
+    test: &str,
+    ns: &str,
+    spec: Value,
+    cases: Option<&std::path::Path>,
+) -> anyhow::Result<(HostUnderTest, String, Value)> {
     let (url, ca_bundle, answerers) = listener(client, ns, "wasmctrl-conversion").await?;
-    let host = HostUnderTest::builder(test, ns)
-        .webhooks(hosting(ns, &url, &answerers, &ca_bundle))
-        .start()
-        .await?;
+    let mut host =
+        HostUnderTest::builder(test, ns).webhooks(hosting(ns, &url, &answerers, &ca_bundle));
+    if let Some(dir) = cases {
+        let explain = wasmctrl::explain::Explain::new(&wasmctrl::explain::ExplainOptions {
+            record: Some(wasmctrl::explain::RecordOptions {
+                dir: dir.to_owned(),
+                max_files: 100,
+                one_in: 1,
+            }),
+            ..Default::default()
+        })?;
+        host = host.explained(std::sync::Arc::new(explain));
+    }
+    let host = host.start().await?;
     apply_policy(client, test, ns, spec).await?;
     let served = wait_for_object(&policies(client), ns, "conversion served", |p| {
         condition(p, "ConversionServed").is_some_and(|c| c["status"] == "True")
@@ -190,18 +211,15 @@ async fn widgets_read_at_either_version_and_migrate_retires_the_old_one() -> any
 
     // A policy reconciles them at v1, and its plugin converts.
     let name = ns.clone();
-    let (host, url, served) = converting(
-        &client,
-        TEST,
-        &ns,
-        json!({
-            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
-            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
-            "plugin": {"source": file_source("widget_plugin")},
-            "conversion": {"versions": ["v1alpha1", "v1"]},
-        }),
-    )
-    .await?;
+    let cases = tempfile::tempdir()?;
+    let spec = json!({
+        "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Widget"},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "plugin": {"source": file_source("widget_plugin")},
+        "conversion": {"versions": ["v1alpha1", "v1"]},
+    });
+    let (host, url, served) =
+        converting_recorded(&client, TEST, &ns, spec.clone(), Some(cases.path())).await?;
     assert_eq!(served["status"]["conversion"]["crd"], CRD);
     assert_eq!(
         served["status"]["conversion"]["storedVersions"],
@@ -255,6 +273,38 @@ async fn widgets_read_at_either_version_and_migrate_retires_the_old_one() -> any
             && r.conversion.as_deref() == Some("example.com/v1alpha1 → example.com/v1")),
         "{records:?}"
     );
+
+    // A candidate whose converter does not take Widgets back to v1alpha1 is rolled back by
+    // its replay gate before it serves any parent, and the active plugin keeps converting.
+    let mut rolled = spec.clone();
+    rolled["plugin"]["candidate"] =
+        json!({"source": file_source("misbehave_plugin"), "config": {}});
+    rolled["plugin"]["rollout"] = json!({
+        "stages": [{"percent": 100, "maxWouldFail": 1.0}],
+        "replay": {"recorded": true},
+    });
+    apply_policy(&client, TEST, &name, rolled).await?;
+    let rolled_back = wait_for_object_within(
+        &policies(&client),
+        &name,
+        "the candidate rolled back by its converter",
+        Duration::from_secs(120),
+        |p| p["status"]["rollout"]["phase"] == "RolledBack",
+    )
+    .await?;
+    let state = &rolled_back["status"]["rollout"];
+    assert!(
+        state["examples"]
+            .to_string()
+            .contains("converting to example.com/v1alpha1 failed"),
+        "{state}"
+    );
+    assert_eq!(
+        rolled_back["status"]["candidate"]["canaryParents"], 0,
+        "{state}"
+    );
+    apply_policy(&client, TEST, &name, spec.clone()).await?;
+    assert_eq!(old.get("db").await?.data["spec"]["replicaCount"], 2);
 
     // v1 becomes the storage version: what was stored at v1alpha1 still needs the webhook.
     install_crd(&client, &widget_crd("v1")).await?;
