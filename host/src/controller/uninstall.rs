@@ -5,8 +5,9 @@
 //! NamespacedReconcilePolicies (the one that waits for the policy made from them) — and each
 //! would keep its object, and the object's namespace, Terminating for ever.
 //!
-//! So, in order: every policy's parents are released (in every scope the policy recorded),
-//! then the policy's own finalizer; then the teams' policies' finalizers; then, unless asked
+//! So, in order: every policy's parent CRD's conversion is put back (when its plugin served
+//! it), every policy's parents are released (in every scope the policy recorded), then the
+//! policy's own finalizers; then the teams' policies' finalizers; then, unless asked
 //! to keep them, the policies themselves. Children are left as they are: their owner
 //! references delete them with their parents, as Kubernetes would without wasmctrl.
 
@@ -35,6 +36,30 @@ pub struct Uninstalled {
     pub failed: Vec<String>,
 }
 
+/// The conversion of `policy`'s parent CRD put back as it was before the policy, and the
+/// policy's finalizer that waits for it removed; refused while an object is stored at a
+/// version only the policy's plugin can read it from (with no host left to convert, the
+/// objects would be unreadable at the other versions): `wasmctrl migrate` first.
+async fn put_back_conversion(client: &Client, policy: &ReconcilePolicy) -> anyhow::Result<()> {
+    use crate::admission::crd_conversion::CrdConversion;
+    use crate::controller::labels::CONVERSION_FINALIZER;
+    let name = policy.name_any();
+    if let Some(converted) = policy.status.as_ref().and_then(|s| s.conversion.as_ref()) {
+        CrdConversion::new(client, &converted.crd)
+            .restore(&name, None)
+            .await
+            .map_err(|error| anyhow::anyhow!("its CRD's conversion: {error}"))?;
+    }
+    release::set_finalizer_of_policy(
+        client,
+        &name,
+        policy.metadata.uid.as_deref(),
+        CONVERSION_FINALIZER,
+        false,
+    )
+    .await
+}
+
 /// Release every finalizer wasmctrl holds, then (unless `keep_policies`) delete the policies:
 /// all of them, or with a label `selector`, the ReconcilePolicies it selects and the team
 /// policies of the namespaces it selects (team policies are placed by their namespace's
@@ -60,6 +85,11 @@ pub async fn uninstall(
     };
     let mut released = Vec::new();
     for policy in &listed {
+        if let Err(error) = put_back_conversion(client, policy).await {
+            done.failed
+                .push(format!("ReconcilePolicy {}: {error:#}", policy.name_any()));
+            continue;
+        }
         match release::release_all(client, client, policy, None).await {
             Ok(()) => {
                 done.policies_released += 1;

@@ -507,3 +507,63 @@ fn conversion_records(
         .filter(|r| r.webhook == "convert")
         .collect())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstall_puts_the_conversion_back_and_lets_the_policy_go() -> anyhow::Result<()> {
+    const TEST: &str = "conversion-uninstall";
+    const CRD: &str = "oddities.example.com";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    let mut oddity = misfit_crd();
+    oddity["metadata"]["name"] = json!(CRD);
+    oddity["spec"]["names"] = json!({"kind": "Oddity", "plural": "oddities", "singular": "oddity", "listKind": "OddityList"});
+    fresh_crd(&client, &oddity).await?;
+    let name = ns.clone();
+    let (host, _, _) = converting(
+        &client,
+        TEST,
+        &ns,
+        json!({
+            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Oddity"},
+            "plugin": {"source": file_source("misbehave_plugin"), "config": {}},
+            "conversion": {"versions": ["v1", "v2"]},
+        }),
+    )
+    .await?;
+    let held = policies(&client).get(&name).await?;
+    assert!(
+        held.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == "wasmctrl.dev/put-back-conversion")),
+        "{:?}",
+        held.metadata.finalizers
+    );
+    // The hosts go; the uninstall puts the CRD's conversion back and lets the policy go.
+    host.stop().await?;
+    let selector = format!("{TEST_LABEL}={TEST}");
+    let cli = <wasmctrl::cli::Cli as clap::Parser>::try_parse_from([
+        "wasmctrl",
+        "uninstall",
+        "--lease",
+        &format!("{ns}/absent"),
+        "--selector",
+        &selector,
+        "--force",
+    ])?;
+    let wasmctrl::cli::Command::Uninstall(command) = cli.command else {
+        anyhow::bail!("not the uninstall command");
+    };
+    command.run_with(&client).await?;
+    let put_back = crd(&client, CRD).await?;
+    assert_eq!(
+        put_back["spec"]["conversion"]["strategy"], "None",
+        "{put_back}"
+    );
+    assert!(put_back["metadata"]["annotations"]["conversion.wasmctrl.dev/policy"].is_null());
+    wait_gone(&policies(&client), &name, "the policy gone").await?;
+
+    crds_api(&client).delete(CRD, &Default::default()).await?;
+    delete_namespace(&client, &ns).await?;
+    Ok(())
+}
