@@ -119,13 +119,7 @@ impl CrdConversion {
     /// Point the CRD's conversion at the hosts for `served` (a write only when it does not
     /// already say so).
     pub async fn ensure(&self, served: &Served<'_>) -> Result<Standing, CrdError> {
-        let mut attempt = 1;
-        loop {
-            match self.ensure_once(served).await {
-                Err(CrdError::Changed(_)) if attempt < ATTEMPTS => attempt += 1,
-                other => return other,
-            }
-        }
+        retried(|| self.ensure_once(served)).await
     }
 
     async fn ensure_once(&self, served: &Served<'_>) -> Result<Standing, CrdError> {
@@ -222,13 +216,7 @@ impl CrdConversion {
         policy: &str,
         reconciled_at: Option<&str>,
     ) -> Result<Restored, CrdError> {
-        let mut attempt = 1;
-        loop {
-            match self.restore_once(policy, reconciled_at).await {
-                Err(CrdError::Changed(_)) if attempt < ATTEMPTS => attempt += 1,
-                other => return other,
-            }
-        }
+        retried(|| self.restore_once(policy, reconciled_at)).await
     }
 
     async fn restore_once(
@@ -308,11 +296,7 @@ impl CrdConversion {
 
     /// The policy whose plugin the CRD's conversion is served by, if any.
     pub async fn owner(&self) -> anyhow::Result<Option<String>> {
-        let crd = self
-            .crds
-            .get_opt(&self.name)
-            .await
-            .with_context(|| format!("reading CRD {}", self.name))?;
+        let crd = self.read().await.map_err(anyhow::Error::new)?;
         Ok(crd.and_then(|crd| crd.annotations().get(POLICY_ANNOTATION).cloned()))
     }
 
@@ -361,6 +345,21 @@ impl CrdConversion {
                 error => self.failed(error, "writing the conversion of"),
             })?;
         Ok(())
+    }
+}
+
+/// `once`, tried again (up to [`ATTEMPTS`] in all) while the CRD changes between its read
+/// and its write.
+async fn retried<T, Attempt>(mut once: impl FnMut() -> Attempt) -> Result<T, CrdError>
+where
+    Attempt: Future<Output = Result<T, CrdError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match once().await {
+            Err(CrdError::Changed(_)) if attempt < ATTEMPTS => attempt += 1,
+            other => return other,
+        }
     }
 }
 

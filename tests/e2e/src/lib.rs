@@ -48,7 +48,7 @@ pub use process::{
 };
 pub use rbac::{account_subject, bind_cluster_role, bind_role, may_read_metrics, service_account};
 pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};
-pub use webhooks::{Listener, hosting, listener};
+pub use webhooks::{Listener, hosting, listener, webhook_records};
 
 /// Label that ties a test's policies to the host the test runs.
 pub const TEST_LABEL: &str = "e2e.wasmctrl.dev/test";

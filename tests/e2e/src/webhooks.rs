@@ -103,3 +103,27 @@ pub fn hosting(ns: &str, url: &str, answerers: &Arc<Answerers>, ca_bundle: &str)
         exempt_users: vec!["system:serviceaccount:wasmctrl:wasmctrl".to_owned()],
     }
 }
+
+/// The webhook answers `host` keeps on record for `kind` `name` in `ns`, newest first.
+pub fn webhook_records(
+    host: &crate::HostUnderTest,
+    kind: &str,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<Vec<wasmctrl::explain::WebhookRecord>> {
+    use anyhow::Context as _;
+    use wasmctrl::explain::{Explained, Lookup};
+    let store = &host.explain.store;
+    let Lookup::Found { records } =
+        store.lookup(kind, Some(ns), name, 50, &store.kinds_named(kind))
+    else {
+        anyhow::bail!("no record of {kind} {name}");
+    };
+    let mut found = Vec::new();
+    for record in records {
+        if let Explained::Webhook(record) = serde_json::from_str(&record).context("a record")? {
+            found.push(*record);
+        }
+    }
+    Ok(found)
+}

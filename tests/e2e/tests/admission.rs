@@ -447,28 +447,6 @@ mod served {
         }
     }
 
-    /// The webhook answers the host keeps on record for MyApp `name`, newest first.
-    fn webhook_records(
-        host: &HostUnderTest,
-        ns: &str,
-        name: &str,
-    ) -> anyhow::Result<Vec<wasmctrl::explain::WebhookRecord>> {
-        use wasmctrl::explain::{Explained, Lookup};
-        let store = &host.explain.store;
-        let Lookup::Found { records } =
-            store.lookup("MyApp", Some(ns), name, 50, &store.kinds_named("MyApp"))
-        else {
-            anyhow::bail!("no record of MyApp {name}");
-        };
-        let mut found = Vec::new();
-        for record in records {
-            if let Explained::Webhook(record) = serde_json::from_str(&record)? {
-                found.push(*record);
-            }
-        }
-        Ok(found)
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_policy_asks_and_the_host_serves_its_plugins_webhooks() -> anyhow::Result<()> {
         const TEST: &str = "webhooks-policy";
@@ -495,7 +473,7 @@ mod served {
         .await??;
         // Each answer is on record for `wasmctrl explain`, beside the object's reconciles:
         // what the plugin said, never a value of the object.
-        let denial = webhook_records(&host, &ns, "too-big")?
+        let denial = webhook_records(&host, "MyApp", &ns, "too-big")?
             .into_iter()
             .find(|r| r.outcome == "denied")
             .context("no record of the denial")?;
@@ -506,7 +484,7 @@ mod served {
             "{denial:?}"
         );
         assert!(denial.plugin.is_some_and(|p| p.starts_with("sha256:")));
-        let defaults = webhook_records(&host, &ns, "web")?
+        let defaults = webhook_records(&host, "MyApp", &ns, "web")?
             .into_iter()
             .find(|r| r.outcome == "patched")
             .context("no record of the defaults")?;

@@ -12,10 +12,14 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use wasmctrl_e2e::*;
+use wasmctrl_testenv::cluster::eventually;
 
 /// The Widget plugin's kind: `example.com`, at v1alpha1 (`address`, `replicaCount`) and v1
 /// (`endpoint: {host, port}`, `replicas`).
 const GROUP: &str = "example.com";
+/// How long a CRD takes to change as asked (deleted with its objects, or rewritten by the
+/// host).
+const CRD_CHANGE: Duration = Duration::from_secs(60);
 
 /// The Widget CRD, stored at `storage`.
 fn widget_crd(storage: &str) -> Value {
@@ -48,8 +52,10 @@ fn widget_crd(storage: &str) -> Value {
     })
 }
 
-/// The Misfit CRD, for the misbehaving plugin's converter (example.com v1 ↔ v2, any spec).
-fn misfit_crd() -> Value {
+/// The CRD of `kind` (plural `kinds`) for the misbehaving plugin's converter (example.com
+/// v1 ↔ v2, any spec).
+fn misfit_crd(kind: &str) -> Value {
+    let (singular, plural) = (kind.to_lowercase(), format!("{}s", kind.to_lowercase()));
     let version = |name: &str, storage: bool| {
         json!({"name": name, "served": true, "storage": storage,
                "subresources": {"status": {}},
@@ -59,10 +65,10 @@ fn misfit_crd() -> Value {
     };
     json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("misfits.{GROUP}")},
+        "metadata": {"name": format!("{plural}.{GROUP}")},
         "spec": {
             "group": GROUP,
-            "names": {"kind": "Misfit", "plural": "misfits", "singular": "misfit", "listKind": "MisfitList"},
+            "names": {"kind": kind, "plural": plural, "singular": singular, "listKind": format!("{kind}List")},
             "scope": "Namespaced",
             "versions": [version("v1", true), version("v2", false)],
         },
@@ -98,20 +104,12 @@ async fn wait_for_crd(
     name: &str,
     what: &str,
     check: impl Fn(&Value) -> bool,
-) -> anyhow::Result<Value> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let crd = crd(client, name).await?;
-        if check(&crd) {
-            return Ok(crd);
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "CRD {name}: {what} never happened: {}",
-            crd["spec"]["conversion"]
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+) -> anyhow::Result<()> {
+    let check = &check;
+    eventually(&format!("CRD {name}: {what}"), CRD_CHANGE, || async move {
+        Ok(check(&crd(client, name).await?))
+    })
+    .await
 }
 
 /// `crd` installed afresh: one a failed earlier run left (pointed at its host, or stored at
@@ -120,14 +118,10 @@ async fn fresh_crd(client: &Client, crd: &Value) -> anyhow::Result<()> {
     let name = crd["metadata"]["name"].as_str().context("a CRD name")?;
     if crds_api(client).get_opt(name).await?.is_some() {
         crds_api(client).delete(name, &Default::default()).await?;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while crds_api(client).get_opt(name).await?.is_some() {
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "CRD {name} never went"
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        eventually(&format!("CRD {name} gone"), CRD_CHANGE, || async move {
+            Ok(crds_api(client).get_opt(name).await?.is_none())
+        })
+        .await?;
     }
     install_crd(client, crd).await
 }
@@ -375,7 +369,7 @@ async fn a_converter_that_traps_fails_the_read_and_nothing_is_written() -> anyho
     const CRD: &str = "misfits.example.com";
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
-    fresh_crd(&client, &misfit_crd()).await?;
+    fresh_crd(&client, &misfit_crd("Misfit")).await?;
     let name = ns.clone();
     let (host, _, _) = converting(
         &client,
@@ -431,7 +425,7 @@ async fn a_converter_that_traps_fails_the_read_and_nothing_is_written() -> anyho
     assert_eq!(kept.data["spec"], json!({"behavior": "panic"}));
     assert!(kept.data["spec"]["x"].is_null());
     // The failure is on record.
-    let failures: Vec<_> = records_of(&host, "Misfit", &ns, "trapper")?
+    let failures: Vec<_> = webhook_records(&host, "Misfit", &ns, "trapper")?
         .into_iter()
         .filter(|r| r.webhook == "convert" && r.outcome == "failed")
         .collect();
@@ -453,20 +447,13 @@ async fn a_converter_that_traps_fails_the_read_and_nothing_is_written() -> anyho
     wait_gone(&policies(&client), &name, "the policy gone").await?;
     // The API server no longer asks the plugin (strategy None only relabels the version),
     // once it has taken up the CRD's change.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match v2.get("trapper").await {
-            Ok(read) => {
-                assert_eq!(read.data["spec"]["behavior"], "panic");
-                break;
-            }
-            Err(error) => anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "still not read at v2 without the plugin: {error}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let v2 = &v2;
+    eventually(
+        "trapper read at v2 without the plugin",
+        ACT,
+        || async move { Ok(v2.get("trapper").await?.data["spec"]["behavior"] == "panic") },
+    )
+    .await?;
 
     host.stop().await?;
     crds_api(&client).delete(CRD, &Default::default()).await?;
@@ -474,35 +461,12 @@ async fn a_converter_that_traps_fails_the_read_and_nothing_is_written() -> anyho
     Ok(())
 }
 
-/// The webhook records the host keeps for `kind` `name` in `ns`, newest first.
-fn records_of(
-    host: &HostUnderTest,
-    kind: &str,
-    ns: &str,
-    name: &str,
-) -> anyhow::Result<Vec<wasmctrl::explain::WebhookRecord>> {
-    use wasmctrl::explain::{Explained, Lookup};
-    let store = &host.explain.store;
-    let Lookup::Found { records } =
-        store.lookup(kind, Some(ns), name, 50, &store.kinds_named(kind))
-    else {
-        anyhow::bail!("no record of {kind} {name}");
-    };
-    let mut found = Vec::new();
-    for record in records {
-        if let Explained::Webhook(record) = serde_json::from_str(&record).context("a record")? {
-            found.push(*record);
-        }
-    }
-    Ok(found)
-}
-
 fn conversion_records(
     host: &HostUnderTest,
     ns: &str,
     name: &str,
 ) -> anyhow::Result<Vec<wasmctrl::explain::WebhookRecord>> {
-    Ok(records_of(host, "Widget", ns, name)?
+    Ok(webhook_records(host, "Widget", ns, name)?
         .into_iter()
         .filter(|r| r.webhook == "convert")
         .collect())
@@ -511,20 +475,17 @@ fn conversion_records(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uninstall_puts_the_conversion_back_and_lets_the_policy_go() -> anyhow::Result<()> {
     const TEST: &str = "conversion-uninstall";
-    const CRD: &str = "oddities.example.com";
+    const CRD: &str = "quirks.example.com";
     let (client, ns) = test_namespace(TEST).await?;
     install_repo_crds(&client).await?;
-    let mut oddity = misfit_crd();
-    oddity["metadata"]["name"] = json!(CRD);
-    oddity["spec"]["names"] = json!({"kind": "Oddity", "plural": "oddities", "singular": "oddity", "listKind": "OddityList"});
-    fresh_crd(&client, &oddity).await?;
+    fresh_crd(&client, &misfit_crd("Quirk")).await?;
     let name = ns.clone();
     let (host, _, _) = converting(
         &client,
         TEST,
         &ns,
         json!({
-            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Oddity"},
+            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Quirk"},
             "plugin": {"source": file_source("misbehave_plugin"), "config": {}},
             "conversion": {"versions": ["v1", "v2"]},
         }),
