@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controller::{Host, HostOptions, StopTimedOut};
 use crate::explain::{Bounds, Explain, ExplainOptions, RecordOptions};
-use crate::leader::{LeaderElector, Leadership, LeaseConfig, WriteGate};
+use crate::leader::{LeaderElector, Leadership, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::plugin::{ChildCompiler, Compiler, EngineOptions, PluginEngine};
 use crate::server::Access;
@@ -389,10 +389,8 @@ impl RunCommand {
         let config = crate::identified(self.client_config().await?);
         let client =
             kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
-        let gated = kube::client::ClientBuilder::try_from(config.clone())
-            .context("building the Kubernetes client")?
-            .with_layer(&WriteGate::new(leadership.clone()))
-            .build();
+        let gated = crate::leader::gated_client(config.clone(), leadership)
+            .context("building the Kubernetes client")?;
         let version = client
             .apiserver_version()
             .await

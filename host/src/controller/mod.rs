@@ -112,8 +112,8 @@ impl Host {
     }
 
     /// A host that writes only while `leadership` says this replica leads (see
-    /// [`crate::leader`]); `client` should be gated on the same `leadership` with
-    /// [`crate::leader::WriteGate`].
+    /// [`crate::leader`]); `client` should be made by [`crate::leader::gated_client`] on the
+    /// same `leadership`.
     pub fn elected(
         client: Client,
         engine: PluginEngine,

@@ -355,7 +355,8 @@ impl HostBuilder {
                 return Ok(serving(Host::elected(client, engine, options, leadership)));
             }
         };
-        let client = Client::try_from(config.clone())?;
+        // Gated as `wasmctrl run` gates it: reads and writes over pools of their own.
+        let client = wasmctrl::leader::gated_client(config.clone(), &leadership)?;
         Ok(serving(
             Host::elected(client, engine, options, leadership).impersonating_from(config),
         ))

@@ -847,8 +847,8 @@ fn now_ms() -> anyhow::Result<i64> {
     )?)
 }
 
-/// How soon after a frozen process resumes a write its connection held reaches the API
-/// server: it is on its way at once (for the failure's message).
+/// How soon after a frozen process resumes a write that slipped past the fence would reach
+/// the API server: one held inside the process goes out at once (for the failure's message).
 const IN_FLIGHT_ARRIVAL_MS: i64 = 1_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -899,10 +899,11 @@ async fn a_leader_frozen_past_its_lease_sends_nothing_new_once_resumed() -> anyh
         .max()
         .context("the frozen replica took or renewed its lease before it froze")?;
     let deadline = last_renewal + i64::try_from(RENEW_DEADLINE.as_millis())?;
-    // None after the deadline: the gate refuses a write started after the resume and drops
-    // one still waiting inside the client. Only a write its connection already held when it
-    // froze could still land (Kubernetes has no fencing token to refuse it; see `leader.rs`);
-    // it would arrive at once, and the failure says whether that is what happened.
+    // None after the deadline: the gate refuses a write started after the resume, drops one
+    // still waiting inside the client, and the fenced connection drops one handed to it but
+    // not yet written. What the kernel held when it froze arrived while it was frozen (see
+    // `leader/write_gate.rs`). A late write arriving right at the resume would be one that
+    // slipped past the fence, and the failure counts those.
     let late: Vec<_> = writes.iter().filter(|(at, ..)| *at > deadline).collect();
     let at_resume = late
         .iter()
@@ -910,7 +911,7 @@ async fn a_leader_frozen_past_its_lease_sends_nothing_new_once_resumed() -> anyh
         .count();
     assert!(
         late.is_empty(),
-        "the frozen leader wrote after its renew deadline ({at_resume} of them within {IN_FLIGHT_ARRIVAL_MS} ms of the resume, as a write its connection held would): {late:#?}"
+        "the frozen leader wrote after its renew deadline ({at_resume} of them within {IN_FLIGHT_ARRIVAL_MS} ms of the resume, as one held inside the process would): {late:#?}"
     );
     assert!(
         writes

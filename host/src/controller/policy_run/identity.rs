@@ -16,7 +16,7 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt as _};
 
 use crate::controller::policy_run::status::State;
-use crate::leader::{Leadership, WriteGate};
+use crate::leader::Leadership;
 use crate::policy::{ReconcilePolicy, ServiceAccountRef};
 
 /// Makes the client each policy acts through.
@@ -116,9 +116,7 @@ fn impersonating(
     config.auth_info.impersonate_groups = None;
     config.auth_info.impersonate_uid = None;
     config.auth_info.impersonate_user_extra = None;
-    Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&WriteGate::new(leadership.clone()))
-        .build())
+    Ok(crate::leader::gated_client(config, leadership)?)
 }
 
 /// Whether the API server lets the host act as `acting`'s account: a `SelfSubjectReview`

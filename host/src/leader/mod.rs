@@ -6,23 +6,24 @@
 //!
 //! - the controllers ask [`Leadership::is_leader`] before a reconcile, a status flush or a
 //!   finalizer change, and do nothing as a standby;
-//! - every request that is not a read goes through [`WriteGate`], a layer of the host's
-//!   Kubernetes client that refuses it outright while this replica does not lead. A leader
-//!   that loses the lease therefore stops writing at once, even in the middle of a
-//!   reconcile.
+//! - every request that is not a read goes through [`gated_client`]: a layer that refuses it
+//!   outright while this replica does not lead, over connections of its own that are cut
+//!   the moment the lead runs out (see [`write_gate`]). A leader that loses the lease
+//!   therefore stops writing at once, even in the middle of a reconcile.
 //!
 //! Leading is not only a flag the elector sets: it is bounded by a clock. Each successful
 //! renewal lets this replica lead until the renewal's start plus `renew_deadline`, and
 //! [`Leadership::is_leader`] (so the gate, at every write) answers no once that instant has
 //! passed, whether or not the elector has run since. That matters when the whole process
 //! stops — a SIGSTOP, a VM pause, a long stall — for longer than the lease: a standby takes
-//! over, and when the old leader resumes its reconciles may be woken before its elector. The
-//! clock is monotonic (`CLOCK_MONOTONIC` keeps counting while a process is stopped), so the
-//! gate is already closed when anything of the resumed process tries to write, and a write
-//! that passed the gate is checked again each time it is polled, so one still inside the
-//! process's client stack when it stopped is dropped on resume. What remains is a write the
-//! connection had already taken when the process stopped; only a fencing token checked by
-//! the API server could close that, and Kubernetes has none.
+//! over, and when the old leader resumes its reconciles, and the connection tasks holding
+//! their requests, may be woken before its elector. The clock is monotonic
+//! (`CLOCK_MONOTONIC` keeps counting while a process is stopped), so the gate is already
+//! closed when anything of the resumed process tries to write: a write still inside the
+//! client, or handed to its connection but not yet written, is dropped on resume. What
+//! remains is what the kernel already held when the process stopped, which reaches the API
+//! server while the old lead still holds; only a fencing token checked by the API server
+//! could do better, and Kubernetes has none.
 //!
 //! The election follows client-go's `leaderelection` package, so it behaves as Go operators
 //! do with controller-runtime's defaults (15 s lease, 10 s renew deadline, 2 s retry):
@@ -40,16 +41,18 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+pub mod write_gate;
+
+pub use write_gate::{GatedService, NotLeader, WriteGate, gated_client};
 
 /// Whether this replica leads, shared by the elector, the write gate and the controllers.
 #[derive(Debug)]
@@ -115,139 +118,6 @@ impl Leadership {
         self.leading.store(false, Ordering::Release);
         self.changes.send_replace(false);
     }
-}
-
-/// The error a standby's client gives instead of sending a write, or for a write whose lead
-/// ran out while it was under way.
-#[derive(Debug, thiserror::Error)]
-#[error("not the leader: {}", self.said())]
-pub struct NotLeader {
-    method: http::Method,
-    path: String,
-    under_way: bool,
-}
-
-impl NotLeader {
-    fn said(&self) -> String {
-        let (method, path) = (&self.method, &self.path);
-        if self.under_way {
-            format!("the lead ran out while {method} {path} was under way (it may have been sent)")
-        } else {
-            format!("this replica is a standby and sends no {method} {path}")
-        }
-    }
-}
-
-/// A layer for the host's Kubernetes client that refuses every request but reads while
-/// this replica does not lead (see the module docs).
-#[derive(Debug, Clone)]
-pub struct WriteGate {
-    leadership: Arc<Leadership>,
-}
-
-impl WriteGate {
-    /// Gate writes on `leadership`.
-    pub fn new(leadership: Arc<Leadership>) -> Self {
-        Self { leadership }
-    }
-}
-
-impl<S> tower::Layer<S> for WriteGate {
-    type Service = GatedService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        GatedService {
-            inner,
-            leadership: self.leadership.clone(),
-        }
-    }
-}
-
-/// The service [`WriteGate`] wraps around the client's stack.
-#[derive(Debug, Clone)]
-pub struct GatedService<S> {
-    inner: S,
-    leadership: Arc<Leadership>,
-}
-
-impl<S, B> tower::Service<http::Request<B>> for GatedService<S>
-where
-    S: tower::Service<http::Request<B>>,
-    S::Response: Send + 'static,
-    S::Error: Into<tower::BoxError>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = tower::BoxError;
-    type Future = BoxFuture<'static, Result<S::Response, tower::BoxError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let read = matches!(*request.method(), http::Method::GET | http::Method::HEAD)
-            || is_review(request.uri().path());
-        if read {
-            let response = self.inner.call(request);
-            return Box::pin(async move { response.await.map_err(Into::into) });
-        }
-        let mut refused = NotLeader {
-            method: request.method().clone(),
-            path: request.uri().path().to_owned(),
-            under_way: false,
-        };
-        if !self.leadership.is_leader() {
-            return Box::pin(std::future::ready(Err(refused.into())));
-        }
-        refused.under_way = true;
-        let response = self.inner.call(request);
-        Box::pin(GatedWrite {
-            response: Box::pin(response),
-            leadership: self.leadership.clone(),
-            refused: Some(refused),
-        })
-    }
-}
-
-/// A write under way, refused the moment the lead it started under runs out: each poll asks
-/// [`Leadership::is_leader`] before it lets the request go further. A process stopped with
-/// writes inside its client stack (waiting for a connection, a token, the pool) drops them on
-/// resume instead of sending them. Only what the connection already holds can still go out.
-struct GatedWrite<F> {
-    response: std::pin::Pin<Box<F>>,
-    leadership: Arc<Leadership>,
-    refused: Option<NotLeader>,
-}
-
-impl<F, R, E> std::future::Future for GatedWrite<F>
-where
-    F: std::future::Future<Output = Result<R, E>>,
-    E: Into<tower::BoxError>,
-{
-    type Output = Result<R, tower::BoxError>;
-
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if !self.leadership.is_leader() {
-            let refused = self.refused.take().map_or_else(
-                || "not the leader".into(),
-                |refused| -> tower::BoxError { refused.into() },
-            );
-            return Poll::Ready(Err(refused));
-        }
-        self.response.as_mut().poll(cx).map_err(Into::into)
-    }
-}
-
-/// A self-review (`POST …/selfsubjectaccessreviews`, `…/selfsubjectreviews`) asks a question
-/// and changes nothing, so a standby may make it: it checks its permissions, and who it acts
-/// as, before it leads.
-fn is_review(path: &str) -> bool {
-    (path.starts_with("/apis/authorization.k8s.io/")
-        && (path.ends_with("/selfsubjectaccessreviews")
-            || path.ends_with("/selfsubjectrulesreviews")))
-        || (path.starts_with("/apis/authentication.k8s.io/")
-            && path.ends_with("/selfsubjectreviews"))
 }
 
 /// Where the Lease is and how it is held; the durations are controller-runtime's defaults.
@@ -590,178 +460,6 @@ fn host_name() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A write gate on `leadership` around a service that counts the requests it is sent.
-    fn counting_gate(
-        leadership: &Arc<Leadership>,
-    ) -> (
-        impl tower::Service<http::Request<()>, Response = (), Error = tower::BoxError>,
-        Arc<std::sync::atomic::AtomicUsize>,
-    ) {
-        use tower::Layer as _;
-        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let inner = {
-            let sent = sent.clone();
-            tower::service_fn(move |_: http::Request<()>| {
-                sent.fetch_add(1, Ordering::SeqCst);
-                std::future::ready(Ok::<_, std::convert::Infallible>(()))
-            })
-        };
-        (WriteGate::new(leadership.clone()).layer(inner), sent)
-    }
-
-    fn request(method: http::Method, uri: &str) -> http::Request<()> {
-        http::Request::builder()
-            .method(method)
-            .uri(uri)
-            .body(())
-            .unwrap_or_default()
-    }
-
-    #[test]
-    fn a_standby_learns_of_leadership_and_the_gate_follows() {
-        let leadership = Leadership::standby();
-        let mut changes = leadership.subscribe();
-        assert!(!leadership.is_leader());
-        leadership.lead_until(Instant::now() + Duration::from_secs(60));
-        assert!(leadership.is_leader());
-        assert!(changes.has_changed().unwrap_or(false));
-        assert!(*changes.borrow_and_update());
-        assert!(Leadership::always().is_leader());
-    }
-
-    #[tokio::test]
-    async fn the_gate_refuses_writes_but_not_reads_while_standing_by() {
-        use tower::Service as _;
-        let leadership = Leadership::standby();
-        let (mut gated, sent) = counting_gate(&leadership);
-        let request = |method| request(method, "/api/v1/namespaces/a/configmaps");
-        assert!(gated.call(request(http::Method::GET)).await.is_ok());
-        for method in [
-            http::Method::POST,
-            http::Method::PATCH,
-            http::Method::DELETE,
-        ] {
-            let refused = gated.call(request(method.clone())).await;
-            let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
-            assert!(message.starts_with("not the leader"), "{method}: {message}");
-        }
-        assert_eq!(sent.load(Ordering::SeqCst), 1, "only the read went through");
-        let review = http::Request::builder()
-            .method(http::Method::POST)
-            .uri("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
-            .body(())
-            .unwrap_or_default();
-        assert!(
-            gated.call(review).await.is_ok(),
-            "a self-review changes nothing"
-        );
-        assert_eq!(sent.load(Ordering::SeqCst), 2);
-        leadership.lead_until(Instant::now() + Duration::from_secs(60));
-        assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
-        assert_eq!(sent.load(Ordering::SeqCst), 3);
-    }
-
-    /// A leader whose process stood still past its renew deadline (nothing ran: no elector,
-    /// no renewal) finds its gate closed when it resumes, before any task of it runs.
-    #[tokio::test(start_paused = true)]
-    async fn the_gate_closes_at_the_renew_deadline_without_the_elector() {
-        use tower::Service as _;
-        let renew_deadline = Duration::from_secs(10);
-        let leadership = Leadership::standby();
-        let (mut gated, sent) = counting_gate(&leadership);
-        let request = |method| request(method, "/api/v1/namespaces/a/configmaps/c");
-        let renewed = Instant::now();
-        leadership.lead_until(renewed + renew_deadline);
-        assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
-
-        tokio::time::advance(renew_deadline - Duration::from_millis(1)).await;
-        assert!(leadership.is_leader(), "still within the deadline");
-        assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
-        assert_eq!(sent.load(Ordering::SeqCst), 2);
-
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(
-            !leadership.is_leader(),
-            "closed at renewal + renew deadline"
-        );
-        for method in [
-            http::Method::POST,
-            http::Method::PATCH,
-            http::Method::PUT,
-            http::Method::DELETE,
-        ] {
-            let refused = gated.call(request(method.clone())).await;
-            let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
-            assert!(message.starts_with("not the leader"), "{method}: {message}");
-        }
-        assert!(
-            gated.call(request(http::Method::GET)).await.is_ok(),
-            "reads go on"
-        );
-        assert_eq!(
-            sent.load(Ordering::SeqCst),
-            3,
-            "no write after the deadline"
-        );
-        // Nothing told the subscribers: the clock alone closed the gate.
-        assert!(*leadership.subscribe().borrow());
-
-        // A renewal (as the elector makes it) opens it again until the next deadline.
-        leadership.lead_until(Instant::now() + renew_deadline);
-        assert!(gated.call(request(http::Method::PATCH)).await.is_ok());
-        assert!(Leadership::always().is_leader(), "no election, no clock");
-    }
-
-    /// A write that passed the gate and then waited (for a connection, say) while the
-    /// process stood still past the deadline is dropped when it resumes, not sent.
-    #[tokio::test(start_paused = true)]
-    async fn a_write_under_way_past_the_deadline_is_dropped_not_sent() {
-        use tower::{Layer as _, Service as _};
-        let renew_deadline = Duration::from_secs(10);
-        let leadership = Leadership::standby();
-        leadership.lead_until(Instant::now() + renew_deadline);
-        let connection = Arc::new(tokio::sync::Notify::new());
-        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let inner = {
-            let (connection, sent) = (connection.clone(), sent.clone());
-            tower::service_fn(move |_: http::Request<()>| {
-                let (connection, sent) = (connection.clone(), sent.clone());
-                async move {
-                    connection.notified().await;
-                    sent.fetch_add(1, Ordering::SeqCst);
-                    Ok::<_, std::convert::Infallible>(())
-                }
-            })
-        };
-        let mut gated = WriteGate::new(leadership.clone()).layer(inner);
-        let mut write = gated.call(request(
-            http::Method::PATCH,
-            "/api/v1/namespaces/a/configmaps/c",
-        ));
-        // Under way: polled once, waiting for its connection.
-        assert!(futures::poll!(&mut write).is_pending());
-        tokio::time::advance(renew_deadline + Duration::from_secs(1)).await;
-        connection.notify_waiters();
-        let refused = write.await.err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(refused.starts_with("not the leader"), "{refused}");
-        assert_eq!(
-            sent.load(Ordering::SeqCst),
-            0,
-            "nothing sent after the deadline"
-        );
-
-        // Within the lead, the same wait ends in the write.
-        leadership.lead_until(Instant::now() + renew_deadline);
-        let mut write = gated.call(request(
-            http::Method::PATCH,
-            "/api/v1/namespaces/a/configmaps/c",
-        ));
-        assert!(futures::poll!(&mut write).is_pending());
-        connection.notify_waiters();
-        assert!(write.await.is_ok());
-        assert_eq!(sent.load(Ordering::SeqCst), 1);
-    }
 
     #[tokio::test(start_paused = true)]
     async fn a_renewal_is_not_sent_after_its_deadline() {
