@@ -127,6 +127,8 @@ pub enum ChildOperation {
     Unchanged,
     /// No longer desired: deleted.
     Pruned,
+    /// Desired, but held back until what it depends on is ready.
+    Waiting,
 }
 
 impl ChildOperation {
@@ -135,6 +137,7 @@ impl ChildOperation {
             Self::Applied => "applied",
             Self::Unchanged => "unchanged",
             Self::Pruned => "pruned",
+            Self::Waiting => "waiting",
         }
     }
 }
@@ -719,7 +722,7 @@ struct PolicySeries {
     /// Per call outcome, in the order of [`PLUGIN_OUTCOMES`].
     plugin_calls: [OnceLock<Counter>; PLUGIN_OUTCOMES.len()],
     /// Per child kind, per operation (in [`ChildOperation`]'s order).
-    children: Mutex<HashMap<String, [Option<Counter>; 3]>>,
+    children: Mutex<HashMap<String, [Option<Counter>; 4]>>,
 }
 
 /// Every outcome a plugin call can have, as `wasmctrl_plugin_calls_total` labels it.

@@ -469,10 +469,14 @@ fn text(record: &Record) -> String {
                 ChildAction::Changed => "changed",
                 ChildAction::Unchanged => "unchanged",
                 ChildAction::Pruned => "pruned",
+                ChildAction::Waiting => "waiting",
             };
             let _ = write!(out, "    {action:<10} {} {}", child.kind, child.name);
             if !child.changed.is_empty() {
                 let _ = write!(out, ": {}", child.changed.join(", "));
+            }
+            if let Some(waiting_for) = &child.waiting_for {
+                let _ = write!(out, ": waits for {waiting_for}");
             }
             out.push('\n');
         }

@@ -122,6 +122,10 @@ const SDK_FILES: &[(&str, &str)] = &[
         include_str!("../../../plugins/sdk/wit/plugin.wit"),
     ),
     (
+        "src/child.rs",
+        include_str!("../../../plugins/sdk/src/child.rs"),
+    ),
+    (
         "src/conditions.rs",
         include_str!("../../../plugins/sdk/src/conditions.rs"),
     ),

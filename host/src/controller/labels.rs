@@ -14,6 +14,19 @@ pub const POLICY_LABEL: &str = "wasmctrl.dev/policy";
 /// Annotation holding the fingerprint of the desired object last applied.
 pub const DESIRED_HASH_ANNOTATION: &str = "wasmctrl.dev/desired-hash";
 
+/// Annotation by which a plugin's child names the other children of the same answer it
+/// depends on (`Kind/name, Kind/name`): the host applies it only once they exist and are
+/// ready, and deletes it before them. It stays on the child, so teardown keeps the order
+/// without the plugin.
+pub const DEPENDS_ON_ANNOTATION: &str = "wasmctrl.dev/depends-on";
+/// Annotation holding a CEL expression over the child as stored (`self`) that says when it
+/// is ready, in place of the host's rule for its kind.
+pub const READY_WHEN_ANNOTATION: &str = "wasmctrl.dev/ready-when";
+/// The finalizer on a child that another child of the same parent depends on: the host
+/// removes it once no child that depends on it is left, so deletion goes in reverse order
+/// whoever deletes (the garbage collector after the parent, or the host's prune).
+pub const TEARDOWN_FINALIZER: &str = "wasmctrl.dev/teardown-order";
+
 /// The finalizer on a ReconcilePolicy whose parents hold finalizers of its own.
 pub const POLICY_FINALIZER: &str = "wasmctrl.dev/release-parents";
 

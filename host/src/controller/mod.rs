@@ -282,6 +282,9 @@ impl Host {
                         tracing::info!(policy = %policy.name_any(), "policy deleted; stopping its controller");
                         old.delete(&self.shared.metrics, &policy.name_any());
                     }
+                    // A policy that held no finalizer of its own is gone before anything
+                    // could retire it: its children's teardown order goes with it.
+                    tokio::spawn(release_teardown(self.shared.clone(), policy));
                 }
                 Some(Ok(watcher::Event::Init)) => listed.clear(),
                 Some(Ok(watcher::Event::InitDone)) => {
@@ -677,6 +680,27 @@ fn only_the_plugin_differs(old: &ReconcilePolicySpec, new: &ReconcilePolicySpec)
     let mut aligned = old.clone();
     aligned.plugin = new.plugin.clone();
     aligned == *new && old.plugin.verify == new.plugin.verify
+}
+
+/// Let the children of a deleted policy go from their teardown order (see
+/// [`policy_run::teardown`]); the leader does it, once, and says when it cannot.
+async fn release_teardown(shared: Arc<Shared>, policy: ReconcilePolicy) {
+    if !shared.leadership.is_leader() {
+        return;
+    }
+    let acting = match shared.identities.acting_for(&policy) {
+        Ok(acting) => acting,
+        Err(refused) => {
+            tracing::warn!(policy = %policy.name_any(), reason = refused.reason, "cannot release the deleted policy's children from their teardown order without its identity");
+            return;
+        }
+    };
+    let namespace = shared.options.namespace.as_deref();
+    if let Err(error) =
+        policy_run::release::release_teardown(&acting.client, &policy, namespace).await
+    {
+        tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), "could not release the deleted policy's children from their teardown order");
+    }
 }
 
 /// One attempt at letting a deleted policy go: its webhook entries removed (nothing answers

@@ -162,3 +162,20 @@ pub fn deployment(name: &str) -> crate::plugin::JsonObject {
         "spec": {"replicas": 3},
     }))
 }
+
+/// A validated child of kind `kind_index` named `name` in namespace `a`, depending on the
+/// children at `depends_on`, with an empty object: for what decides on names and order.
+pub fn desired_child(
+    kind_index: usize,
+    name: &str,
+    depends_on: Vec<usize>,
+) -> crate::controller::reconcile::children::DesiredChild {
+    crate::controller::reconcile::children::DesiredChild {
+        kind_index,
+        name: name.to_owned(),
+        namespace: Some("a".into()),
+        object: serde_json::json!({}),
+        hash: String::new(),
+        depends_on,
+    }
+}

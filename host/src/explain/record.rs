@@ -179,6 +179,9 @@ pub struct ChildRecord {
     /// For a changed child, the desired fields whose live value differed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changed: Vec<String>,
+    /// For a waiting child, what it waits for and why, e.g. `Job migrate: not complete`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
 }
 
 /// What a reconcile did to a child.
@@ -192,6 +195,8 @@ pub enum ChildAction {
     Unchanged,
     /// It is no longer desired and was deleted.
     Pruned,
+    /// It depends on a child that is not ready yet, so it was not applied.
+    Waiting,
 }
 
 /// The status a reconcile wrote, if any.

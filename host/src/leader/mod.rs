@@ -40,85 +40,19 @@
 //! duration later, and a leader whose renewals fail keeps reporting itself the leader.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, PostParams};
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+mod leadership;
 pub mod write_gate;
 
+pub use leadership::Leadership;
 pub use write_gate::{GatedService, NotLeader, WriteGate, gated_client};
-
-/// Whether this replica leads, shared by the elector, the write gate and the controllers.
-#[derive(Debug)]
-pub struct Leadership {
-    leading: AtomicBool,
-    /// Until when leading counts: the start of the last successful renewal plus the renew
-    /// deadline. `None` for a host that leads without an election.
-    until: std::sync::Mutex<Option<Instant>>,
-    changes: watch::Sender<bool>,
-}
-
-impl Leadership {
-    /// Leading from the start and for ever: a host run without leader election.
-    pub fn always() -> Arc<Self> {
-        Arc::new(Self::starting(true))
-    }
-
-    /// A standby until an elector makes it the leader.
-    pub fn standby() -> Arc<Self> {
-        Arc::new(Self::starting(false))
-    }
-
-    fn starting(leading: bool) -> Self {
-        Self {
-            leading: AtomicBool::new(leading),
-            until: std::sync::Mutex::new(None),
-            changes: watch::channel(leading).0,
-        }
-    }
-
-    /// Whether this replica may write now: it leads, and the time its last renewal bought
-    /// has not run out (see the module docs).
-    pub fn is_leader(&self) -> bool {
-        self.leading.load(Ordering::Acquire)
-            && crate::lock(&self.until).is_none_or(|until| Instant::now() < until)
-    }
-
-    /// Changes of leadership, starting from the current state (seen). A lead that runs out
-    /// by the clock alone shows here only once the elector notices; writes are refused from
-    /// the deadline on regardless.
-    pub fn subscribe(&self) -> watch::Receiver<bool> {
-        self.changes.subscribe()
-    }
-
-    /// Completes once this replica leads.
-    pub async fn until_leader(&self) {
-        let mut changes = self.subscribe();
-        // The sender lives in `self`, so waiting cannot fail while `self` is borrowed.
-        let _ = changes.wait_for(|leading| *leading).await;
-    }
-
-    /// Lead until `deadline` (the elector's last successful renewal plus its renew
-    /// deadline); each renewal moves it on.
-    pub fn lead_until(&self, deadline: Instant) {
-        *crate::lock(&self.until) = Some(deadline);
-        self.leading.store(true, Ordering::Release);
-        self.changes
-            .send_if_modified(|leading| !std::mem::replace(leading, true));
-    }
-
-    /// Stop leading. Closes the write gate before anything else sees it.
-    pub fn stop_leading(&self) {
-        self.leading.store(false, Ordering::Release);
-        self.changes.send_replace(false);
-    }
-}
 
 /// Where the Lease is and how it is held; the durations are controller-runtime's defaults.
 #[derive(Debug, Clone)]

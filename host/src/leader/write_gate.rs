@@ -26,7 +26,7 @@ use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 
-use super::Leadership;
+use super::leadership::Leadership;
 
 /// A Kubernetes client whose writes go out only while `leadership` leads: reads over one
 /// connection pool, writes through [`WriteGate`] over another whose connection tasks are

@@ -76,6 +76,12 @@ pub struct ReconcilePolicySpec {
     /// the finalizer is removed once the plugin reports `finalized`.
     #[serde(default)]
     pub finalize: bool,
+    /// How long a child that others depend on may wait, while being deleted, for them to be
+    /// gone before the host reports the teardown as blocked (default 300). It keeps waiting:
+    /// a blocked teardown is reported, never skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub teardown_timeout_seconds: Option<u32>,
     /// The identity the host acts as for this policy: every watch, read and write the policy
     /// causes goes through a client that impersonates this ServiceAccount, so the policy can
     /// do exactly what RBAC grants the account. Unset: the host acts as itself, which a host

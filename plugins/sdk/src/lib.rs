@@ -62,6 +62,7 @@
 //! The same function runs natively under `cargo test` through [`testing`], with the exact
 //! decoding and encoding the Wasm export uses, so plugin logic is tested without Wasm or a cluster.
 
+pub mod child;
 mod conditions;
 mod error;
 #[doc(hidden)]
@@ -73,6 +74,7 @@ mod response;
 pub mod testing;
 pub mod webhooks;
 
+pub use child::Child;
 pub use conditions::{Condition, ConditionStatus, set_condition};
 pub use error::{Error, ResultExt};
 pub use request::{Observed, ObservedObject, Request};

@@ -6,9 +6,10 @@ use std::sync::OnceLock;
 
 /// Every plugin crate in the repository, built for wasm32-wasip2 one cargo invocation each
 /// (by the tests on first use, and by `cargo xtask build-plugins`).
-pub const GUESTS: [&str; 7] = [
+pub const GUESTS: [&str; 8] = [
     "myapp-plugin",
     "widget-plugin",
+    "stack-plugin",
     "myapp-v2-plugin",
     "myapp-before-plugin",
     "misbehave-plugin",

@@ -16,6 +16,7 @@ pub(crate) mod scopes;
 pub(crate) mod shared;
 pub(crate) mod status;
 pub(crate) mod swap;
+pub(crate) mod teardown;
 pub(crate) mod watch_health;
 pub(crate) mod watches;
 pub(crate) mod webhooks;
@@ -200,7 +201,8 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
         step,
     } = launch;
     let name = policy.name_any();
-    let setup = watch_setup(&policy, shared, &parts.acting, metrics);
+    let (teardown_wake, teardown_woken) = tokio::sync::mpsc::unbounded_channel();
+    let setup = watch_setup(&policy, shared, &parts.acting, metrics, teardown_wake);
     let mut syncing = syncing;
     if policy.spec.conversion.is_some() {
         // Its parents are listed through the conversion webhook, which the API server
@@ -243,14 +245,7 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
     // A swap, a candidate change and a takeover re-enqueue every parent through this channel.
     let (requeue_all, requeue_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let status = Arc::new(tokio::sync::Mutex::new(status));
-    let swapper = swap::Swapper {
-        serving: ctx.serving.clone(),
-        prune_guard: ctx.prune_guard.clone(),
-        registry: shared.registry.clone(),
-        metrics: metrics.clone(),
-        status: status.clone(),
-        requeue_all: requeue_all.clone(),
-    };
+    let swapper = swap::Swapper::new(&ctx, shared, metrics, &status, &requeue_all);
     step.set("starting: loading its rollout candidate");
     let Some(candidate) = stop.run_until_cancelled(swapper.prime(&policy)).await else {
         return;
@@ -289,10 +284,11 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
         ctx.serving.clone(),
         status.clone(),
     );
+    let teardown = teardown::Teardown::new(ctx.clone(), teardown_woken, &policy).run();
     // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {
         () = run => {}
-        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout, webhooks.serve(shared), conversion.serve(shared)); } => {}
+        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout, webhooks.serve(shared), conversion.serve(shared), teardown); } => {}
     }
     webhooks.finish(shared).await;
 }
@@ -398,6 +394,7 @@ fn watch_setup(
     shared: &Shared,
     acting: &Acting,
     metrics: &PolicyMetrics,
+    teardown: teardown::Wake,
 ) -> WatchSetup {
     let name = policy.name_any();
     WatchSetup {
@@ -417,6 +414,7 @@ fn watch_setup(
         field_manager: field_manager_for(&name),
         owned_selector: watches::owned_selector(&labels::policy_label_value(&name)),
         related_budget: shared.related_budget.clone(),
+        teardown,
     }
 }
 

@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::controller::kinds::{self, ResolvedKind};
 use crate::controller::labels::{
-    POLICY_FINALIZER, POLICY_LABEL, parent_finalizer, policy_label_value,
+    POLICY_FINALIZER, POLICY_LABEL, TEARDOWN_FINALIZER, parent_finalizer, policy_label_value,
 };
 use crate::controller::policy_run::scopes;
 use crate::policy::{FinalizedScope, KindRef, ReconcilePolicy};
@@ -87,32 +87,50 @@ async fn release_one(
     object: &PartialObjectMeta<DynamicObject>,
     finalizer: &str,
 ) -> anyhow::Result<usize> {
-    let Some(index) = object.finalizers().iter().position(|f| f == finalizer) else {
-        return Ok(0);
-    };
     let name = object.name_any();
-    let api: Api<DynamicObject> = match &object.metadata.namespace {
-        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &*parent.resource),
-        None => Api::all_with(client.clone(), &*parent.resource),
-    };
-    let path = format!("/metadata/finalizers/{index}");
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/uid", "value": object.metadata.uid},
-        {"op": "test", "path": path, "value": finalizer},
-        {"op": "remove", "path": path},
-    ]))?;
-    match api
-        .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
-        .await
-    {
-        Ok(_) => Ok(1),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(0),
+    match remove_finalizer(client, &parent.resource, &object.metadata, finalizer).await {
+        Ok(removed) => Ok(usize::from(removed)),
         Err(error) => Err(error).with_context(|| {
             format!(
                 "removing finalizer {finalizer} from {} {name}",
                 parent.resource.kind
             )
         }),
+    }
+}
+
+/// Remove `finalizer` from the object of `resource` whose `metadata` was read, if it is
+/// still that object (same uid) and still holds it where it was: true if it was removed,
+/// false if it did not hold it or is gone.
+pub(crate) async fn remove_finalizer(
+    client: &Client,
+    resource: &kube::core::ApiResource,
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    finalizer: &str,
+) -> Result<bool, kube::Error> {
+    let finalizers = metadata.finalizers.as_deref().unwrap_or_default();
+    let Some(index) = finalizers.iter().position(|f| f == finalizer) else {
+        return Ok(false);
+    };
+    let name = metadata.name.as_deref().unwrap_or_default();
+    let api: Api<DynamicObject> = match &metadata.namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
+        None => Api::all_with(client.clone(), resource),
+    };
+    let path = format!("/metadata/finalizers/{index}");
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": metadata.uid},
+        {"op": "test", "path": path, "value": finalizer},
+        {"op": "remove", "path": path},
+    ]))
+    .map_err(kube::Error::SerdeError)?;
+    match api
+        .patch_metadata(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error),
     }
 }
 
@@ -206,6 +224,7 @@ pub(crate) async fn retire(
     namespace: Option<&str>,
     last: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
+    release_teardown(acting, policy, namespace).await?;
     let releases = policy.finalizers().iter().any(|f| f == POLICY_FINALIZER);
     if !releases {
         return last.await;
@@ -213,6 +232,46 @@ pub(crate) async fn retire(
     release_parents_of(host, acting, policy, namespace).await?;
     last.await?;
     let_go(host, policy).await
+}
+
+/// Remove [`TEARDOWN_FINALIZER`] from every child of the policy (labelled for it, of its
+/// child kinds, through `acting`): with the policy gone, no host would let them go, and a
+/// child held for ever would keep its parent's deletion (and its namespace's) from ending.
+/// Their teardown order is given up with the policy. Returns how many were released.
+pub(crate) async fn release_teardown(
+    acting: &Client,
+    policy: &ReconcilePolicy,
+    namespace: Option<&str>,
+) -> anyhow::Result<usize> {
+    let name = policy.name_any();
+    let selector = format!("{POLICY_LABEL}={}", policy_label_value(&name));
+    let namespace = policy.spec.parent.namespace.as_deref().or(namespace);
+    let mut released = 0;
+    for kind in &policy.spec.children {
+        let Some(resolved) = resolve(acting, kind).await? else {
+            continue;
+        };
+        let api: Api<DynamicObject> = match namespace.filter(|_| resolved.namespaced) {
+            Some(namespace) => Api::namespaced_with(acting.clone(), namespace, &*resolved.resource),
+            None => Api::all_with(acting.clone(), &*resolved.resource),
+        };
+        let children = api
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await
+            .with_context(|| {
+                format!(
+                    "listing the {} {} children of policy {name}",
+                    kind.api_version, kind.kind
+                )
+            })?;
+        for child in &children.items {
+            released += release_one(acting, &resolved, child, TEARDOWN_FINALIZER).await?;
+        }
+    }
+    if released > 0 {
+        tracing::info!(policy = %name, released, "policy deleted; its children's teardown order released");
+    }
+    Ok(released)
 }
 
 /// Remove [`POLICY_FINALIZER`] from `policy`.
@@ -234,6 +293,7 @@ pub(crate) async fn release_all(
     policy: &ReconcilePolicy,
     namespace: Option<&str>,
 ) -> anyhow::Result<()> {
+    release_teardown(acting, policy, namespace).await?;
     release_parents_of(host, acting, policy, namespace).await?;
     let_go(host, policy).await
 }

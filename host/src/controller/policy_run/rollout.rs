@@ -30,6 +30,7 @@ use crate::controller::reconcile::events::EventSink;
 use crate::controller::reconcile::parent::parent_key;
 use crate::controller::reconcile::prune_guard::PruneLimits;
 use crate::controller::reconcile::serving::Candidate;
+use crate::controller::reconcile::status::PROGRESSING;
 use crate::lock;
 use crate::plugin::Verdict;
 use crate::policy::{
@@ -395,8 +396,9 @@ pub(crate) fn measure(
 }
 
 /// Why `parent` is not ready, if it is not: the first of its children (in the caches) that
-/// the host judges not ready, or its own `Ready` condition when that is there and not
-/// `True`. A plugin writes the condition; it cannot write its children's status.
+/// the host judges not ready, children the host holds back, or its own `Ready` condition
+/// when that is there and not `True`. A plugin writes the condition; it cannot write its
+/// children's status.
 fn not_ready(parent: &CachedObject, children: &[ChildCache]) -> Option<String> {
     let uid = parent.metadata.uid.as_deref()?;
     for cache in children {
@@ -423,8 +425,24 @@ fn not_ready(parent: &CachedObject, children: &[ChildCache]) -> Option<String> {
             }
         }
     }
-    parent.to_value()["status"]["conditions"]
-        .as_array()?
+    by_conditions(&parent.to_value())
+}
+
+/// Why `parent` is not ready by its conditions: the host's `Progressing=True, WaitingFor`
+/// (children held back for what they depend on, so not there to be judged), or a `Ready`
+/// condition that is not `True`.
+fn by_conditions(parent: &serde_json::Value) -> Option<String> {
+    let conditions = parent["status"]["conditions"].as_array()?;
+    if let Some(waiting) = conditions
+        .iter()
+        .find(|c| c["type"] == PROGRESSING && c["reason"] == "WaitingFor")
+    {
+        return Some(format!(
+            "waiting: {}",
+            waiting["message"].as_str().unwrap_or_default()
+        ));
+    }
+    conditions
         .iter()
         .find(|c| c["type"] == "Ready" && c["status"] != "True")
         .map(|c| format!("Ready={}", c["status"].as_str().unwrap_or("Unknown")))
@@ -877,6 +895,27 @@ fn describe(decision: &Decision) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_parent_with_children_held_back_is_not_ready_whatever_its_plugin_says() {
+        let parent = |conditions: serde_json::Value| serde_json::json!({"status": {"conditions": conditions}});
+        let waiting = parent(serde_json::json!([
+            {"type": "Ready", "status": "True"},
+            {"type": "Progressing", "status": "True", "reason": "WaitingFor",
+             "message": "Deployment app waits for Job migrate: not complete"},
+        ]));
+        assert_eq!(
+            by_conditions(&waiting).as_deref(),
+            Some("waiting: Deployment app waits for Job migrate: not complete")
+        );
+        let applied = parent(serde_json::json!([
+            {"type": "Ready", "status": "True"},
+            {"type": "Progressing", "status": "False", "reason": "Applied"},
+        ]));
+        assert_eq!(by_conditions(&applied), None);
+        let claimed_not = parent(serde_json::json!([{"type": "Ready", "status": "False"}]));
+        assert_eq!(by_conditions(&claimed_not).as_deref(), Some("Ready=False"));
+    }
 
     fn stage(percent: u8) -> RolloutStage {
         RolloutStage {

@@ -50,6 +50,24 @@ pub(crate) struct Swapper {
 }
 
 impl Swapper {
+    /// The swapper of the policy whose reconciles share `ctx`.
+    pub fn new(
+        ctx: &crate::controller::reconcile::context::PolicyContext,
+        shared: &crate::controller::policy_run::shared::Shared,
+        metrics: &PolicyMetrics,
+        status: &Arc<Mutex<PolicyStatusWriter>>,
+        requeue_all: &mpsc::UnboundedSender<()>,
+    ) -> Self {
+        Self {
+            serving: ctx.serving.clone(),
+            prune_guard: ctx.prune_guard.clone(),
+            registry: shared.registry.clone(),
+            metrics: metrics.clone(),
+            status: status.clone(),
+            requeue_all: requeue_all.clone(),
+        }
+    }
+
     /// Run until the controller stops: apply plugin updates as they come.
     pub async fn run(
         self,

@@ -51,6 +51,8 @@ pub(crate) struct WatchSetup {
     pub related_budget: Arc<ReadBudget>,
     /// What each parent's last decision was made on: every watch notes what it brings.
     pub decisions: Arc<Decisions>,
+    /// Wakes the policy's teardown for a parent whose children's order may let one go.
+    pub teardown: super::teardown::Wake,
 }
 
 impl WatchSetup {
@@ -305,9 +307,16 @@ impl Watches {
         let parents = self.parents.clone();
         let parent = self.parent.clone();
         let decided = setup.decisions.clone();
+        let teardown = setup.teardown.clone();
         // This kind's place among the allowed ones, which a child's key in decisions holds.
         let kind_index = self.children.len();
         let stream = stream.touched_objects().inspect_ok(move |child| {
+            // Before the parent lookup: a parent already gone still has children to let go.
+            if super::teardown::concerns(child)
+                && let Some(uid) = store_index::controller_uid(child)
+            {
+                let _ = teardown.send(uid);
+            }
             if let Some(key) = controlling_parent(child, &parent, &parents) {
                 let meta = &child.metadata;
                 let name = meta.name.as_deref().unwrap_or_default();

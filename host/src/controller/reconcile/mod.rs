@@ -13,6 +13,7 @@
 //! | `visibility` | what a plugin may see, shared with `plugin run --policy` |
 //! | `request` | the request built from the caches |
 //! | `children/` | what the host does to desired and observed children (pure decisions) |
+//! | `waits` | which ordered children wait for what they depend on, in one apply |
 //! | `writes` | every cluster write of a reconcile: children, prunes, parent status, finalizers |
 //! | `lean_writes` | writes answered with the object's metadata only |
 //! | `prune_guard` | holds a change's mass deletion for an admin to confirm |
@@ -38,6 +39,7 @@ pub(crate) mod status;
 pub(crate) mod steps;
 pub(crate) mod trace;
 pub(crate) mod visibility;
+pub(crate) mod waits;
 pub(crate) mod writes;
 
 use std::sync::Arc;

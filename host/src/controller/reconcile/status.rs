@@ -9,6 +9,9 @@ use crate::plugin::JsonObject;
 
 /// The condition the host owns on every parent.
 pub const RECONCILED: &str = "Reconciled";
+/// The condition the host owns on a parent whose children are ordered: whether some of
+/// them still wait for what they depend on.
+pub const PROGRESSING: &str = "Progressing";
 
 /// The outcome the `Reconciled` condition reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +22,18 @@ pub struct Outcome {
     pub reason: String,
     /// What happened, for a human.
     pub message: String,
+    /// Where the apply of ordered children stands; `None` for an answer without order (its
+    /// parent gets no `Progressing` condition from the host) and for a failure.
+    pub progress: Option<Progress>,
+}
+
+/// Where the apply of an answer with ordered children stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// Some children wait; what holds them, in words.
+    Waiting(String),
+    /// Every child is applied.
+    Applied,
 }
 
 impl Outcome {
@@ -28,7 +43,24 @@ impl Outcome {
             success: true,
             reason: "Reconciled".into(),
             message: format!("{children} children desired"),
+            progress: None,
         }
+    }
+
+    /// A failed reconcile, for `reason`.
+    pub fn failure(reason: impl Into<String>, message: String) -> Self {
+        Self {
+            success: false,
+            reason: reason.into(),
+            message,
+            progress: None,
+        }
+    }
+
+    /// The same outcome, reporting where ordered children stand.
+    #[must_use]
+    pub fn with_progress(self, progress: Option<Progress>) -> Self {
+        Self { progress, ..self }
     }
 }
 
@@ -87,6 +119,25 @@ fn with_reconciled(
     });
     if let Some(generation) = generation {
         reconciled["observedGeneration"] = json!(generation);
+    }
+    if let Some(progress) = &outcome.progress {
+        // The host's word on ordered children replaces whatever the plugin said.
+        conditions.retain(|c| c.get("type").and_then(Value::as_str) != Some(PROGRESSING));
+        let (state, reason, message) = match progress {
+            Progress::Waiting(message) => ("True", "WaitingFor", message.as_str()),
+            Progress::Applied => (
+                "False",
+                "Applied",
+                "every child is applied, each after what it depends on was ready",
+            ),
+        };
+        let mut progressing = json!({
+            "type": PROGRESSING, "status": state, "reason": reason, "message": message,
+        });
+        if let Some(generation) = generation {
+            progressing["observedGeneration"] = json!(generation);
+        }
+        conditions.push(progressing);
     }
     conditions.push(reconciled);
     for condition in &mut conditions {
@@ -159,9 +210,8 @@ mod tests {
 
     fn ok() -> Outcome {
         Outcome {
-            success: true,
-            reason: "Reconciled".into(),
             message: "2 children".into(),
+            ..Outcome::success(2)
         }
     }
 
@@ -206,11 +256,7 @@ mod tests {
             &ok(),
             "T1",
         ));
-        let failed = Outcome {
-            success: false,
-            reason: "PluginFailed".into(),
-            message: "trap".into(),
-        };
+        let failed = Outcome::failure("PluginFailed", "trap".into());
         let conditions = after_failure(Some(5), Some(&first), &failed, "T2");
         assert_eq!(conditions[0]["type"], "Ready");
         assert_eq!(
@@ -232,6 +278,35 @@ mod tests {
         fewer_ready.insert("readyReplicas".into(), json!(2));
         let changed = after_success(Some(fewer_ready), Some(4), None, &ok(), "T1");
         assert_ne!(fingerprint(&at_t1), fingerprint(&changed));
+    }
+
+    #[test]
+    fn ordered_children_report_progressing_and_replace_the_plugins() {
+        let mut plugin = plugin_status();
+        plugin.insert(
+            "conditions".into(),
+            json!([{"type": "Progressing", "status": "False", "reason": "Mine"}]),
+        );
+        let waiting = ok().with_progress(Some(Progress::Waiting("Deployment app waits".into())));
+        let status = after_success(Some(plugin), Some(4), None, &waiting, "T1");
+        let conditions = status["conditions"].as_array().expect("list");
+        assert_eq!(conditions.len(), 2, "{conditions:?}");
+        assert_eq!(conditions[0]["type"], PROGRESSING);
+        assert_eq!(conditions[0]["status"], "True");
+        assert_eq!(conditions[0]["reason"], "WaitingFor");
+        assert_eq!(conditions[0]["message"], "Deployment app waits");
+        let applied = ok().with_progress(Some(Progress::Applied));
+        let status = after_success(Some(plugin_status()), Some(4), None, &applied, "T2");
+        assert_eq!(status["conditions"][1]["reason"], "Applied");
+        // An unordered answer gets no Progressing from the host.
+        let unordered = after_success(Some(plugin_status()), Some(4), None, &ok(), "T1");
+        assert!(
+            unordered["conditions"]
+                .as_array()
+                .expect("list")
+                .iter()
+                .all(|c| c["type"] != PROGRESSING)
+        );
     }
 
     #[test]

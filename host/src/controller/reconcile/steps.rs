@@ -32,8 +32,9 @@ use super::events::{Published, truncate};
 use super::parent::{ParentIdentity, parent_key};
 use super::request::{self, Observed};
 use super::serving::{ActivePlugin, Selection, Shadowed};
-use super::status::Outcome;
+use super::status::{Outcome, Progress};
 use super::trace::Trace;
+use super::waits::{self, Wait, Waits};
 use super::writes::{self, Applied};
 use crate::case::Redaction;
 use crate::controller::cache::related::RelatedBytes;
@@ -96,6 +97,12 @@ impl Done {
             unchanged: false,
         }
     }
+}
+
+/// What the apply step did: whether the answer's children are ordered, and which wait.
+struct ApplyOutcome {
+    ordered: bool,
+    waits: Vec<Wait>,
 }
 
 /// What the serving plugin decided for one parent, validated and stamped.
@@ -183,20 +190,29 @@ impl<'a> Reconcile<'a> {
             });
         }
         let decision = self.decide(&observed, &selection).await?;
-        self.step("apply", self.apply(&decision.desired)).await?;
+        let applied = self
+            .step("apply", self.apply(&decision.desired, &observed))
+            .await?;
         let carried_out = self
             .step("prune", self.prune(&observed, &decision.desired))
             .await?;
         self.step(
             "status",
-            self.write_status(decision.status, decision.desired.len()),
+            self.write_status(decision.status, &decision.desired, &applied),
         )
         .await?;
         self.step("events", self.publish(decision.events)).await;
         let requeue = requeue_delay(decision.requeue_after, ctx.resync);
         if carried_out {
+            // A waiting child is not part of what stands: it is not there to be checked.
             let outcome = decisions::Outcome {
-                children: decision.desired.iter().map(DesiredChild::key).collect(),
+                children: decision
+                    .desired
+                    .iter()
+                    .enumerate()
+                    .filter(|(position, _)| !applied.waits.iter().any(|w| w.child == *position))
+                    .map(|(_, child)| child.key())
+                    .collect(),
                 written: &self.own,
                 requeue,
                 requeued: decision.requeue_after.is_some(),
@@ -423,13 +439,37 @@ impl<'a> Reconcile<'a> {
         answer
     }
 
-    /// Apply every desired child (a child already as desired costs no write).
-    async fn apply(&self, desired: &[DesiredChild]) -> Result<(), ReconcileError> {
+    /// Apply the desired children, each after what it depends on, holding back those whose
+    /// dependencies are not ready yet ([`waits`](super::waits)); a child already as desired
+    /// costs no write.
+    async fn apply(
+        &self,
+        desired: &[DesiredChild],
+        observed: &[Observed],
+    ) -> Result<ApplyOutcome, ReconcileError> {
         let ctx = self.ctx;
         let mut applied = 0;
-        for child in desired {
+        let mut ordering = Waits::new(desired, observed, &ctx.caches.children);
+        let mut waits = Vec::new();
+        for position in ordering.apply_order() {
+            let child = &desired[position];
+            if let Some(wait) = ordering.blocked(position) {
+                ordering.held(position);
+                let kind = &ctx.caches.allowed[child.kind_index].kind;
+                let on = &desired[wait.on];
+                let on_kind = &ctx.caches.allowed[on.kind_index].kind;
+                lock(&self.trace).waiting(
+                    kind,
+                    &child.name,
+                    format!("{on_kind} {}: {}", on.name, wait.why),
+                );
+                ctx.metrics.children(kind, ChildOperation::Waiting, 1);
+                waits.push(wait);
+                continue;
+            }
             let outcome = writes::apply_child(child, self.identity, ctx, &self.own).await?;
             let wrote = outcome.wrote();
+            ordering.applied(position, wrote);
             let operation = if wrote {
                 ChildOperation::Applied
             } else {
@@ -448,11 +488,15 @@ impl<'a> Reconcile<'a> {
         if applied > 0 {
             tracing::info!(
                 applied,
-                unchanged = desired.len() - applied,
+                unchanged = desired.len() - applied - waits.len(),
+                waiting = waits.len(),
                 "children applied"
             );
         }
-        Ok(())
+        Ok(ApplyOutcome {
+            ordered: ordering.ordered(),
+            waits,
+        })
     }
 
     /// Delete the observed children the plugin no longer wants, unless the prune guard holds
@@ -500,9 +544,21 @@ impl<'a> Reconcile<'a> {
     async fn write_status(
         &self,
         status: Option<JsonObject>,
-        desired: usize,
+        desired: &[DesiredChild],
+        applied: &ApplyOutcome,
     ) -> Result<(), ReconcileError> {
-        let outcome = Outcome::success(desired);
+        let kinds: Vec<&str> = self
+            .ctx
+            .caches
+            .allowed
+            .iter()
+            .map(|a| a.kind.as_str())
+            .collect();
+        let progress = applied.ordered.then(|| {
+            waits::describe(&applied.waits, desired, &kinds)
+                .map_or(Progress::Applied, Progress::Waiting)
+        });
+        let outcome = Outcome::success(desired.len()).with_progress(progress);
         let (status, written) = writes::write_status(
             self.parent,
             self.identity,
@@ -582,11 +638,7 @@ pub(crate) async fn report_failure(
         2048,
     );
     if let Some(identity) = identity {
-        let outcome = Outcome {
-            success: false,
-            reason: reason.into(),
-            message: message.clone(),
-        };
+        let outcome = Outcome::failure(reason, message.clone());
         if let Err(e) = writes::write_failure_status(identity, &outcome, ctx).await {
             tracing::warn!(error = %e, "could not record the failure in the parent's status");
         }

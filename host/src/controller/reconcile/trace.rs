@@ -151,6 +151,20 @@ impl Trace {
                 name: name.to_owned(),
                 action,
                 changed,
+                waiting_for: None,
+            });
+        }
+    }
+
+    /// A child held back: it waits for `waiting_for`.
+    pub fn waiting(&mut self, kind: &str, name: &str, waiting_for: String) {
+        if self.enabled {
+            self.children.push(ChildRecord {
+                kind: kind.to_owned(),
+                name: name.to_owned(),
+                action: ChildAction::Waiting,
+                changed: Vec::new(),
+                waiting_for: Some(waiting_for),
             });
         }
     }

@@ -7,10 +7,12 @@
 //! | `validate` | whether the answer is allowed at all; stamps and fingerprints the valid children |
 //! | `stamp` | ownership: the controller reference and labels the host sets, and whose child an object is |
 //! | `converge` | whether an observed child already is as desired, and where it differs |
+//! | `order` | which children wait for which, and which must outlive which |
 //! | `prune` | which observed children are no longer desired |
 //! | `readiness` | whether an observed child is ready, from its own status |
 
 mod converge;
+pub(crate) mod order;
 mod prune;
 pub(crate) mod readiness;
 mod stamp;

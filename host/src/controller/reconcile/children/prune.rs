@@ -45,18 +45,10 @@ pub fn to_prune<'a>(
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
 
     fn desired(kind_index: usize, name: &str) -> DesiredChild {
-        DesiredChild {
-            kind_index,
-            name: name.to_owned(),
-            namespace: Some("a".into()),
-            object: json!({}),
-            hash: String::new(),
-        }
+        crate::controller::testing::desired_child(kind_index, name, Vec::new())
     }
 
     const DEPLOYMENTS: GroupResource<'static> = GroupResource {

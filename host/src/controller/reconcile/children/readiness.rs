@@ -7,15 +7,51 @@
 //! those its update strategy updates (none with `OnDelete`, those at or above a partition)
 //! are updated; a Job once complete; a PersistentVolumeClaim once bound; a Pod once `Ready`
 //! (or `Succeeded`); a
-//! CustomResourceDefinition once established. Any other object is ready unless its status
-//! says otherwise: an `observedGeneration` behind its `metadata.generation`, or a `Ready` or
-//! `Available` condition that is not `True`. An object with no status at all (a ConfigMap,
-//! a Secret) is ready.
+//! CustomResourceDefinition once established; a Service of type `LoadBalancer` once it has
+//! an address (any other Service once it exists: whether its pods are ready is the
+//! workload's readiness, which a child depends on directly). Any other object is ready
+//! unless its status says otherwise: an `observedGeneration` behind its
+//! `metadata.generation`, or a `Ready` or `Available` condition that is not `True`. An
+//! object with no status at all (a ConfigMap, a Secret) is ready.
+//!
+//! A child that carries a CEL expression in its `wasmctrl.dev/ready-when` annotation is
+//! ready when that expression, over the child as stored (`self`), is `true`, whatever its
+//! kind: for the kinds these rules do not know, or a readiness of the plugin's own.
 
 use serde_json::Value;
 
+use super::order;
+
+/// A `ready-when` expression, compiled, or why it cannot be.
+pub(crate) fn compile(expression: &str) -> Result<cel::Program, String> {
+    cel::Program::compile(expression)
+        .map_err(|error| format!("{expression:?} is not a CEL expression: {error}"))
+}
+
+/// Why `child` is not ready by the CEL `expression` over it, or `None` when it is. An
+/// expression that fails (a field not there yet, say) leaves the child not ready.
+fn not_ready_by(child: &Value, expression: &str) -> Option<String> {
+    let program = match compile(expression) {
+        Ok(program) => program,
+        Err(error) => return Some(error),
+    };
+    let mut context = cel::Context::default();
+    if let Err(error) = context.add_variable("self", child) {
+        return Some(format!("{expression} could not read the object: {error}"));
+    }
+    match program.execute(&context) {
+        Ok(cel::Value::Bool(true)) => None,
+        Ok(cel::Value::Bool(false)) => Some(format!("{expression} is false")),
+        Ok(other) => Some(format!("{expression} gave {other:?}, not true or false")),
+        Err(error) => Some(format!("{expression} failed: {error}")),
+    }
+}
+
 /// Why a child is not ready, or `None` when it is.
 pub(crate) fn not_ready(child: &Value) -> Option<String> {
+    if let Some(expression) = order::ready_when(child) {
+        return not_ready_by(child, expression);
+    }
     let api_version = child["apiVersion"].as_str().unwrap_or_default();
     let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
     let kind = child["kind"].as_str().unwrap_or_default();
@@ -80,6 +116,13 @@ pub(crate) fn not_ready(child: &Value) -> Option<String> {
         // A Pod that ran to completion is done, not failing.
         ("", "Pod") => (status["phase"] != "Succeeded" && !condition_true(status, "Ready"))
             .then(|| "not Ready".to_owned()),
+        ("", "Service") => {
+            let addressed = status["loadBalancer"]["ingress"]
+                .as_array()
+                .is_some_and(|ingress| !ingress.is_empty());
+            (child["spec"]["type"] == "LoadBalancer" && !addressed)
+                .then(|| "no load balancer address".to_owned())
+        }
         ("apiextensions.k8s.io", "CustomResourceDefinition") => {
             (!condition_true(status, "Established")).then(|| "not Established".to_owned())
         }
@@ -223,6 +266,55 @@ mod tests {
         let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
             "status": {"phase": "Succeeded"}});
         assert_eq!(not_ready(&pod), None);
+    }
+
+    #[test]
+    fn a_ready_when_expression_decides_over_the_kinds_rule() {
+        let database = |ready_when: &str, status: Value| {
+            json!({"apiVersion": "example.com/v1", "kind": "Database",
+                "metadata": {"name": "db", "annotations": {
+                    crate::controller::labels::READY_WHEN_ANNOTATION: ready_when}},
+                "status": status})
+        };
+        let rule = "self.status.phase == 'Running' && self.status.replicas >= 2";
+        assert_eq!(
+            not_ready(&database(rule, json!({"phase": "Running", "replicas": 2}))),
+            None
+        );
+        assert_eq!(
+            not_ready(&database(rule, json!({"phase": "Running", "replicas": 1}))).as_deref(),
+            Some("self.status.phase == 'Running' && self.status.replicas >= 2 is false")
+        );
+        let missing = not_ready(&database(rule, json!({}))).expect("not ready");
+        assert!(missing.contains("failed"), "{missing}");
+        let not_bool = not_ready(&database("self.status", json!({}))).expect("not ready");
+        assert!(not_bool.contains("not true or false"), "{not_bool}");
+        // Over the kind's own rule: a Job is ready when the plugin says so.
+        let mut job = json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "j", "annotations": {
+                crate::controller::labels::READY_WHEN_ANNOTATION: "has(self.status.active)"}},
+            "status": {"active": 1}});
+        assert_eq!(not_ready(&job), None);
+        job["metadata"]["annotations"] = json!({});
+        assert_eq!(not_ready(&job).as_deref(), Some("not complete"));
+        assert!(compile("self.status.(").is_err());
+    }
+
+    #[test]
+    fn a_load_balancer_is_ready_once_addressed() {
+        let service = |type_: &str, status: Value| {
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+                "spec": {"type": type_}, "status": status})
+        };
+        assert!(not_ready(&service("LoadBalancer", json!({"loadBalancer": {}}))).is_some());
+        assert_eq!(
+            not_ready(&service(
+                "LoadBalancer",
+                json!({"loadBalancer": {"ingress": [{"ip": "10.0.0.9"}]}})
+            )),
+            None
+        );
+        assert_eq!(not_ready(&service("ClusterIP", json!({}))), None);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Whole-answer validation: every desired child is checked against what the policy allows
-//! (kind, name, namespace, scope, no ownerReferences of its own, size), the valid ones are
-//! stamped and fingerprinted, and any refusal refuses the whole answer with every violation
-//! listed, so nothing is applied or pruned on the strength of a partly invalid answer.
+//! (kind, name, namespace, scope, no ownerReferences of its own, size) and the answer's
+//! order is checked ([`order`]); the valid ones are stamped and fingerprinted, and any
+//! refusal refuses the whole answer with every violation listed, so nothing is applied or
+//! pruned on the strength of a partly invalid answer.
 
 use std::collections::HashSet;
 
@@ -9,7 +10,10 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest as _, Sha256};
 
 use super::stamp::{object_field, stamp};
-use crate::controller::labels::DESIRED_HASH_ANNOTATION;
+use super::{order, readiness};
+use crate::controller::labels::{
+    DEPENDS_ON_ANNOTATION, DESIRED_HASH_ANNOTATION, READY_WHEN_ANNOTATION, TEARDOWN_FINALIZER,
+};
 use crate::controller::reconcile::parent::ParentIdentity;
 use crate::plugin::JsonObject;
 
@@ -41,6 +45,9 @@ pub struct DesiredChild {
     pub object: Value,
     /// The fingerprint, also stored in [`DESIRED_HASH_ANNOTATION`].
     pub hash: String,
+    /// Positions (in the validated answer) of the children this one waits for: it is
+    /// applied only once they exist and are ready.
+    pub depends_on: Vec<usize>,
 }
 
 impl DesiredChild {
@@ -127,6 +134,32 @@ pub enum InvalidChild {
         /// The child's name.
         name: String,
     },
+    /// A child depends on a child the answer does not hold.
+    #[error("{kind} {name} depends on {dependency}, which is not among the children of the answer")]
+    UnknownDependency {
+        /// The child's kind.
+        kind: String,
+        /// The child's name.
+        name: String,
+        /// The dependency, as `Kind/name`.
+        dependency: String,
+    },
+    /// A child's ordering annotations cannot be read.
+    #[error("{kind} {name}: {reason}")]
+    InvalidOrder {
+        /// The child's kind.
+        kind: String,
+        /// The child's name.
+        name: String,
+        /// What is wrong with them.
+        reason: String,
+    },
+    /// Children depend on each other in a circle, so none of them could be applied first.
+    #[error("the children's order has a cycle: {path}")]
+    Cycle {
+        /// The children along the cycle, `Kind/name → … → Kind/name`.
+        path: String,
+    },
     /// The serialized child is bigger than [`MAX_CHILD_BYTES`].
     #[error("{kind} {name} is {bytes} bytes, above the {limit}-byte limit for one child")]
     TooLarge {
@@ -153,8 +186,9 @@ pub fn prepare(
     let mut prepared = Vec::with_capacity(desired.len());
     let mut problems = Vec::new();
     let mut seen = HashSet::new();
+    let depended = depended_on(&desired);
     for (index, object) in desired.into_iter().enumerate() {
-        match prepare_one(index, object, allowed, parent, policy_label) {
+        match prepare_one(index, object, allowed, parent, policy_label, &depended) {
             Ok(child) => {
                 let kind = &allowed[child.kind_index];
                 if seen.insert((child.kind_index, child.name.clone())) {
@@ -169,11 +203,83 @@ pub fn prepare(
             Err(problem) => problems.push(problem),
         }
     }
-    if problems.is_empty() {
-        Ok(prepared)
-    } else {
-        Err(problems)
+    if !problems.is_empty() {
+        return Err(problems);
     }
+    for child in &prepared {
+        if let Some(expression) = order::ready_when(&child.object)
+            && let Err(reason) = readiness::compile(expression)
+        {
+            problems.push(InvalidChild::InvalidOrder {
+                kind: allowed[child.kind_index].kind.clone(),
+                name: child.name.clone(),
+                reason: format!("{READY_WHEN_ANNOTATION}: {reason}"),
+            });
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    // Resolved only for an answer that orders something: an unordered one costs nothing.
+    let ordered = prepared
+        .iter()
+        .any(|child| !child.object["metadata"]["annotations"][DEPENDS_ON_ANNOTATION].is_null());
+    if ordered {
+        let edges = order::resolve(prepared.iter().map(|child| {
+            (
+                allowed[child.kind_index].kind.as_str(),
+                child.name.as_str(),
+                &child.object,
+            )
+        }))
+        .map_err(|problems| {
+            problems
+                .into_iter()
+                .map(InvalidChild::from)
+                .collect::<Vec<_>>()
+        })?;
+        for (child, depends_on) in prepared.iter_mut().zip(edges) {
+            child.depends_on = depends_on;
+        }
+    }
+    Ok(prepared)
+}
+
+impl From<order::OrderProblem> for InvalidChild {
+    fn from(problem: order::OrderProblem) -> Self {
+        match problem {
+            order::OrderProblem::Unknown {
+                kind,
+                name,
+                dependency,
+            } => Self::UnknownDependency {
+                kind,
+                name,
+                dependency,
+            },
+            order::OrderProblem::Unreadable { kind, name, reason } => {
+                Self::InvalidOrder { kind, name, reason }
+            }
+            order::OrderProblem::Cycle { path } => Self::Cycle { path },
+        }
+    }
+}
+
+/// The children some child of the answer names as a dependency, as `(kind, name)`: each gets
+/// the teardown finalizer. Unreadable annotations name nothing here; ordering refuses them.
+fn depended_on(desired: &[JsonObject]) -> HashSet<(String, String)> {
+    desired
+        .iter()
+        .filter_map(|object| {
+            object
+                .get("metadata")?
+                .get("annotations")?
+                .get(DEPENDS_ON_ANNOTATION)?
+                .as_str()
+        })
+        .flat_map(|value| order::parse(value).unwrap_or_default())
+        .map(|dependency| (dependency.kind, dependency.name))
+        .collect()
 }
 
 /// Check one desired child, in the order a user reads a refusal (what it is, its name, where
@@ -184,6 +290,7 @@ fn prepare_one(
     allowed: &[AllowedKind],
     parent: &ParentIdentity,
     policy_label: &str,
+    depended: &HashSet<(String, String)>,
 ) -> Result<DesiredChild, InvalidChild> {
     let (kind_index, kind) = allowed_kind(index, &object, allowed)?;
     let metadata = match object
@@ -217,6 +324,9 @@ fn prepare_one(
         return Err(InvalidChild::OwnerReferencesSet { kind, name });
     }
     stamp(metadata, parent, policy_label);
+    if depended.contains(&(kind.clone(), name.clone())) {
+        hold_for_dependents(metadata);
+    }
     let hash = fingerprint(&mut object, &kind, &name)?;
     Ok(DesiredChild {
         kind_index,
@@ -224,7 +334,23 @@ fn prepare_one(
         namespace: parent.namespace.clone(),
         object: Value::Object(object),
         hash,
+        depends_on: Vec::new(),
     })
+}
+
+/// Give a child that others depend on the teardown finalizer, so it outlives them.
+fn hold_for_dependents(metadata: &mut JsonObject) {
+    let finalizers = metadata
+        .entry("finalizers")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if !finalizers.is_array() {
+        *finalizers = Value::Array(Vec::new());
+    }
+    if let Value::Array(finalizers) = finalizers
+        && !finalizers.iter().any(|f| f == TEARDOWN_FINALIZER)
+    {
+        finalizers.push(json!(TEARDOWN_FINALIZER));
+    }
 }
 
 /// The index of the child's kind among the allowed kinds, and the kind's name.
@@ -423,6 +549,9 @@ mod tests {
                 InvalidChild::MissingField { .. } => "missing",
                 InvalidChild::Duplicate { .. } => "duplicate",
                 InvalidChild::TooLarge { .. } => "size",
+                InvalidChild::UnknownDependency { .. }
+                | InvalidChild::InvalidOrder { .. }
+                | InvalidChild::Cycle { .. } => "order",
             })
             .collect();
         assert_eq!(
@@ -441,6 +570,68 @@ mod tests {
             problems[1].to_string().contains("kube-system"),
             "{}",
             problems[1]
+        );
+    }
+
+    #[test]
+    fn ordered_children_resolve_and_what_others_need_is_held_for_them() {
+        let after = |name: &str, depends: &str| {
+            let mut child = deployment(name);
+            child["metadata"]["annotations"] = json!({ DEPENDS_ON_ANNOTATION: depends });
+            child
+        };
+        let children = prepare(
+            vec![
+                after("app", "Deployment/db"),
+                deployment("db"),
+                deployment("other"),
+            ],
+            &allowed(),
+            &parent(),
+            "p",
+        )
+        .expect("valid");
+        assert_eq!(children[0].depends_on, vec![1]);
+        assert!(children[1].depends_on.is_empty());
+        let finalizers = |child: &DesiredChild| child.object["metadata"]["finalizers"].clone();
+        assert_eq!(finalizers(&children[1]), json!([TEARDOWN_FINALIZER]));
+        assert_eq!(
+            finalizers(&children[0]),
+            Value::Null,
+            "nothing depends on app"
+        );
+        assert_eq!(finalizers(&children[2]), Value::Null);
+        // The finalizer is part of the desire, so of its fingerprint.
+        let alone = prepare(vec![deployment("db")], &allowed(), &parent(), "p").expect("valid");
+        assert_ne!(alone[0].hash, children[1].hash);
+
+        let cycle = prepare(
+            vec![after("a", "Deployment/b"), after("b", "Deployment/a")],
+            &allowed(),
+            &parent(),
+            "p",
+        )
+        .expect_err("a cycle");
+        assert_eq!(
+            cycle[0].to_string(),
+            "the children's order has a cycle: Deployment/a → Deployment/b → Deployment/a"
+        );
+        let unknown = prepare(
+            vec![after("a", "Deployment/gone")],
+            &allowed(),
+            &parent(),
+            "p",
+        )
+        .expect_err("unknown");
+        assert!(matches!(unknown[0], InvalidChild::UnknownDependency { .. }));
+        let mut bad_rule = deployment("a");
+        bad_rule["metadata"]["annotations"] =
+            json!({ crate::controller::labels::READY_WHEN_ANNOTATION: "self.(" });
+        let refused = prepare(vec![bad_rule], &allowed(), &parent(), "p").expect_err("bad CEL");
+        assert!(
+            refused[0].to_string().contains("not a CEL expression"),
+            "{}",
+            refused[0]
         );
     }
 

@@ -1,0 +1,284 @@
+//! Teardown in reverse order. A child that other children of its parent depend on carries
+//! [`TEARDOWN_FINALIZER`] (stamped when it is applied), so whoever deletes it — the garbage
+//! collector after the parent is gone, or the host's prune — finds it held. This task, one
+//! per running policy and active on the leader only, lets it go once no child of the same
+//! parent that depends on it is left.
+//!
+//! It reads the order from the children as stored (their `wasmctrl.dev/depends-on`
+//! annotations), never from the plugin, so teardown keeps its order when the parent is
+//! already gone and when the plugin is broken, missing or rolled back. A child whose
+//! dependents are still there past the policy's `teardownTimeoutSeconds` is reported (a
+//! Warning Event on it and a log line), and keeps waiting: a blocked wave is never skipped.
+//!
+//! It is woken by the child watches (a child being deleted, or a child that depends on
+//! others changing or going) for that child's parent, and sweeps every child being deleted
+//! every [`SWEEP`] and whenever leadership changes, which also catches what a restart or a
+//! takeover missed.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::EventType;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::controller::cache::cached::CachedObject;
+use crate::controller::cache::store_index::controller_uid;
+use crate::controller::cache::stores::ChildCache;
+use crate::controller::labels::{DEPENDS_ON_ANNOTATION, TEARDOWN_FINALIZER};
+use crate::controller::policy_run::release::remove_finalizer;
+use crate::controller::reconcile::children::order;
+use crate::controller::reconcile::context::PolicyContext;
+
+/// How often every child being deleted is looked at again: what reports a blocked teardown
+/// once its timeout has passed, and catches a wake-up lost to a restart.
+pub(crate) const SWEEP: Duration = Duration::from_secs(30);
+
+/// How long a child may wait for its dependents, while being deleted, before it is
+/// reported, when the policy does not say.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Wakes the teardown task for a parent (by uid).
+pub(crate) type Wake = mpsc::UnboundedSender<String>;
+
+/// Whether an event on `child` may let a sibling go, or hold one: it is being deleted, or
+/// it depends on others (so its change or deletion may free them).
+pub(crate) fn concerns(child: &CachedObject) -> bool {
+    // The cache holds annotations as text; a mention of the key is enough to look (a
+    // value that merely mentions it costs one look, nothing more).
+    child.metadata.deletion_timestamp.is_some()
+        || child
+            .annotations_text()
+            .is_some_and(|annotations| annotations.contains(DEPENDS_ON_ANNOTATION))
+}
+
+/// Whether `child` is being deleted and held for its dependents.
+fn held(child: &CachedObject) -> bool {
+    child.metadata.deletion_timestamp.is_some()
+        && child
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|finalizers| finalizers.iter().any(|f| f == TEARDOWN_FINALIZER))
+}
+
+/// One policy's teardown task.
+pub(crate) struct Teardown {
+    ctx: Arc<PolicyContext>,
+    wake: mpsc::UnboundedReceiver<String>,
+    /// The policy's `teardownTimeoutSeconds`.
+    timeout: Duration,
+    /// Children (by uid) already reported as blocked: once each.
+    reported: HashSet<String>,
+}
+
+impl Teardown {
+    /// The teardown of `policy`, whose reconciles share `ctx`, woken through `wake`.
+    pub fn new(
+        ctx: Arc<PolicyContext>,
+        wake: mpsc::UnboundedReceiver<String>,
+        policy: &crate::policy::ReconcilePolicy,
+    ) -> Self {
+        let timeout = policy
+            .spec
+            .teardown_timeout_seconds
+            .map_or(DEFAULT_TIMEOUT, |s| Duration::from_secs(u64::from(s)));
+        Self {
+            ctx,
+            wake,
+            timeout,
+            reported: HashSet::new(),
+        }
+    }
+
+    /// Run until the policy's watches end.
+    pub async fn run(mut self) {
+        let mut ready = self.ctx.caches.ready.clone();
+        if ready.wait_for(|ready| *ready).await.is_err() {
+            return;
+        }
+        let mut leading = self.ctx.leadership.subscribe();
+        let mut sweep = tokio::time::interval(SWEEP);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                woken = self.wake.recv() => {
+                    let Some(uid) = woken else { return };
+                    let mut parents = BTreeSet::from([uid]);
+                    while let Ok(uid) = self.wake.try_recv() {
+                        parents.insert(uid);
+                    }
+                    for parent in parents {
+                        self.release(&parent).await;
+                    }
+                }
+                _ = sweep.tick() => self.sweep().await,
+                Ok(()) = leading.changed() => self.sweep().await,
+            }
+        }
+    }
+
+    /// Look at the children of every parent that has one being deleted and held.
+    async fn sweep(&mut self) {
+        let parents: BTreeSet<String> = self
+            .ctx
+            .caches
+            .children
+            .iter()
+            .flat_map(|cache| cache.store.state())
+            .filter(|child| held(child))
+            .filter_map(|child| controller_uid(child.as_ref()))
+            .collect();
+        for parent in parents {
+            self.release(&parent).await;
+        }
+    }
+
+    /// Let go of each child of the parent `uid` that is being deleted, held, and that no
+    /// sibling still there depends on; report those blocked past the timeout.
+    async fn release(&mut self, uid: &str) {
+        let ctx = self.ctx.clone();
+        let caches = &ctx.caches.children;
+        let children = children_of(caches, uid);
+        if !children.iter().any(|(_, child)| held(child)) || !self.ctx.leadership.is_leader() {
+            return;
+        }
+        let values: Vec<Value> = children.iter().map(|(_, child)| child.to_value()).collect();
+        for (position, (index, child)) in children.iter().enumerate() {
+            if !held(child) {
+                continue;
+            }
+            let value = &values[position];
+            let kind = value["kind"].as_str().unwrap_or_default();
+            let name = child.metadata.name.as_deref().unwrap_or_default();
+            let siblings = values
+                .iter()
+                .enumerate()
+                .filter(|(other, _)| *other != position)
+                .map(|(_, sibling)| sibling);
+            match order::dependent_of(kind, name, siblings) {
+                None => {
+                    if let Err(error) = self.let_go(&caches[*index], child).await {
+                        tracing::warn!(policy = %self.ctx.policy, child = %format!("{kind} {name}"), error = %format!("{error:#}"), "could not release a child from the teardown order; will try again");
+                    } else {
+                        tracing::info!(policy = %self.ctx.policy, child = %format!("{kind} {name}"), "every child that depended on it is gone: released for deletion");
+                    }
+                }
+                Some(dependent) => self.report_if_blocked(child, kind, name, &dependent).await,
+            }
+        }
+    }
+
+    /// Remove the teardown finalizer from `child`, if it is still the object the cache
+    /// showed and still holds it.
+    async fn let_go(&self, cache: &ChildCache, child: &CachedObject) -> anyhow::Result<()> {
+        let released = remove_finalizer(
+            &self.ctx.client,
+            &cache.resource,
+            &child.metadata,
+            TEARDOWN_FINALIZER,
+        )
+        .await;
+        match released {
+            // Changed since the cache showed it: the next event decides again.
+            Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => Ok(()),
+            other => other.map(drop).map_err(Into::into),
+        }
+    }
+
+    /// Report `child` once when it has waited for `dependent` longer than the timeout.
+    async fn report_if_blocked(
+        &mut self,
+        child: &CachedObject,
+        kind: &str,
+        name: &str,
+        dependent: &order::ChildName,
+    ) {
+        let Some(since) = &child.metadata.deletion_timestamp else {
+            return;
+        };
+        let waited = (jiff::Timestamp::now() - since.0).get_seconds().max(0);
+        let uid = child.metadata.uid.clone().unwrap_or_default();
+        if waited < i64::try_from(self.timeout.as_secs()).unwrap_or(i64::MAX)
+            || !self.reported.insert(uid.clone())
+        {
+            return;
+        }
+        let message = format!(
+            "{kind} {name} has waited {waited} s to be deleted, longer than the policy's teardown timeout ({} s): {} {} still depends on it and is not gone; it keeps waiting",
+            self.timeout.as_secs(),
+            dependent.kind,
+            dependent.name
+        );
+        tracing::warn!(policy = %self.ctx.policy, child = %format!("{kind} {name}"), dependent = %dependent, waited_seconds = waited, "teardown blocked");
+        let reference = ObjectReference {
+            api_version: child.types.as_ref().map(|t| t.api_version.clone()),
+            kind: Some(kind.to_owned()),
+            name: Some(name.to_owned()),
+            namespace: child.metadata.namespace.clone(),
+            uid: Some(uid),
+            ..ObjectReference::default()
+        };
+        self.ctx
+            .events
+            .publish(
+                &reference,
+                EventType::Warning,
+                "TeardownBlocked",
+                "Teardown",
+                message,
+            )
+            .await;
+    }
+}
+
+/// The children of the parent `uid` in `caches`, each with its cache's position, one per
+/// object (a resource served under two of the policy's kinds shows in both caches).
+fn children_of(caches: &[ChildCache], uid: &str) -> Vec<(usize, Arc<CachedObject>)> {
+    let mut seen = HashSet::new();
+    caches
+        .iter()
+        .enumerate()
+        .flat_map(|(index, cache)| {
+            cache
+                .by_controller
+                .get(uid)
+                .into_iter()
+                .filter_map(|key| cache.store.get(&key))
+                .map(move |child| (index, child))
+                .collect::<Vec<_>>()
+        })
+        .filter(|(_, child)| seen.insert(child.metadata.uid.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn cached(value: Value) -> CachedObject {
+        CachedObject::from_value(value).expect("an object")
+    }
+
+    #[test]
+    fn deleting_children_and_dependents_concern_teardown() {
+        let plain = cached(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a", "namespace": "n"}}));
+        assert!(!concerns(&plain));
+        assert!(!held(&plain));
+        let dependent = cached(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "app", "namespace": "n",
+                "annotations": {DEPENDS_ON_ANNOTATION: "Job/migrate"}}}));
+        assert!(concerns(&dependent));
+        let deleting = cached(json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "migrate", "namespace": "n",
+                "deletionTimestamp": "2026-12-06T10:00:00Z",
+                "finalizers": [TEARDOWN_FINALIZER]}}));
+        assert!(concerns(&deleting));
+        assert!(held(&deleting));
+    }
+}
