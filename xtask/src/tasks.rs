@@ -382,6 +382,9 @@ pub enum BenchSet {
     /// Webhook latency as the API server sees it: a no-op webhook, the host with a no-op
     /// plugin, and MyApp's validator (creates from WASMCTRL_BENCH_CREATES, default 500).
     Webhooks,
+    /// Ordered children: N Stacks (WASMCTRL_BENCH_STACKS, default 20), their time to ready
+    /// against the sum of their steps.
+    Ordered,
     /// The plugin calls, the convergence and the webhooks.
     All,
 }
@@ -408,6 +411,13 @@ pub fn bench(which: BenchSet) -> anyhow::Result<()> {
             ])
         }
         BenchSet::Webhooks => bench_webhooks(),
+        BenchSet::Ordered => {
+            Binaries::build(&repo_root())?;
+            run(
+                "benchmarking ordered children",
+                cargo().args(["bench", "-p", "wasmctrl-e2e", "--bench", "ordered"]),
+            )
+        }
         BenchSet::All => {
             bench_plugin_calls()?;
             bench_convergence(&[])?;

@@ -683,11 +683,10 @@ fn only_the_plugin_differs(old: &ReconcilePolicySpec, new: &ReconcilePolicySpec)
 }
 
 /// Let the children of a deleted policy go from their teardown order (see
-/// [`policy_run::teardown`]); the leader does it, once, and says when it cannot.
+/// [`policy_run::teardown`]); the leader does it, trying a few times, and says when it
+/// cannot.
 async fn release_teardown(shared: Arc<Shared>, policy: ReconcilePolicy) {
-    if !shared.leadership.is_leader() {
-        return;
-    }
+    const ATTEMPTS: u32 = 5;
     let acting = match shared.identities.acting_for(&policy) {
         Ok(acting) => acting,
         Err(refused) => {
@@ -696,10 +695,20 @@ async fn release_teardown(shared: Arc<Shared>, policy: ReconcilePolicy) {
         }
     };
     let namespace = shared.options.namespace.as_deref();
-    if let Err(error) =
-        policy_run::release::release_teardown(&acting.client, &policy, namespace).await
-    {
-        tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), "could not release the deleted policy's children from their teardown order");
+    for attempt in 1..=ATTEMPTS {
+        if !shared.leadership.is_leader() {
+            return;
+        }
+        match policy_run::release::release_teardown(&acting.client, &policy, namespace).await {
+            Ok(_) => return,
+            Err(error) if attempt == ATTEMPTS => {
+                tracing::warn!(policy = %policy.name_any(), error = %format!("{error:#}"), "could not release the deleted policy's children from their teardown order; `wasmctrl uninstall` or removing the finalizer releases them");
+            }
+            Err(error) => {
+                tracing::info!(policy = %policy.name_any(), error = %format!("{error:#}"), attempt, "could not release the deleted policy's children from their teardown order yet");
+                tokio::time::sleep(Duration::from_secs(1 << attempt)).await;
+            }
+        }
     }
 }
 

@@ -107,7 +107,11 @@ async fn come_up(
                     waits.push(message);
                 }
             }
-            Ok(progressing["status"] == "False" && progressing["reason"] == "Applied")
+            // The host judges the Stack's Ready (its plugin sets none) by the children's
+            // own status: True only once the app is available.
+            let ready = condition(&stack, "Ready")
+                .is_some_and(|c| c["status"] == "True" && c["reason"] == "ChildrenReady");
+            Ok(progressing["status"] == "False" && progressing["reason"] == "Applied" && ready)
         },
     )
     .await?;
@@ -125,8 +129,13 @@ async fn come_up(
         seconds(&ready["lastTransitionTime"])? <= seconds(&job["metadata"]["creationTimestamp"])?,
         "the migration came before the database was ready: {ready} vs {job}"
     );
-    // ...and the Job had completed before the app was created.
+    // ...and the Job had completed before the app was created, which was available when
+    // the Stack said Ready.
     let deployment = get(&parts.app, &app).await?.context("the Deployment")?;
+    assert!(
+        deployment["status"]["availableReplicas"].as_u64() >= Some(1),
+        "{deployment}"
+    );
     assert!(
         seconds(&job["status"]["completionTime"])?
             <= seconds(&deployment["metadata"]["creationTimestamp"])?,

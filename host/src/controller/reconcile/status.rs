@@ -12,6 +12,8 @@ pub const RECONCILED: &str = "Reconciled";
 /// The condition the host owns on a parent whose children are ordered: whether some of
 /// them still wait for what they depend on.
 pub const PROGRESSING: &str = "Progressing";
+/// The parent's readiness: the plugin's, but for ordered children judged by the host too.
+pub const READY: &str = "Ready";
 
 /// The outcome the `Reconciled` condition reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +27,11 @@ pub struct Outcome {
     /// Where the apply of ordered children stands; `None` for an answer without order (its
     /// parent gets no `Progressing` condition from the host) and for a failure.
     pub progress: Option<Progress>,
+    /// For an answer with ordered children, whether every child is ready by the host's
+    /// judgement: `Some(None)` when it is, `Some(Some(why))` when one is not. It decides the
+    /// parent's `Ready` condition when the plugin sets none, and overrides a plugin's
+    /// `Ready=True` its children do not bear out.
+    pub children_ready: Option<Option<String>>,
 }
 
 /// Where the apply of an answer with ordered children stands.
@@ -44,6 +51,7 @@ impl Outcome {
             reason: "Reconciled".into(),
             message: format!("{children} children desired"),
             progress: None,
+            children_ready: None,
         }
     }
 
@@ -54,6 +62,7 @@ impl Outcome {
             reason: reason.into(),
             message,
             progress: None,
+            children_ready: None,
         }
     }
 
@@ -61,6 +70,16 @@ impl Outcome {
     #[must_use]
     pub fn with_progress(self, progress: Option<Progress>) -> Self {
         Self { progress, ..self }
+    }
+
+    /// The same outcome, with the host's judgement of the children's readiness (see
+    /// [`Outcome::children_ready`]).
+    #[must_use]
+    pub fn with_children_ready(self, children_ready: Option<Option<String>>) -> Self {
+        Self {
+            children_ready,
+            ..self
+        }
     }
 }
 
@@ -139,11 +158,38 @@ fn with_reconciled(
         }
         conditions.push(progressing);
     }
+    if let Some(children_ready) = &outcome.children_ready {
+        judge_ready(&mut conditions, children_ready.as_deref(), generation);
+    }
     conditions.push(reconciled);
     for condition in &mut conditions {
         stamp_transition(condition, observed_status, now);
     }
     conditions
+}
+
+/// The parent's `Ready` by its children's readiness: set when the plugin sets none, and
+/// turned to `False` when the plugin claims `True` while a child is not ready. A plugin's
+/// own `False` stands.
+fn judge_ready(conditions: &mut Vec<Value>, not_ready: Option<&str>, generation: Option<i64>) {
+    let plugins = conditions
+        .iter()
+        .position(|c| c.get("type").and_then(Value::as_str) == Some(READY));
+    let claims = plugins.map(|at| conditions[at]["status"] == "True");
+    let mut judged = match (not_ready, claims) {
+        (None, None) => json!({"type": READY, "status": "True", "reason": "ChildrenReady",
+            "message": "every child is ready"}),
+        (Some(why), None | Some(true)) => json!({"type": READY, "status": "False",
+            "reason": "ChildNotReady", "message": why}),
+        (None | Some(_), Some(_)) => return,
+    };
+    if let Some(generation) = generation {
+        judged["observedGeneration"] = json!(generation);
+    }
+    match plugins {
+        Some(at) => conditions[at] = judged,
+        None => conditions.push(judged),
+    }
 }
 
 /// Give `condition` a `lastTransitionTime`: the observed one if the status did not change,
@@ -307,6 +353,44 @@ mod tests {
                 .iter()
                 .all(|c| c["type"] != PROGRESSING)
         );
+    }
+
+    #[test]
+    fn ordered_children_decide_ready_unless_the_plugin_says_not_ready() {
+        let judged = |plugin: Option<&str>, not_ready: Option<&str>| {
+            let mut status = JsonObject::new();
+            if let Some(claim) = plugin {
+                status.insert(
+                    "conditions".into(),
+                    json!([{"type": "Ready", "status": claim, "reason": "Mine"}]),
+                );
+            }
+            let outcome = ok().with_children_ready(Some(not_ready.map(str::to_owned)));
+            let status = after_success(Some(status), Some(1), None, &outcome, "T1");
+            let ready = status["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == READY).cloned())
+                .expect("a Ready condition");
+            (
+                ready["status"].as_str().unwrap_or_default().to_owned(),
+                ready["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        };
+        let pair = |s: &str, r: &str| (s.to_owned(), r.to_owned());
+        assert_eq!(judged(None, None), pair("True", "ChildrenReady"));
+        assert_eq!(
+            judged(None, Some("Job j: not complete")),
+            pair("False", "ChildNotReady")
+        );
+        assert_eq!(
+            judged(Some("True"), Some("Job j: not complete")),
+            pair("False", "ChildNotReady")
+        );
+        assert_eq!(judged(Some("True"), None), pair("True", "Mine"));
+        assert_eq!(judged(Some("False"), None), pair("False", "Mine"));
+        // An unordered answer: the plugin's word alone.
+        let plain = after_success(Some(plugin_status()), Some(4), None, &ok(), "T1");
+        assert_eq!(plain["conditions"][0]["reason"], "AllReady");
     }
 
     #[test]

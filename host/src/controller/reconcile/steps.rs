@@ -103,6 +103,8 @@ impl Done {
 struct ApplyOutcome {
     ordered: bool,
     waits: Vec<Wait>,
+    /// For an ordered answer, the first child not ready by the host's judgement.
+    not_ready: Option<String>,
 }
 
 /// What the serving plugin decided for one parent, validated and stamped.
@@ -493,8 +495,15 @@ impl<'a> Reconcile<'a> {
                 "children applied"
             );
         }
+        let kinds: Vec<&str> = ctx.caches.allowed.iter().map(|a| a.kind.as_str()).collect();
+        let ordered = ordering.ordered();
         Ok(ApplyOutcome {
-            ordered: ordering.ordered(),
+            ordered,
+            not_ready: if ordered {
+                ordering.first_not_ready(&kinds)
+            } else {
+                None
+            },
             waits,
         })
     }
@@ -558,7 +567,10 @@ impl<'a> Reconcile<'a> {
             waits::describe(&applied.waits, desired, &kinds)
                 .map_or(Progress::Applied, Progress::Waiting)
         });
-        let outcome = Outcome::success(desired.len()).with_progress(progress);
+        let children_ready = applied.ordered.then(|| applied.not_ready.clone());
+        let outcome = Outcome::success(desired.len())
+            .with_progress(progress)
+            .with_children_ready(children_ready);
         let (status, written) = writes::write_status(
             self.parent,
             self.identity,

@@ -52,8 +52,11 @@ impl<'a> Waits<'a> {
         observed: &'a [Observed],
         caches: &'a [ChildCache],
     ) -> Self {
+        // An unordered answer never looks a child up: no map for it.
+        let ordered = desired.iter().any(|child| !child.depends_on.is_empty());
         let observed = observed
             .iter()
+            .filter(|_| ordered)
             .map(|(index, child)| {
                 (
                     (*index, child.metadata.name.as_deref().unwrap_or_default()),
@@ -138,6 +141,9 @@ impl<'a> Waits<'a> {
             return Some(("does not exist yet".to_owned(), None));
         };
         let meta = &observed.metadata;
+        if meta.deletion_timestamp.is_some() {
+            return Some(("is being deleted".to_owned(), None));
+        }
         let age = meta
             .creation_timestamp
             .as_ref()
@@ -151,6 +157,17 @@ impl<'a> Waits<'a> {
             return Some(("was updated, not yet observed".to_owned(), age));
         }
         readiness::not_ready(&observed.to_value()).map(|why| (why, age))
+    }
+
+    /// The first child of the answer, once applied, that is not ready, in words (`Job
+    /// shop-migrate: not complete`); `None` when every one is. `kinds` names the policy's
+    /// child kinds.
+    pub fn first_not_ready(&self, kinds: &[&str]) -> Option<String> {
+        (0..self.desired.len()).find_map(|position| {
+            let (why, _) = self.not_ready(position)?;
+            let child = &self.desired[position];
+            Some(format!("{} {}: {why}", kinds[child.kind_index], child.name))
+        })
     }
 
     /// The child at `position` was applied (`wrote` when that changed it).
@@ -246,6 +263,10 @@ mod tests {
         assert_eq!(
             fresh.blocked(1).map(|w| w.why),
             Some("does not exist yet".to_owned())
+        );
+        assert_eq!(
+            fresh.first_not_ready(&kinds).as_deref(),
+            Some("StatefulSet db: does not exist yet")
         );
     }
 }

@@ -191,6 +191,14 @@ pub(crate) async fn update_child(
     .await
     .map_err(apply_error)?;
     own.child(child.key(), applied.resource_version.as_deref());
+    if decided_at.len() == 1
+        && applied.resource_version.is_some()
+        && applied.resource_version == metadata.resource_version
+    {
+        // The server found nothing to change (what looked different is what it keeps
+        // anyway): no update is on its way to the cache.
+        return Ok(Applied::Unchanged);
+    }
     cache.pending.updated(
         (child.namespace.clone(), child.name.clone()),
         &child.hash,

@@ -35,6 +35,11 @@ pub fn differences(desired: &Value, observed: &Value, limit: usize) -> Vec<Strin
                     path.push('.');
                     path.push_str(key);
                     match have.get(key) {
+                        Some(found_value) if key == "finalizers" => {
+                            if !finalizers_held(value, found_value) {
+                                found.push(path.clone());
+                            }
+                        }
                         Some(found_value) => walk(value, found_value, path, limit, found),
                         None if value.is_null() => {}
                         None => found.push(format!("{path} (missing)")),
@@ -64,11 +69,14 @@ pub fn differences(desired: &Value, observed: &Value, limit: usize) -> Vec<Strin
 
 /// Whether every field of `desired` is in `observed` with an equal value. Fields the server
 /// adds (defaults, status, other managers' fields) are ignored; a desired `null` matches an
-/// absent field; numbers compare by value, so `1` equals `1.0`.
+/// absent field; numbers compare by value, so `1` equals `1.0`. A `finalizers` list is a
+/// set others add to (the API server's `kubernetes.io/pvc-protection`, a load balancer's
+/// cleanup, an operator's own): it matches when it holds every desired entry.
 pub fn is_subset(desired: &Value, observed: &Value) -> bool {
     match (desired, observed) {
         (Value::Object(want), Value::Object(have)) => {
             want.iter().all(|(key, value)| match have.get(key) {
+                Some(found) if key == "finalizers" => finalizers_held(value, found),
                 Some(found) => is_subset(value, found),
                 None => value.is_null(),
             })
@@ -84,6 +92,14 @@ pub fn is_subset(desired: &Value, observed: &Value) -> bool {
     }
 }
 
+/// Whether the `observed` finalizers hold every `desired` one, whatever else they hold.
+fn finalizers_held(desired: &Value, observed: &Value) -> bool {
+    match (desired, observed) {
+        (Value::Array(want), Value::Array(have)) => want.iter().all(|w| have.contains(w)),
+        (want, have) => is_subset(want, have),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -93,6 +109,28 @@ mod tests {
     use crate::controller::testing::{
         allowed_kinds as allowed, deployment, team_a_parent as parent,
     };
+
+    #[test]
+    fn finalizers_others_add_leave_a_child_converged() {
+        let mut held = deployment("db");
+        held["metadata"]["finalizers"] = json!(["wasmctrl.dev/teardown-order"]);
+        let child = prepare(vec![held], &allowed(), &parent(), "p")
+            .expect("ok")
+            .remove(0);
+        let mut observed = child.object.clone();
+        observed["metadata"]["finalizers"] = json!([
+            "kubernetes.io/pvc-protection",
+            "wasmctrl.dev/teardown-order"
+        ]);
+        assert!(is_converged(&child, &observed));
+        assert!(differences(&child.object, &observed, 8).is_empty());
+        observed["metadata"]["finalizers"] = json!(["kubernetes.io/pvc-protection"]);
+        assert!(!is_converged(&child, &observed), "ours is gone");
+        assert_eq!(
+            differences(&child.object, &observed, 8),
+            [".metadata.finalizers"]
+        );
+    }
 
     #[test]
     fn converged_means_same_hash_and_no_hand_edits() {

@@ -188,24 +188,25 @@ fn find_cycle(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
 }
 
 /// The first of `siblings` (the other children of the same parent, as stored) that still
-/// depends on the child `kind`/`name`: it must be gone before that child may go.
+/// depends on the child `kind`/`name`: it must be gone before that child may go. A sibling
+/// whose order cannot be read counts as depending on it: a child is never let go because
+/// something could not be read.
 pub(crate) fn dependent_of<'a>(
     kind: &str,
     name: &str,
     siblings: impl IntoIterator<Item = &'a Value>,
 ) -> Option<ChildName> {
     siblings.into_iter().find_map(|sibling| {
-        let depends = depends_on(sibling).ok()?;
-        depends
-            .iter()
-            .any(|d| d.kind == kind && d.name == name)
-            .then(|| ChildName {
-                kind: sibling["kind"].as_str().unwrap_or_default().to_owned(),
-                name: sibling["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-            })
+        let depends = depends_on(sibling)
+            .map(|named| named.iter().any(|d| d.kind == kind && d.name == name))
+            .unwrap_or(true);
+        depends.then(|| ChildName {
+            kind: sibling["kind"].as_str().unwrap_or_default().to_owned(),
+            name: sibling["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        })
     })
 }
 
@@ -309,5 +310,11 @@ mod tests {
             Some("Job/migrate".to_owned())
         );
         assert_eq!(dependent_of("StatefulSet", "db", &[app]), None);
+        let unreadable = child("Job", "other", Some("no-slash")).2;
+        assert_eq!(
+            dependent_of("StatefulSet", "db", &[unreadable]).map(|d| d.to_string()),
+            Some("Job/other".to_owned()),
+            "an order that cannot be read holds"
+        );
     }
 }

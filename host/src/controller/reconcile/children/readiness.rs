@@ -22,8 +22,31 @@ use serde_json::Value;
 
 use super::order;
 
+/// Longest `ready-when` expression: a readiness rule is a line, not a program.
+const MAX_EXPRESSION_BYTES: usize = 1024;
+
+/// Most comprehensions (`all`, `exists`, `exists_one`, `map`, `filter`) in one expression.
+/// The host evaluates it outside any sandbox, on each look at the child; nested
+/// comprehensions multiply, so a plugin could otherwise spend the host's CPU.
+const MAX_COMPREHENSIONS: usize = 2;
+
 /// A `ready-when` expression, compiled, or why it cannot be.
 pub(crate) fn compile(expression: &str) -> Result<cel::Program, String> {
+    if expression.len() > MAX_EXPRESSION_BYTES {
+        return Err(format!(
+            "the expression is {} bytes, above the {MAX_EXPRESSION_BYTES}-byte limit",
+            expression.len()
+        ));
+    }
+    let comprehensions = [".all(", ".exists(", ".exists_one(", ".map(", ".filter("]
+        .iter()
+        .map(|macro_| expression.matches(macro_).count())
+        .sum::<usize>();
+    if comprehensions > MAX_COMPREHENSIONS {
+        return Err(format!(
+            "the expression has {comprehensions} comprehensions (all, exists, map, filter), above the limit of {MAX_COMPREHENSIONS}"
+        ));
+    }
     cel::Program::compile(expression)
         .map_err(|error| format!("{expression:?} is not a CEL expression: {error}"))
 }
@@ -298,6 +321,14 @@ mod tests {
         job["metadata"]["annotations"] = json!({});
         assert_eq!(not_ready(&job).as_deref(), Some("not complete"));
         assert!(compile("self.status.(").is_err());
+        let nested = "[1,2].all(a, [1,2].all(b, [1,2].all(c, true)))";
+        assert!(
+            compile(nested)
+                .expect_err("too many")
+                .contains("comprehensions")
+        );
+        assert!(compile("[1,2].all(a, [1,2].exists(b, a == b))").is_ok());
+        assert!(compile(&format!("true{}", " && true".repeat(200))).is_err());
     }
 
     #[test]
