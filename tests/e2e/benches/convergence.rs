@@ -61,18 +61,8 @@ const SELECTOR_LABEL: &str = "bench.wasmctrl.dev/run";
 const HOST_LISTEN: &str = "WASMCTRL_BENCH_LISTEN";
 
 fn main() -> std::process::ExitCode {
-    // The host under test compiles plugins in a child process of this executable, as
-    // `wasmctrl run` does.
-    if let Some(code) = wasmctrl::plugin::compile_child_if_asked() {
-        return code;
-    }
-    match bench() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("Error: {error:?}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    // The host under test compiles its plugins in a child of this executable.
+    wasmctrl_e2e::bench::main(bench)
 }
 
 fn bench() -> anyhow::Result<()> {

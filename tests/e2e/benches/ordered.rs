@@ -23,7 +23,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use wasmctrl_e2e::{HostUnderTest, TEST_GROUP, TEST_LABEL, api, apply, resource, test_crd};
-use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, admin_client};
+use wasmctrl_testenv::cluster::admin_client;
 
 wasmctrl::host_allocator!();
 
@@ -31,39 +31,12 @@ const NAMESPACE: &str = "bench-stacks";
 const TEST: &str = "bench-ordered";
 
 fn main() -> std::process::ExitCode {
-    // Plugins compile in a child process of this executable, as `wasmctrl run` does.
-    if let Some(code) = wasmctrl::plugin::compile_child_if_asked() {
-        return code;
-    }
-    match bench() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("Error: {error:?}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-fn bench() -> anyhow::Result<()> {
-    let stacks: usize = std::env::var("WASMCTRL_BENCH_STACKS")
-        .unwrap_or_else(|_| "20".into())
-        .parse()
-        .context("WASMCTRL_BENCH_STACKS")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let binaries = Binaries::build(&wasmctrl_testenv::repo_root())?;
-    let dir = wasmctrl_testenv::plugins::target_dir().join("cluster-bench-ordered");
-    let plane = runtime.block_on(ControlPlane::start(
-        &dir,
-        &binaries,
-        Lifetime::TiedToStarter,
-    ))?;
-    let result = runtime.block_on(measure(&dir, stacks));
-    plane.stop();
-    let _ = std::fs::remove_dir_all(&dir);
-    print!("{}", result?);
-    Ok(())
+    wasmctrl_e2e::bench::main(|| {
+        let stacks = wasmctrl_e2e::bench::count_from_env("WASMCTRL_BENCH_STACKS", 20)?;
+        wasmctrl_e2e::bench::on_fresh_control_plane("ordered", |dir| async move {
+            measure(&dir, stacks).await
+        })
+    })
 }
 
 /// When each step of one Stack was seen to begin and end, from its create.

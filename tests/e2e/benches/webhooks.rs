@@ -30,7 +30,7 @@ use wasmctrl::admission::server::{Answerers, ServingCertificate, serve};
 use wasmctrl::metrics::Metrics;
 use wasmctrl::plugin::{EngineOptions, Limits, PluginEngine};
 use wasmctrl_e2e::{myapp, myapps};
-use wasmctrl_testenv::cluster::{Binaries, ControlPlane, Lifetime, admin_client};
+use wasmctrl_testenv::cluster::admin_client;
 
 wasmctrl::host_allocator!();
 
@@ -42,39 +42,12 @@ const WEBHOOKS: [(&str, &str); 3] = [
 ];
 
 fn main() -> std::process::ExitCode {
-    // Plugins compile in a child process of this executable, as `wasmctrl run` does.
-    if let Some(code) = wasmctrl::plugin::compile_child_if_asked() {
-        return code;
-    }
-    match bench() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("Error: {error:?}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-fn bench() -> anyhow::Result<()> {
-    let creates: usize = std::env::var("WASMCTRL_BENCH_CREATES")
-        .unwrap_or_else(|_| "500".into())
-        .parse()
-        .context("WASMCTRL_BENCH_CREATES")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let binaries = Binaries::build(&wasmctrl_testenv::repo_root())?;
-    let dir = wasmctrl_testenv::plugins::target_dir().join("cluster-bench-webhooks");
-    let plane = runtime.block_on(ControlPlane::start(
-        &dir,
-        &binaries,
-        Lifetime::TiedToStarter,
-    ))?;
-    let result = runtime.block_on(measure(&dir, creates));
-    plane.stop();
-    let _ = std::fs::remove_dir_all(&dir);
-    print!("{}", result?);
-    Ok(())
+    wasmctrl_e2e::bench::main(|| {
+        let creates = wasmctrl_e2e::bench::count_from_env("WASMCTRL_BENCH_CREATES", 500)?;
+        wasmctrl_e2e::bench::on_fresh_control_plane("webhooks", |dir| async move {
+            measure(&dir, creates).await
+        })
+    })
 }
 
 async fn measure(dir: &std::path::Path, creates: usize) -> anyhow::Result<String> {

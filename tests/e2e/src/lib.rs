@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+pub mod bench;
 mod chart;
 mod host;
 mod http;

@@ -248,23 +248,18 @@ pub(crate) async fn release_teardown(
     let namespace = policy.spec.parent.namespace.as_deref().or(namespace);
     let mut released = 0;
     for kind in &policy.spec.children {
-        let Some(resolved) = resolve(acting, kind).await? else {
+        let Some((resolved, children)) = labelled(
+            acting,
+            kind,
+            namespace,
+            &selector,
+            &format!("children of policy {name}"),
+        )
+        .await?
+        else {
             continue;
         };
-        let api: Api<DynamicObject> = match namespace.filter(|_| resolved.namespaced) {
-            Some(namespace) => Api::namespaced_with(acting.clone(), namespace, &*resolved.resource),
-            None => Api::all_with(acting.clone(), &*resolved.resource),
-        };
-        let children = api
-            .list_metadata(&ListParams::default().labels(&selector))
-            .await
-            .with_context(|| {
-                format!(
-                    "listing the {} {} children of policy {name}",
-                    kind.api_version, kind.kind
-                )
-            })?;
-        for child in &children.items {
+        for child in &children {
             released += release_one(acting, &resolved, child, TEARDOWN_FINALIZER).await?;
         }
     }
@@ -322,6 +317,30 @@ async fn release_parents_of(
     }
     tracing::info!(policy = %name, released, "policy deleted; its parents' finalizers released");
     Ok(())
+}
+
+/// The objects of `kind` that `selector` picks (in `namespace`, for a namespaced kind), as
+/// metadata, with the kind resolved; `None` when the kind is not served (a kind that is
+/// gone has no objects left). `what` names them in an error.
+async fn labelled(
+    client: &Client,
+    kind: &KindRef,
+    namespace: Option<&str>,
+    selector: &str,
+    what: &str,
+) -> anyhow::Result<Option<(ResolvedKind, Vec<PartialObjectMeta<DynamicObject>>)>> {
+    let Some(resolved) = resolve(client, kind).await? else {
+        return Ok(None);
+    };
+    let api: Api<DynamicObject> = match namespace.filter(|_| resolved.namespaced) {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &*resolved.resource),
+        None => Api::all_with(client.clone(), &*resolved.resource),
+    };
+    let listed = api
+        .list_metadata(&ListParams::default().labels(selector))
+        .await
+        .with_context(|| format!("listing the {} {} {what}", kind.api_version, kind.kind))?;
+    Ok(Some((resolved, listed.items)))
 }
 
 /// A kind resolved, or `None` if it is not served: a kind that is gone has no parents left
@@ -402,27 +421,12 @@ pub(crate) async fn unmanaged_children(
     let selector = format!("{}={policy_label}", POLICY_LABEL);
     let mut found = Vec::new();
     for kind in kinds {
-        let resolved = match kinds::resolve(client, kind).await {
-            Ok(resolved) => resolved,
-            // A kind no longer served has no objects left to worry about.
-            Err(kinds::KindError::NotFound { .. }) => continue,
-            Err(error) => return Err(error.into()),
+        let Some((_, children)) =
+            labelled(client, kind, namespace, &selector, "children left behind").await?
+        else {
+            continue;
         };
-        let api: Api<DynamicObject> = match namespace.filter(|_| resolved.namespaced) {
-            Some(namespace) => Api::namespaced_with(client.clone(), namespace, &*resolved.resource),
-            None => Api::all_with(client.clone(), &*resolved.resource),
-        };
-        let count = api
-            .list_metadata(&ListParams::default().labels(&selector))
-            .await
-            .with_context(|| {
-                format!(
-                    "listing {} {} children left behind",
-                    kind.api_version, kind.kind
-                )
-            })?
-            .items
-            .len();
+        let count = children.len();
         if count > 0 {
             found.push((kind.clone(), count));
         }

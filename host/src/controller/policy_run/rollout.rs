@@ -24,13 +24,13 @@ use crate::controller::cache::cached::CachedObject;
 use crate::controller::cache::stores::ChildCache;
 use crate::controller::policy_run::replay_gate;
 use crate::controller::policy_run::status::PolicyStatusWriter;
-use crate::controller::reconcile::children::readiness;
 use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::events::EventSink;
 use crate::controller::reconcile::parent::parent_key;
 use crate::controller::reconcile::prune_guard::PruneLimits;
 use crate::controller::reconcile::serving::Candidate;
 use crate::controller::reconcile::status::PROGRESSING;
+use crate::controller::reconcile::waits::observed_not_ready;
 use crate::lock;
 use crate::plugin::Verdict;
 use crate::policy::{
@@ -406,21 +406,8 @@ fn not_ready(parent: &CachedObject, children: &[ChildCache]) -> Option<String> {
             let Some(child) = cache.store.get(&key) else {
                 continue;
             };
-            let value = child.to_value();
-            let object = (child.metadata.namespace.clone(), child.name_any());
-            let version = child
-                .metadata
-                .resource_version
-                .as_deref()
-                .unwrap_or_default();
-            let why = if cache.pending.unseen(&object, version) {
-                // The cache still shows it as it was before the host's own update.
-                Some("updated, not yet observed".to_owned())
-            } else {
-                readiness::not_ready(&value)
-            };
-            if let Some(why) = why {
-                let kind = value["kind"].as_str().unwrap_or_default().to_owned();
+            if let Some(why) = observed_not_ready(cache, &child) {
+                let kind = child.types.as_ref().map_or("", |t| t.kind.as_str());
                 return Some(format!("{kind} {} {why}", child.name_any()));
             }
         }

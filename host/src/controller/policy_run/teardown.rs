@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource as _;
 use kube::runtime::events::EventType;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -166,7 +167,10 @@ impl Teardown {
                         tracing::info!(policy = %self.ctx.policy, child = %format!("{kind} {name}"), "every child that depended on it is gone: released for deletion");
                     }
                 }
-                Some(dependent) => self.report_if_blocked(child, kind, name, &dependent).await,
+                Some(dependent) => {
+                    let reference = child.object_ref(&caches[*index].resource);
+                    self.report_if_blocked(child, reference, &dependent).await;
+                }
             }
         }
     }
@@ -192,8 +196,7 @@ impl Teardown {
     async fn report_if_blocked(
         &mut self,
         child: &CachedObject,
-        kind: &str,
-        name: &str,
+        reference: ObjectReference,
         dependent: &order::ChildName,
     ) {
         let Some(since) = &child.metadata.deletion_timestamp else {
@@ -202,10 +205,12 @@ impl Teardown {
         let waited = (jiff::Timestamp::now() - since.0).get_seconds().max(0);
         let uid = child.metadata.uid.clone().unwrap_or_default();
         if waited < i64::try_from(self.timeout.as_secs()).unwrap_or(i64::MAX)
-            || !self.reported.insert(uid.clone())
+            || !self.reported.insert(uid)
         {
             return;
         }
+        let kind = reference.kind.as_deref().unwrap_or_default();
+        let name = reference.name.as_deref().unwrap_or_default();
         let message = format!(
             "{kind} {name} has waited {waited} s to be deleted, longer than the policy's teardown timeout ({} s): {} {} still depends on it and is not gone; it keeps waiting",
             self.timeout.as_secs(),
@@ -213,14 +218,6 @@ impl Teardown {
             dependent.name
         );
         tracing::warn!(policy = %self.ctx.policy, child = %format!("{kind} {name}"), dependent = %dependent, waited_seconds = waited, "teardown blocked");
-        let reference = ObjectReference {
-            api_version: child.types.as_ref().map(|t| t.api_version.clone()),
-            kind: Some(kind.to_owned()),
-            name: Some(name.to_owned()),
-            namespace: child.metadata.namespace.clone(),
-            uid: Some(uid),
-            ..ObjectReference::default()
-        };
         self.ctx
             .events
             .publish(

@@ -99,11 +99,18 @@ impl Done {
     }
 }
 
-/// What the apply step did: whether the answer's children are ordered, and which wait.
+/// What the apply step did: which children wait, and, for an answer with order, what the
+/// parent's status says of it.
 struct ApplyOutcome {
-    ordered: bool,
     waits: Vec<Wait>,
-    /// For an ordered answer, the first child not ready by the host's judgement.
+    ordered: Option<OrderedOutcome>,
+}
+
+/// Where an ordered answer stands after its apply.
+struct OrderedOutcome {
+    /// The parent's `Progressing`.
+    progress: Progress,
+    /// The first child not ready by the host's judgement, for the parent's `Ready`.
     not_ready: Option<String>,
 }
 
@@ -495,17 +502,16 @@ impl<'a> Reconcile<'a> {
                 "children applied"
             );
         }
-        let kinds: Vec<&str> = ctx.caches.allowed.iter().map(|a| a.kind.as_str()).collect();
-        let ordered = ordering.ordered();
-        Ok(ApplyOutcome {
-            ordered,
-            not_ready: if ordered {
-                ordering.first_not_ready(&kinds)
-            } else {
-                None
-            },
-            waits,
-        })
+        // Only an answer with order is judged: an unordered one costs nothing more.
+        let ordered = ordering.ordered().then(|| {
+            let kinds: Vec<&str> = ctx.caches.allowed.iter().map(|a| a.kind.as_str()).collect();
+            OrderedOutcome {
+                progress: waits::describe(&waits, desired, &kinds)
+                    .map_or(Progress::Applied, Progress::Waiting),
+                not_ready: ordering.first_not_ready(&kinds),
+            }
+        });
+        Ok(ApplyOutcome { waits, ordered })
     }
 
     /// Delete the observed children the plugin no longer wants, unless the prune guard holds
@@ -556,18 +562,11 @@ impl<'a> Reconcile<'a> {
         desired: &[DesiredChild],
         applied: &ApplyOutcome,
     ) -> Result<(), ReconcileError> {
-        let kinds: Vec<&str> = self
-            .ctx
-            .caches
-            .allowed
-            .iter()
-            .map(|a| a.kind.as_str())
-            .collect();
-        let progress = applied.ordered.then(|| {
-            waits::describe(&applied.waits, desired, &kinds)
-                .map_or(Progress::Applied, Progress::Waiting)
-        });
-        let children_ready = applied.ordered.then(|| applied.not_ready.clone());
+        let (progress, children_ready) = applied
+            .ordered
+            .as_ref()
+            .map(|ordered| (ordered.progress.clone(), ordered.not_ready.clone()))
+            .unzip();
         let outcome = Outcome::success(desired.len())
             .with_progress(progress)
             .with_children_ready(children_ready);

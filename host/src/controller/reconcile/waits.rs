@@ -148,15 +148,7 @@ impl<'a> Waits<'a> {
             .creation_timestamp
             .as_ref()
             .map(|created| (jiff::Timestamp::now() - created.0).get_seconds().max(0));
-        let version = meta.resource_version.as_deref().unwrap_or_default();
-        let key = (meta.namespace.clone(), dependency.name.clone());
-        if self.caches[dependency.kind_index]
-            .pending
-            .unseen(&key, version)
-        {
-            return Some(("was updated, not yet observed".to_owned(), age));
-        }
-        readiness::not_ready(&observed.to_value()).map(|why| (why, age))
+        observed_not_ready(&self.caches[dependency.kind_index], observed).map(|why| (why, age))
     }
 
     /// The first child of the answer, once applied, that is not ready, in words (`Job
@@ -179,6 +171,25 @@ impl<'a> Waits<'a> {
     pub fn held(&mut self, position: usize) {
         self.state[position] = State::Held;
     }
+}
+
+/// Why `child`, as `cache` shows it, is not ready by the host's judgement, or `None` when
+/// it is: still the version before the host's own update, or not ready by its status (see
+/// [`readiness`]). What ordering and the rollout gate both ask of a child.
+pub(crate) fn observed_not_ready(cache: &ChildCache, child: &CachedObject) -> Option<String> {
+    let version = child
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    let name = child.metadata.name.clone().unwrap_or_default();
+    if cache
+        .pending
+        .unseen(&(child.metadata.namespace.clone(), name), version)
+    {
+        return Some("updated, not yet observed".to_owned());
+    }
+    readiness::not_ready(&child.to_value())
 }
 
 /// The parent's `Progressing` message for `waits`: the first wait whose dependency is not

@@ -186,7 +186,7 @@ pub fn prepare(
     let mut prepared = Vec::with_capacity(desired.len());
     let mut problems = Vec::new();
     let mut seen = HashSet::new();
-    let depended = depended_on(&desired);
+    let (ordered, depended) = depended_on(&desired);
     for (index, object) in desired.into_iter().enumerate() {
         match prepare_one(index, object, allowed, parent, policy_label, &depended) {
             Ok(child) => {
@@ -221,9 +221,6 @@ pub fn prepare(
         return Err(problems);
     }
     // Resolved only for an answer that orders something: an unordered one costs nothing.
-    let ordered = prepared
-        .iter()
-        .any(|child| !child.object["metadata"]["annotations"][DEPENDS_ON_ANNOTATION].is_null());
     if ordered {
         let edges = order::resolve(prepared.iter().map(|child| {
             (
@@ -265,21 +262,31 @@ impl From<order::OrderProblem> for InvalidChild {
     }
 }
 
-/// The children some child of the answer names as a dependency, as `(kind, name)`: each gets
-/// the teardown finalizer. Unreadable annotations name nothing here; ordering refuses them.
-fn depended_on(desired: &[JsonObject]) -> HashSet<(String, String)> {
-    desired
-        .iter()
-        .filter_map(|object| {
-            object
-                .get("metadata")?
-                .get("annotations")?
-                .get(DEPENDS_ON_ANNOTATION)?
-                .as_str()
-        })
-        .flat_map(|value| order::parse(value).unwrap_or_default())
-        .map(|dependency| (dependency.kind, dependency.name))
-        .collect()
+/// Whether any child of the answer orders itself (has the dependency annotation), and the
+/// children some child names as a dependency, as `(kind, name)`: each gets the teardown
+/// finalizer. Unreadable annotations name nothing here; ordering refuses them.
+fn depended_on(desired: &[JsonObject]) -> (bool, HashSet<(String, String)>) {
+    let mut ordered = false;
+    let mut depended = HashSet::new();
+    for object in desired {
+        let Some(value) = object
+            .get("metadata")
+            .and_then(|metadata| metadata.get("annotations"))
+            .and_then(|annotations| annotations.get(DEPENDS_ON_ANNOTATION))
+            .filter(|value| !value.is_null())
+        else {
+            continue;
+        };
+        ordered = true;
+        let named = value.as_str().map(order::parse).and_then(Result::ok);
+        depended.extend(
+            named
+                .into_iter()
+                .flatten()
+                .map(|dependency| (dependency.kind, dependency.name)),
+        );
+    }
+    (ordered, depended)
 }
 
 /// Check one desired child, in the order a user reads a refusal (what it is, its name, where
