@@ -128,6 +128,29 @@ async fn fresh_crd(client: &Client, crd: &Value) -> anyhow::Result<()> {
 
 /// A host serving webhooks for test `test` in `ns`, and its policy (named `ns`) with `spec`,
 /// once its conversion is served: the host, and the policy as it then stands.
+/// A namespace for `test`, a fresh CRD of `kind` (see [`misfit_crd`]) and a host whose
+/// policy (named as the namespace) has the misbehaving plugin convert it between v1 and v2.
+async fn misbehaving_converter(
+    test: &str,
+    kind: &str,
+) -> anyhow::Result<(Client, String, HostUnderTest)> {
+    let (client, ns) = test_namespace(test).await?;
+    install_repo_crds(&client).await?;
+    fresh_crd(&client, &misfit_crd(kind)).await?;
+    let (host, _, _) = converting(
+        &client,
+        test,
+        &ns,
+        json!({
+            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": kind},
+            "plugin": {"source": file_source("misbehave_plugin"), "config": {}},
+            "conversion": {"versions": ["v1", "v2"]},
+        }),
+    )
+    .await?;
+    Ok((client, ns, host))
+}
+
 async fn converting(
     client: &Client,
     test: &str,
@@ -367,21 +390,8 @@ async fn widgets_read_at_either_version_and_migrate_retires_the_old_one() -> any
 async fn a_converter_that_traps_fails_the_read_and_nothing_is_written() -> anyhow::Result<()> {
     const TEST: &str = "conversion-trap";
     const CRD: &str = "misfits.example.com";
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    fresh_crd(&client, &misfit_crd("Misfit")).await?;
+    let (client, ns, host) = misbehaving_converter(TEST, "Misfit").await?;
     let name = ns.clone();
-    let (host, _, _) = converting(
-        &client,
-        TEST,
-        &ns,
-        json!({
-            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Misfit"},
-            "plugin": {"source": file_source("misbehave_plugin"), "config": {}},
-            "conversion": {"versions": ["v1", "v2"]},
-        }),
-    )
-    .await?;
     let v1 = at(&client, &ns, "Misfit", "v1");
     let v2 = at(&client, &ns, "Misfit", "v2");
     v1.create(
@@ -476,21 +486,8 @@ fn conversion_records(
 async fn uninstall_puts_the_conversion_back_and_lets_the_policy_go() -> anyhow::Result<()> {
     const TEST: &str = "conversion-uninstall";
     const CRD: &str = "quirks.example.com";
-    let (client, ns) = test_namespace(TEST).await?;
-    install_repo_crds(&client).await?;
-    fresh_crd(&client, &misfit_crd("Quirk")).await?;
+    let (client, ns, host) = misbehaving_converter(TEST, "Quirk").await?;
     let name = ns.clone();
-    let (host, _, _) = converting(
-        &client,
-        TEST,
-        &ns,
-        json!({
-            "parent": {"apiVersion": format!("{GROUP}/v1"), "kind": "Quirk"},
-            "plugin": {"source": file_source("misbehave_plugin"), "config": {}},
-            "conversion": {"versions": ["v1", "v2"]},
-        }),
-    )
-    .await?;
     let held = policies(&client).get(&name).await?;
     assert!(
         held.metadata
