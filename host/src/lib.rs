@@ -21,6 +21,7 @@ pub mod server;
 pub mod signing;
 pub mod telemetry;
 mod watch_backoff;
+mod watch_lists;
 pub mod yaml;
 
 /// The memory allocator the `wasmctrl` binary runs on (each binary that runs the host, as the

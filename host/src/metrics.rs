@@ -168,6 +168,8 @@ pub struct Metrics {
     child_operations: Family<ChildLabels, Counter>,
     events_dropped: Family<ControllerLabels, Counter>,
     reconciles_unchanged: Family<ControllerLabels, Counter>,
+    reconciles_awaiting_creates: Family<ControllerLabels, Counter>,
+    calls_to_converge: Family<ControllerLabels, Histogram>,
     prune_held: Family<ControllerLabels, Gauge>,
     rollout_stage: Family<ControllerLabels, Gauge>,
     rollout_transitions: Family<ResultLabels, Counter>,
@@ -244,6 +246,10 @@ impl Metrics {
             child_operations: Family::default(),
             events_dropped: Family::default(),
             reconciles_unchanged: Family::default(),
+            reconciles_awaiting_creates: Family::default(),
+            calls_to_converge: Family::new_with_constructor(|| {
+                Histogram::new([1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0])
+            }),
             prune_held: Family::default(),
             rollout_stage: Family::default(),
             rollout_transitions: Family::default(),
@@ -264,6 +270,7 @@ impl Metrics {
         };
         metrics.register_controller_runtime(&mut registry);
         metrics.register_host_own(&mut registry);
+        metrics.register_reconciles(&mut registry);
         Self {
             registry,
             ..metrics
@@ -361,11 +368,6 @@ impl Metrics {
             metrics.events_dropped.clone(),
         );
         registry.register(
-            "wasmctrl_reconciles_unchanged",
-            "Reconciles that found nothing but the host's own writes changed since the plugin last decided, and neither called the plugin nor wrote",
-            metrics.reconciles_unchanged.clone(),
-        );
-        registry.register(
             "wasmctrl_prune_held",
             "Child deletions the prune guard holds per policy, until an admin confirms the change or rolls it back",
             metrics.prune_held.clone(),
@@ -414,6 +416,27 @@ impl Metrics {
             metrics.webhook_time.clone(),
         );
         metrics.register_engine(registry);
+    }
+
+    /// How reconciles spent their plugin calls: those they made none, and what converging
+    /// took.
+    fn register_reconciles(&self, registry: &mut Registry) {
+        let metrics = self;
+        registry.register(
+            "wasmctrl_reconciles_unchanged",
+            "Reconciles that found nothing but the host's own writes changed since the plugin last decided, and neither called the plugin nor wrote",
+            metrics.reconciles_unchanged.clone(),
+        );
+        registry.register(
+            "wasmctrl_reconciles_awaiting_creates",
+            "Reconciles that found someone else's change while children the last decision created were still on their way, and left the plugin to be asked once they arrive",
+            metrics.reconciles_awaiting_creates.clone(),
+        );
+        registry.register(
+            "wasmctrl_plugin_calls_to_converge",
+            "Plugin calls a parent took to settle (a reconcile that writes, deletes and holds back no child) after a change, from the reconcile that first did not",
+            metrics.calls_to_converge.clone(),
+        );
     }
 
     /// What the plugin engine reports: its instance pool and the memory of calls in flight.
@@ -558,6 +581,8 @@ impl Metrics {
         self.plugin_call_time.remove(&controller);
         self.events_dropped.remove(&controller);
         self.reconciles_unchanged.remove(&controller);
+        self.reconciles_awaiting_creates.remove(&controller);
+        self.calls_to_converge.remove(&controller);
         self.prune_held.remove(&controller);
         self.rollout_stage.remove(&controller);
         for result in ROLLOUT_RESULTS {
@@ -718,6 +743,8 @@ struct PolicySeries {
     plugin_call_time: OnceLock<Histogram>,
     events_dropped: OnceLock<Counter>,
     unchanged: OnceLock<Counter>,
+    awaiting_creates: OnceLock<Counter>,
+    calls_to_converge: OnceLock<Histogram>,
     related_cache: OnceLock<Gauge>,
     /// Per call outcome, in the order of [`PLUGIN_OUTCOMES`].
     plugin_calls: [OnceLock<Counter>; PLUGIN_OUTCOMES.len()],
@@ -885,6 +912,27 @@ impl PolicyMetrics {
                 .clone()
         });
         counter.inc_by(count);
+    }
+
+    /// A reconcile found someone else's change while the last decision's creates were still
+    /// on their way, and left the plugin to be asked once they arrive.
+    pub fn awaiting_creates(&self) {
+        first_use(
+            &self.series.awaiting_creates,
+            &self.metrics.reconciles_awaiting_creates,
+            || self.controller(),
+        )
+        .inc();
+    }
+
+    /// A parent settled after `calls` plugin calls since it last was.
+    pub fn converged(&self, calls: u32) {
+        first_use(
+            &self.series.calls_to_converge,
+            &self.metrics.calls_to_converge,
+            || self.controller(),
+        )
+        .observe(f64::from(calls));
     }
 
     /// A reconcile found nothing but the host's own writes changed since the plugin last

@@ -218,13 +218,14 @@ impl Host {
         }
         // Boxed, not pinned on the stack, so they can be dropped before the stop's wait.
         let mut policies = Box::pin(
-            watcher(api.clone(), config).backoff(crate::watch_backoff::WatchBackoff::default()),
+            crate::watch_lists::watcher(api.clone(), config)
+                .backoff(crate::watch_backoff::WatchBackoff::default()),
         );
         // Every policy in the cluster, this host's or not: who holds which parent kind.
         let (claims, claims_writer) = reflector::store();
         let mut claim_changes = Box::pin(reflector(
             claims_writer,
-            watcher(api, watcher::Config::default())
+            crate::watch_lists::watcher(api, watcher::Config::default())
                 .backoff(crate::watch_backoff::WatchBackoff::default()),
         ));
         let sweep = self.sweep_webhooks(claims.clone());

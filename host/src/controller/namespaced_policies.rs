@@ -31,7 +31,7 @@ use kube::runtime::WatchStreamExt as _;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
 
@@ -112,7 +112,7 @@ pub(crate) async fn run(
     let controller = Controller::for_stream_with(
         reflector::reflector(
             writer,
-            watcher(sources, watcher::Config::default())
+            crate::watch_lists::watcher(sources, watcher::Config::default())
                 .backoff(crate::watch_backoff::WatchBackoff::default()),
         )
         .applied_objects(),
@@ -127,7 +127,7 @@ pub(crate) async fn run(
             let namespaces = Api::<PartialObjectMeta<Namespace>>::all(client.clone());
             let changes = reflector::reflector(
                 writer,
-                watcher(namespaces, watcher::Config::default())
+                crate::watch_lists::watcher(namespaces, watcher::Config::default())
                     .backoff(crate::watch_backoff::WatchBackoff::default()),
             )
             .touched_objects();
@@ -170,7 +170,7 @@ pub(crate) async fn run(
     }
     let controller = controller
         .watches_stream(
-            watcher(Api::<ReconcilePolicy>::all(client), made)
+            crate::watch_lists::watcher(Api::<ReconcilePolicy>::all(client), made)
                 .backoff(crate::watch_backoff::WatchBackoff::default())
                 .touched_objects(),
             move |policy: ReconcilePolicy| {

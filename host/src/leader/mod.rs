@@ -216,7 +216,7 @@ impl LeaderElector {
         // it measures expiry from the leader's last renewal rather than from its own last
         // look; polling every retry period stays as the fallback.
         let only_the_lease = format!("metadata.name={}", self.config.name);
-        let lease_events = watcher(
+        let lease_events = crate::watch_lists::watcher(
             self.api.clone(),
             watcher::Config::default().fields(&only_the_lease),
         )

@@ -37,7 +37,7 @@ impl SourceWatch {
             let config = watcher::Config::default().fields(&format!("metadata.name={}", cm.name));
             let task = tokio::spawn(async move {
                 let mut events = std::pin::pin!(
-                    watcher(api, config)
+                    crate::watch_lists::watcher(api, config)
                         .backoff(WatchBackoff::default())
                         .applied_objects()
                 );

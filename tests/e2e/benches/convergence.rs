@@ -213,15 +213,46 @@ struct ReconcileCounts {
     plugin_calls: f64,
     /// Reconciles that found nothing but the host's own writes changed, and asked nothing.
     unchanged: f64,
+    /// Reconciles that found someone else's change while the creates of the last decision
+    /// were on their way, and asked nothing yet.
+    awaiting: f64,
+    /// Parents that settled after a change, the plugin calls that took, and how many of
+    /// them took at most two.
+    converged: f64,
+    calls_to_converge: f64,
+    converged_in_two: f64,
 }
 
 impl ReconcileCounts {
     fn read(metrics: &str) -> Self {
+        const CONVERGE: &str = "wasmctrl_plugin_calls_to_converge";
         Self {
             reconciles: metric_sum(metrics, "controller_runtime_reconcile_total{"),
             plugin_calls: metric_sum(metrics, "wasmctrl_plugin_calls_total{"),
             unchanged: metric_sum(metrics, "wasmctrl_reconciles_unchanged_total{"),
+            awaiting: metric_sum(metrics, "wasmctrl_reconciles_awaiting_creates_total{"),
+            converged: metric_sum(metrics, &format!("{CONVERGE}_count{{")),
+            calls_to_converge: metric_sum(metrics, &format!("{CONVERGE}_sum{{")),
+            converged_in_two: metrics
+                .lines()
+                .filter(|l| {
+                    l.starts_with(&format!("{CONVERGE}_bucket{{")) && l.contains("le=\"2.0\"")
+                })
+                .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+                .sum(),
         }
+    }
+
+    /// The plugin calls parents took to converge: the mean, and the share within two.
+    fn calls_to_converge_figure(&self) -> String {
+        if self.converged == 0.0 {
+            return "—".to_owned();
+        }
+        format!(
+            "{:.2} ({:.1} % in ≤ 2)",
+            self.calls_to_converge / self.converged,
+            100.0 * self.converged_in_two / self.converged
+        )
     }
 }
 
@@ -1162,9 +1193,9 @@ fn print_table(rows: &[Row]) {
         }
     }
     println!(
-        "\n| MyApps | reconciles per MyApp | plugin calls per MyApp | unchanged (no call) per MyApp | host API requests per MyApp | baseline API requests per MyApp | client CPU per MyApp: host / baseline (host per reconcile) |"
+        "\n| MyApps | reconciles per MyApp | plugin calls per MyApp | unchanged / awaiting creates (no call) per MyApp | plugin calls to converge: mean (share in ≤ 2) | host API requests per MyApp | baseline API requests per MyApp | client CPU per MyApp: host / baseline (host per reconcile) |"
     );
-    println!("|---:|---:|---:|---:|---|---|---:|");
+    println!("|---:|---:|---:|---:|---:|---|---|---:|");
     for row in rows {
         let n = row.n as f64;
         let counts = &row.host.counts;
@@ -1187,11 +1218,13 @@ fn print_table(rows: &[Row]) {
             },
         );
         println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {} | {baseline} | {cpu} |",
+            "| {} | {:.2} | {:.2} | {:.2} / {:.2} | {} | {} | {baseline} | {cpu} |",
             row.n,
             counts.reconciles / n,
             counts.plugin_calls / n,
             counts.unchanged / n,
+            counts.awaiting / n,
+            counts.calls_to_converge_figure(),
             per(&row.host.requests),
         );
     }

@@ -47,6 +47,8 @@ const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 enum Request {
     Kill(&'static str),
     Start(&'static str),
+    /// Start a killed component with these arguments added, this once.
+    StartWith(&'static str, Vec<String>),
     Compact,
 }
 
@@ -114,6 +116,16 @@ impl Plane {
                             Request::Start(name) => {
                                 plane
                                     .start_component(name, &binaries, Lifetime::TiedToStarter)
+                                    .await
+                            }
+                            Request::StartWith(name, extra) => {
+                                plane
+                                    .start_component_with(
+                                        name,
+                                        &binaries,
+                                        Lifetime::TiedToStarter,
+                                        &extra,
+                                    )
                                     .await
                             }
                             Request::Compact => plane.compact_etcd().map(|revision| {
@@ -534,6 +546,51 @@ async fn watches_forced_to_relist_by_compaction_lose_no_change() -> anyhow::Resu
     check_invariant(&client, &ns, PARENTS, 2, &kept).await?;
     host.stop().await?;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_without_streaming_lists_is_listed_page_by_page() -> anyhow::Result<()> {
+    const TEST: &str = "fault-no-watch-list";
+    let _one = exclusive().await;
+    let (_, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    // An API server that refuses `sendInitialEvents` (422), as one with the gate off or from
+    // before it does: every watch the host starts must list instead, or no cache ever syncs.
+    Plane::get().ask(Request::Kill("kube-apiserver")).await?;
+    Plane::get()
+        .ask(Request::StartWith(
+            "kube-apiserver",
+            vec!["--feature-gates=WatchList=false".into()],
+        ))
+        .await?;
+    let converged = async {
+        let client = Plane::get().client().await?;
+        let refusal = client
+            .request_text(
+                http::Request::get(format!(
+                    "/apis/{TEST_GROUP}/v1/namespaces/{ns}/widgets?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1"
+                ))
+                .body(Vec::new())?,
+            )
+            .await;
+        anyhow::ensure!(
+            refusal.as_ref().is_err_and(|e| e.to_string().contains("sendInitialEvents")),
+            "the API server should refuse a streaming list: {refusal:?}"
+        );
+        let host = in_process_host(TEST).await?;
+        apply_widgets(&client, &ns, 20, 1).await?;
+        let took = wait_reconciled(&client, &ns, 20).await?;
+        report(
+            "an API server that refuses streaming lists",
+            &format!("20 parents converged in {took:.1?}, every watch listing page by page"),
+        );
+        check_invariant(&client, &ns, 20, 1, &BTreeMap::new()).await?;
+        host.stop().await
+    }
+    .await;
+    // The next test gets the API server as it was, whatever happened here.
+    Plane::get().ask(Request::Kill("kube-apiserver")).await?;
+    Plane::get().ask(Request::Start("kube-apiserver")).await?;
+    converged
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -629,8 +629,12 @@ async fn the_echo_of_the_host_s_own_finalizer_write_asks_the_plugin_nothing() ->
     for name in &names {
         wait_gone(&widgets, name, &format!("Widget {name} finalized and gone")).await?;
     }
+    // A finalizing policy holds a finalizer of its own, which its host lets go: deleted
+    // after the host stopped, it would stay, and the next run's policy of the same name
+    // would be a terminating one.
+    policies(&client).delete(TEST, &Default::default()).await?;
+    wait_gone(&policies(&client), TEST, "the policy released and gone").await?;
     host.stop().await?;
     delete_namespace(&client, &ns).await?;
-    policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())
 }

@@ -422,6 +422,19 @@ impl ControlPlane {
         binaries: &Binaries,
         lifetime: Lifetime,
     ) -> anyhow::Result<()> {
+        self.start_component_with(name, binaries, lifetime, &[])
+            .await
+    }
+
+    /// [`ControlPlane::start_component`], with `extra` arguments after the original ones
+    /// (for this start only: a later start uses the originals).
+    pub async fn start_component_with(
+        &mut self,
+        name: &str,
+        binaries: &Binaries,
+        lifetime: Lifetime,
+        extra: &[String],
+    ) -> anyhow::Result<()> {
         let component = self
             .components
             .iter()
@@ -431,7 +444,18 @@ impl ControlPlane {
         if is_alive(component.pid) {
             bail!("{name} is still running");
         }
-        self.spawn(binaries, lifetime, name, component.port, &component.args)?;
+        let mut args = component.args.clone();
+        args.extend_from_slice(extra);
+        // Connections the killed process left half-closed keep its port until the kernel
+        // lets them go; a start before that fails to listen.
+        wait_until_bindable(component.port, Duration::from_secs(90))
+            .await
+            .with_context(|| format!("{name}'s port stays taken"))?;
+        self.spawn(binaries, lifetime, name, component.port, &args)?;
+        if let Some(started) = self.components.iter_mut().find(|c| c.name == name) {
+            started.args.clone_from(&component.args);
+        }
+        self.save()?;
         wait_for_port(component.port, Duration::from_secs(60))
             .await
             .with_context(|| format!("{name} did not come back"))?;
@@ -585,6 +609,17 @@ async fn create_fake_node(client: &kube::Client) -> anyhow::Result<()> {
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+async fn wait_until_bindable(port: u16, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while let Err(e) = TcpListener::bind(("127.0.0.1", port)) {
+        if Instant::now() > deadline {
+            bail!("port {port} cannot be bound after {timeout:?}: {e}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
 
 async fn wait_for_port(port: u16, timeout: Duration) -> anyhow::Result<()> {

@@ -108,7 +108,7 @@ impl WatchSetup {
         let health = self.health.clone();
         let name = format!("{} {}", resource.api_version, resource.kind);
         let decisions = self.decisions.clone();
-        let stream = watcher(api, config)
+        let stream = crate::watch_lists::watcher(api, config)
             .backoff(WatchBackoff::default())
             .inspect(move |event| health.observe(&name, event))
             .modify(move |object: &mut K| {
@@ -154,7 +154,7 @@ impl WatchSetup {
         let health = self.health.clone();
         let name = format!("{} {}", kind.resource.api_version, kind.resource.kind);
         let decisions = self.decisions.clone();
-        watcher(
+        crate::watch_lists::watcher(
             self.api::<PartialObjectMeta<DynamicObject>>(kind, &kind.resource),
             watcher::Config::default(),
         )

@@ -37,6 +37,16 @@
 //! parent back). The host's own status write is not news to the plugin, as status-only
 //! changes of a parent never trigger a reconcile.
 //!
+//! One more case asks the plugin nothing *yet*: someone else changed something while children
+//! the decision created are still on their way (no event of theirs has come, and the caches
+//! hold no object of that name). The plugin would be asked about a world the host knows is
+//! about to change, and would want the missing child again (a refused create and a read); the
+//! create's own event brings the parent back within moments, and that check asks the plugin,
+//! as the change is marked on the parent until a decision is made. This is the expectations
+//! rule of Kubernetes' ReplicaSet controller, bounded the same way: the wait ends after
+//! [`AWAIT_CREATES_AT_MOST`], so a create whose object was deleted before the host saw it
+//! holds nothing for longer.
+//!
 //! Versions are compared per object and for equality only, as the API allows, and kept as
 //! 64-bit hashes: two of one object's versions colliding (odds about 5 in 10^20 per
 //! comparison) could count someone else's write as seen.
@@ -52,6 +62,10 @@ use crate::plugin::Digest;
 
 /// The longest a decision is trusted without asking the plugin, whatever its requeue.
 pub(crate) const HOLD_AT_MOST: Duration = Duration::from_secs(30);
+
+/// The longest someone else's change waits for the children a decision created to arrive
+/// before the plugin is asked anyway.
+pub(crate) const AWAIT_CREATES_AT_MOST: Duration = Duration::from_secs(10);
 
 /// Most event versions noted per parent between two checks; past it, the parent counts as
 /// moved (a parent whose children churn that much is asked anyway).
@@ -125,6 +139,11 @@ struct Entry {
     touched: Instant,
     /// Which entry this is, as [`BORN`] numbered it.
     born: u64,
+    /// Plugin calls since the parent last settled: what [`Decisions::ended`] reports once
+    /// it settles again after a reconcile that did not.
+    converging: u32,
+    /// A reconcile since the last settled one did not settle.
+    unsettled: bool,
 }
 
 impl Entry {
@@ -136,6 +155,8 @@ impl Entry {
             latest_parent: None,
             touched: now,
             born: BORN.fetch_add(1, Ordering::Relaxed),
+            converging: 0,
+            unsettled: false,
         }
     }
 
@@ -163,6 +184,8 @@ struct Decided {
     requeue_at: Instant,
     /// The plugin asked for that requeue.
     requeued: bool,
+    /// Until when someone else's change waits for the children this decision created.
+    creates_due: Instant,
 }
 
 /// A child a decision wanted.
@@ -176,9 +199,37 @@ struct Expected {
     saw: Option<u64>,
     /// The versions the host's writes gave it, in order: the last is where it ends.
     wrote: Box<[u64]>,
+    /// An event of it came after the decision: a child it created has arrived (or come and
+    /// gone), so it is on its way no more.
+    heard: bool,
+}
+
+impl Expected {
+    /// A child this decision created whose create has not come back through the watch: no
+    /// event of it yet, and no object of its name in the caches (`exists`).
+    fn on_its_way(
+        &self,
+        observed: &[(u64, u64)],
+        exists: impl Fn(usize, Option<&str>, &str) -> bool,
+    ) -> bool {
+        let Some((index, namespace, name)) = &self.created else {
+            return false;
+        };
+        !self.wrote.is_empty()
+            && !self.heard
+            && !observed.iter().any(|(key, _)| *key == self.key)
+            && !exists(*index, namespace.as_deref(), name)
+    }
 }
 
 impl Decided {
+    /// Note which of the children this decision created have had an event since.
+    fn hear(&mut self, seen: &[(u64, u64)]) {
+        for child in self.children.iter_mut().filter(|c| c.created.is_some()) {
+            child.heard |= seen.iter().any(|(object, _)| *object == child.key);
+        }
+    }
+
     /// Whether `object` had `version` when the decision was made, or got it from the host.
     fn knows(&self, object: u64, version: u64) -> bool {
         if object == THE_PARENT {
@@ -219,6 +270,9 @@ pub(crate) struct Inputs {
 pub(crate) struct Standing {
     pub requeue_in: Duration,
     pub requeued: bool,
+    /// Someone else changed something, and the plugin will be asked once the children the
+    /// decision created have arrived (or the wait for them ends).
+    pub awaiting_creates: bool,
 }
 
 /// A child of a reconcile, by kind index, namespace and name.
@@ -352,8 +406,10 @@ impl Decisions {
         inputs: &Inputs,
         exists: impl Fn(usize, Option<&str>, &str) -> bool,
     ) -> Option<Standing> {
-        let parents = lock(&self.parents);
-        let decided = parents.by_key.get(&parent)?.decided.as_ref()?;
+        let mut parents = lock(&self.parents);
+        let entry = parents.by_key.get_mut(&parent)?;
+        let decided = entry.decided.as_mut()?;
+        decided.hear(&since.seen);
         let now = Instant::now();
         let same_world = !since.moved
             && !inputs.stale
@@ -362,13 +418,54 @@ impl Decisions {
             && decided.relists == inputs.relists
             && decided.parent.contains(&inputs.parent)
             && since.seen.iter().all(|(o, v)| decided.knows(*o, *v));
-        if !same_world || !children_stand(&decided.children, &inputs.children, exists) {
+        if same_world && children_stand(&decided.children, &inputs.children, &exists) {
+            return Some(Standing {
+                requeue_in: decided.requeue_at.saturating_duration_since(now),
+                requeued: decided.requeued,
+                awaiting_creates: false,
+            });
+        }
+        let awaiting = now < decided.creates_due.min(decided.until)
+            && decided.plugin == inputs.plugin
+            && decided
+                .children
+                .iter()
+                .any(|c| c.on_its_way(&inputs.children, &exists));
+        if !awaiting {
             return None;
         }
+        // What changed stays marked: the check the creates bring back asks the plugin.
+        entry.moved = true;
         Some(Standing {
-            requeue_in: decided.requeue_at.saturating_duration_since(now),
+            requeue_in: decided
+                .requeue_at
+                .min(decided.creates_due)
+                .saturating_duration_since(now),
             requeued: decided.requeued,
+            awaiting_creates: true,
         })
+    }
+
+    /// The serving plugin is being asked about `parent`.
+    pub fn calling(&self, parent: u64) {
+        if let Some(entry) = lock(&self.parents).by_key.get_mut(&parent) {
+            entry.converging = entry.converging.saturating_add(1);
+        }
+    }
+
+    /// A reconcile of `parent` that asked the plugin ended, `settled` (it wrote, deleted and
+    /// held back no child, and did not fail) or not. When it settles after one that did not,
+    /// returns the plugin calls since the parent last settled: what a change (its creation,
+    /// a spec edit, someone else's edit of a child) took to converge.
+    pub fn ended(&self, parent: u64, settled: bool) -> Option<u32> {
+        let mut parents = lock(&self.parents);
+        let entry = parents.by_key.get_mut(&parent)?;
+        if !settled {
+            entry.unsettled = true;
+            return None;
+        }
+        let calls = std::mem::take(&mut entry.converging);
+        std::mem::take(&mut entry.unsettled).then_some(calls)
     }
 
     /// `parent` was decided on `inputs` and the reconcile ended with `outcome`. Not kept when
@@ -409,6 +506,7 @@ impl Decisions {
                         .iter()
                         .filter_map(|(k, v)| (*k == key).then_some(*v))
                         .collect(),
+                    heard: false,
                 }
             })
             .collect();
@@ -420,6 +518,7 @@ impl Decisions {
             until: now + HOLD_AT_MOST.min(outcome.requeue / 2),
             requeue_at: now + outcome.requeue,
             requeued: outcome.requeued,
+            creates_due: now + AWAIT_CREATES_AT_MOST.min(outcome.requeue / 2),
         });
     }
 
@@ -579,6 +678,40 @@ mod tests {
         decide(decisions, "10", &[], &["a", "b"], &written);
     }
 
+    /// A decision on a parent at version 10 observing `a` (5) and `b` (6), which updated
+    /// `a` (11) and `b` (12) and wrote the status (13): no create on its way.
+    fn decided_update_pass(decisions: &Decisions) {
+        let written = OwnWrites::default();
+        written.child(child("a"), Some("11"));
+        written.child(child("b"), Some("12"));
+        written.parent(Some("13"));
+        decide(
+            decisions,
+            "10",
+            &[("a", "5"), ("b", "6")],
+            &["a", "b"],
+            &written,
+        );
+    }
+
+    /// What a check that begins now makes of the last decision.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Verdict {
+        Stands,
+        AwaitsCreates,
+        Asks,
+    }
+
+    fn verdict(decisions: &Decisions, parent_version: &str, children: &[(&str, &str)]) -> Verdict {
+        let since = decisions.begin(PARENT);
+        let inputs = inputs(&since, parent_version, children);
+        match decisions.standing(PARENT, &since, &inputs, nowhere) {
+            None => Verdict::Asks,
+            Some(standing) if standing.awaiting_creates => Verdict::AwaitsCreates,
+            Some(_) => Verdict::Stands,
+        }
+    }
+
     fn check_with(
         decisions: &Decisions,
         parent_version: &str,
@@ -642,37 +775,39 @@ mod tests {
     #[test]
     fn someone_else_s_version_in_the_cache_asks_the_plugin() {
         let decisions = Decisions::default();
-        decided_first_pass(&decisions);
+        decided_update_pass(&decisions);
+        assert!(check(&decisions, "13", &[("a", "11"), ("b", "6")]));
         assert!(!check(&decisions, "13", &[("a", "11"), ("b", "20")]));
-        assert!(!check(&decisions, "20", &[("a", "11")]));
+        assert!(!check(&decisions, "20", &[("a", "11"), ("b", "6")]));
         // Versions are known per object: the parent never has a child's, nor b a's.
-        assert!(!check(&decisions, "11", &[("a", "11")]));
+        assert!(!check(&decisions, "11", &[("a", "11"), ("b", "6")]));
         assert!(!check(&decisions, "13", &[("a", "11"), ("b", "11")]));
     }
 
     #[test]
     fn someone_else_s_write_the_host_then_overwrote_still_asks_the_plugin() {
+        let arriving = [("a", "11"), ("b", "6")];
         let decisions = Decisions::default();
-        decided_first_pass(&decisions);
+        decided_update_pass(&decisions);
         decisions.noted_parent(PARENT, Some("14"));
         // By the time the reconcile reads the cache, the parent shows the host's status write.
         decisions.noted_parent(PARENT, Some("13"));
-        assert!(!check(&decisions, "13", &[("a", "11")]));
+        assert!(!check(&decisions, "13", &arriving));
 
         let decisions = Decisions::default();
-        decided_first_pass(&decisions);
+        decided_update_pass(&decisions);
         noted(&decisions, "a", "15");
         noted(&decisions, "a", "11");
-        assert!(!check(&decisions, "13", &[("a", "11")]));
+        assert!(!check(&decisions, "13", &arriving));
     }
 
     #[test]
     fn a_parent_handed_over_older_than_its_latest_event_neither_stands_nor_is_kept() {
         let decisions = Decisions::default();
-        decided_first_pass(&decisions);
+        decided_update_pass(&decisions);
         // Someone's edit (20) arrived before the check began; the reconcile has the old copy.
         decisions.noted_parent(PARENT, Some("20"));
-        assert!(!check(&decisions, "13", &[("a", "11")]));
+        assert!(!check(&decisions, "13", &[("a", "11"), ("b", "6")]));
 
         // A decision made on that old copy, whose status write landed on top of the edit (21).
         let written = OwnWrites::default();
@@ -762,19 +897,19 @@ mod tests {
     #[test]
     fn a_related_change_a_relist_a_swap_or_a_flood_asks_the_plugin() {
         let decisions = Decisions::default();
-        let arriving = [("a", "11")];
-        decided_first_pass(&decisions);
+        let arriving = [("a", "11"), ("b", "6")];
+        decided_update_pass(&decisions);
         decisions.moved(PARENT);
         assert!(
             !check(&decisions, "13", &arriving),
             "a related object moved"
         );
 
-        decided_first_pass(&decisions);
+        decided_update_pass(&decisions);
         decisions.relisted();
         assert!(!check(&decisions, "13", &arriving), "a watch listed again");
 
-        decided_first_pass(&decisions);
+        decided_update_pass(&decisions);
         let since = decisions.begin(PARENT);
         let other_plugin = Inputs {
             plugin: 2,
@@ -785,7 +920,7 @@ mod tests {
             None
         );
 
-        decided_first_pass(&decisions);
+        decided_update_pass(&decisions);
         for _ in 0..=SEEN_AT_MOST {
             noted(&decisions, "a", "11");
         }
@@ -798,8 +933,8 @@ mod tests {
     #[test]
     fn an_event_noted_after_a_check_began_waits_for_the_next_check() {
         let decisions = Decisions::default();
-        decided_first_pass(&decisions);
-        let arriving = [("a", "11")];
+        decided_update_pass(&decisions);
+        let arriving = [("a", "11"), ("b", "6")];
         let since = decisions.begin(PARENT);
         noted(&decisions, "a", "30");
         assert!(
@@ -828,12 +963,12 @@ mod tests {
     #[test]
     fn a_forgotten_expired_or_removed_decision_stands_no_more_and_is_not_brought_back() {
         let decisions = Decisions::default();
-        let arriving = [("a", "11")];
-        decided_first_pass(&decisions);
+        let arriving = [("a", "11"), ("b", "6")];
+        decided_update_pass(&decisions);
         decisions.forget(PARENT);
         assert!(!check(&decisions, "13", &arriving));
 
-        decided_first_pass(&decisions);
+        decided_update_pass(&decisions);
         if let Some(decided) = lock(&decisions.parents)
             .by_key
             .get_mut(&PARENT)
@@ -909,5 +1044,115 @@ mod tests {
         noted(&decisions, "a", "1");
         decisions.moved(PARENT);
         assert!(lock(&decisions.parents).by_key.is_empty());
+    }
+    #[test]
+    fn someone_else_s_change_while_creates_are_on_their_way_waits_for_them_then_asks() {
+        let decisions = Decisions::default();
+        decided_first_pass(&decisions);
+        noted(&decisions, "a", "11");
+        // The controller-manager writes a's status before b's create comes back.
+        noted(&decisions, "a", "15");
+        let since = decisions.begin(PARENT);
+        let standing = decisions
+            .standing(
+                PARENT,
+                &since,
+                &inputs(&since, "13", &[("a", "15")]),
+                nowhere,
+            )
+            .expect("b is on its way");
+        assert!(standing.awaiting_creates);
+        assert!(standing.requeue_in <= AWAIT_CREATES_AT_MOST);
+        noted(&decisions, "b", "12");
+        assert_eq!(
+            verdict(&decisions, "13", &[("a", "15"), ("b", "12")]),
+            Verdict::Asks
+        );
+    }
+
+    #[test]
+    fn a_change_that_waited_for_creates_is_not_forgotten_when_they_arrive() {
+        // A decision that updated a (5 -> 11) and created b (12): a related object moves while
+        // both are on their way; then b arrives while a's update is still on its way, which
+        // alone would let the decision stand.
+        let decisions = Decisions::default();
+        let written = OwnWrites::default();
+        written.child(child("a"), Some("11"));
+        written.child(child("b"), Some("12"));
+        decide(&decisions, "10", &[("a", "5")], &["a", "b"], &written);
+        decisions.moved(PARENT);
+        assert_eq!(
+            verdict(&decisions, "10", &[("a", "5")]),
+            Verdict::AwaitsCreates
+        );
+        noted(&decisions, "b", "12");
+        assert_eq!(
+            verdict(&decisions, "10", &[("a", "5"), ("b", "12")]),
+            Verdict::Asks,
+            "the related change is still owed to the plugin"
+        );
+    }
+
+    #[test]
+    fn the_wait_for_creates_ends_when_they_come_and_go_or_take_too_long() {
+        let decisions = Decisions::default();
+        decided_first_pass(&decisions);
+        noted(&decisions, "a", "11");
+        noted(&decisions, "b", "12");
+        noted(&decisions, "b", "14");
+        decisions.moved(PARENT);
+        assert_eq!(
+            verdict(&decisions, "13", &[("a", "11")]),
+            Verdict::Asks,
+            "b was created and deleted before the check: not on its way"
+        );
+
+        decided_first_pass(&decisions);
+        decisions.moved(PARENT);
+        assert_eq!(
+            verdict(&decisions, "13", &[("a", "11")]),
+            Verdict::AwaitsCreates
+        );
+        if let Some(decided) = lock(&decisions.parents)
+            .by_key
+            .get_mut(&PARENT)
+            .and_then(|e| e.decided.as_mut())
+        {
+            decided.creates_due = Instant::now();
+        }
+        assert_eq!(verdict(&decisions, "13", &[("a", "11")]), Verdict::Asks);
+
+        decided_first_pass(&decisions);
+        let since = decisions.begin(PARENT);
+        let other_plugin = Inputs {
+            plugin: 2,
+            ..inputs(&since, "13", &[("a", "11")])
+        };
+        assert_eq!(
+            decisions.standing(PARENT, &since, &other_plugin, nowhere),
+            None,
+            "another plugin is asked at once"
+        );
+    }
+
+    #[test]
+    fn calls_to_converge_are_counted_from_a_reconcile_that_did_not_settle() {
+        let decisions = Decisions::default();
+        let _ = decisions.begin(PARENT);
+        // Create: children written; then the call on the world it made settles.
+        decisions.calling(PARENT);
+        assert_eq!(decisions.ended(PARENT, false), None);
+        decisions.calling(PARENT);
+        assert_eq!(decisions.ended(PARENT, true), Some(2));
+        // A resync that finds everything as it should be is no convergence.
+        decisions.calling(PARENT);
+        assert_eq!(decisions.ended(PARENT, true), None);
+        // A failed reconcile counts its call too.
+        decisions.calling(PARENT);
+        assert_eq!(decisions.ended(PARENT, false), None);
+        decisions.calling(PARENT);
+        assert_eq!(decisions.ended(PARENT, false), None);
+        decisions.calling(PARENT);
+        assert_eq!(decisions.ended(PARENT, true), Some(3));
     }
 }

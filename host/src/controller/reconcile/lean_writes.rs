@@ -5,6 +5,11 @@
 //! encodes and the host decodes into a `DynamicObject` only to drop it. Asked for
 //! `PartialObjectMetadata`, it encodes the metadata alone: less work on both sides of every
 //! write, at no cost in what the write does.
+//!
+//! A server that cannot answer that way (an aggregated API server not built on
+//! k8s.io/apiserver) would refuse the write with `406 Not Acceptable`; plain JSON is offered
+//! after it, as client-go's metadata client does, so such a server answers with the whole
+//! object, whose metadata is read all the same.
 
 use http::HeaderValue;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -12,9 +17,11 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, PartialObjectMeta, Request};
 use kube::{Client, Resource as _};
 
-/// The answer a write asks for: the object's metadata, as `PartialObjectMetadata`.
-const METADATA_ONLY: HeaderValue =
-    HeaderValue::from_static("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1");
+/// The answer a write asks for: the object's metadata, as `PartialObjectMetadata`, or else
+/// the object.
+const METADATA_ONLY: HeaderValue = HeaderValue::from_static(
+    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json",
+);
 
 fn request(resource: &ApiResource, namespace: Option<&str>) -> Request {
     Request::new(DynamicObject::url_path(resource, namespace))

@@ -102,6 +102,8 @@ impl Done {
 /// What the apply step did: which children wait, and, for an answer with order, what the
 /// parent's status says of it.
 struct ApplyOutcome {
+    /// Children created or changed.
+    wrote: usize,
     waits: Vec<Wait>,
     ordered: Option<OrderedOutcome>,
 }
@@ -189,7 +191,11 @@ impl<'a> Reconcile<'a> {
                         cache.store.get(&child).is_some()
                     })
         {
-            ctx.metrics.unchanged();
+            if standing.awaiting_creates {
+                ctx.metrics.awaiting_creates();
+            } else {
+                ctx.metrics.unchanged();
+            }
             return Ok(Done {
                 action: Action::requeue(standing.requeue_in),
                 requeued: standing.requeued,
@@ -198,12 +204,32 @@ impl<'a> Reconcile<'a> {
                 unchanged: true,
             });
         }
-        let decision = self.decide(&observed, &selection).await?;
+        let carried = self
+            .decide_and_carry_out(inputs, &observed, &selection)
+            .await;
+        let settled = carried.as_ref().is_ok_and(|(_, settled)| *settled);
+        if let Some(calls) = ctx.decisions.ended(key, settled) {
+            ctx.metrics.converged(calls);
+        }
+        carried.map(|(done, _)| done)
+    }
+
+    /// Ask the plugin, carry its decision out, and remember what it was made on. Also says
+    /// whether the reconcile settled: it wrote, deleted and held back no child.
+    async fn decide_and_carry_out(
+        &self,
+        inputs: Inputs,
+        observed: &[Observed],
+        selection: &Selection,
+    ) -> Result<(Done, bool), ReconcileError> {
+        let ctx = self.ctx;
+        let key = self.decisions_key();
+        let decision = self.decide(observed, selection).await?;
         let applied = self
-            .step("apply", self.apply(&decision.desired, &observed))
+            .step("apply", self.apply(&decision.desired, observed))
             .await?;
-        let carried_out = self
-            .step("prune", self.prune(&observed, &decision.desired))
+        let pruned = self
+            .step("prune", self.prune(observed, &decision.desired))
             .await?;
         self.step(
             "status",
@@ -212,7 +238,8 @@ impl<'a> Reconcile<'a> {
         .await?;
         self.step("events", self.publish(decision.events)).await;
         let requeue = requeue_delay(decision.requeue_after, ctx.resync);
-        if carried_out {
+        let settled = pruned == Some(0) && applied.wrote == 0 && applied.waits.is_empty();
+        if pruned.is_some() {
             // A waiting child is not part of what stands: it is not there to be checked.
             let outcome = decisions::Outcome {
                 children: decision
@@ -230,13 +257,14 @@ impl<'a> Reconcile<'a> {
         } else {
             ctx.decisions.forget(key);
         }
-        Ok(Done {
+        let done = Done {
             action: Action::requeue(requeue),
             requeued: decision.requeue_after.is_some(),
             decided_by: Some(decision.digest),
             result: RecordResult::Reconciled,
             unchanged: false,
-        })
+        };
+        Ok((done, settled))
     }
 
     /// The parent's key in the policy's memory of decisions.
@@ -350,6 +378,7 @@ impl<'a> Reconcile<'a> {
             .step("request", self.request(observed, serving, false))
             .await?;
         let key = parent_key(self.parent, &ctx.parent);
+        ctx.decisions.calling(self.decisions_key());
         let response = self
             .step("plugin", async {
                 let Some(shadow) = &selection.shadow else {
@@ -511,17 +540,22 @@ impl<'a> Reconcile<'a> {
                 not_ready: ordering.first_not_ready(&kinds),
             }
         });
-        Ok(ApplyOutcome { waits, ordered })
+        Ok(ApplyOutcome {
+            wrote: applied,
+            waits,
+            ordered,
+        })
     }
 
     /// Delete the observed children the plugin no longer wants, unless the prune guard holds
     /// them (then the reconcile goes on: a hold is no failure, and the parent waits for the
-    /// admin's answer rather than a retry). Returns whether nothing was held.
+    /// admin's answer rather than a retry). Returns how many were deleted, or none when the
+    /// guard held them.
     async fn prune(
         &self,
         observed: &[Observed],
         desired: &[DesiredChild],
-    ) -> Result<bool, ReconcileError> {
+    ) -> Result<Option<usize>, ReconcileError> {
         let key = parent_key(self.parent, &self.ctx.parent);
         match writes::prune(observed, desired, &key, self.ctx).await? {
             writes::Pruned::Deleted(pruned) => {
@@ -529,10 +563,11 @@ impl<'a> Reconcile<'a> {
                     tracing::info!(pruned = pruned.len(), "children pruned");
                 }
                 let mut trace = lock(&self.trace);
+                let deleted = pruned.len();
                 for (kind, name) in pruned {
                     trace.child(&kind, &name, ChildAction::Pruned, Vec::new());
                 }
-                Ok(true)
+                Ok(Some(deleted))
             }
             writes::Pruned::Held(held) => {
                 let guard = &self.ctx.prune_guard;
@@ -547,7 +582,7 @@ impl<'a> Reconcile<'a> {
                     "children not pruned: the policy's prune guard holds its deletions"
                 );
                 lock(&self.trace).event(EventType::Warning, "PruneHeld", &message);
-                Ok(false)
+                Ok(None)
             }
         }
     }
