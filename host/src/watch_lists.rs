@@ -10,8 +10,17 @@
 //!
 //! An API server that does not offer it (the `WatchList` feature gate off, a version before
 //! it, an aggregated API server of its own) refuses such a watch outright with `400` or
-//! `422`. The watch then lists page by page for the rest of its life, as it would have
-//! without the option: a refused request once per watch is the whole cost.
+//! `422` (`405` for a kind it cannot watch at all). The watch then lists page by page for the
+//! rest of its life, as it would have without the option: a refused request once per watch
+//! is the whole cost.
+//!
+//! kube-runtime asks for a streaming list at `resourceVersion=0`: "any version", which an
+//! API server may answer from a watch cache that lags the others' (with several API
+//! servers behind a load balancer). The paged list it replaces is a consistent read, and a
+//! host that reconciles on an older world than it saw before would write children of an old
+//! spec. So [`consistent_initial_events`] takes that `resourceVersion` out of the request,
+//! which makes it a consistent read too: the API server sends the initial events once its
+//! cache has caught up with the moment the request came in.
 
 use std::fmt::Debug;
 
@@ -101,11 +110,37 @@ where
 fn refused<K>(event: &Result<Event<K>, Error>) -> Option<&str> {
     match event {
         Err(Error::WatchStartFailed(kube::Error::Api(status)))
-            if matches!(status.code, 400 | 422) =>
+            if matches!(status.code, 400 | 405 | 422) =>
         {
             Some(status.message.as_str())
         }
         _ => None,
+    }
+}
+
+/// Make a streaming list's request a consistent read (see the module): a watch with
+/// `sendInitialEvents=true` loses its `resourceVersion=0`. Any other request is left as it
+/// is.
+pub(crate) fn consistent_initial_events<B>(request: &mut http::Request<B>) {
+    let Some(query) = request.uri().query() else {
+        return;
+    };
+    let pairs: Vec<&str> = query.split('&').collect();
+    if !pairs.contains(&"sendInitialEvents=true") || !pairs.contains(&"resourceVersion=0") {
+        return;
+    }
+    let kept: Vec<&str> = pairs
+        .into_iter()
+        .filter(|pair| *pair != "resourceVersion=0")
+        .collect();
+    let path_and_query = format!("{}?{}", request.uri().path(), kept.join("&"));
+    let mut parts = request.uri().clone().into_parts();
+    match path_and_query.parse() {
+        Ok(path_and_query) => parts.path_and_query = Some(path_and_query),
+        Err(_) => return,
+    }
+    if let Ok(uri) = http::Uri::from_parts(parts) {
+        *request.uri_mut() = uri;
     }
 }
 
@@ -136,6 +171,7 @@ mod tests {
         }
         match streaming {
             422 => |(), config| answer(422, config),
+            405 => |(), config| answer(405, config),
             400 => |(), config| answer(400, config),
             _ => |(), config| answer(500, config),
         }
@@ -156,11 +192,34 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_streaming_list_is_listed_page_by_page() {
-        for code in [400, 422] {
+        for code in [400, 405, 422] {
             let events = watch_with((), Config::default(), server(code))
                 .collect::<Vec<_>>()
                 .await;
             assert_eq!(describe(events), ["init", "apply 7", "done"], "{code}");
+        }
+    }
+
+    #[test]
+    fn a_streaming_list_is_asked_for_as_a_consistent_read() {
+        let uri = |text: &str| {
+            let mut request = http::Request::get(text).body(()).expect("a valid URI");
+            consistent_initial_events(&mut request);
+            request.uri().to_string()
+        };
+        assert_eq!(
+            uri(
+                "/api/v1/namespaces/ns/pods?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion=0"
+            ),
+            "/api/v1/namespaces/ns/pods?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+        );
+        // A resumed watch, and a list, keep their versions.
+        for kept in [
+            "/api/v1/pods?&watch=true&allowWatchBookmarks=true&resourceVersion=0",
+            "/api/v1/pods?&watch=true&allowWatchBookmarks=true&resourceVersion=123",
+            "/api/v1/pods?&limit=500",
+        ] {
+            assert_eq!(uri(kept), kept);
         }
     }
 

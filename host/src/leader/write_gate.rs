@@ -74,10 +74,11 @@ impl tower::Service<http::Request<kube::client::Body>> for SplitWrites {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<kube::client::Body>) -> Self::Future {
         let client = if is_write(&request) {
             self.writes.clone()
         } else {
+            crate::watch_lists::consistent_initial_events(&mut request);
             self.reads.clone()
         };
         Box::pin(async move { client.send(request).await })

@@ -144,6 +144,16 @@ impl Plane {
         })
     }
 
+    /// [`Plane::ask`] from code that cannot await (a drop): blocks this thread for the
+    /// answer.
+    fn ask_blocking(&self, request: Request) -> anyhow::Result<()> {
+        let (reply, answer) = mpsc::channel();
+        self.requests
+            .send((request, reply))
+            .context("the keeper thread is gone")?;
+        answer.recv().context("no answer from the keeper")?
+    }
+
     async fn ask(&self, request: Request) -> anyhow::Result<()> {
         let (reply, answer) = mpsc::channel();
         self.requests
@@ -551,46 +561,57 @@ async fn watches_forced_to_relist_by_compaction_lose_no_change() -> anyhow::Resu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_server_without_streaming_lists_is_listed_page_by_page() -> anyhow::Result<()> {
     const TEST: &str = "fault-no-watch-list";
+    /// Puts the API server back as it was, however the test ends (a failed assertion
+    /// included), so the next test sharing this plane finds it as it should.
+    struct RestoreApiServer;
+    impl Drop for RestoreApiServer {
+        fn drop(&mut self) {
+            for request in [
+                Request::Kill("kube-apiserver"),
+                Request::Start("kube-apiserver"),
+            ] {
+                if let Err(e) = Plane::get().ask_blocking(request) {
+                    eprintln!("faults: the API server could not be put back: {e:#}");
+                }
+            }
+        }
+    }
     let _one = exclusive().await;
     let (_, ns) = setup(TEST, json!({"ownChild": true})).await?;
     // An API server that refuses `sendInitialEvents` (422), as one with the gate off or from
     // before it does: every watch the host starts must list instead, or no cache ever syncs.
     Plane::get().ask(Request::Kill("kube-apiserver")).await?;
+    let _restore = RestoreApiServer;
     Plane::get()
         .ask(Request::StartWith(
             "kube-apiserver",
             vec!["--feature-gates=WatchList=false".into()],
         ))
         .await?;
-    let converged = async {
-        let client = Plane::get().client().await?;
-        let refusal = client
-            .request_text(
-                http::Request::get(format!(
-                    "/apis/{TEST_GROUP}/v1/namespaces/{ns}/widgets?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1"
-                ))
-                .body(Vec::new())?,
-            )
-            .await;
-        anyhow::ensure!(
-            refusal.as_ref().is_err_and(|e| e.to_string().contains("sendInitialEvents")),
-            "the API server should refuse a streaming list: {refusal:?}"
-        );
-        let host = in_process_host(TEST).await?;
-        apply_widgets(&client, &ns, 20, 1).await?;
-        let took = wait_reconciled(&client, &ns, 20).await?;
-        report(
-            "an API server that refuses streaming lists",
-            &format!("20 parents converged in {took:.1?}, every watch listing page by page"),
-        );
-        check_invariant(&client, &ns, 20, 1, &BTreeMap::new()).await?;
-        host.stop().await
-    }
-    .await;
-    // The next test gets the API server as it was, whatever happened here.
-    Plane::get().ask(Request::Kill("kube-apiserver")).await?;
-    Plane::get().ask(Request::Start("kube-apiserver")).await?;
-    converged
+    let client = Plane::get().client().await?;
+    let refusal = client
+        .request_text(
+            http::Request::get(format!(
+                "/apis/{TEST_GROUP}/v1/namespaces/{ns}/widgets?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1"
+            ))
+            .body(Vec::new())?,
+        )
+        .await;
+    anyhow::ensure!(
+        refusal
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("sendInitialEvents")),
+        "the API server should refuse a streaming list: {refusal:?}"
+    );
+    let host = in_process_host(TEST).await?;
+    apply_widgets(&client, &ns, 20, 1).await?;
+    let took = wait_reconciled(&client, &ns, 20).await?;
+    report(
+        "an API server that refuses streaming lists",
+        &format!("20 parents converged in {took:.1?}, every watch listing page by page"),
+    );
+    check_invariant(&client, &ns, 20, 1, &BTreeMap::new()).await?;
+    host.stop().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -461,7 +461,8 @@ impl Decisions {
         let mut parents = lock(&self.parents);
         let entry = parents.by_key.get_mut(&parent)?;
         if !settled {
-            entry.unsettled = true;
+            // A reconcile that failed before asking the plugin has no call to count.
+            entry.unsettled |= entry.converging > 0;
             return None;
         }
         let calls = std::mem::take(&mut entry.converging);
@@ -1145,6 +1146,10 @@ mod tests {
         decisions.calling(PARENT);
         assert_eq!(decisions.ended(PARENT, true), Some(2));
         // A resync that finds everything as it should be is no convergence.
+        decisions.calling(PARENT);
+        assert_eq!(decisions.ended(PARENT, true), None);
+        // One that fails before asking counts nothing, and does not start a count.
+        assert_eq!(decisions.ended(PARENT, false), None);
         decisions.calling(PARENT);
         assert_eq!(decisions.ended(PARENT, true), None);
         // A failed reconcile counts its call too.

@@ -15,6 +15,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::core::DynamicObject;
 use kube::runtime::controller::Action;
@@ -56,6 +57,11 @@ pub(crate) const MAX_EVENTS_PER_RECONCILE: usize = 10;
 
 /// Longest a reconcile waits for the caches to sync before it fails (and is retried).
 const CACHE_SYNC_WAIT: Duration = Duration::from_secs(5);
+
+/// Most children of an answer without order written at once by one reconcile: a parent's
+/// children cost about one round trip to the API server, while a reconcile never holds
+/// more than a few of the client's connections.
+const CHILD_WRITES_AT_ONCE: usize = 8;
 
 /// How long a parent that is still finalizing waits before the plugin is asked again, when
 /// the plugin names no delay.
@@ -489,6 +495,24 @@ impl<'a> Reconcile<'a> {
         let mut applied = 0;
         let mut ordering = Waits::new(desired, observed, &ctx.caches.children);
         let mut waits = Vec::new();
+        // An answer without order has its children written a few at once: a new parent's
+        // children cost one round trip, not one each. Their outcomes are taken in the
+        // answer's order, and the first failure fails the reconcile as before.
+        let mut unordered = if ordering.ordered() {
+            None
+        } else {
+            // Collected first: a stream over the closure would not be `Send` for every
+            // lifetime the controller's future needs.
+            let each: Vec<_> = desired
+                .iter()
+                .map(|child| writes::apply_child(child, self.identity, ctx, &self.own))
+                .collect();
+            let writes: Vec<_> = futures::stream::iter(each)
+                .buffered(CHILD_WRITES_AT_ONCE)
+                .collect()
+                .await;
+            Some(writes.into_iter())
+        };
         for position in ordering.apply_order() {
             let child = &desired[position];
             if let Some(wait) = ordering.blocked(position) {
@@ -505,7 +529,10 @@ impl<'a> Reconcile<'a> {
                 waits.push(wait);
                 continue;
             }
-            let outcome = writes::apply_child(child, self.identity, ctx, &self.own).await?;
+            let outcome = match unordered.as_mut().and_then(Iterator::next) {
+                Some(written) => written?,
+                None => writes::apply_child(child, self.identity, ctx, &self.own).await?,
+            };
             let wrote = outcome.wrote();
             ordering.applied(position, wrote);
             let operation = if wrote {
