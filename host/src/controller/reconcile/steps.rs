@@ -63,6 +63,28 @@ const CACHE_SYNC_WAIT: Duration = Duration::from_secs(5);
 /// more than a few of the client's connections.
 const CHILD_WRITES_AT_ONCE: usize = 8;
 
+/// Whether children of `kind` are written before the rest of an answer without order: what
+/// the API server admits other objects against. A Pod naming a ServiceAccount, a
+/// RoleBinding naming a Role the host may not escalate to, a custom resource of a CRD, or
+/// anything in a new namespace is refused until that object exists; written together,
+/// they would race it.
+fn written_first(kind: &children::AllowedKind) -> bool {
+    let group = kind
+        .api_version
+        .rsplit_once('/')
+        .map_or("", |(group, _)| group);
+    matches!(
+        (group, kind.kind.as_str()),
+        (
+            "",
+            "Namespace" | "ServiceAccount" | "ResourceQuota" | "LimitRange"
+        ) | ("apiextensions.k8s.io", "CustomResourceDefinition")
+            | ("rbac.authorization.k8s.io", "Role" | "ClusterRole")
+            | ("scheduling.k8s.io", "PriorityClass")
+            | ("storage.k8s.io", "StorageClass")
+    )
+}
+
 /// How long a parent that is still finalizing waits before the plugin is asked again, when
 /// the plugin names no delay.
 const FINALIZING_REQUEUE: Duration = Duration::from_secs(5);
@@ -495,24 +517,14 @@ impl<'a> Reconcile<'a> {
         let mut applied = 0;
         let mut ordering = Waits::new(desired, observed, &ctx.caches.children);
         let mut waits = Vec::new();
-        // An answer without order has its children written a few at once: a new parent's
-        // children cost one round trip, not one each. Their outcomes are taken in the
-        // answer's order, and the first failure fails the reconcile as before.
+        // An answer without order is written before its outcomes are looked at (see
+        // `write_unordered`); an ordered one, child by child below.
         let mut unordered = if ordering.ordered() {
             None
         } else {
-            // Collected first: a stream over the closure would not be `Send` for every
-            // lifetime the controller's future needs.
-            let each: Vec<_> = desired
-                .iter()
-                .map(|child| writes::apply_child(child, self.identity, ctx, &self.own))
-                .collect();
-            let writes: Vec<_> = futures::stream::iter(each)
-                .buffered(CHILD_WRITES_AT_ONCE)
-                .collect()
-                .await;
-            Some(writes.into_iter())
+            Some(self.write_unordered(desired).await)
         };
+        let mut failed = None;
         for position in ordering.apply_order() {
             let child = &desired[position];
             if let Some(wait) = ordering.blocked(position) {
@@ -529,8 +541,17 @@ impl<'a> Reconcile<'a> {
                 waits.push(wait);
                 continue;
             }
-            let outcome = match unordered.as_mut().and_then(Iterator::next) {
-                Some(written) => written?,
+            let outcome = match &mut unordered {
+                // Every write that was made is recorded; the first failure fails the
+                // reconcile once they are.
+                Some(outcomes) => match outcomes[position].take() {
+                    Some(Ok(outcome)) => outcome,
+                    Some(Err(e)) => {
+                        failed.get_or_insert(e);
+                        continue;
+                    }
+                    None => continue,
+                },
                 None => writes::apply_child(child, self.identity, ctx, &self.own).await?,
             };
             let wrote = outcome.wrote();
@@ -558,6 +579,9 @@ impl<'a> Reconcile<'a> {
                 "children applied"
             );
         }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         // Only an answer with order is judged: an unordered one costs nothing more.
         let ordered = ordering.ordered().then(|| {
             let kinds: Vec<&str> = ctx.caches.allowed.iter().map(|a| a.kind.as_str()).collect();
@@ -572,6 +596,48 @@ impl<'a> Reconcile<'a> {
             waits,
             ordered,
         })
+    }
+
+    /// Write an answer without order: first, one after another in the answer's order, the
+    /// children others are admitted against (namespaces, CRDs, service accounts, roles: see
+    /// [`written_first`]), stopping at a failure; then the rest up to
+    /// [`CHILD_WRITES_AT_ONCE`] at a time, so a new parent's children cost about one round
+    /// trip, not one each. Each child's outcome, in the answer's positions; none for a child
+    /// not written because a first one failed.
+    async fn write_unordered(
+        &self,
+        desired: &[DesiredChild],
+    ) -> Vec<Option<Result<Applied, ReconcileError>>> {
+        let ctx = self.ctx;
+        let first = |child: &DesiredChild| written_first(&ctx.caches.allowed[child.kind_index]);
+        let mut outcomes: Vec<_> = desired.iter().map(|_| None).collect();
+        for (position, child) in desired.iter().enumerate().filter(|(_, c)| first(c)) {
+            let outcome = writes::apply_child(child, self.identity, ctx, &self.own).await;
+            let failed = outcome.is_err();
+            outcomes[position] = Some(outcome);
+            if failed {
+                return outcomes;
+            }
+        }
+        // Collected first: a stream over the closure would not be `Send` for every lifetime
+        // the controller's future needs.
+        let rest: Vec<_> = desired
+            .iter()
+            .enumerate()
+            .filter(|(_, child)| !first(child))
+            .map(|(position, child)| async move {
+                let outcome = writes::apply_child(child, self.identity, ctx, &self.own).await;
+                (position, outcome)
+            })
+            .collect();
+        let written: Vec<_> = futures::stream::iter(rest)
+            .buffer_unordered(CHILD_WRITES_AT_ONCE)
+            .collect()
+            .await;
+        for (position, outcome) in written {
+            outcomes[position] = Some(outcome);
+        }
+        outcomes
     }
 
     /// Delete the observed children the plugin no longer wants, unless the prune guard holds
@@ -876,5 +942,32 @@ mod tests {
             Duration::from_secs(7)
         );
         assert_eq!(requeue_delay(None, resync), resync);
+    }
+    #[test]
+    fn what_others_are_admitted_against_is_written_first() {
+        let kind = |api_version: &str, kind: &str| children::AllowedKind {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            namespaced: true,
+        };
+        for first in [
+            kind("v1", "Namespace"),
+            kind("v1", "ServiceAccount"),
+            kind("rbac.authorization.k8s.io/v1", "Role"),
+            kind("rbac.authorization.k8s.io/v1", "ClusterRole"),
+            kind("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
+        ] {
+            assert!(written_first(&first), "{}", first.kind);
+        }
+        for rest in [
+            kind("apps/v1", "Deployment"),
+            kind("v1", "ConfigMap"),
+            kind("v1", "Pod"),
+            kind("rbac.authorization.k8s.io/v1", "RoleBinding"),
+            // Same name, another group: not the one the API server admits against.
+            kind("example.com/v1", "Role"),
+        ] {
+            assert!(!written_first(&rest), "{}", rest.kind);
+        }
     }
 }
