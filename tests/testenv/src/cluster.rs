@@ -607,7 +607,23 @@ async fn create_fake_node(client: &kube::Client) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A port nothing listens on, for a component to listen on in a moment. Taken below the
+/// kernel's ephemeral range (32768 and up by default): a port the kernel hands out for `:0`
+/// may be handed out again, between this check and the component's bind, as the source
+/// port of any outgoing connection, and the component then fails with "address already in
+/// use". Ports are tried from a point that differs per process and call, so planes started
+/// side by side do not try the same ones.
 fn free_port() -> anyhow::Result<u16> {
+    use std::hash::{BuildHasher as _, RandomState};
+    const PORTS: std::ops::Range<u16> = 20_000..32_000;
+    let span = PORTS.end - PORTS.start;
+    let start = u16::try_from(RandomState::new().hash_one(std::process::id()) % u64::from(span))?;
+    for offset in 0..span {
+        let port = PORTS.start + (start + offset) % span;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
