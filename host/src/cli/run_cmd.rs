@@ -304,6 +304,7 @@ impl RunCommand {
         let listener = self.bind_listener(&client).await?;
         let drain = Duration::from_secs(self.shutdown_timeout_seconds);
         let webhooks = self.webhooks.bind(&client, own_namespace()).await?;
+        let renewals = gated.clone();
         let mut host = Host::elected(gated, engine, self.host_options()?, leadership.clone())
             .impersonating_from(config);
         // The webhook listener answers until the host has stopped (its policies' answerers
@@ -329,7 +330,7 @@ impl RunCommand {
         let election_stop = CancellationToken::new();
         let election = lease.map(|lease| {
             campaign(
-                client,
+                (client, renewals),
                 lease,
                 &leadership,
                 host.metrics(),
@@ -654,8 +655,11 @@ fn serve(
 
 /// Campaign for `lease` until `election_stop`. Losing the lease stops the host (as
 /// controller-runtime does: the restart comes back as a standby).
+///
+/// `clients` are the ungated client, which takes and releases the lease, and the gated one,
+/// which renews it only while this replica still leads.
 fn campaign(
-    client: kube::Client,
+    clients: (kube::Client, kube::Client),
     lease: LeaseConfig,
     leadership: &Arc<Leadership>,
     metrics: Arc<Metrics>,
@@ -664,7 +668,8 @@ fn campaign(
 ) -> tokio::task::JoinHandle<Result<LeaderElector, crate::leader::LeadershipLost>> {
     tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "campaigning for leadership");
     let name = lease.name.clone();
-    let elector = LeaderElector::new(client, lease, leadership.clone());
+    let (client, gated) = clients;
+    let elector = LeaderElector::new(client, gated, lease, leadership.clone());
     tokio::spawn(report_leadership(leadership.clone(), metrics, name));
     let (stop, election_stop) = (stop.clone(), election_stop.clone());
     tokio::spawn(async move {

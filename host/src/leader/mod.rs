@@ -32,6 +32,8 @@
 //!   replica last saw it change, so no clocks are compared across machines;
 //! - the leader renews every `retry_period` and gives up once `renew_deadline` has passed
 //!   since the start of its last successful renewal — well before the others may take over;
+//!   a renewal is a write of the lead like any other, so it goes through the gate and its
+//!   fenced connections, and one the process stopped before sending is never sent late;
 //! - a leader that shuts down clears the holder, and a standby checking every
 //!   `retry_period` takes over within about that time instead of a whole lease.
 //!
@@ -106,6 +108,10 @@ pub struct LeadershipLost {
 /// Takes part in the election for one Lease and reports the outcome to a [`Leadership`].
 pub struct LeaderElector {
     api: Api<Lease>,
+    /// The same Lease through the write-gated client: a renewal is sent while this replica
+    /// leads, so it is dropped with the other writes if the lead runs out before its bytes
+    /// left (a process stopped between the deadline check and the wire).
+    renewals: Api<Lease>,
     config: LeaseConfig,
     leadership: Arc<Leadership>,
     /// The holder's part of the Lease as last seen, and when it was first seen so.
@@ -119,10 +125,18 @@ enum Attempt {
 }
 
 impl LeaderElector {
-    /// An elector for the Lease in `config`, using a client that is *not* write-gated.
-    pub fn new(client: kube::Client, config: LeaseConfig, leadership: Arc<Leadership>) -> Self {
+    /// An elector for the Lease in `config`. It takes and releases the Lease through
+    /// `client`, which must *not* be write-gated (a standby writes to take over), and
+    /// renews it through `gated`, the client gated on `leadership` (see [`gated_client`]).
+    pub fn new(
+        client: kube::Client,
+        gated: kube::Client,
+        config: LeaseConfig,
+        leadership: Arc<Leadership>,
+    ) -> Self {
         Self {
             api: Api::namespaced(client, &config.namespace),
+            renewals: Api::namespaced(gated, &config.namespace),
             config,
             leadership,
             observed: None,
@@ -258,8 +272,15 @@ impl LeaderElector {
     /// expired; an optimistic-concurrency conflict means someone else won. A leader renewing
     /// passes its `deadline`: once it has passed (the process may have been stopped between
     /// the read and the write), the renewal is not sent, since a standby may lead by now.
+    /// A renewal goes through the gated client, whose fence drops it if the process stopped
+    /// after that check with the request not yet written.
     async fn try_acquire_or_renew(&mut self, deadline: Option<Instant>) -> anyhow::Result<Attempt> {
         use anyhow::Context as _;
+        let writes = if deadline.is_some() {
+            &self.renewals
+        } else {
+            &self.api
+        };
         let now = MicroTime(jiff::Timestamp::now());
         let duration = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
         let Some(mut lease) = self
@@ -284,7 +305,7 @@ impl LeaderElector {
                 spec: Some(spec.clone()),
             };
             ensure_before(deadline)?;
-            let written = self.api.create(&PostParams::default(), &lease).await;
+            let written = writes.create(&PostParams::default(), &lease).await;
             return self.settle(written, spec, "creating the leader lease");
         };
         let current = lease.spec.clone().unwrap_or_default();
@@ -315,8 +336,7 @@ impl LeaderElector {
         spec.renew_time = Some(now);
         lease.spec = Some(spec.clone());
         ensure_before(deadline)?;
-        let written = self
-            .api
+        let written = writes
             .replace(&self.config.name, &PostParams::default(), &lease)
             .await;
         self.settle(written, spec, "updating the leader lease")
@@ -403,6 +423,91 @@ mod tests {
         tokio::time::advance(Duration::from_secs(10)).await;
         assert!(ensure_before(Some(deadline)).is_err());
         assert!(ensure_before(None).is_ok(), "acquiring has no deadline");
+    }
+
+    /// An API server that holds the Lease for `me` and answers a write only once `release`d,
+    /// counting the writes it was sent.
+    #[derive(Clone, Default)]
+    struct HeldLease {
+        write_arrived: Arc<tokio::sync::Notify>,
+        release: Arc<tokio::sync::Notify>,
+        written: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl HeldLease {
+        fn client(&self, gate: Option<&Arc<Leadership>>) -> kube::Client {
+            use tower::Layer as _;
+            let server = self.clone();
+            let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+                let server = server.clone();
+                async move {
+                    if request.method() != http::Method::GET {
+                        server.write_arrived.notify_one();
+                        server.release.notified().await;
+                        server
+                            .written
+                            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    let lease = serde_json::json!({
+                        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": "l", "namespace": "n", "resourceVersion": "1"},
+                        "spec": {"holderIdentity": "me", "leaseDurationSeconds": 15},
+                    });
+                    Ok::<_, std::convert::Infallible>(http::Response::new(
+                        kube::client::Body::from(lease.to_string().into_bytes()),
+                    ))
+                }
+            });
+            match gate {
+                Some(leadership) => {
+                    kube::Client::new(WriteGate::new(leadership.clone()).layer(service), "n")
+                }
+                None => kube::Client::new(service, "n"),
+            }
+        }
+    }
+
+    /// The process stops after the renewal passed its deadline check, with the write not
+    /// yet sent, and resumes past the deadline: the write is dropped, as every other write
+    /// of the lead is, instead of renewing a lease a standby may hold by now.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_held_up_past_its_deadline_is_dropped_not_sent() {
+        let config = LeaseConfig {
+            name: "l".into(),
+            namespace: "n".into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        };
+        let leadership = Leadership::standby();
+        let deadline = Instant::now() + config.renew_deadline;
+        leadership.lead_until(deadline);
+        let server = HeldLease::default();
+        let mut elector = LeaderElector::new(
+            server.client(None),
+            server.client(Some(&leadership)),
+            config,
+            leadership.clone(),
+        );
+        let mut renewal = std::pin::pin!(elector.try_acquire_or_renew(Some(deadline)));
+        tokio::select! {
+            () = server.write_arrived.notified() => {}
+            outcome = &mut renewal => panic!("renewed without waiting: {:?}", outcome.is_ok()),
+        }
+        tokio::time::advance(Duration::from_secs(11)).await;
+        server.release.notify_one();
+        let refused = renewal
+            .await
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(refused.contains("not the leader"), "{refused}");
+        assert_eq!(
+            server.written.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the renewal was not sent after the deadline"
+        );
     }
 
     #[test]

@@ -887,6 +887,10 @@ fn writes_by(identity: &str) -> anyhow::Result<Vec<(i64, String, String, i64)>> 
                     e["verb"].as_str().unwrap_or_default(),
                     "create" | "update" | "patch" | "delete" | "deletecollection"
                 )
+                // A self-review asks a question (a standby may ask it too): no write.
+                && e["objectRef"]["resource"]
+                    .as_str()
+                    .is_none_or(|resource| !resource.starts_with("selfsubject"))
         })
         .filter_map(|e| {
             let received: MicroTime =
