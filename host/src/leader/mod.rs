@@ -425,6 +425,18 @@ mod tests {
         assert!(ensure_before(None).is_ok(), "acquiring has no deadline");
     }
 
+    /// Lease `n/l` for `me`, held as controller-runtime holds its leases.
+    fn controller_runtime_defaults() -> LeaseConfig {
+        LeaseConfig {
+            name: "l".into(),
+            namespace: "n".into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
     /// An API server that holds the Lease for `me` and answers a write only once `release`d,
     /// counting the writes it was sent.
     #[derive(Clone, Default)]
@@ -472,14 +484,7 @@ mod tests {
     /// of the lead is, instead of renewing a lease a standby may hold by now.
     #[tokio::test(start_paused = true)]
     async fn a_renewal_held_up_past_its_deadline_is_dropped_not_sent() {
-        let config = LeaseConfig {
-            name: "l".into(),
-            namespace: "n".into(),
-            identity: "me".into(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-        };
+        let config = controller_runtime_defaults();
         let leadership = Leadership::standby();
         let deadline = Instant::now() + config.renew_deadline;
         leadership.lead_until(deadline);
@@ -512,14 +517,7 @@ mod tests {
 
     #[test]
     fn unsafe_durations_are_refused() {
-        let config = LeaseConfig {
-            name: "l".into(),
-            namespace: "n".into(),
-            identity: "me".into(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-        };
+        let config = controller_runtime_defaults();
         assert!(config.validate().is_ok());
         let longer_renew = LeaseConfig {
             renew_deadline: Duration::from_secs(20),
