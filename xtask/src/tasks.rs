@@ -403,11 +403,37 @@ pub fn bench(which: BenchSet) -> anyhow::Result<()> {
             }
             let dir = repo_root().join("target/profile");
             let sizes = std::env::var("WASMCTRL_BENCH_SIZES").unwrap_or_else(|_| "1000".into());
+            // Walking frame pointers costs perf a fraction of what unwinding DWARF does (16
+            // KiB of stack copied per sample), which at 10,000 parents slowed the profiled
+            // run to a third of its speed. The build with them goes to a target directory of
+            // its own, so the usual release build is not rebuilt either way; the plugins are
+            // read from where `build_plugins` put them.
+            let target = wasmctrl_testenv::plugins::target_dir();
+            let frame_pointers = target.with_file_name(format!(
+                "{}-frame-pointers",
+                target
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("target")
+            ));
             bench_convergence(&[
                 ("WASMCTRL_BENCH_PROFILE", dir.display().to_string()),
                 ("WASMCTRL_BENCH_SIZES", sizes),
                 ("WASMCTRL_BENCH_PHASES", "host".into()),
                 ("WASMCTRL_BENCH_UNTIL", "reconciled".into()),
+                ("WASMCTRL_BENCH_CALL_GRAPH", "fp".into()),
+                (
+                    wasmctrl_testenv::plugins::PLUGIN_DIR_ENV,
+                    wasmctrl_testenv::plugins::plugin_dir()
+                        .display()
+                        .to_string(),
+                ),
+                (wasmctrl_testenv::runner::PLUGINS_BUILT_ENV, "1".into()),
+                ("CARGO_TARGET_DIR", frame_pointers.display().to_string()),
+                (
+                    "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+                    "-C force-frame-pointers=yes".into(),
+                ),
             ])
         }
         BenchSet::Webhooks => bench_webhooks(),

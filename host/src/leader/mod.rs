@@ -110,7 +110,8 @@ pub struct LeaderElector {
     api: Api<Lease>,
     /// The same Lease through the write-gated client: a renewal is sent while this replica
     /// leads, so it is dropped with the other writes if the lead runs out before its bytes
-    /// left (a process stopped between the deadline check and the wire).
+    /// left (a process stopped between the deadline check and the wire). The Lease is
+    /// watched through it too, as its reads start watches with a consistent read.
     renewals: Api<Lease>,
     config: LeaseConfig,
     leadership: Arc<Leadership>,
@@ -229,9 +230,10 @@ impl LeaderElector {
         // Watching the Lease shows a standby each renewal (and a release) as it happens, so
         // it measures expiry from the leader's last renewal rather than from its own last
         // look; polling every retry period stays as the fallback.
+        // Through the gated client, whose reads (never gated) ask for a consistent start.
         let only_the_lease = format!("metadata.name={}", self.config.name);
         let lease_events = crate::watch_lists::watcher(
-            self.api.clone(),
+            self.renewals.clone(),
             watcher::Config::default().fields(&only_the_lease),
         )
         .default_backoff()

@@ -300,8 +300,10 @@ pub fn table(
 }
 
 /// `perf record` of one process, from [`Profiler::start`] until [`Profiler::finish`]: the
-/// software `cpu-clock` event (no hardware counters needed) at 499 Hz, call graphs unwound
-/// from DWARF (the bench binary has no frame pointers).
+/// software `cpu-clock` event (no hardware counters needed) at 499 Hz on every CPU, of which
+/// the process's samples are read back; call graphs walked
+/// along frame pointers when [`CALL_GRAPH_ENV`] says `fp` (`cargo xtask bench profile`
+/// builds the bench with them), unwound from DWARF otherwise.
 pub struct Profiler {
     perf: std::process::Child,
     data: std::path::PathBuf,
@@ -311,6 +313,10 @@ pub struct Profiler {
 /// The environment variable naming the directory a convergence bench profiles its host into.
 pub const PROFILE_DIR_ENV: &str = "WASMCTRL_BENCH_PROFILE";
 
+/// How `perf` finds call graphs: `fp` for a build with frame pointers; anything else (or
+/// unset) unwinds from DWARF, which copies 16 KiB of stack per sample.
+pub const CALL_GRAPH_ENV: &str = "WASMCTRL_BENCH_CALL_GRAPH";
+
 impl Profiler {
     /// Start sampling process `pid` into `dir/perf-<name>.data`.
     pub fn start(pid: u32, dir: &std::path::Path, name: &str) -> anyhow::Result<Self> {
@@ -318,10 +324,16 @@ impl Profiler {
         std::fs::create_dir_all(dir)?;
         let data = dir.join(format!("perf-{name}.data"));
         let log = std::fs::File::create(dir.join(format!("perf-{name}.log")))?;
+        let call_graph = match std::env::var(CALL_GRAPH_ENV).as_deref() {
+            Ok("fp") => "fp",
+            _ => "dwarf,16384",
+        };
         let perf = std::process::Command::new("perf")
             .args(["record", "-e", "cpu-clock", "-F", "499"])
-            .args(["--call-graph", "dwarf,16384", "-m", "16M", "-p"])
-            .arg(pid.to_string())
+            // Every CPU, not `-p`: a process whose threads come and go leaves perf 6.1
+            // polling the events of the exited ones in a busy loop (two thirds of a core
+            // on this 2-core machine). `finish` keeps the process's samples only.
+            .args(["--call-graph", call_graph, "-m", "16M", "-a"])
             .arg("-o")
             .arg(&data)
             .stdout(log.try_clone()?)

@@ -417,6 +417,17 @@ async fn a_policy_waits_for_its_crd_and_reports_plugin_problems() -> anyhow::Res
         |p| p["status"]["parentsReconciled"] == 1 && p["status"]["parentsFailing"] == 0,
     )
     .await?;
+    // A deleted parent leaves the counts at the next report (every 5 s), not only at the
+    // sweep the host makes once a minute when no parent went.
+    sprockets.delete("s", &Default::default()).await?;
+    wait_for_object_within(
+        &policy_api,
+        TEST,
+        "the deleted parent no longer counted",
+        Duration::from_secs(15),
+        |p| p["status"]["parentsReconciled"] == 0,
+    )
+    .await?;
 
     host.stop().await?;
     delete_namespace(&client, &ns).await?;

@@ -85,9 +85,17 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
+/// Names the directory built plugin components are read from when it is not the target
+/// directory's (a bench built into a target directory of its own reads them from the usual
+/// one).
+pub const PLUGIN_DIR_ENV: &str = "WASMCTRL_PLUGIN_DIR";
+
 /// Where cargo puts plugin components.
 pub fn plugin_dir() -> PathBuf {
-    target_dir().join("wasm32-wasip2").join("plugin")
+    match std::env::var_os(PLUGIN_DIR_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => target_dir().join("wasm32-wasip2").join("plugin"),
+    }
 }
 
 /// Where the component `file_stem` is once built (without building it).

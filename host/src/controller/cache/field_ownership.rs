@@ -62,6 +62,15 @@ impl CreatedFields {
             .contains(&(namespace.map(str::to_owned), name.to_owned()))
     }
 
+    /// Forget a child that was deleted.
+    pub fn forget(&self, metadata: &ObjectMeta) {
+        let key = (
+            metadata.namespace.clone(),
+            metadata.name.clone().unwrap_or_default(),
+        );
+        self.lock().remove(&key);
+    }
+
     /// Forget children that are no longer cached.
     pub fn retain(&self, mut exists: impl FnMut(Option<&str>, &str) -> bool) {
         self.lock()

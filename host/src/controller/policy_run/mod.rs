@@ -58,6 +58,8 @@ use watches::{WatchSetup, Watches};
 
 /// How often a running policy's counts are written to its status (when they changed).
 const STATUS_INTERVAL: Duration = Duration::from_secs(5);
+/// Report ticks between sweeps of what is kept per parent when no parent went (a minute).
+const SWEEP_AT_LEAST_EVERY: u64 = 12;
 
 /// Run a policy until `stop` is cancelled. `updates` carries the policy, and later versions
 /// of it that differ only in their plugin (those are hot-swapped, not restarted).
@@ -268,7 +270,7 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
     }
     .run(updates.clone());
     let swapper = swapper.run(policy.clone(), updates, candidate);
-    let report = report_periodically(&ctx, &policy, &parents, &status, &setup.health, running);
+    let report = report_periodically(&ctx, &policy, &parents, &status, &setup, running);
     let conversion = conversion::PolicyConversion::new(
         &policy,
         shared,
@@ -415,6 +417,7 @@ fn watch_setup(
         owned_selector: watches::owned_selector(&labels::policy_label_value(&name)),
         related_budget: shared.related_budget.clone(),
         teardown,
+        parents_gone: Arc::default(),
     }
 }
 
@@ -586,26 +589,29 @@ fn requeue_on_takeover(
 }
 
 /// Every [`STATUS_INTERVAL`], write the policy's counts and watch health (when they changed).
+/// What is kept per parent is swept against the parents' cache when parents went, and every
+/// [`SWEEP_AT_LEAST_EVERY`] ticks regardless (for what a reconcile that ended after its
+/// parent's deletion noted).
 async fn report_periodically(
     ctx: &PolicyContext,
     policy: &ReconcilePolicy,
     parents: &Store<CachedObject>,
     status: &tokio::sync::Mutex<PolicyStatusWriter>,
-    health: &WatchHealth,
+    setup: &WatchSetup,
     running: State,
 ) {
-    loop {
+    for tick in 1u64.. {
         tokio::time::sleep(STATUS_INTERVAL).await;
-        report::forget_deleted_children(&ctx.caches.children);
+        let sweep = setup.parents_gone.sweep_due() || tick.is_multiple_of(SWEEP_AT_LEAST_EVERY);
         let active = ctx.serving.digest_serving_all();
-        let counts = report::counts(&ctx.outcomes, parents, &active);
-        let candidate = report::candidate_counts(&ctx.serving, parents);
-        let (window, held) = report::prune_guard(&ctx.prune_guard, parents, policy);
+        let counts = report::counts(&ctx.outcomes, parents, &active, sweep);
+        let candidate = report::candidate_counts(&ctx.serving, parents, sweep);
+        let (window, held) = report::prune_guard(&ctx.prune_guard, parents, policy, sweep);
         ctx.metrics
             .set_prune_held(window.as_ref().map_or(0, |w| w.held_deletions));
         let mut status = status.lock().await;
         status.set_ready(
-            held.or_else(|| health.problem())
+            held.or_else(|| setup.health.problem())
                 .unwrap_or_else(|| running.clone()),
         );
         status.set_prune_guard(window);

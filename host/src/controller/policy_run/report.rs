@@ -8,7 +8,6 @@ use kube::{Client, ResourceExt as _};
 
 use crate::controller::cache::cached::CachedObject;
 use crate::controller::cache::related::RelatedBy;
-use crate::controller::cache::stores::ChildCache;
 use crate::controller::kinds::ResolvedKind;
 use crate::controller::labels;
 use crate::controller::policy_run::release;
@@ -102,17 +101,22 @@ pub(crate) fn related_cost(related: &[(ResolvedKind, RelatedBy)]) -> Option<Stat
     })
 }
 
-/// Count the parents (the bookkeeping of deleted parents is dropped on the way); `active` is
-/// the digest of the active plugin.
+/// Count the parents; `active` is the digest of the active plugin. With `sweep`, what is
+/// kept of deleted parents is dropped first.
 pub(crate) fn counts(
     outcomes: &Outcomes,
     parents: &Store<CachedObject>,
     active: &Digest,
+    sweep: bool,
 ) -> Counts {
     let exists = |key: &ObjectRef<CachedObject>| parents.get(key).is_some();
-    outcomes.backoff.retain(exists);
+    if sweep {
+        outcomes.backoff.retain(exists);
+    }
     let mut reconciled = lock(&outcomes.reconciled);
-    reconciled.retain(|key, _| exists(key));
+    if sweep {
+        reconciled.retain(|key, _| exists(key));
+    }
     Counts {
         reconciled: reconciled.len() as u64,
         failing: outcomes.backoff.failing() as u64,
@@ -125,13 +129,19 @@ pub(crate) fn counts(
 
 /// The prune guard's window for the policy's status, closed first if every parent was
 /// reconciled under it; and, while it holds deletions, the `Ready=False, PruneHeld` state.
+/// With `sweep`, the guard forgets deleted parents first.
 pub(crate) fn prune_guard(
     guard: &PruneGuard,
     parents: &Store<CachedObject>,
     policy: &ReconcilePolicy,
+    sweep: bool,
 ) -> (Option<PruneGuardStatus>, Option<State>) {
     let name = policy.name_any();
-    if guard.close_if_rolled_out(|key| parents.get(key).is_some(), parents.state().len()) {
+    let exists = |key: &ObjectRef<CachedObject>| parents.get(key).is_some();
+    if sweep {
+        guard.forget_gone(exists);
+    }
+    if guard.close_if_rolled_out(exists, parents.state().len()) {
         tracing::info!(
             policy = %name,
             "every parent reconciled since the last change; pruning is no longer counted"
@@ -182,30 +192,20 @@ fn held_state(target: &str, window: &PruneGuardStatus, limits: PruneLimits) -> S
     )
 }
 
-/// Drop the create-time bookkeeping of children that no longer exist.
-pub(crate) fn forget_deleted_children(children: &[ChildCache]) {
-    for cache in children {
-        cache.created.retain(|namespace, name| {
-            let key = ObjectRef::new_with(name, cache.resource.clone());
-            let key = match namespace {
-                Some(namespace) => key.within(namespace),
-                None => key,
-            };
-            cache.store.get(&key).is_some()
-        });
-    }
-}
-
 /// How many parents the candidate serves, and its shadow verdicts for the others, with a
 /// few examples (sorted, so an unchanged picture writes nothing).
+/// With `sweep`, the verdicts of deleted parents are dropped first.
 pub(crate) fn candidate_counts(
     serving: &Serving,
     parents: &Store<CachedObject>,
+    sweep: bool,
 ) -> Option<CandidateStatus> {
     const EXAMPLES: usize = 5;
     let candidate = serving.candidate.load_full()?;
     let mut verdicts = lock(&serving.shadow);
-    verdicts.retain(|key, _| parents.get(key).is_some());
+    if sweep {
+        verdicts.retain(|key, _| parents.get(key).is_some());
+    }
     let mut status = CandidateStatus {
         digest: candidate.serving.plugin.digest().to_string(),
         canary_parents: parents
@@ -283,12 +283,22 @@ mod tests {
         for name in ["bad", "gone-bad"] {
             outcomes.backoff.failed(&key("a", name));
         }
+        let unswept = Counts {
+            reconciled: 5,
+            failing: 2,
+            on_active: 3,
+        };
+        assert_eq!(
+            counts(&outcomes, &parents, &active, false),
+            unswept,
+            "no sweep: no parent looked up"
+        );
         let expected = Counts {
             reconciled: 4,
             failing: 1,
             on_active: 2,
         };
-        assert_eq!(counts(&outcomes, &parents, &active), expected);
+        assert_eq!(counts(&outcomes, &parents, &active, true), expected);
         assert_eq!(
             lock(&outcomes.reconciled).len(),
             4,
@@ -303,7 +313,7 @@ mod tests {
             plugin: plugin(),
             config: None,
         });
-        assert!(candidate_counts(&state, &store(myapps(), vec![])).is_none());
+        assert!(candidate_counts(&state, &store(myapps(), vec![]), true).is_none());
     }
 
     #[test]
@@ -337,7 +347,7 @@ mod tests {
                 Verdict::WouldFail("gone".into()).into(),
             );
         }
-        let status = candidate_counts(&state, &parents).expect("a candidate");
+        let status = candidate_counts(&state, &parents, true).expect("a candidate");
         assert_eq!(status.canary_parents, 3);
         assert_eq!(
             status.evaluated, 8,

@@ -20,6 +20,7 @@ use crate::controller::cache::field_ownership::CreatedFields;
 use crate::controller::cache::named_objects::{self, NamedKind, NamedObjects};
 use crate::controller::cache::read_cache::ReadBudget;
 use crate::controller::cache::related::{self, FieldPath};
+use crate::controller::cache::removals::Removals;
 use crate::controller::cache::store_index::{self, StoreIndex};
 use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
 use crate::controller::kinds::ResolvedKind;
@@ -53,6 +54,8 @@ pub(crate) struct WatchSetup {
     pub decisions: Arc<Decisions>,
     /// Wakes the policy's teardown for a parent whose children's order may let one go.
     pub teardown: super::teardown::Wake,
+    /// When the parents' cache may have lost parents: what is kept per parent is swept then.
+    pub parents_gone: Arc<Removals>,
 }
 
 impl WatchSetup {
@@ -108,6 +111,8 @@ impl WatchSetup {
         let health = self.health.clone();
         let name = format!("{} {}", resource.api_version, resource.kind);
         let decisions = self.decisions.clone();
+        let (listed, listed_kind) = (reader.clone(), resource.clone());
+        let forget = created.clone();
         let stream = crate::watch_lists::watcher(api, config)
             .backoff(WatchBackoff::default())
             .inspect(move |event| health.observe(&name, event))
@@ -129,11 +134,28 @@ impl WatchSetup {
                 }
             })
             .reflect(writer)
-            // After the store took the list: a decision made on the old one is asked again.
-            .inspect(move |event| {
-                if let Ok(watcher::Event::InitDone) = event {
-                    decisions.relisted();
+            // After the store took the event: a decision made on the old list is asked
+            // again, and what is noted of children is dropped with them.
+            .inspect(move |event| match event {
+                Ok(watcher::Event::Delete(object)) => {
+                    if let Some(created) = &forget {
+                        created.forget(object.meta());
+                    }
                 }
+                Ok(watcher::Event::InitDone) => {
+                    decisions.relisted();
+                    if let Some(created) = &forget {
+                        created.retain(|namespace, name| {
+                            let key = ObjectRef::new_with(name, listed_kind.clone());
+                            let key = match namespace {
+                                Some(namespace) => key.within(namespace),
+                                None => key,
+                            };
+                            listed.get(&key).is_some()
+                        });
+                    }
+                }
+                _ => {}
             });
         (reader, stream)
     }
@@ -237,6 +259,7 @@ impl Watches {
         let listed = parents.clone();
         let resource = parent.resource.clone();
         let decided = setup.decisions.clone();
+        let parents_gone = setup.parents_gone.clone();
         // A parent that is gone is not reconciled: it no longer waits, and its last decision
         // is dropped. (After the store took the event, so a re-list's check reads the list.)
         let stream = stream.inspect(move |event| match event {
@@ -251,6 +274,7 @@ impl Watches {
                     parent.metadata.namespace.as_deref(),
                     &parent.name_any(),
                 ));
+                parents_gone.happened();
             }
             Ok(watcher::Event::InitDone) => {
                 gone.retain(|(namespace, name)| {
@@ -264,6 +288,7 @@ impl Watches {
                     .map(|p| decisions::parent_key(p.metadata.namespace.as_deref(), &p.name_any()))
                     .collect();
                 decided.retain(|key| kept.contains(&key));
+                parents_gone.happened();
             }
             _ => {}
         });

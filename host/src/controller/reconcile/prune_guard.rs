@@ -473,18 +473,31 @@ impl PruneGuard {
         }
     }
 
-    /// Forget parents that no longer `exist`, and close the window if every one of the
-    /// `parents` was reconciled under it, unless it holds deletions (or confirmed ones are
-    /// not made yet). Returns whether it closed.
-    pub fn close_if_rolled_out(&self, exists: impl Fn(&ParentKey) -> bool, parents: usize) -> bool {
+    /// Forget parents that no longer `exist` (a sweep over everything kept per parent: call
+    /// it when parents may have gone).
+    pub fn forget_gone(&self, exists: impl Fn(&ParentKey) -> bool) {
         let mut state = lock(&self.state);
         state.known.retain(&exists);
+        if let Some(window) = &mut state.window {
+            window.visited.retain(|key| exists(key));
+            window.holding.retain(|key, _| exists(key));
+            window.approved.retain(|key, _| exists(key));
+        }
+    }
+
+    /// Close the window if every one of the `parents` that still `exist` was reconciled
+    /// under it, unless it holds deletions (or confirmed ones are not made yet). Returns
+    /// whether it closed.
+    pub fn close_if_rolled_out(&self, exists: impl Fn(&ParentKey) -> bool, parents: usize) -> bool {
+        let mut state = lock(&self.state);
         let Some(window) = &mut state.window else {
             return false;
         };
-        window.visited.retain(|key| exists(key));
-        window.holding.retain(|key, _| exists(key));
-        window.approved.retain(|key, _| exists(key));
+        // Only when the window looks rolled out can a deleted parent's visit matter: one
+        // that stands for a parent not yet visited must not close it.
+        if window.visited.len() >= parents {
+            window.visited.retain(|key| exists(key));
+        }
         if window.held
             || !window.holding.is_empty()
             || !window.approved.is_empty()
@@ -1002,6 +1015,11 @@ mod tests {
         g.visited(epoch, key("p"));
         g.visited(epoch, key("q"));
         assert!(g.set_confirmation(Some(&token_of(&g))));
+        assert!(
+            !g.close_if_rolled_out(|k| k.name != "p", 1),
+            "held until the guard is told parents went"
+        );
+        g.forget_gone(|k| k.name != "p");
         assert!(g.close_if_rolled_out(|k| k.name != "p", 1));
     }
 
