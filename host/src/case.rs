@@ -121,6 +121,82 @@ pub struct Recorded {
     pub error: Option<RecordedError>,
 }
 
+/// The JSON text of the [`Recorded`] answer `answer`, written from the answer where it is:
+/// what `serde_json::to_string` of a `Recorded` holding a copy of it gives. For an answer
+/// nothing of which is to be redacted, so a reconcile's record does not copy every child
+/// the plugin desired only to write it out.
+pub fn recorded_text(
+    at: &str,
+    policy: &str,
+    plugin: &str,
+    answer: &Result<ReconcileResponse, CallError>,
+) -> Result<String, serde_json::Error> {
+    /// [`RunOutput`], borrowed.
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Output<'a> {
+        children: &'a [JsonObject],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        status: Option<&'a JsonObject>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        requeue_after_ms: Option<u64>,
+        events: &'a [PluginEvent],
+        finalized: bool,
+    }
+    /// [`Recorded`], borrowed.
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Answer<'a> {
+        at: &'a str,
+        policy: &'a str,
+        plugin: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        response: Option<Output<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<RecordedError>,
+    }
+    let (response, error) = match answer {
+        Ok(response) => (
+            Some(Output {
+                children: &response.children,
+                status: response.status.as_ref(),
+                requeue_after_ms: response
+                    .requeue_after
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                events: &response.events,
+                finalized: response.finalized,
+            }),
+            None,
+        ),
+        Err(error) => (None, Some(RecordedError::of(error))),
+    };
+    serde_json::to_string(&Answer {
+        at,
+        policy,
+        plugin,
+        response,
+        error,
+    })
+}
+
+/// `case`, the JSON text of a case without its `recorded` field, with `recorded` (the text
+/// of one) as its last field.
+pub fn with_recorded(mut case: String, recorded: Option<&str>) -> String {
+    let Some(recorded) = recorded else {
+        return case;
+    };
+    if case.ends_with('}') {
+        case.pop();
+        if !case.ends_with('{') {
+            case.push(',');
+        }
+        case.push_str("\"recorded\":");
+        case.push_str(recorded);
+        case.push('}');
+    }
+    case
+}
+
 /// A failed plugin call, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -218,9 +294,10 @@ impl Case {
     /// The JSON text of the case of `request`, answered `recorded`, written from the texts
     /// the request already holds rather than parsed and written again: for a request no
     /// object of which [`Redaction::changes`]. Reads back as [`Case::of`] with `recorded`.
+    /// `recorded` is the JSON text of the [`Recorded`] answer (see [`recorded_text`]).
     pub fn text_of(
         request: &ReconcileRequest,
-        recorded: Option<&Recorded>,
+        recorded: Option<&str>,
     ) -> Result<String, serde_json::Error> {
         let objects =
             |list: &[ObservedObject]| -> usize { list.iter().map(|o| o.json.len() + 1).sum() };
@@ -258,12 +335,8 @@ impl Case {
         if request.finalizing {
             text.push_str(",\"finalizing\":true");
         }
-        if let Some(recorded) = recorded {
-            text.push_str(",\"recorded\":");
-            text.push_str(&serde_json::to_string(recorded)?);
-        }
         text.push('}');
-        Ok(text)
+        Ok(with_recorded(text, recorded))
     }
 
     /// The request this case describes, as the host would send it.
@@ -386,6 +459,13 @@ impl Redaction {
         !self.kinds.is_empty()
             || !self.fields.is_empty()
             || (!self.keep_secrets && kind == "Secret" && api_version == "v1")
+    }
+
+    /// Whether [`Redaction::status`] could change a status.
+    pub fn changes_status(&self) -> bool {
+        self.fields
+            .iter()
+            .any(|path| path.len() > 1 && path[0] == "status")
     }
 
     /// Whether anything at all is to be redacted.
@@ -594,7 +674,10 @@ mod tests {
         let redaction = Redaction::secrets(false);
         for request in &requests {
             for recorded in [None, Some(recorded.clone())] {
-                let text = Case::text_of(request, recorded.as_ref()).expect("written");
+                let recorded_text = recorded
+                    .as_ref()
+                    .map(|r| serde_json::to_string(r).expect("written"));
+                let text = Case::text_of(request, recorded_text.as_deref()).expect("written");
                 let read: Case = serde_json::from_str(&text).expect("valid JSON of a case");
                 let parsed = Case {
                     recorded: recorded.clone(),
@@ -606,6 +689,60 @@ mod tests {
         assert!(!redaction.changes("v1", "ConfigMap"));
         assert!(redaction.changes("v1", "Secret"));
         assert!(!Redaction::secrets(true).changes("v1", "Secret"));
+    }
+
+    #[test]
+    fn an_answer_written_where_it_is_reads_as_the_recorded_copy() {
+        let response = ReconcileResponse {
+            children: vec![
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"},
+                       "data": {"k": "v \"quoted\" \u{e9}"}})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            ],
+            status: json!({"ready": true}).as_object().cloned(),
+            requeue_after: Some(std::time::Duration::from_millis(1500)),
+            events: vec![PluginEvent {
+                type_: crate::plugin::EventType::Warning,
+                reason: "Odd".into(),
+                message: "m".into(),
+            }],
+            finalized: true,
+        };
+        let answers = [
+            Ok(response.clone()),
+            Ok(ReconcileResponse {
+                status: None,
+                requeue_after: None,
+                ..response
+            }),
+            Err(CallError::Trap {
+                message: "unreachable".into(),
+                plugin_said: Some("panicked".into()),
+            }),
+        ];
+        for answer in &answers {
+            let copied = Recorded {
+                at: "2026-12-05T00:00:00.000Z".into(),
+                policy: "p".into(),
+                plugin: "sha256:aa".into(),
+                response: answer.as_ref().ok().map(|r| RunOutput::from(r.clone())),
+                error: answer.as_ref().err().map(RecordedError::of),
+            };
+            let text = recorded_text(&copied.at, "p", "sha256:aa", answer).expect("written");
+            assert_eq!(text, serde_json::to_string(&copied).expect("written"));
+        }
+        let case = Case::text_of(
+            &ReconcileRequest {
+                parent: "{}".into(),
+                ..ReconcileRequest::default()
+            },
+            Some("{}"),
+        )
+        .expect("written");
+        assert_eq!(case, r#"{"parent":{},"recorded":{}}"#);
+        assert_eq!(with_recorded("{}".into(), Some("1")), r#"{"recorded":1}"#);
     }
 
     #[test]

@@ -171,9 +171,7 @@ impl KindEntry {
     ) -> (u8, Packed, Option<Packed>) {
         let text = json.len() + case.map_or(0, str::len);
         let pack = |dictionary: &[u8], compress: &mut flate2::Compress| {
-            let json = Packed::new(json, dictionary, compress);
-            let case = case.map(|case| Packed::new(case, dictionary, compress));
-            (json, case)
+            Packed::new(json, case, dictionary, compress)
         };
         if let Some(newest) = self.dictionaries.last() {
             let (json, case) = pack(newest, compress);
@@ -256,7 +254,9 @@ impl Entry {
             .unpack(dictionary)
             .unwrap_or_else(|| "{}".to_owned());
         match (
-            self.case.as_ref().and_then(|case| case.unpack(dictionary)),
+            self.case
+                .as_ref()
+                .and_then(|case| case.unpack_after(&self.json, dictionary)),
             json.strip_suffix('}'),
         ) {
             (Some(case), Some(open)) => {
@@ -269,25 +269,54 @@ impl Entry {
 }
 
 /// A record's JSON or its case, packed: its length (4 bytes, little-endian), then the text
-/// deflated against its kind's dictionary.
+/// deflated against its kind's dictionary. A record's case continues the stream of its JSON
+/// (one dictionary set up per record, not two: setting one up was most of the packing), so
+/// it unpacks after the JSON; the JSON, flushed whole before the case, unpacks alone.
 struct Packed(Box<[u8]>);
 
 impl Packed {
-    /// `text` deflated by `compress` (a raw stream, reset here) against `dictionary`.
-    fn new(text: &str, dictionary: &[u8], compress: &mut flate2::Compress) -> Self {
-        use flate2::{FlushCompress, Status};
+    /// `json`, and `case` after it, deflated by `compress` (a raw stream, reset here) against
+    /// `dictionary`.
+    fn new(
+        json: &str,
+        case: Option<&str>,
+        dictionary: &[u8],
+        compress: &mut flate2::Compress,
+    ) -> (Self, Option<Self>) {
+        use flate2::FlushCompress;
         compress.reset();
         // Setting a dictionary on a fresh raw stream cannot fail; if it did, the text would
         // still deflate, only less well, and unpacking would report the record unreadable.
         let _ = compress.set_dictionary(dictionary);
+        let json = match case {
+            None => Self::deflate(json, compress, FlushCompress::Finish),
+            Some(_) => Self::deflate(json, compress, FlushCompress::Sync),
+        };
+        let case = case.map(|case| Self::deflate(case, compress, FlushCompress::Finish));
+        (json, case)
+    }
+
+    /// `text` through `compress`, until `flush` is done.
+    fn deflate(text: &str, compress: &mut flate2::Compress, flush: flate2::FlushCompress) -> Self {
+        use flate2::{FlushCompress, Status};
         let len = u32::try_from(text.len()).unwrap_or(u32::MAX);
         let mut bytes = Vec::with_capacity(text.len() / 4 + 64);
         bytes.extend_from_slice(&len.to_le_bytes());
+        let start = compress.total_in();
         loop {
-            let read = usize::try_from(compress.total_in()).unwrap_or(text.len());
-            match compress.compress_vec(&text.as_bytes()[read..], &mut bytes, FlushCompress::Finish)
-            {
+            let read = usize::try_from(compress.total_in() - start).unwrap_or(text.len());
+            let status = compress.compress_vec(&text.as_bytes()[read..], &mut bytes, flush);
+            let all_in = compress.total_in() - start == text.len() as u64;
+            match status {
                 Ok(Status::StreamEnd) | Err(_) => break,
+                // A flush short of the end is done once it left room in the output.
+                Ok(_)
+                    if flush != FlushCompress::Finish
+                        && all_in
+                        && bytes.len() < bytes.capacity() =>
+                {
+                    break;
+                }
                 Ok(_) => bytes.reserve(bytes.capacity().max(64)),
             }
         }
@@ -300,13 +329,40 @@ impl Packed {
 
     /// The text, or `None` if it does not unpack with `dictionary`.
     fn unpack(&self, dictionary: &[u8]) -> Option<String> {
-        use flate2::{Decompress, FlushDecompress, Status};
-        let (len, deflated) = self.0.split_first_chunk::<4>()?;
-        let mut decompress = Decompress::new(false);
+        let mut decompress = Self::decompressor(dictionary)?;
+        self.inflate(&mut decompress)
+    }
+
+    /// The text of a case packed after `json`, or `None` if it does not unpack.
+    fn unpack_after(&self, json: &Self, dictionary: &[u8]) -> Option<String> {
+        let mut decompress = Self::decompressor(dictionary)?;
+        json.inflate(&mut decompress)?;
+        self.inflate(&mut decompress)
+    }
+
+    fn decompressor(dictionary: &[u8]) -> Option<flate2::Decompress> {
+        let mut decompress = flate2::Decompress::new(false);
         decompress.set_dictionary(dictionary).ok()?;
-        let mut text = Vec::with_capacity(usize::try_from(u32::from_le_bytes(*len)).ok()?);
-        match decompress.decompress_vec(deflated, &mut text, FlushDecompress::Finish) {
-            Ok(Status::StreamEnd) => String::from_utf8(text).ok(),
+        Some(decompress)
+    }
+
+    /// This part of the stream through `decompress`: its whole text, or `None`.
+    fn inflate(&self, decompress: &mut flate2::Decompress) -> Option<String> {
+        use flate2::{FlushDecompress, Status};
+        let (len, deflated) = self.0.split_first_chunk::<4>()?;
+        let len = usize::try_from(u32::from_le_bytes(*len)).ok()?;
+        // Room for one byte more than the text, so the flush that ends a JSON packed before
+        // its case (an empty block) is read too, and the case's part starts where it should.
+        let mut text = Vec::with_capacity(len + 1);
+        let start = decompress.total_in();
+        let status = decompress.decompress_vec(deflated, &mut text, FlushDecompress::Sync);
+        let all_in = decompress.total_in() - start == deflated.len() as u64;
+        match status {
+            Ok(Status::StreamEnd | Status::Ok | Status::BufError)
+                if all_in && text.len() == len =>
+            {
+                String::from_utf8(text).ok()
+            }
             _ => None,
         }
     }
@@ -678,6 +734,33 @@ mod tests {
             Lookup::Found { records, .. } => records.iter().map(ToString::to_string).collect(),
             other => panic!("expected records, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_case_packed_after_its_json_reads_back_and_the_json_reads_alone() {
+        let mut compress = flate2::Compress::new(flate2::Compression::fast(), false);
+        let dictionary = br#"{"apiVersion":"example.com/v1","kind":"MyApp"}"#;
+        // Large enough that each part needs more output than it starts with.
+        let json = format!("{{\"policy\":\"p\",\"noise\":\"{}\"}}", noise(1, 20_000));
+        let case = format!(
+            "{{\"parent\":{{\"kind\":\"MyApp\"}},\"x\":\"{}\"}}",
+            noise(2, 30_000)
+        );
+        let (packed_json, packed_case) = Packed::new(&json, Some(&case), dictionary, &mut compress);
+        let packed_case = packed_case.expect("a case");
+        assert_eq!(
+            packed_json.unpack(dictionary).as_deref(),
+            Some(json.as_str())
+        );
+        assert_eq!(
+            packed_case
+                .unpack_after(&packed_json, dictionary)
+                .as_deref(),
+            Some(case.as_str())
+        );
+        let (alone, none) = Packed::new(&json, None, dictionary, &mut compress);
+        assert!(none.is_none());
+        assert_eq!(alone.unpack(dictionary).as_deref(), Some(json.as_str()));
     }
 
     #[test]

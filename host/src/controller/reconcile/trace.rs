@@ -10,7 +10,9 @@ use kube::core::DynamicObject;
 use kube::runtime::events::EventType;
 use serde_json::Value;
 
-use crate::case::{Case, Recorded, RecordedError, Redaction, RunOutput};
+use crate::case::{
+    Case, Recorded, RecordedError, Redaction, RunOutput, recorded_text, with_recorded,
+};
 use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::error::ReconcileError;
 use crate::explain::{
@@ -30,7 +32,7 @@ pub(crate) struct Trace {
     status: Option<StatusRecord>,
     events: Vec<EventRecord>,
     asked: Option<Asked>,
-    recorded: Option<Recorded>,
+    recorded: Option<RecordedAnswer>,
     plugin: Option<Digest>,
     shadow: Option<String>,
     /// What the record must not show.
@@ -97,6 +99,27 @@ impl Trace {
             return;
         };
         let redaction = &self.redaction;
+        let at = timestamp(self.at);
+        let untouched = answer.as_ref().is_ok_and(|response| {
+            (response.status.is_none() || !redaction.changes_status())
+                && response.children.iter().all(|child| {
+                    let field = |name: &str| child.get(name).and_then(Value::as_str);
+                    !redaction.changes(
+                        field("apiVersion").unwrap_or_default(),
+                        field("kind").unwrap_or_default(),
+                    )
+                })
+        });
+        if untouched || answer.is_err() {
+            self.recorded = match recorded_text(&at, policy, &plugin.to_string(), answer) {
+                Ok(text) => Some(RecordedAnswer::Text(text)),
+                Err(error) => {
+                    tracing::warn!(%error, "could not keep the plugin's answer for the record");
+                    None
+                }
+            };
+            return;
+        }
         let (response, error) = match answer {
             Ok(response) => {
                 let mut output = RunOutput::from(response.clone());
@@ -118,13 +141,13 @@ impl Trace {
             }
             Err(error) => (None, Some(RecordedError::of(error))),
         };
-        self.recorded = Some(Recorded {
-            at: timestamp(self.at),
+        self.recorded = Some(RecordedAnswer::Redacted(Recorded {
+            at,
             policy: policy.to_owned(),
             plugin: plugin.to_string(),
             response,
             error,
-        });
+        }));
     }
 
     /// The candidate's shadow verdict, in words.
@@ -223,7 +246,7 @@ impl Trace {
             && recorder.sample()
         {
             let case = Case {
-                recorded: self.recorded.clone(),
+                recorded: self.recorded.as_ref().and_then(RecordedAnswer::parsed),
                 ..asked.case(&self.redaction)
             };
             recorder.record(&ctx.policy, parent.namespace.as_deref(), &parent.name, case);
@@ -282,10 +305,43 @@ impl Asked {
         }
     }
 
-    fn text(self, recorded: Option<Recorded>) -> Result<String, serde_json::Error> {
+    fn text(self, recorded: Option<RecordedAnswer>) -> Result<String, serde_json::Error> {
+        let recorded = recorded.map(RecordedAnswer::text).transpose()?;
         match self {
-            Self::Verbatim(request) => Case::text_of(&request, recorded.as_ref()),
-            Self::Redacted(case) => serde_json::to_string(&Case { recorded, ..*case }),
+            Self::Verbatim(request) => Case::text_of(&request, recorded.as_deref()),
+            Self::Redacted(case) => Ok(with_recorded(
+                serde_json::to_string(&Case {
+                    recorded: None,
+                    ..*case
+                })?,
+                recorded.as_deref(),
+            )),
+        }
+    }
+}
+
+/// The plugin's answer, as a case keeps it.
+enum RecordedAnswer {
+    /// Nothing in it is to be redacted: written out as it came (see [`recorded_text`]).
+    Text(String),
+    /// Parsed, with what is to be redacted redacted.
+    Redacted(Recorded),
+}
+
+impl RecordedAnswer {
+    /// As a case file holds it (read back from the text: only sampled reconciles are
+    /// recorded to files).
+    fn parsed(&self) -> Option<Recorded> {
+        match self {
+            Self::Text(text) => serde_json::from_str(text).ok(),
+            Self::Redacted(recorded) => Some(recorded.clone()),
+        }
+    }
+
+    fn text(self) -> Result<String, serde_json::Error> {
+        match self {
+            Self::Text(text) => Ok(text),
+            Self::Redacted(recorded) => serde_json::to_string(&recorded),
         }
     }
 }
