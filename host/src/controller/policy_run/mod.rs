@@ -370,6 +370,7 @@ fn policy_context(
         decisions: setup.decisions.clone(),
         explain: options.explain.clone(),
         redaction: Arc::new(Redaction::of_policy(spec, options.explain.secret_data)),
+        parents_gone: setup.parents_gone.clone(),
     }
 }
 

@@ -467,6 +467,7 @@ impl Watches {
     ) {
         let (ready, wait_for_caches) = self.caches_ready(syncing);
         let caches = Caches {
+            parents: self.parents.clone(),
             allowed: self.allowed,
             children: self.children,
             related: self.related,

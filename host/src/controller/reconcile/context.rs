@@ -57,10 +57,17 @@ pub(crate) struct PolicyContext {
     pub explain: Arc<crate::explain::Explain>,
     /// What records and cases must not show.
     pub redaction: Arc<crate::case::Redaction>,
+    /// When parents may have gone, so what is kept per parent is swept: the parent watch
+    /// marks a deletion or a re-list, and a reconcile that ended after its parent went
+    /// marks what it noted of it.
+    pub parents_gone: Arc<crate::controller::cache::removals::Removals>,
 }
 
-/// The caches of a policy's children and related objects.
+/// The caches of a policy's parents, children and related objects.
 pub(crate) struct Caches {
+    /// The parents: a reconcile that ends after its parent went says so (see
+    /// [`PolicyContext::parents_gone`]).
+    pub parents: kube::runtime::reflector::Store<CachedObject>,
     /// The child kinds the policy allows, in the order of `children`.
     pub allowed: Vec<AllowedKind>,
     pub children: Vec<ChildCache>,

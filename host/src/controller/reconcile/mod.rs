@@ -64,6 +64,20 @@ pub(crate) async fn reconcile(
     cached: Arc<CachedObject>,
     ctx: Arc<PolicyContext>,
 ) -> Result<Action, Failure> {
+    let key = parent::parent_key(&*cached, &ctx.parent);
+    let outcome = reconcile_parent(cached, ctx.clone()).await;
+    // What a reconcile that ended after its parent was deleted noted of it (its outcome, the
+    // prune guard's visit) is swept at the next report, not at the minute's sweep.
+    if ctx.caches.parents.get(&key).is_none() {
+        ctx.parents_gone.happened();
+    }
+    outcome
+}
+
+async fn reconcile_parent(
+    cached: Arc<CachedObject>,
+    ctx: Arc<PolicyContext>,
+) -> Result<Action, Failure> {
     // Off the queue first: a standby's reconcile ends here too.
     ctx.queue
         .started(&(cached.metadata.namespace.clone(), cached.name_any()));

@@ -333,7 +333,11 @@ impl RecordedAnswer {
     /// recorded to files).
     fn parsed(&self) -> Option<Recorded> {
         match self {
-            Self::Text(text) => serde_json::from_str(text).ok(),
+            Self::Text(text) => serde_json::from_str(text)
+                .inspect_err(|error| {
+                    tracing::warn!(%error, "the case file is written without the plugin's answer: it did not read back");
+                })
+                .ok(),
             Self::Redacted(recorded) => Some(recorded.clone()),
         }
     }
