@@ -146,12 +146,9 @@ impl WatchSetup {
                     decisions.relisted();
                     if let Some(created) = &forget {
                         created.retain(|namespace, name| {
-                            let key = ObjectRef::new_with(name, listed_kind.clone());
-                            let key = match namespace {
-                                Some(namespace) => key.within(namespace),
-                                None => key,
-                            };
-                            listed.get(&key).is_some()
+                            listed
+                                .get(&object_ref(&listed_kind, namespace, name))
+                                .is_some()
                         });
                     }
                 }
@@ -279,7 +276,7 @@ impl Watches {
             Ok(watcher::Event::InitDone) => {
                 gone.retain(|(namespace, name)| {
                     listed
-                        .get(&parent_ref(&resource, namespace.as_deref(), name))
+                        .get(&object_ref(&resource, namespace.as_deref(), name))
                         .is_some()
                 });
                 let kept: std::collections::HashSet<u64> = listed
@@ -536,17 +533,17 @@ fn controlling_parent(
         .iter()
         .find(|o| o.controller == Some(true) && o.kind == parent.kind)?;
     let namespace = child.metadata.namespace.clone();
-    parents.get(&parent_ref(parent, namespace.as_deref(), &owner.name))?;
+    parents.get(&object_ref(parent, namespace.as_deref(), &owner.name))?;
     Some((namespace, owner.name.clone()))
 }
 
-/// The reference to the parent `name` in `namespace`, to look it up in the parents' cache.
-fn parent_ref(
-    parent: &Arc<ApiResource>,
+/// The reference to the object `name` of `kind` in `namespace`, to look it up in its cache.
+fn object_ref<K: kube::Resource<DynamicType = Arc<ApiResource>>>(
+    kind: &Arc<ApiResource>,
     namespace: Option<&str>,
     name: &str,
-) -> ObjectRef<CachedObject> {
-    let reference = ObjectRef::new_with(name, parent.clone());
+) -> ObjectRef<K> {
+    let reference = ObjectRef::new_with(name, kind.clone());
     match namespace {
         Some(namespace) => reference.within(namespace),
         None => reference,
