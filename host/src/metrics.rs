@@ -84,6 +84,11 @@ struct ControllerLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    resource: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     name: String,
 }
@@ -174,6 +179,7 @@ pub struct Metrics {
     rollout_stage: Family<ControllerLabels, Gauge>,
     rollout_transitions: Family<ResultLabels, Counter>,
     related_cache: Family<ControllerLabels, Gauge>,
+    related_watches: Family<ResourceLabels, Gauge>,
     controller_restarts: Family<ControllerLabels, Counter>,
     webhook_requests: Family<WebhookResultLabels, Counter>,
     webhook_time: Family<WebhookLabels, Histogram>,
@@ -254,6 +260,7 @@ impl Metrics {
             rollout_stage: Family::default(),
             rollout_transitions: Family::default(),
             related_cache: Family::default(),
+            related_watches: Family::default(),
             controller_restarts: Family::default(),
             webhook_requests: Family::default(),
             webhook_time: histograms(),
@@ -387,6 +394,11 @@ impl Metrics {
             "Memory held by the related objects read by name per policy (at most 16 MiB per related kind)",
             Unit::Bytes,
             metrics.related_cache.clone(),
+        );
+        registry.register(
+            "wasmctrl_related_watches",
+            "Watches of related objects the host holds open, by resource: one per identity, scope and selector, however many policies read them",
+            metrics.related_watches.clone(),
         );
         registry.register(
             "wasmctrl_controller_restarts",
@@ -671,6 +683,16 @@ impl Metrics {
     /// One more (`1`) or one fewer (`-1`) plugin load waits for a slot.
     pub fn load_waiting(&self, delta: i64) {
         self.loads_waiting.inc_by(delta);
+    }
+
+    /// The count of the host's watches of related `resource` (`v1/configmaps`), to raise
+    /// while one runs.
+    pub fn related_watches(&self, resource: &str) -> Gauge {
+        self.related_watches
+            .get_or_create(&ResourceLabels {
+                resource: resource.to_owned(),
+            })
+            .clone()
     }
 
     /// What the explain store holds now (set when metrics are scraped).

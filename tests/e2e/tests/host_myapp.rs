@@ -180,6 +180,131 @@ async fn a_related_config_map_reaches_the_plugin_and_its_changes_re_reconcile() 
     Ok(())
 }
 
+/// The data of the ConfigMaps the newest recorded reconcile of `kind` `name` read as related
+/// objects, by name.
+fn related_data(
+    explain: &wasmctrl::explain::Explain,
+    kind: &str,
+    ns: &str,
+    name: &str,
+) -> Option<Vec<(String, Value)>> {
+    let kinds = explain.store.kinds_named(kind);
+    let wasmctrl::explain::Lookup::Found { records } =
+        explain.store.lookup(kind, Some(ns), name, 50, &kinds)
+    else {
+        return None;
+    };
+    let record: Value = serde_json::from_str(records.first()?).ok()?;
+    let related = record["case"]["related"].as_array()?;
+    Some(
+        related
+            .iter()
+            .map(|o| {
+                let name = o["metadata"]["name"].as_str().unwrap_or_default();
+                (name.to_owned(), o["data"].clone())
+            })
+            .collect(),
+    )
+}
+
+/// The host's `wasmctrl_related_watches` of `resource`, as its metrics show it.
+fn related_watches(host: &HostUnderTest, resource: &str) -> Option<i64> {
+    let series = format!("wasmctrl_related_watches{{resource=\"{resource}\"}} ");
+    host.metrics
+        .encode()
+        .lines()
+        .find_map(|line| line.strip_prefix(&series)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_policies_reading_the_same_related_kind_share_one_watch_and_both_follow_it()
+-> anyhow::Result<()> {
+    const TEST: &str = "related-shared";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_repo_crds(&client).await?;
+    install_crd(&client, &test_crd(TEST_GROUP, "Widget")).await?;
+    // Two policies acting as the host in one namespace, reading the ConfigMaps one selector
+    // picks: the MyApp policy, and a Widget policy with the same `related`.
+    let myapp_spec = myapp_policy(json!({}));
+    apply_policy(&client, TEST, "related-shared-myapp", myapp_spec.clone()).await?;
+    let widget_spec = json!({
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget"},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "related": myapp_spec["related"].clone(),
+        "plugin": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
+    });
+    apply_policy(&client, TEST, "related-shared-widget", widget_spec).await?;
+    let explain = std::sync::Arc::new(wasmctrl::explain::Explain::in_memory(
+        wasmctrl::explain::Bounds {
+            max_bytes: 8 << 20,
+            per_parent: 50,
+        },
+    ));
+    let host = HostUnderTest::builder(TEST, &ns)
+        .explained(explain.clone())
+        .start()
+        .await?;
+
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    let config = |greeting: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "shared", "labels": {"example.com/myapp-config": "true"}},
+            "data": {"GREETING": greeting},
+        })
+    };
+    apply(&config_maps, config("hello")).await?;
+    apply(
+        &myapps(&client, &ns),
+        myapp("api", 1, "ghcr.io/example/api:1.4.0", Some("shared")),
+    )
+    .await?;
+    apply(
+        &widgets(&client, &ns),
+        json!({"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget",
+               "metadata": {"name": "w"}, "spec": {"size": 1}}),
+    )
+    .await?;
+
+    // Both parents read the ConfigMap, and both read its change: each policy's parents
+    // follow the one watch.
+    for greeting in ["hello", "bonjour"] {
+        apply(&config_maps, config(greeting)).await?;
+        let expected = vec![("shared".to_owned(), json!({"GREETING": greeting}))];
+        for (kind, name) in [("MyApp", "api"), ("Widget", "w")] {
+            let seen = std::sync::Mutex::new(None);
+            let waited = wasmctrl_testenv::cluster::eventually(
+                "the newest reconcile's related ConfigMap",
+                ACT,
+                || {
+                    let related = related_data(&explain, kind, &ns, name);
+                    let matched = related.as_ref() == Some(&expected);
+                    *seen.lock().expect("not poisoned") = related;
+                    async move { Ok(matched) }
+                },
+            )
+            .await;
+            anyhow::Context::with_context(waited, || {
+                format!(
+                    "{kind} {name}: expected {expected:?}, the newest record read {:?}",
+                    seen.lock().expect("not poisoned")
+                )
+            })?;
+        }
+    }
+    // One watch of ConfigMaps by that selector, however many policies read them.
+    assert_eq!(related_watches(&host, "v1/configmaps"), Some(1));
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    for policy in ["related-shared-myapp", "related-shared-widget"] {
+        policies(&client)
+            .delete(policy, &Default::default())
+            .await?;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_converged_host_writes_nothing_on_restart_or_on_a_swap_to_the_same_decisions()
 -> anyhow::Result<()> {

@@ -419,6 +419,8 @@ fn watch_setup(
         related_budget: shared.related_budget.clone(),
         teardown,
         parents_gone: Arc::default(),
+        identity: acting.account.as_ref().map(ToString::to_string),
+        shared: shared.watches.clone(),
     }
 }
 

@@ -31,6 +31,17 @@ impl WatchHealth {
         }
     }
 
+    /// The watch of `kind` fails with `reason` and `message` (from [`classify`]): for a
+    /// watch another task runs on the policy's behalf.
+    pub fn failing(&self, kind: &str, reason: &'static str, message: &str) {
+        crate::lock(&self.failing).insert(kind.to_owned(), (reason, message.to_owned()));
+    }
+
+    /// The watch of `kind` works again.
+    pub fn working(&self, kind: &str) {
+        crate::lock(&self.failing).remove(kind);
+    }
+
     /// The policy's `Ready` state while some watch fails: the first failing kind's reason,
     /// and every failing kind in the message.
     pub fn problem(&self) -> Option<State> {
@@ -46,7 +57,7 @@ impl WatchHealth {
 }
 
 /// A condition reason and message for a watch error.
-fn classify(error: &watcher::Error) -> (&'static str, String) {
+pub(crate) fn classify(error: &watcher::Error) -> (&'static str, String) {
     let code = match error {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status))

@@ -21,6 +21,7 @@ use crate::controller::cache::named_objects::{self, NamedKind, NamedObjects};
 use crate::controller::cache::read_cache::ReadBudget;
 use crate::controller::cache::related::{self, FieldPath};
 use crate::controller::cache::removals::Removals;
+use crate::controller::cache::shared_watches::{Following, HostWatches, WatchKey};
 use crate::controller::cache::store_index::{self, StoreIndex};
 use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
 use crate::controller::kinds::ResolvedKind;
@@ -33,6 +34,32 @@ use crate::controller::reconcile::queue::{ParentKey, QueueGauge};
 use crate::metrics::PolicyMetrics;
 use crate::policy::KindRef;
 use crate::watch_backoff::WatchBackoff;
+
+/// What a policy's caches may hold: a kind of any resource (its `ApiResource` shared), whose
+/// apiVersion and kind can be set back after a list.
+pub(crate) trait Cacheable:
+    kube::Resource<DynamicType = Arc<ApiResource>, Scope = kube::core::DynamicResourceScope>
+    + HasTypes
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Cacheable for K where
+    K: kube::Resource<DynamicType = Arc<ApiResource>, Scope = kube::core::DynamicResourceScope>
+        + HasTypes
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// What every watch of one policy shares.
 pub(crate) struct WatchSetup {
@@ -56,6 +83,11 @@ pub(crate) struct WatchSetup {
     pub teardown: super::teardown::Wake,
     /// When the parents' cache may have lost parents: what is kept per parent is swept then.
     pub parents_gone: Arc<Removals>,
+    /// Who the policy acts as (its ServiceAccount, `namespace/name`; `None`: the host): its
+    /// watches of related kinds are shared only with policies acting as the same.
+    pub identity: Option<String>,
+    /// The watches of related kinds the host's policies share.
+    pub shared: Arc<HostWatches>,
 }
 
 impl WatchSetup {
@@ -74,10 +106,43 @@ impl WatchSetup {
         }
     }
 
-    /// A watch stream of `kind` in the policy's scope, cached in a store (as `K`, in practice
-    /// compactly: [`CachedObject`]) and fed to `indexes`, with
-    /// `managedFields` dropped: plugins never see them and the host does not need to hold
-    /// them.
+    /// A watch of `kind` in the policy's scope (through [`crate::watch_lists`], with
+    /// backoff), each object as its cache keeps it: with `managedFields` dropped (plugins
+    /// never see them and the host does not need to hold them; what `created` notes of the
+    /// policy's own fields is noted first) and its apiVersion and kind set.
+    fn source<K>(
+        &self,
+        kind: &ResolvedKind,
+        config: watcher::Config,
+        created: Option<Arc<CreatedFields>>,
+    ) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static + use<K>
+    where
+        K: Cacheable,
+    {
+        let resource = &kind.resource;
+        let api: Api<K> = self.api(kind, resource);
+        // List responses leave out each item's apiVersion and kind; plugins and the
+        // convergence check need them, so every cached object gets them back.
+        let types = TypeMeta {
+            api_version: resource.api_version.clone(),
+            kind: resource.kind.clone(),
+        };
+        crate::watch_lists::watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .modify(move |object: &mut K| {
+                if let Some(created) = &created {
+                    created.note(object.meta());
+                }
+                object.managed_fields_mut().clear();
+                let object_types = object.types_mut();
+                if object_types.is_none() {
+                    *object_types = Some(types.clone());
+                }
+            })
+    }
+
+    /// A watch stream of `kind` in the policy's scope, cached in a store of the policy's own
+    /// (as `K`, in practice compactly: [`CachedObject`]) and fed to `indexes`.
     fn cached_watch<K>(
         &self,
         kind: &ResolvedKind,
@@ -89,43 +154,19 @@ impl WatchSetup {
         impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     )
     where
-        K: kube::Resource<DynamicType = Arc<ApiResource>, Scope = kube::core::DynamicResourceScope>
-            + HasTypes
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + 'static,
+        K: Cacheable,
     {
         let resource = &kind.resource;
         let writer = reflector::store::Writer::new(resource.clone());
         let reader = writer.as_reader();
-        let api: Api<K> = self.api(kind, &kind.resource);
-        // List responses leave out each item's apiVersion and kind; plugins and the
-        // convergence check need them, so every cached object gets them back.
-        let types = TypeMeta {
-            api_version: resource.api_version.clone(),
-            kind: resource.kind.clone(),
-        };
         let health = self.health.clone();
-        let name = format!("{} {}", resource.api_version, resource.kind);
+        let name = watch_name(kind);
         let decisions = self.decisions.clone();
-        let (listed, listed_kind) = (reader.clone(), resource.clone());
+        let listed = reader.clone();
         let forget = created.clone();
-        let stream = crate::watch_lists::watcher(api, config)
-            .backoff(WatchBackoff::default())
+        let stream = self
+            .source(kind, config, created)
             .inspect(move |event| health.observe(&name, event))
-            .modify(move |object: &mut K| {
-                if let Some(created) = &created {
-                    created.note(object.meta());
-                }
-                object.managed_fields_mut().clear();
-                let object_types = object.types_mut();
-                if object_types.is_none() {
-                    *object_types = Some(types.clone());
-                }
-            })
             .inspect(move |event| {
                 if let Ok(event) = event {
                     for index in &indexes {
@@ -145,11 +186,14 @@ impl WatchSetup {
                 Ok(watcher::Event::InitDone) => {
                     decisions.relisted();
                     if let Some(created) = &forget {
-                        created.retain(|namespace, name| {
-                            listed
-                                .get(&object_ref(&listed_kind, namespace, name))
-                                .is_some()
-                        });
+                        let cached = listed.state();
+                        created.retain_cached(cached.iter().map(|object| {
+                            let meta = object.meta();
+                            (
+                                meta.namespace.as_deref(),
+                                meta.name.as_deref().unwrap_or_default(),
+                            )
+                        }));
                     }
                 }
                 _ => {}
@@ -157,47 +201,97 @@ impl WatchSetup {
         (reader, stream)
     }
 
-    /// A watch of `kind`'s metadata in the policy's scope, each object kept as its name,
-    /// namespace and resourceVersion only: what tells a named object exists and whether it
-    /// changed. What was read of a deleted object is dropped, and after a re-list what the
-    /// list no longer shows (seen after the store took the event, so it reads the list).
-    fn metadata_watch(
+    /// What tells this policy's watch of `kind` with `labels` from another's (see
+    /// [`crate::controller::cache::shared_watches`]).
+    fn watch_key(&self, kind: &ResolvedKind, labels: Option<String>) -> WatchKey {
+        WatchKey {
+            identity: self.identity.clone(),
+            api_version: kind.resource.api_version.clone(),
+            plural: kind.resource.plural.clone(),
+            namespace: self.scope(kind).map(str::to_owned),
+            labels,
+        }
+    }
+
+    /// The host's watch of a related `kind` (narrowed by `selector`) as this policy follows
+    /// it: the shared store, and the events that feed `indexes` and trigger the policy's
+    /// parents, with whether they have brought a whole list yet.
+    fn followed_watch(
         &self,
         kind: &ResolvedKind,
-        named: Arc<NamedObjects>,
-        writer: reflector::store::Writer<PartialObjectMeta<DynamicObject>>,
-    ) -> impl futures::Stream<
-        Item = Result<watcher::Event<PartialObjectMeta<DynamicObject>>, watcher::Error>,
-    > + Send
-    + 'static {
-        let health = self.health.clone();
-        let name = format!("{} {}", kind.resource.api_version, kind.resource.kind);
+        selector: Option<String>,
+        indexes: Vec<Arc<StoreIndex<CachedObject>>>,
+    ) -> (
+        Store<CachedObject>,
+        impl futures::Stream<Item = Result<watcher::Event<CachedObject>, watcher::Error>>
+        + Send
+        + 'static,
+        tokio::sync::watch::Receiver<bool>,
+    ) {
+        let config = match &selector {
+            Some(selector) => watcher::Config::default().labels(selector),
+            None => watcher::Config::default(),
+        };
+        let following = self.shared.objects.follow(
+            self.watch_key(kind, selector),
+            kind.resource.clone(),
+            || self.source(kind, config, None),
+            self.health.clone(),
+            watch_name(kind),
+        );
         let decisions = self.decisions.clone();
-        crate::watch_lists::watcher(
-            self.api::<PartialObjectMeta<DynamicObject>>(kind, &kind.resource),
-            watcher::Config::default(),
-        )
-        .backoff(WatchBackoff::default())
-        .inspect(move |event| health.observe(&name, event))
-        .modify(|object| {
-            let meta = std::mem::take(&mut object.metadata);
-            object.metadata = ObjectMeta {
-                name: meta.name,
-                namespace: meta.namespace,
-                resource_version: meta.resource_version,
-                ..ObjectMeta::default()
-            };
-        })
-        .reflect(writer)
-        .inspect(move |event| match event {
-            Ok(watcher::Event::Delete(object)) => named.forget(object),
-            Ok(watcher::Event::InitDone) => {
-                named.relisted();
-                decisions.relisted();
+        let stream = following.events.inspect(move |event| {
+            if let Ok(event) = event {
+                for index in &indexes {
+                    index.observe(event);
+                }
+                // The store already holds the new list: a decision made on the old one is
+                // asked again.
+                if matches!(event, watcher::Event::InitDone) {
+                    decisions.relisted();
+                }
             }
-            _ => {}
-        })
+        });
+        (following.store, stream, following.synced)
     }
+
+    /// The host's watch of `kind`'s metadata in the policy's scope, each object kept as its
+    /// name, namespace and resourceVersion only: what tells a named object exists and
+    /// whether it changed. The shared store, and the events as this policy follows them,
+    /// with whether they have brought a whole list yet.
+    fn followed_metadata_watch(
+        &self,
+        kind: &ResolvedKind,
+    ) -> Following<PartialObjectMeta<DynamicObject>> {
+        let source = || {
+            crate::watch_lists::watcher(
+                self.api::<PartialObjectMeta<DynamicObject>>(kind, &kind.resource),
+                watcher::Config::default(),
+            )
+            .backoff(WatchBackoff::default())
+            .modify(|object| {
+                let meta = std::mem::take(&mut object.metadata);
+                object.metadata = ObjectMeta {
+                    name: meta.name,
+                    namespace: meta.namespace,
+                    resource_version: meta.resource_version,
+                    ..ObjectMeta::default()
+                };
+            })
+        };
+        self.shared.metadata.follow(
+            self.watch_key(kind, None),
+            ApiResource::clone(&kind.resource),
+            source,
+            self.health.clone(),
+            watch_name(kind),
+        )
+    }
+}
+
+/// A kind as a policy's watch health names it.
+fn watch_name(kind: &ResolvedKind) -> String {
+    format!("{} {}", kind.resource.api_version, kind.resource.kind)
 }
 
 /// A policy's controller and the caches its reconciles read.
@@ -213,6 +307,8 @@ pub(crate) struct Watches {
     allowed: Vec<AllowedKind>,
     children: Vec<ChildCache>,
     related: Vec<Related>,
+    /// Whether each followed watch (of a related kind) has brought this policy a whole list.
+    synced: Vec<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Watches {
@@ -308,6 +404,7 @@ impl Watches {
             allowed: Vec::new(),
             children: Vec::new(),
             related: Vec::new(),
+            synced: Vec::new(),
         }
     }
 
@@ -376,16 +473,16 @@ impl Watches {
         resolved: &ResolvedKind,
         selector: Option<&Selector>,
     ) -> Self {
-        let config = match selector {
-            Some(selector) => watcher::Config::default().labels_from(selector),
-            None => watcher::Config::default(),
-        };
         let by_namespace = Arc::new(StoreIndex::new(
             resolved.resource.clone(),
             store_index::namespace::<CachedObject>,
         ));
-        let (store, stream) =
-            setup.cached_watch(resolved, config, None, vec![by_namespace.clone()]);
+        let (store, stream, synced) = setup.followed_watch(
+            resolved,
+            selector.map(ToString::to_string),
+            vec![by_namespace.clone()],
+        );
+        self.synced.push(synced);
         let parents = parents_under(self.parents_by_namespace.clone(), setup);
         let mapper = move |object: CachedObject| {
             parents(object.metadata.namespace.as_deref().unwrap_or_default())
@@ -413,7 +510,7 @@ impl Watches {
         position: usize,
         path: FieldPath,
     ) -> Self {
-        let writer = reflector::store::Writer::new(ApiResource::clone(&resolved.resource));
+        let following = setup.followed_metadata_watch(resolved);
         let named = Arc::new(NamedObjects::new(
             NamedKind {
                 position,
@@ -422,7 +519,7 @@ impl Watches {
                 namespaced: resolved.namespaced,
             },
             setup.client.clone(),
-            writer.as_reader(),
+            following.store,
             setup.metrics.clone(),
             named_objects::READ_CACHE_BYTES,
             setup.related_budget.clone(),
@@ -430,7 +527,18 @@ impl Watches {
         let unnamed = named.clone();
         self.parents_by_reference
             .on_vacated(move |key| unnamed.unnamed(key));
-        let stream = setup.metadata_watch(resolved, named.clone(), writer);
+        self.synced.push(following.synced);
+        // What was read of a deleted object is dropped, and after a re-list what the list no
+        // longer shows (the shared store already holds the list).
+        let (forgetting, decided) = (named.clone(), setup.decisions.clone());
+        let stream = following.events.inspect(move |event| match event {
+            Ok(watcher::Event::Delete(object)) => forgetting.forget(object),
+            Ok(watcher::Event::InitDone) => {
+                forgetting.relisted();
+                decided.relisted();
+            }
+            _ => {}
+        });
         let parents = parents_under(self.parents_by_reference.clone(), setup);
         let namespaced = resolved.namespaced;
         let mapper = move |object: PartialObjectMeta<DynamicObject>| {
@@ -504,6 +612,13 @@ impl Watches {
                     Box::pin(async move { store.wait_until_ready().await.is_ok() })
                 }
             });
+        }
+        for synced in &self.synced {
+            // The shared store may have been whole long before this policy's indexes are.
+            let mut synced = synced.clone();
+            stores.push(Box::pin(async move {
+                synced.wait_for(|whole| *whole).await.is_ok()
+            }));
         }
         let wait = async move {
             for store in stores {
