@@ -27,18 +27,12 @@ use serde_json::{Value, json};
 /// rather than two strings, and a lookup allocates nothing. Two children whose hashes
 /// collide (odds about 1 in 10^11 among 20,000 children) count as one: one may be handed
 /// over needlessly (a read), or, once the other is forgotten, applied without its hand-over
-/// (a field its plugin stops setting would stay).
+/// (a field its plugin stops setting would stay). The hash is keyed at random per policy
+/// run, so no one can choose names that collide.
 pub(crate) struct CreatedFields {
     manager: String,
     marked: Mutex<HashSet<u64>>,
-}
-
-/// A child's key among the marked ones.
-fn child_key(namespace: Option<&str>, name: &str) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut hasher = std::hash::DefaultHasher::new();
-    (namespace, name).hash(&mut hasher);
-    hasher.finish()
+    keys: std::hash::RandomState,
 }
 
 impl CreatedFields {
@@ -46,12 +40,19 @@ impl CreatedFields {
         Self {
             manager,
             marked: Mutex::new(HashSet::new()),
+            keys: std::hash::RandomState::new(),
         }
+    }
+
+    /// A child's key among the marked ones.
+    fn child_key(&self, namespace: Option<&str>, name: &str) -> u64 {
+        use std::hash::BuildHasher as _;
+        self.keys.hash_one((namespace, name))
     }
 
     /// Look at a child as the watch delivers it, before its managed fields are dropped.
     pub fn note(&self, metadata: &ObjectMeta) {
-        let key = child_key(
+        let key = self.child_key(
             metadata.namespace.as_deref(),
             metadata.name.as_deref().unwrap_or_default(),
         );
@@ -70,12 +71,12 @@ impl CreatedFields {
 
     /// Whether the child still needs its fields handed over before an apply.
     pub fn needs_hand_over(&self, namespace: Option<&str>, name: &str) -> bool {
-        self.lock().contains(&child_key(namespace, name))
+        self.lock().contains(&self.child_key(namespace, name))
     }
 
     /// Forget a child that was deleted.
     pub fn forget(&self, metadata: &ObjectMeta) {
-        let key = child_key(
+        let key = self.child_key(
             metadata.namespace.as_deref(),
             metadata.name.as_deref().unwrap_or_default(),
         );
@@ -85,7 +86,7 @@ impl CreatedFields {
     /// Forget children that are not among `cached` (namespace, name) any more.
     pub fn retain_cached<'a>(&self, cached: impl Iterator<Item = (Option<&'a str>, &'a str)>) {
         let cached: HashSet<u64> = cached
-            .map(|(namespace, name)| child_key(namespace, name))
+            .map(|(namespace, name)| self.child_key(namespace, name))
             .collect();
         self.lock().retain(|key| cached.contains(key));
     }

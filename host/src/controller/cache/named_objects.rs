@@ -92,11 +92,6 @@ impl NamedObjects {
         }
     }
 
-    /// The metadata store, for readiness.
-    pub fn metadata(&self) -> &Store<PartialObjectMeta<DynamicObject>> {
-        &self.metadata
-    }
-
     /// Drop what was read of an object that is gone.
     pub fn forget(&self, object: &PartialObjectMeta<DynamicObject>) {
         let key = (object.namespace(), object.name_any());

@@ -5,11 +5,12 @@
 //!
 //! One task runs the watch and keeps its store. Each follower reads that store and gets the
 //! watch's events on a stream of its own, to keep its own indexes and trigger its own
-//! parents. A follower that comes to a watch already running is first sent what the store
-//! holds as a list of its own (`Init`, an `InitApply` per object, `InitDone`): at once if the
-//! watch is between lists, at the end of its list if one is under way (one that comes
-//! before the first list gets that list as it comes). Every follower so sees
-//! one consistent sequence of events, as if it had the watch to itself. The watch, and its
+//! parents; it joins when that stream is first polled (as a policy's own watch would start),
+//! and the watch itself starts with its first follower, who gets the first list as it comes.
+//! A follower that comes to a watch already running is first sent what the store holds as
+//! a list of its own (`Init`, an `InitApply` per object, `InitDone`): at once if the watch
+//! is between lists, at the end of its list if one is under way. Every follower so sees one
+//! consistent sequence of events, as if it had the watch to itself. The watch, and its
 //! cache, end with their last follower.
 //!
 //! A follower's stream is unbounded, as a watch's own events are: its reader is a
@@ -180,7 +181,12 @@ where
         let watch = {
             let mut watches = crate::lock(&self.watches);
             watches.retain(|_, watch| watch.strong_count() > 0);
-            match watches.get(&key).and_then(Weak::upgrade) {
+            // A watch whose task ended (it never should) takes no one new: start another.
+            let running = watches
+                .get(&key)
+                .and_then(Weak::upgrade)
+                .filter(|watch| !watch.joining.is_closed());
+            match running {
                 Some(watch) => watch,
                 None => {
                     let running = self.metrics.as_ref().map(|metrics| {
@@ -192,26 +198,30 @@ where
                 }
             }
         };
-        let (events, received) = mpsc::unbounded_channel();
-        // The task holds the joining end for as long as the watch lives, and this follower
-        // keeps it alive: the send cannot fail.
-        let _ = watch.joining.send(Follower {
+        let (events, mut received) = mpsc::unbounded_channel();
+        // Joined when the stream is first polled: a policy that builds its watches and then
+        // loads a plugin for a while is sent nothing it would hold meanwhile.
+        let mut joining = Some(Follower {
             events,
             health,
             kind,
         });
         let (synced_tx, synced) = tokio::sync::watch::channel(false);
         let store = watch.store.clone();
-        let events = receiver_stream(received)
-            .map(move |event| {
-                // The stream keeps the watch running.
-                let _following = &watch;
-                if matches!(event, Event::InitDone) {
-                    synced_tx.send_replace(true);
-                }
-                Ok(event)
-            })
-            .boxed();
+        let events = futures::stream::poll_fn(move |cx| {
+            if let Some(follower) = joining.take() {
+                // Refused only by a task that ended; then the stream ends too.
+                let _ = watch.joining.send(follower);
+            }
+            received.poll_recv(cx)
+        })
+        .map(move |event| {
+            if matches!(event, Event::InitDone) {
+                synced_tx.send_replace(true);
+            }
+            Ok(event)
+        })
+        .boxed();
         Following {
             store,
             events,
@@ -274,10 +284,19 @@ async fn run<K, S>(
     let mut waiting: Vec<Follower<K>> = Vec::new();
     let mut phase = Phase::BeforeList;
     let mut failing: Option<(&'static str, String)> = None;
+    // The watch begins with its first follower (when that one's stream is first polled), who
+    // gets the first list as it comes.
+    let Some(first) = joined.recv().await else {
+        return;
+    };
+    followers.push(first);
     loop {
         tokio::select! {
             biased;
             Some(follower) = joined.recv() => {
+                // A policy that stopped while the kind was quiet leaves no follower behind.
+                followers.retain(|f| !f.events.is_closed());
+                waiting.retain(|f| !f.events.is_closed());
                 if let Some((reason, message)) = &failing {
                     follower.health.failing(&follower.kind, reason, message);
                 }
@@ -293,7 +312,12 @@ async fn run<K, S>(
                 }
             }
             event = events.next() => match event {
-                None => return,
+                None => {
+                    for follower in followers.iter().chain(&waiting) {
+                        follower.health.failing(&follower.kind, "WatchFailed", "the watch ended");
+                    }
+                    return;
+                }
                 Some(Err(error)) => {
                     tracing::warn!(%watch, %error, "shared watch failed; retrying");
                     let (reason, message) = watch_health::classify(&error);
@@ -336,11 +360,6 @@ enum Phase {
     Listing,
     /// The store holds a whole list: a newcomer is sent it.
     Listed,
-}
-
-/// What `receiver` receives, as a stream.
-fn receiver_stream<T>(mut receiver: mpsc::UnboundedReceiver<T>) -> impl Stream<Item = T> {
-    futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
 }
 
 /// Send `event` to every follower (the last one gets it without a copy), dropping those gone.
@@ -394,6 +413,16 @@ mod tests {
     }
 
     type Sent = Result<Event<ConfigMap>, watcher::Error>;
+
+    /// What `receiver` receives, as a stream.
+    fn receiver_stream<T>(mut receiver: mpsc::UnboundedReceiver<T>) -> impl Stream<Item = T> {
+        futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+    }
+
+    /// Poll a follower's stream once, which joins it to its watch, expecting no event yet.
+    async fn join(following: &mut Following<ConfigMap>) {
+        assert!(futures::poll!(following.events.next()).is_pending());
+    }
 
     /// A watch whose events the test sends, and how many times one was started.
     struct Source {
@@ -469,13 +498,17 @@ mod tests {
         let watches = SharedWatches::default();
         let (source, send) = Source::new();
         let (mut first, _) = follow(&watches, &source, "app=x");
-        // A second follower coming during the first list waits for it to be whole.
+        // The watch waits for its first follower to poll its stream, who then gets the first
+        // list as it comes (an `Init` taken before would leave it waiting for the list's end).
         send.send(Ok(Event::Init)).unwrap_or_else(|e| panic!("{e}"));
+        tokio::task::yield_now().await;
+        // A second follower coming during the first list waits for it to be whole.
         send.send(Ok(Event::InitApply(config_map("one", "1"))))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(next(&mut first).await, "Init");
         assert_eq!(next(&mut first).await, "InitApply one@1");
         let (mut second, _) = follow(&watches, &source, "app=x");
+        join(&mut second).await;
         send.send(Ok(Event::InitApply(config_map("two", "1"))))
             .unwrap_or_else(|e| panic!("{e}"));
         send.send(Ok(Event::InitDone))
@@ -502,6 +535,7 @@ mod tests {
 
         // A third coming between lists gets the store at once, then what follows.
         let (mut third, _) = follow(&watches, &source, "app=x");
+        join(&mut third).await;
         send.send(Ok(Event::Delete(config_map("two", "3"))))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(next(&mut third).await, "Init");
@@ -547,6 +581,7 @@ mod tests {
         let watches = SharedWatches::default();
         let (source, send) = Source::new();
         let (mut first, first_health) = follow(&watches, &source, "app=x");
+        join(&mut first).await;
         send.send(Err(watcher::Error::NoResourceVersion))
             .unwrap_or_else(|e| panic!("{e}"));
         let problem = || first_health.problem().map(|state| format!("{state:?}"));
@@ -558,7 +593,8 @@ mod tests {
         }
         assert!(problem().is_some_and(|p| p.contains("v1 ConfigMap")));
         // One that comes while it fails hears of it too.
-        let (_second, second_health) = follow(&watches, &source, "app=x");
+        let (mut second, second_health) = follow(&watches, &source, "app=x");
+        join(&mut second).await;
         for _ in 0..100 {
             if second_health.problem().is_some() {
                 break;

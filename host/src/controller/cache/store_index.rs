@@ -3,11 +3,13 @@
 //! with 10,000 parents and 20,000 children, one reconcile walked all 20,000 children to find
 //! its two.
 //!
-//! The index is fed the same watch events as the kube-runtime store, just before it. A
-//! re-list builds a new index that replaces the old one when the list completes, the way
-//! the store swaps its contents. The store remains the truth: readers look each indexed key
-//! up in the store and check it, so an index a moment ahead of the store costs nothing but a
-//! miss.
+//! The index is fed the same watch events as the kube-runtime store: just before it for a
+//! policy's own watch, just after it for a shared one (`shared_watches.rs`). A re-list
+//! builds a new index that replaces the old one when the list completes, the way the store
+//! swaps its contents. The store remains the truth: readers look each indexed key up in the
+//! store and check it, so an index a moment ahead of the store costs nothing but a miss, and
+//! one a moment behind misses an object only until its event, which triggers the parents it
+//! concerns, reaches the index.
 //!
 //! Entries hold an object's namespace and name only. An `ObjectRef` also carries its kind's
 //! whole `ApiResource`, the object's uid and its resourceVersion: about 450 bytes on the heap

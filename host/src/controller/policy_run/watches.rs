@@ -582,7 +582,8 @@ impl Watches {
     }
 
     /// kube-runtime's store readiness wakes only one waiter at a time, so one task waits for
-    /// every cache on behalf of all reconciles and publishes the result on the receiver.
+    /// every cache on behalf of all reconciles and publishes the result on the receiver; a
+    /// shared store of related objects is waited for through this policy's own follower.
     fn caches_ready(
         &self,
         mut syncing: crate::health::SyncGuard,
@@ -601,20 +602,11 @@ impl Watches {
                 async move { store.wait_until_ready().await.is_ok() },
             ));
         }
-        for related in &self.related {
-            stores.push(match related {
-                Related::Selected(cache) => {
-                    let store = cache.store.clone();
-                    Box::pin(async move { store.wait_until_ready().await.is_ok() })
-                }
-                Related::Named(named) => {
-                    let store = named.metadata().clone();
-                    Box::pin(async move { store.wait_until_ready().await.is_ok() })
-                }
-            });
-        }
+        // A related kind's store is shared: other policies' tasks wait on it too, and only
+        // one of them would be woken. Each follower's own stream says instead when it has
+        // brought a whole list, which the shared store then holds (and may have held long
+        // before this policy's indexes did).
         for synced in &self.synced {
-            // The shared store may have been whole long before this policy's indexes are.
             let mut synced = synced.clone();
             stores.push(Box::pin(async move {
                 synced.wait_for(|whole| *whole).await.is_ok()
