@@ -147,7 +147,9 @@ impl Host {
                 related_budget: Arc::new(cache::read_cache::ReadBudget::new(
                     options.related_cache_bytes,
                 )),
-                watches: Arc::new(cache::shared_watches::HostWatches::new(metrics.clone())),
+                watches: Arc::new(policy_run::shared_watches::HostWatches::new(
+                    metrics.clone(),
+                )),
                 options,
                 metrics,
                 readiness: Arc::new(crate::health::Readiness::default()),

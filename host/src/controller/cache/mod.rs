@@ -7,6 +7,5 @@ pub(crate) mod pending_writes;
 pub(crate) mod read_cache;
 pub(crate) mod related;
 pub(crate) mod removals;
-pub(crate) mod shared_watches;
 pub(crate) mod store_index;
 pub(crate) mod stores;

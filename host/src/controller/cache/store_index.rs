@@ -4,9 +4,9 @@
 //! its two.
 //!
 //! The index is fed the same watch events as the kube-runtime store: just before it for a
-//! policy's own watch, just after it for a shared one (`shared_watches.rs`). A re-list
-//! builds a new index that replaces the old one when the list completes, the way the store
-//! swaps its contents. The store remains the truth: readers look each indexed key up in the
+//! policy's own watch, just after it for a shared one (`policy_run/shared_watches.rs`). A
+//! re-list builds a new index that replaces the old one when the list completes, the way the
+//! store swaps its contents. The store remains the truth: readers look each indexed key up in the
 //! store and check it, so an index a moment ahead of the store costs nothing but a miss, and
 //! one a moment behind misses an object only until its event, which triggers the parents it
 //! concerns, reaches the index.

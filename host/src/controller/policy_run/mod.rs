@@ -14,6 +14,7 @@ pub(crate) mod report;
 pub(crate) mod rollout;
 pub(crate) mod scopes;
 pub(crate) mod shared;
+pub(crate) mod shared_watches;
 pub(crate) mod status;
 pub(crate) mod swap;
 pub(crate) mod teardown;

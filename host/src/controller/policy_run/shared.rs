@@ -26,7 +26,7 @@ pub(crate) struct Shared {
     /// What every policy's caches of related objects read by name may keep together.
     pub related_budget: Arc<ReadBudget>,
     /// The watches of related kinds policies share.
-    pub watches: Arc<crate::controller::cache::shared_watches::HostWatches>,
+    pub watches: Arc<crate::controller::policy_run::shared_watches::HostWatches>,
     /// Every task a stop waits for, and where each stands.
     pub activity: Arc<crate::controller::stopping::Activity>,
     /// The webhook listener this host serves policies' webhooks on, if it serves any.

@@ -21,11 +21,11 @@ use crate::controller::cache::named_objects::{self, NamedKind, NamedObjects};
 use crate::controller::cache::read_cache::ReadBudget;
 use crate::controller::cache::related::{self, FieldPath};
 use crate::controller::cache::removals::Removals;
-use crate::controller::cache::shared_watches::{Following, HostWatches, WatchKey};
 use crate::controller::cache::store_index::{self, StoreIndex};
 use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
 use crate::controller::kinds::ResolvedKind;
 use crate::controller::labels::POLICY_LABEL;
+use crate::controller::policy_run::shared_watches::{Following, HostWatches, WatchKey};
 use crate::controller::policy_run::watch_health::WatchHealth;
 use crate::controller::reconcile::children::AllowedKind;
 use crate::controller::reconcile::context::Caches;
@@ -202,7 +202,7 @@ impl WatchSetup {
     }
 
     /// What tells this policy's watch of `kind` with `labels` from another's (see
-    /// [`crate::controller::cache::shared_watches`]).
+    /// [`crate::controller::policy_run::shared_watches`]).
     fn watch_key(&self, kind: &ResolvedKind, labels: Option<String>) -> WatchKey {
         WatchKey {
             identity: self.identity.clone(),
@@ -237,7 +237,7 @@ impl WatchSetup {
             kind.resource.clone(),
             || self.source(kind, config, None),
             self.health.clone(),
-            watch_name(kind),
+            related_watch_name(kind),
         );
         let decisions = self.decisions.clone();
         let stream = following.events.inspect(move |event| {
@@ -284,7 +284,7 @@ impl WatchSetup {
             ApiResource::clone(&kind.resource),
             source,
             self.health.clone(),
-            watch_name(kind),
+            related_watch_name(kind),
         )
     }
 }
@@ -292,6 +292,12 @@ impl WatchSetup {
 /// A kind as a policy's watch health names it.
 fn watch_name(kind: &ResolvedKind) -> String {
     format!("{} {}", kind.resource.api_version, kind.resource.kind)
+}
+
+/// A related kind as a policy's watch health names it: apart from a child kind of the same
+/// name, whose watch is the policy's own and fails or works on its own.
+fn related_watch_name(kind: &ResolvedKind) -> String {
+    format!("{} (related)", watch_name(kind))
 }
 
 /// A policy's controller and the caches its reconciles read.

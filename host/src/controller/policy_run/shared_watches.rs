@@ -38,7 +38,7 @@ use crate::metrics::Metrics;
 
 /// The watches the host's policies share: of whole objects, and of metadata only.
 pub(crate) struct HostWatches {
-    pub objects: SharedWatches<super::cached::CachedObject>,
+    pub objects: SharedWatches<crate::controller::cache::cached::CachedObject>,
     pub metadata: SharedWatches<kube::core::PartialObjectMeta<kube::core::DynamicObject>>,
 }
 
@@ -199,6 +199,7 @@ where
             }
         };
         let (events, mut received) = mpsc::unbounded_channel();
+        let ended = (health.clone(), kind.clone());
         // Joined when the stream is first polled: a policy that builds its watches and then
         // loads a plugin for a while is sent nothing it would hold meanwhile.
         let mut joining = Some(Follower {
@@ -213,7 +214,14 @@ where
                 // Refused only by a task that ended; then the stream ends too.
                 let _ = watch.joining.send(follower);
             }
-            received.poll_recv(cx)
+            let next = received.poll_recv(cx);
+            if let std::task::Poll::Ready(None) = next {
+                // The watch's task ended (it never should; a panic would): the policy's
+                // `Ready` condition says which kind it no longer watches.
+                let (health, kind) = &ended;
+                health.failing(kind, "WatchFailed", "the host's shared watch of it ended");
+            }
+            next
         })
         .map(move |event| {
             if matches!(event, Event::InitDone) {
@@ -572,6 +580,26 @@ mod tests {
             "the watch's task ended with its last follower"
         );
         // Following again starts a new watch.
+        let (_again, _) = follow(&watches, &source, "app=x");
+        assert_eq!(source.started.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_watch_whose_task_ended_is_reported_to_its_follower_and_started_again() {
+        let watches = SharedWatches::default();
+        let (source, send) = Source::new();
+        let (mut first, health) = follow(&watches, &source, "app=x");
+        join(&mut first).await;
+        // The watch's events end: its task returns, and the follower's stream with it.
+        drop(send);
+        let ended = tokio::time::timeout(Duration::from_secs(5), first.events.next()).await;
+        assert!(matches!(ended, Ok(None)), "the follower's stream ended");
+        assert!(
+            health
+                .problem()
+                .is_some_and(|state| format!("{state:?}").contains("shared watch of it ended"))
+        );
+        // Someone following now gets a new watch, not the ended one.
         let (_again, _) = follow(&watches, &source, "app=x");
         assert_eq!(source.started.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
