@@ -585,6 +585,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn what_one_identity_watches_is_never_shared_with_another() {
+        let watches = SharedWatches::default();
+        let (source, _send) = Source::new();
+        let (host, _) = follow(&watches, &source, "app=x");
+        let (team_source, _team_send) = Source::new();
+        let team = watches.follow(
+            WatchKey {
+                identity: Some("team-a/app".to_owned()),
+                ..key("app=x")
+            },
+            (),
+            || team_source.start(),
+            Arc::new(WatchHealth::default()),
+            "v1 ConfigMap".to_owned(),
+        );
+        // The same kind, scope and selector, as another identity: a watch of its own.
+        assert_eq!(watches.running(), 2);
+        assert_eq!(
+            team_source
+                .started
+                .load(std::sync::atomic::Ordering::SeqCst),
+            1
+        );
+        drop((host, team));
+    }
+
+    #[tokio::test]
     async fn a_watch_whose_task_ended_is_reported_to_its_follower_and_started_again() {
         let watches = SharedWatches::default();
         let (source, send) = Source::new();
