@@ -211,6 +211,84 @@ async fn a_parent_deleted_during_its_reconcile_is_not_re_created() -> anyhow::Re
     delete_namespace(&client, &ns).await
 }
 
+/// How many of the host's reconciles are running now, over all its policies.
+fn reconciles_in_flight(host: &HostUnderTest) -> f64 {
+    host.metrics
+        .encode()
+        .lines()
+        .filter(|line| line.starts_with("controller_runtime_active_workers{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// What a reconcile that ended after its parent's deletion noted of the parent (its outcome)
+/// is forgotten at the policy's next report, not kept in its counts until the sweep that runs
+/// at least once a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_that_ends_after_its_parent_was_deleted_leaves_nothing_in_the_counts()
+-> anyhow::Result<()> {
+    const TEST: &str = "safety-ends-after-delete";
+    let (client, ns) = test_namespace(TEST).await?;
+    install_kinds(&client).await?;
+    let mut spec = policy(config_maps_allowed(), json!({}));
+    // Every call of the plugin may think for 10 s: a call that loops ends at that deadline.
+    spec["limits"] = json!({"timeoutMs": 10000});
+    apply_policy(&client, TEST, TEST, spec.clone()).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    apply(&widgets, widget("w", None)).await?;
+    let policy_api = policies(&client);
+    wait_for_object(&policy_api, TEST, "w counted as reconciled", |p| {
+        p["status"]["parentsReconciled"] == 1
+    })
+    .await?;
+    eventually(
+        "no reconcile in flight",
+        Duration::from_secs(60),
+        || async { Ok(reconciles_in_flight(&host) == 0.0) },
+    )
+    .await?;
+
+    // A config change re-reconciles w with a plugin that loops until its deadline: longer than
+    // the policy's report interval (5 s), so the report that follows the deletion runs first.
+    spec["plugin"]["config"] = json!({"behavior": "loop"});
+    apply_policy(&client, TEST, TEST, spec).await?;
+    eventually(
+        "w's reconcile in flight",
+        Duration::from_secs(60),
+        || async { Ok(reconciles_in_flight(&host) >= 1.0) },
+    )
+    .await?;
+    widgets.delete("w", &Default::default()).await?;
+    wait_gone(&widgets, "w", "w deleted").await?;
+    // The report after the deletion forgets w's earlier outcome...
+    wait_for_object(&policy_api, TEST, "w no longer counted", |p| {
+        p["status"]["parentsReconciled"] == 0 && p["status"]["parentsFailing"] == 0
+    })
+    .await?;
+    anyhow::ensure!(
+        reconciles_in_flight(&host) >= 1.0,
+        "w's reconcile ended before the policy's report: the plugin must think for longer for \
+         this test to show anything"
+    );
+    // ...and what the reconcile in flight notes when it ends is forgotten at the report after.
+    eventually("w's reconcile ended", Duration::from_secs(60), || async {
+        Ok(reconciles_in_flight(&host) == 0.0)
+    })
+    .await?;
+    let ended = std::time::Instant::now();
+    while ended.elapsed() < Duration::from_secs(12) {
+        let status = get(&policy_api, TEST).await?.expect("the policy exists")["status"].clone();
+        anyhow::ensure!(
+            status["parentsReconciled"] == 0 && status["parentsFailing"] == 0,
+            "the deleted parent is counted again: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_cannot_hot_loop_a_parent_or_flood_it_with_events() -> anyhow::Result<()> {
     const TEST: &str = "safety-hot-loop";
