@@ -18,6 +18,7 @@ pub use wasmctrl_runtime as plugin;
 pub mod policy;
 pub mod registry;
 pub mod server;
+pub mod shards;
 pub mod signing;
 pub mod telemetry;
 mod watch_backoff;

@@ -377,7 +377,7 @@ fn ensure_before(deadline: Option<Instant>) -> anyhow::Result<()> {
 }
 
 /// `period` stretched by up to a fifth, so that standbys do not all ask at once.
-fn jittered(period: Duration) -> Duration {
+pub(crate) fn jittered(period: Duration) -> Duration {
     use std::hash::{BuildHasher as _, RandomState};
     let random = RandomState::new().hash_one(Instant::now());
     period + period.mul_f64((random % 1000) as f64 / 5000.0)

@@ -1,0 +1,243 @@
+//! Which shards this replica holds, and until when; and the reconciles running for each, so
+//! that a shard is given back only once none is left writing for it.
+//!
+//! Holding a shard is bounded by a clock, as leading is (see [`crate::leader`]): each
+//! successful renewal of the shard's Lease lets this replica hold it until the renewal's
+//! start plus the renew deadline, and [`ShardOwnership::holds`] answers no from that instant
+//! on, whether or not the coordinator ran since. Another replica takes the Lease over only a
+//! whole lease duration after it last saw it renewed, so the two never both hold a shard,
+//! even when this process was stopped (SIGSTOP, a paused VM) past its deadline.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::lock;
+
+/// The shards this replica holds, shared by its coordinator (which sets them), its
+/// controllers (which ask before a reconcile) and the writes they make.
+#[derive(Debug)]
+pub struct ShardOwnership {
+    count: u32,
+    state: Mutex<Vec<Shard>>,
+    /// A reconcile of a shard being given back ended.
+    ended: Notify,
+    /// The shards held, as the coordinator last set them (not by the clock alone).
+    changes: watch::Sender<BTreeSet<u32>>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Shard {
+    /// Held until then; `None` when not held.
+    until: Option<Instant>,
+    /// Reconciles running for the shard.
+    writing: usize,
+}
+
+/// A reconcile running for a shard this replica held when it started; dropping it says the
+/// reconcile ended. While one runs, the shard is not given back.
+#[derive(Debug)]
+pub struct Writing {
+    ownership: Arc<ShardOwnership>,
+    shard: u32,
+}
+
+impl Writing {
+    /// The shard written for.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// Whether the shard is still held now: a write checks this just before it is sent.
+    pub fn still_held(&self) -> bool {
+        self.ownership.holds(self.shard)
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        let mut state = lock(&self.ownership.state);
+        if let Some(shard) = state.get_mut(self.shard as usize) {
+            shard.writing = shard.writing.saturating_sub(1);
+        }
+        drop(state);
+        self.ownership.ended.notify_waiters();
+    }
+}
+
+impl ShardOwnership {
+    /// `count` shards, none held.
+    pub fn new(count: u32) -> Arc<Self> {
+        Arc::new(Self {
+            count,
+            state: Mutex::new(vec![Shard::default(); count as usize]),
+            ended: Notify::new(),
+            changes: watch::channel(BTreeSet::new()).0,
+        })
+    }
+
+    /// How many shards the parents are cut into.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// The shard of the parent with `uid`.
+    pub fn shard_of(&self, uid: &str) -> u32 {
+        super::shard_of(uid, self.count)
+    }
+
+    /// Whether this replica may write for `shard` now: it holds it, and the time its last
+    /// renewal bought has not run out.
+    pub fn holds(&self, shard: u32) -> bool {
+        let state = lock(&self.state);
+        state
+            .get(shard as usize)
+            .and_then(|shard| shard.until)
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// The shards held now, by the clock.
+    pub fn held(&self) -> BTreeSet<u32> {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        (0..self.count)
+            .filter(|&i| state[i as usize].until.is_some_and(|until| now < until))
+            .collect()
+    }
+
+    /// Start a reconcile for `shard`: `None` unless it is held now. Until the returned
+    /// [`Writing`] is dropped, the shard is not given back.
+    pub fn start_writing(self: &Arc<Self>, shard: u32) -> Option<Writing> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let entry = state.get_mut(shard as usize)?;
+        if entry.until.is_none_or(|until| now >= until) {
+            return None;
+        }
+        entry.writing += 1;
+        Some(Writing {
+            ownership: self.clone(),
+            shard,
+        })
+    }
+
+    /// Changes of the shards held, starting from the current set (seen): a controller
+    /// reconciles the parents of each shard it gains.
+    pub fn subscribe(&self) -> watch::Receiver<BTreeSet<u32>> {
+        self.changes.subscribe()
+    }
+
+    /// Hold `shard` until `deadline` (the start of the renewal that took or kept it plus the
+    /// renew deadline).
+    pub fn hold_until(&self, shard: u32, deadline: Instant) {
+        let mut state = lock(&self.state);
+        let Some(entry) = state.get_mut(shard as usize) else {
+            return;
+        };
+        entry.until = Some(deadline);
+        drop(state);
+        self.changes.send_if_modified(|held| held.insert(shard));
+    }
+
+    /// Stop holding `shard` at once: no reconcile starts for it, and every write for it is
+    /// refused from now on. [`drained`](Self::drained) says when the last one ended.
+    pub fn let_go(&self, shard: u32) {
+        let mut state = lock(&self.state);
+        let Some(entry) = state.get_mut(shard as usize) else {
+            return;
+        };
+        entry.until = None;
+        drop(state);
+        self.changes.send_if_modified(|held| held.remove(&shard));
+    }
+
+    /// How many reconciles run for `shard` now.
+    pub fn writing(&self, shard: u32) -> usize {
+        lock(&self.state)
+            .get(shard as usize)
+            .map_or(0, |shard| shard.writing)
+    }
+
+    /// Wait until no reconcile runs for `shard` (one that started while it was held).
+    pub async fn drained(&self, shard: u32) {
+        loop {
+            let ended = self.ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            // Registered before the check, so an end between the two is not missed.
+            ended.as_mut().enable();
+            let writing = lock(&self.state)
+                .get(shard as usize)
+                .map_or(0, |shard| shard.writing);
+            if writing == 0 {
+                return;
+            }
+            ended.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_is_held_until_its_deadline_and_not_after() {
+        let ownership = ShardOwnership::new(4);
+        assert!(!ownership.holds(1));
+        assert!(ownership.start_writing(1).is_none(), "not held");
+        ownership.hold_until(1, Instant::now() + Duration::from_secs(10));
+        assert!(ownership.holds(1));
+        assert_eq!(ownership.held(), BTreeSet::from([1]));
+        assert!(!ownership.holds(7), "no such shard");
+        // The process stops past the deadline: nothing may write when it resumes.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(!ownership.holds(1));
+        assert!(ownership.held().is_empty());
+        assert!(ownership.start_writing(1).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_let_go_is_drained_of_its_reconciles() {
+        let ownership = ShardOwnership::new(2);
+        ownership.hold_until(0, Instant::now() + Duration::from_secs(10));
+        let writing = ownership.start_writing(0).expect("held");
+        assert!(writing.still_held());
+        let other = ownership.start_writing(1);
+        assert!(other.is_none());
+        ownership.let_go(0);
+        assert!(!writing.still_held(), "a write after letting go is refused");
+        assert!(ownership.start_writing(0).is_none(), "no reconcile starts");
+        let drained = ownership.drained(0);
+        let mut drained = std::pin::pin!(drained);
+        assert!(
+            futures::poll!(drained.as_mut()).is_pending(),
+            "a reconcile still runs"
+        );
+        drop(writing);
+        tokio::time::timeout(Duration::from_secs(1), drained)
+            .await
+            .expect("drained once the reconcile ended");
+        ownership.drained(1).await;
+    }
+
+    #[tokio::test]
+    async fn changes_name_the_shards_held() {
+        let ownership = ShardOwnership::new(3);
+        let mut changes = ownership.subscribe();
+        let far = Instant::now() + Duration::from_secs(60);
+        ownership.hold_until(2, far);
+        assert!(changes.has_changed().unwrap_or(false));
+        assert_eq!(*changes.borrow_and_update(), BTreeSet::from([2]));
+        ownership.hold_until(2, far + Duration::from_secs(1));
+        assert!(
+            !changes.has_changed().unwrap_or(true),
+            "a renewal is no change"
+        );
+        ownership.let_go(2);
+        assert!(changes.borrow_and_update().is_empty());
+    }
+}

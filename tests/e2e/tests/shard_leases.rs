@@ -1,0 +1,233 @@
+//! The shard Leases against a real API server: replicas (coordinators in this process, each
+//! under an identity of its own) share twelve shards fairly, a joining replica gets shards
+//! given back a few at a time, the shards of a replica that stopped renewing are taken once
+//! their Leases expire, and those of one that stopped gracefully within a few retry
+//! periods. Through all of it, no shard is ever held by two replicas at once by the clock
+//! each one writes by.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use tokio_util::sync::CancellationToken;
+use wasmctrl::leader::LeaseConfig;
+use wasmctrl::shards::{ShardConfig, ShardCoordinator, ShardOwnership};
+use wasmctrl_e2e::*;
+use wasmctrl_testenv::cluster::eventually;
+
+const TEST: &str = "shard-leases";
+const SHARDS: u32 = 12;
+const LEASE_DURATION: Duration = Duration::from_secs(8);
+
+/// One replica's coordinator, running until stopped or aborted.
+struct Replica {
+    ownership: Arc<ShardOwnership>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<ShardCoordinator>,
+}
+
+fn start(client: &kube::Client, ns: &str, identity: &str) -> Replica {
+    let config = ShardConfig {
+        lease: LeaseConfig {
+            name: "wasmctrl".into(),
+            namespace: ns.to_owned(),
+            identity: identity.to_owned(),
+            lease_duration: LEASE_DURATION,
+            renew_deadline: Duration::from_secs(5),
+            retry_period: Duration::from_secs(1),
+        },
+        count: SHARDS,
+    };
+    assert!(config.validate().is_ok());
+    let ownership = ShardOwnership::new(SHARDS);
+    let coordinator = ShardCoordinator::new(client.clone(), config, ownership.clone());
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(coordinator.run(stop.clone()));
+    Replica {
+        ownership,
+        stop,
+        task,
+    }
+}
+
+/// Every replica ever started, sampled every 20 ms: the first few times a shard was held
+/// by two of them at once.
+#[derive(Default)]
+struct Watch {
+    overlaps: Vec<String>,
+}
+
+/// Every replica started, by name.
+type Started = Arc<Mutex<Vec<(String, Arc<ShardOwnership>)>>>;
+
+fn watch_holders(replicas: Started, seen: Arc<Mutex<Watch>>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let now: Vec<(String, BTreeSet<u32>)> = replicas
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .map(|(name, ownership)| (name.clone(), ownership.held()))
+                .collect();
+            {
+                let mut seen = seen.lock().expect("not poisoned");
+                for shard in 0..SHARDS {
+                    let holding: Vec<&String> = now
+                        .iter()
+                        .filter(|(_, held)| held.contains(&shard))
+                        .map(|(name, _)| name)
+                        .collect();
+                    if holding.len() > 1 && seen.overlaps.len() < 10 {
+                        seen.overlaps.push(format!("shard {shard}: {holding:?}"));
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
+/// How many shards each named replica holds now.
+fn counts(replicas: &[(&str, &Replica)]) -> Vec<(String, usize)> {
+    replicas
+        .iter()
+        .map(|(name, replica)| ((*name).to_owned(), replica.ownership.held().len()))
+        .collect()
+}
+
+async fn wait_for_counts(
+    what: &str,
+    within: Duration,
+    replicas: &[(&str, &Replica)],
+    each: usize,
+) -> anyhow::Result<()> {
+    let result = eventually(what, within, || async {
+        Ok(counts(replicas).iter().all(|(_, n)| *n == each))
+    })
+    .await;
+    result.map_err(|error| error.context(format!("held: {:?}", counts(replicas))))
+}
+
+/// Each shard's holder now, of `replicas`.
+fn holders(replicas: &[(&str, &Replica)]) -> BTreeMap<u32, String> {
+    replicas
+        .iter()
+        .flat_map(|(name, replica)| {
+            replica
+                .ownership
+                .held()
+                .into_iter()
+                .map(|shard| (shard, (*name).to_owned()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_shards_and_hand_them_over_without_overlap() -> anyhow::Result<()> {
+    let (client, ns) = test_namespace(TEST).await?;
+    let all = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::new(Mutex::new(Watch::default()));
+    let watcher = watch_holders(all.clone(), seen.clone());
+    let join = |name: &str| {
+        let replica = start(&client, &ns, name);
+        all.lock()
+            .expect("not poisoned")
+            .push((name.to_owned(), replica.ownership.clone()));
+        replica
+    };
+
+    // Three replicas starting together: four shards each.
+    let a = join("replica-a");
+    let b = join("replica-b");
+    let c = join("replica-c");
+    wait_for_counts(
+        "three replicas holding four shards each",
+        Duration::from_secs(60),
+        &[("a", &a), ("b", &b), ("c", &c)],
+        4,
+    )
+    .await?;
+
+    // A fourth joins: each of the three gives one back, and only those three shards move.
+    let before = holders(&[("a", &a), ("b", &b), ("c", &c)]);
+    let d = join("replica-d");
+    wait_for_counts(
+        "four replicas holding three shards each",
+        Duration::from_secs(60),
+        &[("a", &a), ("b", &b), ("c", &c), ("d", &d)],
+        3,
+    )
+    .await?;
+    let after = holders(&[("a", &a), ("b", &b), ("c", &c), ("d", &d)]);
+    let moved = (0..SHARDS)
+        .filter(|shard| before.get(shard) != after.get(shard))
+        .count();
+    assert_eq!(
+        moved, 3,
+        "shards moved when the fourth joined: {before:?} to {after:?}"
+    );
+
+    // d stops renewing without a word (its process killed): its three shards are taken
+    // once their Leases expire, not before, and within the lease plus 10 s.
+    d.task.abort();
+    let killed = Instant::now();
+    wait_for_counts(
+        "d's shards taken by the three left",
+        LEASE_DURATION + Duration::from_secs(10),
+        &[("a", &a), ("b", &b), ("c", &c)],
+        4,
+    )
+    .await?;
+    let taken_after = killed.elapsed();
+    assert!(
+        taken_after >= Duration::from_secs(5),
+        "d's shards were taken {taken_after:?} after it stopped, before its renew deadline"
+    );
+
+    // c stops gracefully: it gives its shards back, and a and b take them within a few
+    // retry periods rather than a lease.
+    c.stop.cancel();
+    let mut c_coordinator = c.task.await?;
+    c_coordinator.release().await?;
+    let released = Instant::now();
+    wait_for_counts(
+        "c's shards taken after it gave them back",
+        LEASE_DURATION,
+        &[("a", &a), ("b", &b)],
+        6,
+    )
+    .await?;
+    let taken_after = released.elapsed();
+    assert!(
+        taken_after < LEASE_DURATION - Duration::from_secs(2),
+        "c's shards were taken {taken_after:?} after it gave them back"
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let names: Vec<String> = leases
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|lease| lease.metadata.name)
+        .collect();
+    assert_eq!(
+        names.iter().filter(|n| n.contains("-member-")).count(),
+        3,
+        "c deleted its membership lease; a's, b's and d's remain: {names:?}"
+    );
+    assert_eq!(names.iter().filter(|n| n.contains("-shard-")).count(), 12);
+
+    watcher.abort();
+    let overlaps = std::mem::take(&mut seen.lock().expect("not poisoned").overlaps);
+    assert!(
+        overlaps.is_empty(),
+        "shards held by two replicas at once: {overlaps:?}"
+    );
+    for replica in [a, b] {
+        replica.stop.cancel();
+        replica.task.await?.release().await?;
+    }
+    delete_namespace(&client, &ns).await
+}
