@@ -15,6 +15,10 @@ pub struct Leadership {
     /// deadline. `None` for a host that leads without an election.
     until: std::sync::Mutex<Option<Instant>>,
     changes: watch::Sender<bool>,
+    /// The shards this replica holds, when the host is sharded: it writes for a parent only
+    /// while it holds the parent's shard, and not at all while a shard it was told it holds
+    /// is past its deadline (the process stood still).
+    shards: std::sync::OnceLock<Arc<crate::shards::ShardOwnership>>,
 }
 
 impl Leadership {
@@ -33,14 +37,28 @@ impl Leadership {
             leading: AtomicBool::new(leading),
             until: std::sync::Mutex::new(None),
             changes: watch::channel(leading).0,
+            shards: std::sync::OnceLock::new(),
         }
     }
 
     /// Whether this replica may write now: it leads, and the time its last renewal bought
-    /// has not run out (see the module docs).
+    /// has not run out (see the module docs); when sharded, no shard it holds is past its
+    /// deadline either.
     pub fn is_leader(&self) -> bool {
         self.leading.load(Ordering::Acquire)
             && crate::lock(&self.until).is_none_or(|until| Instant::now() < until)
+            && self.shards.get().is_none_or(|shards| !shards.stalled())
+    }
+
+    /// Write by `shards` from now on: for a parent only while its shard is held (a host
+    /// sharded over Leases leads without an election). Set once; a second call is ignored.
+    pub fn shard_by(&self, shards: Arc<crate::shards::ShardOwnership>) {
+        let _ = self.shards.set(shards);
+    }
+
+    /// The shards this replica holds, when the host is sharded.
+    pub fn shards(&self) -> Option<&Arc<crate::shards::ShardOwnership>> {
+        self.shards.get()
     }
 
     /// Changes of leadership, starting from the current state (seen). A lead that runs out

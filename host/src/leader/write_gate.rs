@@ -129,12 +129,18 @@ pub struct NotLeader {
     method: http::Method,
     path: String,
     under_way: bool,
+    /// The shard of the parent written for, when this replica no longer holds it.
+    shard: Option<u32>,
 }
 
 impl NotLeader {
     fn said(&self) -> String {
         let (method, path) = (&self.method, &self.path);
-        if self.under_way {
+        if let Some(shard) = self.shard {
+            format!(
+                "this replica no longer holds shard {shard}: {method} {path} was stopped where it stood (it may have been sent)"
+            )
+        } else if self.under_way {
             format!("the lead ran out while {method} {path} was under way (it may have been sent)")
         } else {
             format!("this replica is a standby and sends no {method} {path}")
@@ -198,8 +204,12 @@ where
             method: request.method().clone(),
             path: request.uri().path().to_owned(),
             under_way: false,
+            shard: None,
         };
-        if !self.leadership.is_leader() {
+        // Asked here too where the caller's task calls the gate itself (a buffered client
+        // calls it from its own task: there the poll below is the check).
+        refused.shard = crate::shards::writes_allowed().err();
+        if !self.leadership.is_leader() || refused.shard.is_some() {
             return Box::pin(std::future::ready(Err(refused.into())));
         }
         refused.under_way = true;
@@ -230,10 +240,15 @@ where
     type Output = Result<R, tower::BoxError>;
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if !self.leadership.is_leader() {
+        // A write of a reconcile is polled on the reconcile's task, which names its shard.
+        let shard = crate::shards::writes_allowed().err();
+        if !self.leadership.is_leader() || shard.is_some() {
             let refused = self.refused.take().map_or_else(
                 || "not the leader".into(),
-                |refused| -> tower::BoxError { refused.into() },
+                |mut refused| -> tower::BoxError {
+                    refused.shard = shard;
+                    refused.into()
+                },
             );
             return Poll::Ready(Err(refused));
         }
@@ -298,6 +313,95 @@ mod tests {
         assert!(changes.has_changed().unwrap_or(false));
         assert!(*changes.borrow_and_update());
         assert!(Leadership::always().is_leader());
+    }
+
+    /// A sharded host's reconcile writes for its parent's shard: from the moment the shard
+    /// is let go, its writes are refused (reads and other tasks' writes are not), and a
+    /// shard held past its deadline stops every write of the process.
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_writes_only_while_its_parents_shard_is_held() {
+        use tower::Service as _;
+        let leadership = Leadership::always();
+        let shards = crate::shards::ShardOwnership::new(2);
+        leadership.shard_by(shards.clone());
+        let (mut gated, sent) = counting_gate(&leadership);
+        let path = "/api/v1/namespaces/a/configmaps";
+        shards.hold_until(1, Instant::now() + Duration::from_secs(10));
+        let writing = shards.start_writing(1).expect("held");
+        let outcomes = crate::shards::write_for(writing, async {
+            let first = gated.call(request(http::Method::POST, path)).await.is_ok();
+            shards.let_go(1);
+            let after = gated
+                .call(request(http::Method::POST, path))
+                .await
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            let read = gated.call(request(http::Method::GET, path)).await.is_ok();
+            (first, after, read)
+        })
+        .await;
+        assert!(outcomes.0, "written while held");
+        assert!(
+            outcomes.1.contains("no longer holds shard 1"),
+            "{}",
+            outcomes.1
+        );
+        assert!(outcomes.2, "reads go on");
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            2,
+            "the write after letting go was not sent"
+        );
+        // A write of the host's own (outside any reconcile) is not a shard's.
+        assert!(gated.call(request(http::Method::POST, path)).await.is_ok());
+        // A shard held past its deadline (the process stood still): nothing is written.
+        shards.hold_until(0, Instant::now() + Duration::from_secs(10));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(!leadership.is_leader());
+        assert!(gated.call(request(http::Method::POST, path)).await.is_err());
+        assert_eq!(sent.load(Ordering::SeqCst), 3);
+    }
+
+    /// kube's client calls the gate from a task of its own (a buffer), and hands the write
+    /// under way back to the reconcile's task: the shard is asked when that task polls it,
+    /// before the request goes any further.
+    #[tokio::test]
+    async fn a_write_called_elsewhere_is_refused_when_its_reconcile_polls_it() {
+        use tower::{Layer as _, Service as _};
+        let leadership = Leadership::always();
+        let shards = crate::shards::ShardOwnership::new(1);
+        leadership.shard_by(shards.clone());
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        // Sends when polled, as a connection pool's checkout does.
+        let inner = {
+            let sent = sent.clone();
+            tower::service_fn(move |_: http::Request<()>| {
+                let sent = sent.clone();
+                async move {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::convert::Infallible>(())
+                }
+            })
+        };
+        let mut gated = WriteGate::new(leadership.clone()).layer(inner);
+        shards.hold_until(0, Instant::now() + Duration::from_secs(60));
+        let writing = shards.start_writing(0).expect("held");
+        let refused = crate::shards::write_for(writing, async {
+            let request = request(http::Method::POST, "/api/v1/namespaces/a/configmaps");
+            let (under_way, _gated) = tokio::spawn(async move { (gated.call(request), gated) })
+                .await
+                .expect("the calling task ran");
+            shards.let_go(0);
+            under_way
+                .await
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        })
+        .await;
+        assert!(refused.contains("no longer holds shard 0"), "{refused}");
+        assert_eq!(sent.load(Ordering::SeqCst), 0, "nothing was sent");
     }
 
     #[tokio::test]

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::assignment::{self, ShardView};
 use super::ownership::ShardOwnership;
-use crate::leader::LeaseConfig;
+use crate::leader::lease::{LeaseConfig, jittered};
 
 /// The label naming the shard set a Lease belongs to.
 pub const SET_LABEL: &str = "wasmctrl.dev/shard-set";
@@ -132,7 +132,7 @@ impl ShardCoordinator {
             }
             tokio::select! {
                 () = stop.cancelled() => return self,
-                () = tokio::time::sleep(crate::leader::jittered(retry)) => {}
+                () = tokio::time::sleep(jittered(retry)) => {}
             }
         }
     }

@@ -56,6 +56,33 @@ impl Writing {
     }
 }
 
+tokio::task_local! {
+    /// The shard the writes of this task are for, while a reconcile of one of its parents
+    /// runs (see [`write_for`]).
+    static WRITING: Writing;
+}
+
+/// Run `reconcile` as the writer for `writing`'s shard: each of its writes is refused from
+/// the moment the shard is no longer held ([`writes_allowed`], asked by the write gate
+/// every time a write under way is polled), and the shard is not given back before it ends.
+pub async fn write_for<F: std::future::Future>(writing: Writing, reconcile: F) -> F::Output {
+    WRITING.scope(writing, reconcile).await
+}
+
+/// Whether the task asking may write now: outside [`write_for`], always; inside it, while
+/// its shard is held. `Err` names the shard that is not.
+pub fn writes_allowed() -> Result<(), u32> {
+    WRITING
+        .try_with(|writing| {
+            if writing.still_held() {
+                Ok(())
+            } else {
+                Err(writing.shard)
+            }
+        })
+        .unwrap_or(Ok(()))
+}
+
 impl Drop for Writing {
     fn drop(&mut self) {
         let mut state = lock(&self.ownership.state);
@@ -85,7 +112,7 @@ impl ShardOwnership {
 
     /// The shard of the parent with `uid`.
     pub fn shard_of(&self, uid: &str) -> u32 {
-        super::shard_of(uid, self.count)
+        super::map::shard_of(uid, self.count)
     }
 
     /// Whether this replica may write for `shard` now: it holds it, and the time its last
@@ -96,6 +123,18 @@ impl ShardOwnership {
             .get(shard as usize)
             .and_then(|shard| shard.until)
             .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Whether a shard this replica was told it holds has run past its deadline without
+    /// being renewed or let go: the process stood still (a SIGSTOP, a paused VM, a long
+    /// stall) or could not reach the API server for a renew deadline. The write connections
+    /// end while this holds, dropping what they had not yet written (see
+    /// [`crate::leader::write_gate`]), until the coordinator lets the shard go.
+    pub fn stalled(&self) -> bool {
+        let now = Instant::now();
+        lock(&self.state)
+            .iter()
+            .any(|shard| shard.until.is_some_and(|until| now >= until))
     }
 
     /// The shards held now, by the clock.
@@ -222,6 +261,39 @@ mod tests {
             .await
             .expect("drained once the reconcile ended");
         ownership.drained(1).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_for_a_shard_stop_when_it_is_let_go_or_its_deadline_passes() {
+        let ownership = ShardOwnership::new(2);
+        assert_eq!(
+            writes_allowed(),
+            Ok(()),
+            "no shard: a write of the host's own"
+        );
+        ownership.hold_until(1, Instant::now() + Duration::from_secs(10));
+        let writing = ownership.start_writing(1).expect("held");
+        let checks = write_for(writing, {
+            let ownership = ownership.clone();
+            async move {
+                let before = writes_allowed();
+                assert!(!ownership.stalled());
+                tokio::time::advance(Duration::from_secs(10)).await;
+                (before, writes_allowed(), ownership.stalled())
+            }
+        })
+        .await;
+        assert_eq!(checks, (Ok(()), Err(1), true), "refused past the deadline");
+        ownership.let_go(1);
+        assert!(
+            !ownership.stalled(),
+            "let go: nothing is held past its deadline"
+        );
+        assert_eq!(
+            ownership.writing(1),
+            0,
+            "the reconcile ended with its scope"
+        );
     }
 
     #[tokio::test]

@@ -158,6 +158,7 @@ pub struct HostBuilder {
     max_concurrent_loads: Option<usize>,
     /// A standby that never leads: it watches and loads, but writes nothing.
     standby: bool,
+    shards: Option<std::sync::Arc<wasmctrl::shards::ShardOwnership>>,
     /// What teams' NamespacedReconcilePolicies may ask for.
     team_bounds: wasmctrl::policy::namespaced::TeamBounds,
     default_verify: Option<wasmctrl::policy::VerifySpec>,
@@ -183,6 +184,7 @@ impl HostBuilder {
             drain_timeout: Duration::from_secs(15),
             max_concurrent_loads: None,
             standby: false,
+            shards: None,
             team_bounds: wasmctrl::policy::namespaced::TeamBounds::default(),
             default_verify: None,
             webhooks: None,
@@ -206,6 +208,13 @@ impl HostBuilder {
     /// write waits for a leadership that never comes.
     pub fn standby(mut self) -> Self {
         self.standby = true;
+        self
+    }
+
+    /// A sharded replica: it reconciles, and writes for, only the parents of the shards
+    /// `shards` holds (which the test sets by hand, standing in for the shard Leases).
+    pub fn sharded(mut self, shards: std::sync::Arc<wasmctrl::shards::ShardOwnership>) -> Self {
+        self.shards = Some(shards);
         self
     }
 
@@ -340,6 +349,9 @@ impl HostBuilder {
         } else {
             wasmctrl::leader::Leadership::always()
         };
+        if let Some(shards) = self.shards {
+            leadership.shard_by(shards);
+        }
         // Policies that name a ServiceAccount are impersonated from the host's own settings.
         let config = match self.credentials {
             Credentials::Admin => admin_config().await?,

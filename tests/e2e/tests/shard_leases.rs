@@ -231,3 +231,113 @@ async fn replicas_share_the_shards_and_hand_them_over_without_overlap() -> anyho
     }
     delete_namespace(&client, &ns).await
 }
+
+/// A sharded host reconciles the parents of the shards it holds and no others, takes up
+/// the parents of a shard it gains, and writes nothing more for a shard it let go (its
+/// ownership set by hand here, as the shard Leases above would set it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_host_writes_only_for_the_parents_of_the_shards_it_holds() -> anyhow::Result<()> {
+    const TEST: &str = "shard-writes";
+    let (client, ns) = widget_test(TEST, serde_json::json!({"ownChild": true})).await?;
+    let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+    let ownership = ShardOwnership::new(2);
+    ownership.hold_until(0, far);
+    let host = HostUnderTest::builder(TEST, &ns)
+        .sharded(ownership.clone())
+        .start()
+        .await?;
+    let widgets = widgets(&client, &ns);
+    // Widgets until each shard has at least two.
+    let mut by_shard: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for i in 0.. {
+        if by_shard.values().filter(|names| names.len() >= 2).count() == 2 {
+            break;
+        }
+        let name = format!("w{i}");
+        let created = apply(&widgets, widget(&name, Some(1))).await?;
+        let uid = created.metadata.uid.unwrap_or_default();
+        by_shard
+            .entry(ownership.shard_of(&uid))
+            .or_default()
+            .push(name);
+    }
+    let reconciled_at = |w: &serde_json::Value| {
+        condition(w, "Reconciled")
+            .filter(|c| c["status"] == "True")
+            .and_then(|_| w["status"]["observedGeneration"].as_i64())
+    };
+    for name in &by_shard[&0] {
+        wait_for_object(
+            &widgets,
+            name,
+            "a parent of the shard held reconciled",
+            |w| reconciled_at(w).is_some(),
+        )
+        .await?;
+    }
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &ns);
+    // Whatever the host would have done for shard 1's parents, it has had time for.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for name in &by_shard[&1] {
+        let widget = get(&widgets, name).await?.expect("exists");
+        assert_eq!(
+            reconciled_at(&widget),
+            None,
+            "{name} is shard 1's: {widget}"
+        );
+        let child = config_maps.get_opt(&format!("{name}-own")).await?;
+        assert!(
+            child.is_none(),
+            "{name}'s child made by a host not holding shard 1"
+        );
+    }
+
+    // Shard 1 gained: its parents are reconciled without any change to them.
+    ownership.hold_until(1, far);
+    for name in &by_shard[&1] {
+        wait_for_object(
+            &widgets,
+            name,
+            "a parent of the shard gained reconciled",
+            |w| reconciled_at(w).is_some(),
+        )
+        .await?;
+    }
+
+    // Shard 0 let go: a change to its parents is no longer reconciled here, while one to
+    // shard 1's still is.
+    ownership.let_go(0);
+    let changed = |name: &str| {
+        let widgets = widgets.clone();
+        let name = name.to_owned();
+        async move {
+            widgets
+                .patch(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(serde_json::json!({"spec": {"size": 2}})),
+                )
+                .await
+        }
+    };
+    let (kept, given) = (&by_shard[&1][0], &by_shard[&0][0]);
+    changed(given).await?;
+    changed(kept).await?;
+    wait_for_object(
+        &widgets,
+        kept,
+        "a change to a held shard's parent reconciled",
+        |w| reconciled_at(w) == Some(2),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let widget = get(&widgets, given).await?.expect("exists");
+    assert_eq!(
+        reconciled_at(&widget),
+        Some(1),
+        "{given} reconciled after its shard was let go: {widget}"
+    );
+    host.stop().await?;
+    delete_namespace(&client, &ns).await
+}

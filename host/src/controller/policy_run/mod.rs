@@ -528,6 +528,12 @@ fn run_reconciles(
     step: Arc<Step>,
 ) -> impl Future<Output = ()> + use<> {
     let concurrency = policy.spec.max_concurrent_reconciles.unwrap_or(4).max(1);
+    let controller = match ctx.leadership.shards() {
+        Some(shards) => {
+            controller.reconcile_on(parents_of_shards_gained(shards, parents, &ctx.parent))
+        }
+        None => controller,
+    };
     let every_parent = {
         let parents = parents.clone();
         let queue = ctx.queue.clone();
@@ -569,6 +575,50 @@ fn run_reconciles(
         });
     let parents = parents.clone();
     async move { stopping::until_controller_ends(run, &parents, &stop).await }
+}
+
+/// A sharded host skips the parents of shards it does not hold: each parent of a shard it
+/// takes goes through once (the replica that gave the shard back may have left it
+/// anywhere).
+fn parents_of_shards_gained(
+    shards: &Arc<crate::shards::ShardOwnership>,
+    parents: &Store<CachedObject>,
+    kind: &Arc<kube::core::ApiResource>,
+) -> impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<CachedObject>> + Send + use<> {
+    let held = shards.subscribe();
+    // The parents of the shards held already are reconciled as the controller starts.
+    let start = held.borrow().clone();
+    let shards = shards.clone();
+    let parents = parents.clone();
+    let kind = kind.clone();
+    futures::stream::unfold((held, start), move |(mut held, before)| {
+        let shards = shards.clone();
+        let parents = parents.clone();
+        let kind = kind.clone();
+        async move {
+            held.changed().await.ok()?;
+            let now = held.borrow_and_update().clone();
+            let gained: std::collections::BTreeSet<u32> =
+                now.difference(&before).copied().collect();
+            let refs: Vec<_> = if gained.is_empty() {
+                Vec::new()
+            } else {
+                parents
+                    .state()
+                    .iter()
+                    .filter(|parent| {
+                        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
+                        gained.contains(&shards.shard_of(uid))
+                    })
+                    .map(|parent| {
+                        crate::controller::reconcile::parent::parent_key(&**parent, &kind)
+                    })
+                    .collect()
+            };
+            Some((futures::stream::iter(refs), (held, now)))
+        }
+    })
+    .flatten()
 }
 
 /// A standby skips every reconcile: when it takes over, every parent goes through once, in a

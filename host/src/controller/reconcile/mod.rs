@@ -65,7 +65,19 @@ pub(crate) async fn reconcile(
     ctx: Arc<PolicyContext>,
 ) -> Result<Action, Failure> {
     let key = parent::parent_key(&*cached, &ctx.parent);
-    let outcome = reconcile_parent(cached, ctx.clone()).await;
+    let outcome = match ctx.leadership.shards() {
+        None => reconcile_parent(cached, ctx.clone()).await,
+        Some(shards) => {
+            let shard = shards.shard_of(cached.metadata.uid.as_deref().unwrap_or_default());
+            let Some(writing) = shards.start_writing(shard) else {
+                // Another replica's parent; this one reconciles it if it takes the shard.
+                ctx.queue
+                    .started(&(cached.metadata.namespace.clone(), cached.name_any()));
+                return Ok(Action::await_change());
+            };
+            crate::shards::write_for(writing, reconcile_parent(cached, ctx.clone())).await
+        }
+    };
     // What a reconcile that ended after its parent was deleted noted of it (its outcome, the
     // prune guard's visit) is swept at the next report, not at the minute's sweep.
     if ctx.caches.parents.get(&key).is_none() {
