@@ -42,8 +42,9 @@ use crate::leader::lease::{LeaseConfig, jittered};
 pub const SET_LABEL: &str = "wasmctrl.dev/shard-set";
 /// The annotation on a shard Lease naming how many shards its set has.
 pub const COUNT_ANNOTATION: &str = "wasmctrl.dev/shard-count";
-/// At most this many shards, so that a round's Lease writes stay few.
-pub const MAX_SHARDS: u32 = 256;
+/// At most this many shards: a round renews its shards one after another, and must finish
+/// well within the renew deadline.
+pub const MAX_SHARDS: u32 = 64;
 /// Shards a replica gives back per round when another needs them.
 const RELEASES_PER_ROUND: usize = 1;
 /// A membership Lease left by a replica that stopped without deleting it is deleted once
@@ -64,6 +65,13 @@ impl ShardConfig {
     /// Check the durations (as leader election does) and the count.
     pub fn validate(&self) -> Result<(), String> {
         self.lease.validate()?;
+        // A Lease carries its duration in whole seconds; others measure expiry by it.
+        if self.lease.lease_duration.subsec_nanos() != 0 {
+            return Err(format!(
+                "the lease duration must be whole seconds, not {:?}",
+                self.lease.lease_duration
+            ));
+        }
         if self.count == 0 || self.count > MAX_SHARDS {
             return Err(format!(
                 "the shard count must be between 1 and {MAX_SHARDS}, not {}",
@@ -151,6 +159,13 @@ impl ShardCoordinator {
         let listed = self.list().await?;
         for shard in shards {
             self.draining.remove(&shard);
+            if self.ownership.writing(shard) > 0 {
+                tracing::warn!(
+                    shard,
+                    "reconciles of a shard still run as the host stops; its lease is left to expire"
+                );
+                continue;
+            }
             self.clear_holder(shard, &listed)
                 .await
                 .with_context(|| format!("giving back shard {shard}"))?;
@@ -166,8 +181,13 @@ impl ShardCoordinator {
     /// One round: read the set, renew what is held, then claim or give back.
     async fn round(&mut self) -> anyhow::Result<()> {
         let mut listed = self.list().await?;
-        self.renew_membership(&listed).await?;
+        // The shards first: their deadlines are what a failing round costs.
         self.renew_shards(&mut listed).await;
+        if let Err(error) = self.renew_membership(&listed).await {
+            // Others may count this replica out meanwhile and claim more; its shards stay
+            // held by their own Leases.
+            tracing::warn!(set = %self.config.lease.name, error = %format!("{error:#}"), "could not renew the membership lease; retrying");
+        }
         let members = self.members(&listed);
         let Some(views) = self.views(&listed) else {
             return Ok(());
@@ -182,7 +202,9 @@ impl ShardCoordinator {
             self.start_giving_back(shard);
         }
         for shard in plan.claim {
-            self.claim(shard, &listed).await?;
+            if let Err(error) = self.claim(shard, &listed).await {
+                tracing::warn!(set = %self.config.lease.name, shard, error = %format!("{error:#}"), "could not claim a shard; trying again next round");
+            }
         }
         self.finish_giving_back(&listed).await?;
         self.forget_departed(&listed).await;
@@ -265,14 +287,26 @@ impl ShardCoordinator {
         let views = (0..self.config.count)
             .map(|shard| {
                 let name = self.config.shard_name(shard);
-                // A shard this replica is giving back is no longer its own: it counts as
-                // nobody's (so it is not given back twice, and may be taken back).
+                let me = &self.config.lease.identity;
                 let holder = listed
                     .leases
                     .get(&name)
                     .and_then(|lease| lease.spec.as_ref()?.holder_identity.clone())
                     .filter(|holder| !holder.is_empty())
-                    .filter(|_| !self.draining.contains_key(&shard));
+                    // A shard this replica is giving back counts as nobody's: it is not
+                    // given back twice, and may be taken back.
+                    .filter(|_| !self.draining.contains_key(&shard))
+                    // A Lease naming this replica that it does not renew (lost past its
+                    // deadline, a claim whose answer was lost, an earlier process under the
+                    // same identity, a drain abandoned) is held by no one alive: anyone may
+                    // take it once it expires, as if another replica had left it.
+                    .map(|holder| {
+                        if holder == *me && !self.renewed.contains_key(&shard) {
+                            format!("{holder} (no longer renewed)")
+                        } else {
+                            holder
+                        }
+                    });
                 ShardView {
                     expired: holder.is_some() && self.expired(&name, 1),
                     holder,
@@ -376,10 +410,13 @@ impl ShardCoordinator {
         for shard in done {
             self.draining.remove(&shard);
             if self.ownership.writing(shard) > 0 {
+                // A write it sent may still be on its way: the Lease is left to expire, a
+                // lease duration after its last renewal, rather than handed over now.
                 tracing::warn!(
                     shard,
-                    "reconciles of a shard given back still run; their writes are refused"
+                    "reconciles of a shard given back still run after a renew deadline; their writes are refused, and its lease is left to expire"
                 );
+                continue;
             }
             self.clear_holder(shard, listed)
                 .await

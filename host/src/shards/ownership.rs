@@ -8,7 +8,7 @@
 //! whole lease duration after it last saw it renewed, so the two never both hold a shard,
 //! even when this process was stopped (SIGSTOP, a paused VM) past its deadline.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, watch};
@@ -24,8 +24,12 @@ pub struct ShardOwnership {
     state: Mutex<Vec<Shard>>,
     /// A reconcile of a shard being given back ended.
     ended: Notify,
-    /// The shards held, as the coordinator last set them (not by the clock alone).
-    changes: watch::Sender<BTreeSet<u32>>,
+    /// The shards held, as the coordinator last set them (not by the clock alone), each
+    /// with the count of the times it was taken: a shard let go and taken again between
+    /// two looks still shows as taken again.
+    changes: watch::Sender<BTreeMap<u32, u64>>,
+    /// How many times shards were taken, for those counts.
+    taken: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -101,7 +105,8 @@ impl ShardOwnership {
             count,
             state: Mutex::new(vec![Shard::default(); count as usize]),
             ended: Notify::new(),
-            changes: watch::channel(BTreeSet::new()).0,
+            changes: watch::channel(BTreeMap::new()).0,
+            taken: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -164,7 +169,7 @@ impl ShardOwnership {
 
     /// Changes of the shards held, starting from the current set (seen): a controller
     /// reconciles the parents of each shard it gains.
-    pub fn subscribe(&self) -> watch::Receiver<BTreeSet<u32>> {
+    pub fn subscribe(&self) -> watch::Receiver<BTreeMap<u32, u64>> {
         self.changes.subscribe()
     }
 
@@ -175,9 +180,17 @@ impl ShardOwnership {
         let Some(entry) = state.get_mut(shard as usize) else {
             return;
         };
-        entry.until = Some(deadline);
+        let taken = entry.until.replace(deadline).is_none();
         drop(state);
-        self.changes.send_if_modified(|held| held.insert(shard));
+        if taken {
+            let time = self
+                .taken
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            self.changes.send_modify(|held| {
+                held.insert(shard, time);
+            });
+        }
     }
 
     /// Stop holding `shard` at once: no reconcile starts for it, and every write for it is
@@ -189,7 +202,8 @@ impl ShardOwnership {
         };
         entry.until = None;
         drop(state);
-        self.changes.send_if_modified(|held| held.remove(&shard));
+        self.changes
+            .send_if_modified(|held| held.remove(&shard).is_some());
     }
 
     /// How many reconciles run for `shard` now.
@@ -303,11 +317,19 @@ mod tests {
         let far = Instant::now() + Duration::from_secs(60);
         ownership.hold_until(2, far);
         assert!(changes.has_changed().unwrap_or(false));
-        assert_eq!(*changes.borrow_and_update(), BTreeSet::from([2]));
+        let first = changes.borrow_and_update().get(&2).copied();
+        assert!(first.is_some());
         ownership.hold_until(2, far + Duration::from_secs(1));
         assert!(
             !changes.has_changed().unwrap_or(true),
             "a renewal is no change"
+        );
+        ownership.let_go(2);
+        ownership.hold_until(2, far);
+        let again = changes.borrow_and_update().get(&2).copied();
+        assert!(
+            again > first,
+            "let go and taken again between two looks: {first:?} {again:?}"
         );
         ownership.let_go(2);
         assert!(changes.borrow_and_update().is_empty());

@@ -1,8 +1,8 @@
 //! The shard Leases against a real API server: replicas (coordinators in this process, each
 //! under an identity of its own) share twelve shards fairly, a joining replica gets shards
 //! given back a few at a time, the shards of a replica that stopped renewing are taken once
-//! their Leases expire, and those of one that stopped gracefully within a few retry
-//! periods. Through all of it, no shard is ever held by two replicas at once by the clock
+//! their Leases expire, those of one that stopped gracefully within a few retry periods,
+//! and those of one that died are taken by its successor under the same identity. Through all of it, no shard is ever held by two replicas at once by the clock
 //! each one writes by.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -150,6 +150,19 @@ async fn replicas_share_the_shards_and_hand_them_over_without_overlap() -> anyho
     )
     .await?;
 
+    // c's process dies and a new one starts under the same identity: the Leases naming
+    // "replica-c" are no longer renewed by anyone, so the new process takes them once they
+    // expire, as it would another replica's (it does not count them as its own).
+    c.task.abort();
+    let c = join("replica-c");
+    wait_for_counts(
+        "c's shards taken again by its successor",
+        LEASE_DURATION + Duration::from_secs(10),
+        &[("a", &a), ("b", &b), ("c", &c)],
+        4,
+    )
+    .await?;
+
     // A fourth joins: each of the three gives one back, and only those three shards move.
     let before = holders(&[("a", &a), ("b", &b), ("c", &c)]);
     let d = join("replica-d");
@@ -181,8 +194,10 @@ async fn replicas_share_the_shards_and_hand_them_over_without_overlap() -> anyho
     )
     .await?;
     let taken_after = killed.elapsed();
+    // Taken a lease duration after the others last saw d renew, which was at most a retry
+    // period (with its jitter) before it stopped.
     assert!(
-        taken_after >= Duration::from_secs(5),
+        taken_after >= LEASE_DURATION - Duration::from_secs(2),
         "d's shards were taken {taken_after:?} after it stopped, before its renew deadline"
     );
 

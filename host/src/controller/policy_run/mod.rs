@@ -598,8 +598,11 @@ fn parents_of_shards_gained(
         async move {
             held.changed().await.ok()?;
             let now = held.borrow_and_update().clone();
-            let gained: std::collections::BTreeSet<u32> =
-                now.difference(&before).copied().collect();
+            let gained: std::collections::BTreeSet<u32> = now
+                .iter()
+                .filter(|(shard, taken)| before.get(shard) != Some(taken))
+                .map(|(shard, _)| *shard)
+                .collect();
             let refs: Vec<_> = if gained.is_empty() {
                 Vec::new()
             } else {

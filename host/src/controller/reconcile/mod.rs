@@ -58,6 +58,9 @@ use parent::ParentIdentity;
 use steps::{Done, Reconcile, report_failure};
 use trace::Trace;
 
+/// When a sharded host that found itself stalled tries a parent again.
+const STALLED_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The kube-runtime reconcile function: run one reconcile, keep the backoff history, and
 /// report a failure on the parent.
 pub(crate) async fn reconcile(
@@ -94,8 +97,14 @@ async fn reconcile_parent(
     ctx.queue
         .started(&(cached.metadata.namespace.clone(), cached.name_any()));
     if !ctx.leadership.is_leader() {
-        // Taking over re-enqueues every parent, so nothing waits on this.
-        return Ok(Action::await_change());
+        // Taking over re-enqueues every parent, so nothing waits on this. A sharded host
+        // writes nothing while one of its shards stands past its deadline (the process
+        // stood still) until its coordinator's next round lets that shard go; nothing
+        // re-enqueues the parents of the shards it keeps, so they are tried again.
+        return Ok(match ctx.leadership.shards() {
+            Some(_) => Action::requeue(STALLED_RETRY),
+            None => Action::await_change(),
+        });
     }
     let key = parent::parent_key(&*cached, &ctx.parent);
     // Parents are cached compactly; this reconcile reads the whole object.
