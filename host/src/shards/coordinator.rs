@@ -158,17 +158,7 @@ impl ShardCoordinator {
         let _ = tokio::time::timeout(self.config.lease.renew_deadline, drained).await;
         let listed = self.list().await?;
         for shard in shards {
-            self.draining.remove(&shard);
-            if self.ownership.writing(shard) > 0 {
-                tracing::warn!(
-                    shard,
-                    "reconciles of a shard still run as the host stops; its lease is left to expire"
-                );
-                continue;
-            }
-            self.clear_holder(shard, &listed)
-                .await
-                .with_context(|| format!("giving back shard {shard}"))?;
+            self.hand_over(shard, &listed).await?;
         }
         let member = self.config.member_name();
         match self.api.delete(&member, &DeleteParams::default()).await {
@@ -408,21 +398,27 @@ impl ShardCoordinator {
             .map(|(&shard, _)| shard)
             .collect();
         for shard in done {
-            self.draining.remove(&shard);
-            if self.ownership.writing(shard) > 0 {
-                // A write it sent may still be on its way: the Lease is left to expire, a
-                // lease duration after its last renewal, rather than handed over now.
-                tracing::warn!(
-                    shard,
-                    "reconciles of a shard given back still run after a renew deadline; their writes are refused, and its lease is left to expire"
-                );
-                continue;
-            }
-            self.clear_holder(shard, listed)
-                .await
-                .with_context(|| format!("giving back shard {shard}"))?;
+            self.hand_over(shard, listed).await?;
         }
         Ok(())
+    }
+
+    /// End the drain of `shard`: clear its Lease's holder if none of its reconciles runs
+    /// any more. One still running after the wait may have a write on its way: the Lease is
+    /// then left to expire, a lease duration after its last renewal, rather than handed
+    /// over now (its writes are refused from the let-go on).
+    async fn hand_over(&mut self, shard: u32, listed: &Listed) -> anyhow::Result<()> {
+        self.draining.remove(&shard);
+        if self.ownership.writing(shard) > 0 {
+            tracing::warn!(
+                shard,
+                "reconciles of a shard given back still run after a renew deadline; their writes are refused, and its lease is left to expire"
+            );
+            return Ok(());
+        }
+        self.clear_holder(shard, listed)
+            .await
+            .with_context(|| format!("giving back shard {shard}"))
     }
 
     /// Clear the holder of `shard`'s Lease, if it is this replica (as `listed` shows it).

@@ -40,6 +40,18 @@ struct Shard {
     writing: usize,
 }
 
+impl Shard {
+    /// Whether the shard is held at `now`, by the clock.
+    fn held_at(&self, now: Instant) -> bool {
+        self.until.is_some_and(|until| now < until)
+    }
+
+    /// Whether it was held and its deadline passed without a renewal or a let-go.
+    fn past_deadline_at(&self, now: Instant) -> bool {
+        self.until.is_some_and(|until| now >= until)
+    }
+}
+
 /// A reconcile running for a shard this replica held when it started; dropping it says the
 /// reconcile ended. While one runs, the shard is not given back.
 #[derive(Debug)]
@@ -123,11 +135,9 @@ impl ShardOwnership {
     /// Whether this replica may write for `shard` now: it holds it, and the time its last
     /// renewal bought has not run out.
     pub fn holds(&self, shard: u32) -> bool {
-        let state = lock(&self.state);
-        state
+        lock(&self.state)
             .get(shard as usize)
-            .and_then(|shard| shard.until)
-            .is_some_and(|until| Instant::now() < until)
+            .is_some_and(|shard| shard.held_at(Instant::now()))
     }
 
     /// Whether a shard this replica was told it holds has run past its deadline without
@@ -139,7 +149,7 @@ impl ShardOwnership {
         let now = Instant::now();
         lock(&self.state)
             .iter()
-            .any(|shard| shard.until.is_some_and(|until| now >= until))
+            .any(|shard| shard.past_deadline_at(now))
     }
 
     /// The shards held now, by the clock.
@@ -147,7 +157,7 @@ impl ShardOwnership {
         let now = Instant::now();
         let state = lock(&self.state);
         (0..self.count)
-            .filter(|&i| state[i as usize].until.is_some_and(|until| now < until))
+            .filter(|&i| state[i as usize].held_at(now))
             .collect()
     }
 
@@ -157,7 +167,7 @@ impl ShardOwnership {
         let now = Instant::now();
         let mut state = lock(&self.state);
         let entry = state.get_mut(shard as usize)?;
-        if entry.until.is_none_or(|until| now >= until) {
+        if !entry.held_at(now) {
             return None;
         }
         entry.writing += 1;

@@ -68,6 +68,12 @@ impl HostUnderTest {
             .unwrap_or(0.0)
     }
 
+    /// The sum of every series of the labelled metric `name` whose labels include each of
+    /// `labels` (each `key="value"`), or 0.
+    pub fn metric_sum(&self, name: &str, labels: &[&str]) -> f64 {
+        metric_sum(&self.metrics, name, labels)
+    }
+
     /// A host for `test`, confined to `namespace`: it runs only the policies labelled
     /// `TEST_LABEL=test`, watches only `namespace`, takes plugin credentials only from it, and
     /// records an Event at most every 30 s per parent and reason. Unless the builder is told
@@ -397,6 +403,19 @@ impl HostBuilder {
             task,
         })
     }
+}
+
+/// The sum of every series of the labelled metric `name` in `metrics` whose labels include
+/// each of `labels` (each `key="value"`), or 0.
+pub fn metric_sum(metrics: &wasmctrl::metrics::Metrics, name: &str, labels: &[&str]) -> f64 {
+    let series = format!("{name}{{");
+    metrics
+        .encode()
+        .lines()
+        .filter(|line| line.starts_with(&series))
+        .filter(|line| labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The hosts' logs go to the test's captured output, which the runner prints when the test

@@ -66,12 +66,7 @@ impl Listener {
 
     /// Reviews this listener answered.
     pub fn answered(&self) -> f64 {
-        self.metrics
-            .encode()
-            .lines()
-            .filter(|l| l.starts_with("wasmctrl_webhook_requests_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        crate::metric_sum(&self.metrics, "wasmctrl_webhook_requests_total", &[])
     }
 }
 

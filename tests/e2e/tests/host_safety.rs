@@ -213,12 +213,7 @@ async fn a_parent_deleted_during_its_reconcile_is_not_re_created() -> anyhow::Re
 
 /// How many of the host's reconciles are running now, over all its policies.
 fn reconciles_in_flight(host: &HostUnderTest) -> f64 {
-    host.metrics
-        .encode()
-        .lines()
-        .filter(|line| line.starts_with("controller_runtime_active_workers{"))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    host.metric_sum("controller_runtime_active_workers", &[])
 }
 
 /// What a reconcile that ended after its parent's deletion noted of the parent (its outcome)

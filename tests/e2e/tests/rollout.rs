@@ -93,13 +93,10 @@ async fn widgets_reconciled(
 fn child_operations(host: &HostUnderTest, test: &str, operation: &str) -> f64 {
     let controller = format!("controller=\"{test}\"");
     let operation = format!("operation=\"{operation}\"");
-    host.metrics
-        .encode()
-        .lines()
-        .filter(|l| l.starts_with("wasmctrl_child_operations_total{"))
-        .filter(|l| l.contains(&controller) && l.contains(&operation))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    host.metric_sum(
+        "wasmctrl_child_operations_total",
+        &[&controller, &operation],
+    )
 }
 
 fn rollout_of(p: &Value) -> &Value {
