@@ -99,6 +99,11 @@ struct LeaseLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardSetLabels {
+    set: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     controller: String,
     outcome: &'static str,
@@ -164,6 +169,7 @@ pub struct Metrics {
     queue_adds: Family<QueueLabels, Counter>,
     queue_retries: Family<QueueLabels, Counter>,
     leader: Family<LeaseLabels, Gauge>,
+    shards_held: Family<ShardSetLabels, Gauge>,
     plugin_calls: Family<OutcomeLabels, Counter>,
     plugin_call_time: Family<ControllerLabels, Histogram>,
     plugin_loads: Family<PluginResultLabels, Counter>,
@@ -243,6 +249,7 @@ impl Metrics {
             queue_adds: Family::default(),
             queue_retries: Family::default(),
             leader: Family::default(),
+            shards_held: Family::default(),
             plugin_calls: Family::default(),
             plugin_call_time: histograms(),
             plugin_loads: Family::default(),
@@ -327,6 +334,11 @@ impl Metrics {
             "leader_election_master_status",
             "Whether this replica leads (1) or stands by (0), per Lease",
             metrics.leader.clone(),
+        );
+        registry.register(
+            "wasmctrl_shards_held",
+            "How many shards of the set this replica holds (and reconciles the parents of)",
+            metrics.shards_held.clone(),
         );
     }
 
@@ -498,6 +510,15 @@ impl Metrics {
                 name: name.to_owned(),
             })
             .set(i64::from(leading));
+    }
+
+    /// This replica holds `held` shards of the shard set `set`.
+    pub fn set_shards_held(&self, set: &str, held: usize) {
+        self.shards_held
+            .get_or_create(&ShardSetLabels {
+                set: set.to_owned(),
+            })
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
     }
 
     /// A plugin load for `policy` ended with `result` (`ok` or the failure's reason).

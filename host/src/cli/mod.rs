@@ -14,6 +14,7 @@ mod plugin_oci;
 mod plugin_sign;
 mod probe_cmd;
 mod rbac_cmd;
+mod replicas;
 mod rollout_cmd;
 mod run_cmd;
 mod uninstall_cmd;

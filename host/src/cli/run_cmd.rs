@@ -14,8 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controller::{Host, HostOptions, StopTimedOut};
 use crate::explain::{Bounds, Explain, ExplainOptions, RecordOptions};
-use crate::leader::{LeaderElector, Leadership, LeaseConfig};
-use crate::metrics::Metrics;
+use crate::leader::Leadership;
 use crate::plugin::{ChildCompiler, Compiler, EngineOptions, PluginEngine};
 use crate::server::Access;
 use crate::server::access::Reviewer;
@@ -168,7 +167,7 @@ pub struct RunCommand {
     #[arg(long, env = "WASMCTRL_SHUTDOWN_TIMEOUT_SECONDS", default_value_t = 30)]
     shutdown_timeout_seconds: u64,
     #[command(flatten)]
-    election: ElectionArgs,
+    replicas: super::replicas::ReplicaArgs,
     #[command(flatten)]
     webhooks: super::webhook_args::WebhookArgs,
     #[command(flatten)]
@@ -217,88 +216,13 @@ impl ExplainArgs {
     }
 }
 
-/// Leader election among replicas of the host (see `wasmctrl::leader`).
-#[derive(Debug, Args)]
-struct ElectionArgs {
-    /// Elect one leader among the replicas through a Lease; the others stand by with warm
-    /// caches and write nothing.
-    #[arg(long, env = "WASMCTRL_LEADER_ELECT")]
-    leader_elect: bool,
-    /// Name of the Lease.
-    #[arg(
-        long,
-        env = "WASMCTRL_LEADER_ELECT_LEASE_NAME",
-        default_value = "wasmctrl-leader"
-    )]
-    leader_elect_lease_name: String,
-    /// Namespace of the Lease. Default: the namespace the host runs in.
-    #[arg(long, env = "WASMCTRL_LEADER_ELECT_NAMESPACE")]
-    leader_elect_namespace: Option<String>,
-    /// This replica's name in the Lease. Default: `POD_NAME`, else host name and a random suffix.
-    #[arg(long, env = "WASMCTRL_LEADER_ELECT_IDENTITY")]
-    leader_elect_identity: Option<String>,
-    /// How long standbys wait after the Lease last changed before taking over, in seconds.
-    #[arg(
-        long,
-        env = "WASMCTRL_LEADER_ELECT_LEASE_DURATION_SECONDS",
-        default_value_t = 15
-    )]
-    leader_elect_lease_duration_seconds: u64,
-    /// How long the leader tries to renew before it stops leading, in seconds.
-    #[arg(
-        long,
-        env = "WASMCTRL_LEADER_ELECT_RENEW_DEADLINE_SECONDS",
-        default_value_t = 10
-    )]
-    leader_elect_renew_deadline_seconds: u64,
-    /// How often the leader renews and standbys check, in seconds.
-    #[arg(
-        long,
-        env = "WASMCTRL_LEADER_ELECT_RETRY_PERIOD_SECONDS",
-        default_value_t = 2
-    )]
-    leader_elect_retry_period_seconds: u64,
-}
-
-impl ElectionArgs {
-    /// The Lease to campaign for, if leader election is on.
-    fn lease(&self) -> anyhow::Result<Option<LeaseConfig>> {
-        if !self.leader_elect {
-            return Ok(None);
-        }
-        let namespace = self
-            .leader_elect_namespace
-            .clone()
-            .or_else(own_namespace)
-            .context("--leader-elect needs the Lease's namespace: run in a pod or pass --leader-elect-namespace")?;
-        let config = LeaseConfig {
-            name: self.leader_elect_lease_name.clone(),
-            namespace,
-            identity: self
-                .leader_elect_identity
-                .clone()
-                .unwrap_or_else(crate::leader::default_identity),
-            lease_duration: Duration::from_secs(self.leader_elect_lease_duration_seconds),
-            renew_deadline: Duration::from_secs(self.leader_elect_renew_deadline_seconds),
-            retry_period: Duration::from_secs(self.leader_elect_retry_period_seconds),
-        };
-        config
-            .validate()
-            .map_err(|why| anyhow::anyhow!("leader election: {why}"))?;
-        Ok(Some(config))
-    }
-}
-
 impl RunCommand {
     /// Connect, then run until SIGINT or SIGTERM: start the host (campaigning for the lease
     /// when elected), serve health and metrics, and on a signal drain, stop writing, and
     /// release the lease — in that order.
     pub async fn run(self, cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
-        let lease = self.election.lease()?;
-        let leadership = match lease {
-            Some(_) => Leadership::standby(),
-            None => Leadership::always(),
-        };
+        let replicas = self.replicas.replicas(own_namespace())?;
+        let leadership = replicas.leadership();
         let (config, client, gated) = self.clients(&leadership).await?;
         let engine = self.engine(cache_dir)?;
         let listener = self.bind_listener(&client).await?;
@@ -326,18 +250,16 @@ impl RunCommand {
             }
         });
         let server = serve(listener, &host, &stop);
-        // The elector keeps renewing while the host drains, and stops only after the last write.
-        let election_stop = CancellationToken::new();
-        let election = lease.map(|lease| {
-            campaign(
-                (client, renewals),
-                lease,
-                &leadership,
-                host.metrics(),
-                &stop,
-                &election_stop,
-            )
-        });
+        // The elector (or the shard coordinator) keeps renewing while the host drains, and
+        // stops only after the last write.
+        let sharing_stop = CancellationToken::new();
+        let sharing = replicas.start(
+            (client, renewals),
+            &leadership,
+            host.metrics(),
+            &stop,
+            &sharing_stop,
+        );
         // The host returns within `drain` of the signal, abandoning (and logging) what did
         // not stop in time; the listener gets as long to finish the requests it serves.
         let host = async {
@@ -371,12 +293,10 @@ impl RunCommand {
                 Ok(())
             }
         };
-        // No write may follow the release of the lease.
+        // No write may follow the release of the Leases.
         leadership.stop_leading();
-        election_stop.cancel();
-        if let Some(election) = election {
-            release(election).await?;
-        }
+        sharing_stop.cancel();
+        sharing.release().await?;
         served
     }
 
@@ -653,79 +573,8 @@ fn serve(
     }
 }
 
-/// Campaign for `lease` until `election_stop`. Losing the lease stops the host (as
-/// controller-runtime does: the restart comes back as a standby).
-///
-/// `clients` are the ungated client, which takes and releases the lease, and the gated one,
-/// which renews it only while this replica still leads.
-fn campaign(
-    clients: (kube::Client, kube::Client),
-    lease: LeaseConfig,
-    leadership: &Arc<Leadership>,
-    metrics: Arc<Metrics>,
-    stop: &CancellationToken,
-    election_stop: &CancellationToken,
-) -> tokio::task::JoinHandle<Result<LeaderElector, crate::leader::LeadershipLost>> {
-    tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "campaigning for leadership");
-    let name = lease.name.clone();
-    let (client, gated) = clients;
-    let elector = LeaderElector::new(client, gated, lease, leadership.clone());
-    tokio::spawn(report_leadership(leadership.clone(), metrics, name));
-    let (stop, election_stop) = (stop.clone(), election_stop.clone());
-    tokio::spawn(async move {
-        let result = elector.run(election_stop).await;
-        if let Err(lost) = &result {
-            tracing::error!(error = %lost, "leadership lost; shutting down");
-            stop.cancel();
-        }
-        result
-    })
-}
-
-/// Wait for the elector to stop, then release the lease so a standby takes over at once;
-/// both within [`RELEASE_TIMEOUT`], as an API server that does not answer must not keep the
-/// host from exiting (the lease then expires on its own).
-async fn release(
-    mut election: tokio::task::JoinHandle<Result<LeaderElector, crate::leader::LeadershipLost>>,
-) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + RELEASE_TIMEOUT;
-    let Ok(stopped) = tokio::time::timeout_at(deadline, &mut election).await else {
-        election.abort();
-        tracing::warn!(timeout = ?RELEASE_TIMEOUT, "the leader elector did not stop in time; a standby takes over when the lease expires");
-        return Ok(());
-    };
-    match stopped.context("the leader election task failed")? {
-        Ok(mut elector) => {
-            match tokio::time::timeout_at(deadline, elector.release()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => {
-                    tracing::warn!(error = %format!("{error:#}"), "could not release the leader lease; a standby takes over when it expires");
-                }
-                Err(_) => {
-                    tracing::warn!(timeout = ?RELEASE_TIMEOUT, "releasing the leader lease took too long; a standby takes over when it expires");
-                }
-            }
-            Ok(())
-        }
-        Err(lost) => Err(lost.into()),
-    }
-}
-
 /// How long the listener may take, beyond the host's drain time, to finish its requests.
 const SERVER_GRACE: Duration = Duration::from_secs(2);
-/// How long stopping the leader elector and releasing its lease may take together.
-const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Keep `leader_election_master_status` in line with `leadership`; never completes.
-async fn report_leadership(leadership: Arc<Leadership>, metrics: Arc<Metrics>, lease: String) {
-    let mut changes = leadership.subscribe();
-    loop {
-        metrics.set_leader(&lease, *changes.borrow_and_update());
-        if changes.changed().await.is_err() {
-            return std::future::pending().await;
-        }
-    }
-}
 
 /// Where file sources may be when no `--plugin-dir` is given: the working directory of a
 /// host run by hand (where `cargo xtask build-plugins` leaves plugins under `target/`), and
@@ -823,6 +672,36 @@ mod tests {
             "from /"
         );
         assert!(default_plugin_dirs(false, None).is_empty());
+    }
+
+    #[tokio::test]
+    async fn shards_replace_leader_election_and_their_count_is_checked() {
+        use super::super::replicas::Replicas;
+        let namespace = ["--leader-elect-namespace", "ops"];
+        let replicas = |args: &[&str]| run_command(args).replicas.replicas(None);
+        assert!(matches!(replicas(&[]), Ok(Replicas::Alone)));
+        assert!(matches!(
+            replicas(&[&["--leader-elect"][..], &namespace].concat()),
+            Ok(Replicas::Elected(_))
+        ));
+        match replicas(&[&["--shards", "12", "--shard-set", "team-a"][..], &namespace].concat()) {
+            Ok(Replicas::Sharded(config, ownership)) => {
+                assert_eq!((config.count, ownership.count()), (12, 12));
+                assert_eq!(config.lease.name, "team-a");
+                assert_eq!(config.lease.namespace, "ops");
+                // The Leases' timing is the leader election's.
+                assert_eq!(config.lease.lease_duration, Duration::from_secs(15));
+            }
+            _ => panic!("--shards 12 shards"),
+        }
+        for (count, why) in [("0", "between 1 and 64"), ("65", "between 1 and 64")] {
+            let refused = replicas(&[&["--shards", count][..], &namespace].concat());
+            let said = refused.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(said.contains(why), "--shards {count}: {said}");
+        }
+        let both =
+            crate::cli::Cli::try_parse_from(["wasmctrl", "run", "--shards", "4", "--leader-elect"]);
+        assert!(both.is_err(), "--shards replaces --leader-elect");
     }
 
     #[test]

@@ -7,6 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// The shard whose holder does the per-policy work of a sharded host.
+const POLICY_SHARD: u32 = 0;
+
 /// Whether this replica leads, shared by the elector, the write gate and the controllers.
 #[derive(Debug)]
 pub struct Leadership {
@@ -43,17 +46,47 @@ impl Leadership {
 
     /// Whether this replica may write now: it leads, and the time its last renewal bought
     /// has not run out (see the module docs); when sharded, no shard it holds is past its
-    /// deadline either.
-    pub fn is_leader(&self) -> bool {
+    /// deadline either. What it may write for a parent is then up to the parent's shard.
+    pub fn may_write(&self) -> bool {
         self.leading.load(Ordering::Acquire)
             && crate::lock(&self.until).is_none_or(|until| Instant::now() < until)
             && self.shards.get().is_none_or(|shards| !shards.stalled())
     }
 
+    /// Whether this replica does the work of which there must be one doer per policy (its
+    /// status, rollout, finalizers, teardown, webhook and conversion setup): the elected
+    /// leader, or, when sharded, the holder of shard 0 (held by the same clock rule).
+    pub fn is_leader(&self) -> bool {
+        self.may_write()
+            && self
+                .shards
+                .get()
+                .is_none_or(|shards| shards.holds(POLICY_SHARD))
+    }
+
     /// Write by `shards` from now on: for a parent only while its shard is held (a host
-    /// sharded over Leases leads without an election). Set once; a second call is ignored.
-    pub fn shard_by(&self, shards: Arc<crate::shards::ShardOwnership>) {
-        let _ = self.shards.set(shards);
+    /// sharded over Leases leads without an election), and lead the policies while shard 0
+    /// is held ([`subscribe`](Self::subscribe) follows it). Set once; a second call is
+    /// ignored. Spawns the task that follows shard 0, so call it within a runtime.
+    pub fn shard_by(self: &Arc<Self>, shards: Arc<crate::shards::ShardOwnership>) {
+        if self.shards.set(shards.clone()).is_err() {
+            return;
+        }
+        let mut held = shards.subscribe();
+        let leads = held.borrow_and_update().contains_key(&POLICY_SHARD);
+        self.changes.send_replace(leads);
+        let leadership = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while held.changed().await.is_ok() {
+                let leads = held.borrow_and_update().contains_key(&POLICY_SHARD);
+                let Some(leadership) = leadership.upgrade() else {
+                    return;
+                };
+                leadership
+                    .changes
+                    .send_if_modified(|leading| std::mem::replace(leading, leads) != leads);
+            }
+        });
     }
 
     /// The shards this replica holds, when the host is sharded.
@@ -61,14 +94,15 @@ impl Leadership {
         self.shards.get()
     }
 
-    /// Changes of leadership, starting from the current state (seen). A lead that runs out
-    /// by the clock alone shows here only once the elector notices; writes are refused from
-    /// the deadline on regardless.
+    /// Changes of leadership, starting from the current state (seen); when sharded, whether
+    /// shard 0 is held. A lead that runs out by the clock alone shows here only once the
+    /// elector (or the shard coordinator) notices; writes are refused from the deadline on
+    /// regardless.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.changes.subscribe()
     }
 
-    /// Completes once this replica leads.
+    /// Completes once this replica leads (when sharded, holds shard 0).
     pub async fn until_leader(&self) {
         let mut changes = self.subscribe();
         // The sender lives in `self`, so waiting cannot fail while `self` is borrowed.

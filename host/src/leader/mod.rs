@@ -4,8 +4,9 @@
 //! a takeover costs one pass over the parents it already holds. Only the holder of a
 //! `coordination.k8s.io/v1` Lease writes. Two mechanisms keep a standby from writing:
 //!
-//! - the controllers ask [`Leadership::is_leader`] before a reconcile, a status flush or a
-//!   finalizer change, and do nothing as a standby;
+//! - the controllers ask [`Leadership::may_write`] before a reconcile, and
+//!   [`Leadership::is_leader`] before a status flush or a finalizer change, and do nothing
+//!   as a standby;
 //! - every request that is not a read goes through [`gated_client`]: a layer that refuses it
 //!   outright while this replica does not lead, over connections of its own that are cut
 //!   the moment the lead runs out (see [`write_gate`]). A leader that loses the lease
@@ -13,7 +14,7 @@
 //!
 //! Leading is not only a flag the elector sets: it is bounded by a clock. Each successful
 //! renewal lets this replica lead until the renewal's start plus `renew_deadline`, and
-//! [`Leadership::is_leader`] (so the gate, at every write) answers no once that instant has
+//! [`Leadership::may_write`] (so the gate, at every write) answers no once that instant has
 //! passed, whether or not the elector has run since. That matters when the whole process
 //! stops — a SIGSTOP, a VM pause, a long stall — for longer than the lease: a standby takes
 //! over, and when the old leader resumes its reconciles, and the connection tasks holding

@@ -11,7 +11,7 @@
 //!   whenever that task next runs. For a process that stopped in between (a SIGSTOP, a VM
 //!   pause), that is on resume, possibly before anything else of it runs. So
 //!   [`gated_client`] gives writes connections of their own, whose tasks are fenced too:
-//!   each time one is polled it asks [`Leadership::is_leader`], and once the lead has run
+//!   each time one is polled it asks [`Leadership::may_write`], and once the lead has run
 //!   out it ends, dropping whatever it had not yet written.
 //!
 //! What still goes out after the deadline is only what the kernel already held when the
@@ -114,7 +114,7 @@ impl Future for Fenced {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if !self.leadership.is_leader() {
+        if !self.leadership.may_write() {
             return Poll::Ready(());
         }
         self.task.as_mut().poll(cx)
@@ -209,7 +209,7 @@ where
         // Asked here too where the caller's task calls the gate itself (a buffered client
         // calls it from its own task: there the poll below is the check).
         refused.shard = crate::shards::writes_allowed().err();
-        if !self.leadership.is_leader() || refused.shard.is_some() {
+        if !self.leadership.may_write() || refused.shard.is_some() {
             return Box::pin(std::future::ready(Err(refused.into())));
         }
         refused.under_way = true;
@@ -223,7 +223,7 @@ where
 }
 
 /// A write under way, refused the moment the lead it started under runs out: each poll asks
-/// [`Leadership::is_leader`] before it lets the request go further. A process stopped with
+/// [`Leadership::may_write`] before it lets the request go further. A process stopped with
 /// writes inside its client stack (waiting for a connection, a token, the pool) drops them on
 /// resume instead of sending them. Only what the connection already holds can still go out.
 struct GatedWrite<F> {
@@ -242,7 +242,7 @@ where
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // A write of a reconcile is polled on the reconcile's task, which names its shard.
         let shard = crate::shards::writes_allowed().err();
-        if !self.leadership.is_leader() || shard.is_some() {
+        if !self.leadership.may_write() || shard.is_some() {
             let refused = self.refused.take().map_or_else(
                 || "not the leader".into(),
                 |mut refused| -> tower::BoxError {
@@ -358,9 +358,44 @@ mod tests {
         // A shard held past its deadline (the process stood still): nothing is written.
         shards.hold_until(0, Instant::now() + Duration::from_secs(10));
         tokio::time::advance(Duration::from_secs(10)).await;
-        assert!(!leadership.is_leader());
+        assert!(!leadership.may_write());
         assert!(gated.call(request(http::Method::POST, path)).await.is_err());
         assert_eq!(sent.load(Ordering::SeqCst), 3);
+    }
+
+    /// A sharded host leads its policies (status, rollout, finalizers) only while it holds
+    /// shard 0, by the same clock, and its subscribers see shard 0 come and go; it writes for
+    /// the parents of its other shards all the while.
+    #[tokio::test(start_paused = true)]
+    async fn a_sharded_host_leads_the_policies_while_it_holds_shard_0() {
+        let leadership = Leadership::always();
+        let shards = crate::shards::ShardOwnership::new(3);
+        shards.hold_until(2, Instant::now() + Duration::from_secs(60));
+        leadership.shard_by(shards.clone());
+        let mut leading = leadership.subscribe();
+        assert!(!*leading.borrow_and_update(), "shard 0 is not held");
+        assert!(!leadership.is_leader());
+        assert!(leadership.may_write(), "shard 2's parents are written");
+
+        shards.hold_until(0, Instant::now() + Duration::from_secs(10));
+        tokio::time::timeout(Duration::from_secs(1), leading.changed())
+            .await
+            .expect("shard 0's gain is seen")
+            .expect("open");
+        assert!(*leading.borrow_and_update());
+        assert!(leadership.is_leader());
+        leadership.until_leader().await;
+
+        // Past shard 0's deadline nothing is written, as for a leader whose lease ran out.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(!leadership.is_leader() && !leadership.may_write());
+        shards.let_go(0);
+        tokio::time::timeout(Duration::from_secs(1), leading.changed())
+            .await
+            .expect("shard 0's loss is seen")
+            .expect("open");
+        assert!(!*leading.borrow_and_update());
+        assert!(leadership.may_write() && !leadership.is_leader());
     }
 
     /// kube's client calls the gate from a task of its own (a buffer), and hands the write

@@ -625,7 +625,8 @@ fn parents_of_shards_gained(
 }
 
 /// A standby skips every reconcile: when it takes over, every parent goes through once, in a
-/// new prune guard window (what the last leader deleted is unknown here).
+/// new prune guard window (what the last leader deleted is unknown here). A sharded host
+/// opens a new window for each shard it takes.
 fn requeue_on_takeover(
     leadership: &crate::leader::Leadership,
     requeue_all: tokio::sync::mpsc::UnboundedSender<()>,
@@ -633,7 +634,24 @@ fn requeue_on_takeover(
     policy: String,
 ) -> impl Future<Output = ()> + use<> {
     let mut leading = leadership.subscribe();
+    // Sharded, each shard gained brings its own parents through (see
+    // `parents_of_shards_gained`); what changed hands is who writes for them.
+    let mut gained = leadership.shards().map(|shards| shards.subscribe());
     async move {
+        if let Some(gained) = &mut gained {
+            let mut before = gained.borrow_and_update().clone();
+            while gained.changed().await.is_ok() {
+                let now = gained.borrow_and_update().clone();
+                if now
+                    .iter()
+                    .any(|(shard, taken)| before.get(shard) != Some(taken))
+                {
+                    guard.reopen("this replica took over a shard".to_owned());
+                }
+                before = now;
+            }
+            return std::future::pending::<()>().await;
+        }
         while leading.changed().await.is_ok() {
             if *leading.borrow_and_update() {
                 guard.reopen("this replica took over".to_owned());

@@ -13,7 +13,8 @@
 //! It is woken by the child watches (a child being deleted, or a child that depends on
 //! others changing or going) for that child's parent, and sweeps every child being deleted
 //! every [`SWEEP`] and whenever leadership changes, which also catches what a restart or a
-//! takeover missed.
+//! takeover missed. On a sharded host, a parent's children are let go by the holder of the
+//! parent's shard, fenced as its reconciles are, and every shard gained is swept.
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -101,6 +102,17 @@ impl Teardown {
             return;
         }
         let mut leading = self.ctx.leadership.subscribe();
+        // A sharded host looks again at each shard it gains: its parents' teardowns are its own now.
+        let mut gained = self
+            .ctx
+            .leadership
+            .shards()
+            .map(|shards| shards.subscribe());
+        let shard_gained = async |gained: &mut Option<tokio::sync::watch::Receiver<_>>| match gained
+        {
+            Some(gained) => gained.changed().await,
+            None => std::future::pending().await,
+        };
         let mut sweep = tokio::time::interval(SWEEP);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -117,6 +129,7 @@ impl Teardown {
                 }
                 _ = sweep.tick() => self.sweep().await,
                 Ok(()) = leading.changed() => self.sweep().await,
+                Ok(()) = shard_gained(&mut gained) => self.sweep().await,
             }
         }
     }
@@ -141,11 +154,26 @@ impl Teardown {
     /// sibling still there depends on; report those blocked past the timeout.
     async fn release(&mut self, uid: &str) {
         let ctx = self.ctx.clone();
-        let caches = &ctx.caches.children;
-        let children = children_of(caches, uid);
-        if !children.iter().any(|(_, child)| held(child)) || !self.ctx.leadership.is_leader() {
+        let children = children_of(&ctx.caches.children, uid);
+        if !children.iter().any(|(_, child)| held(child)) {
             return;
         }
+        match ctx.leadership.shards() {
+            None if ctx.leadership.is_leader() => self.release_children(&children).await,
+            None => {}
+            // Sharded: the holder of the parent's shard, fenced as its reconciles are.
+            Some(shards) => {
+                if let Some(writing) = shards.start_writing(shards.shard_of(uid)) {
+                    crate::shards::write_for(writing, self.release_children(&children)).await;
+                }
+            }
+        }
+    }
+
+    /// [`release`](Self::release) for one parent's `children`, as this replica may write.
+    async fn release_children(&mut self, children: &[(usize, Arc<CachedObject>)]) {
+        let ctx = self.ctx.clone();
+        let caches = &ctx.caches.children;
         let values: Vec<Value> = children.iter().map(|(_, child)| child.to_value()).collect();
         for (position, (index, child)) in children.iter().enumerate() {
             if !held(child) {

@@ -96,7 +96,7 @@ async fn reconcile_parent(
     // Off the queue first: a standby's reconcile ends here too.
     ctx.queue
         .started(&(cached.metadata.namespace.clone(), cached.name_any()));
-    if !ctx.leadership.is_leader() {
+    if !ctx.leadership.may_write() {
         // Taking over re-enqueues every parent, so nothing waits on this. A sharded host
         // writes nothing while one of its shards stands past its deadline (the process
         // stood still) until its coordinator's next round lets that shard go; nothing
