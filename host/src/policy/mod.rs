@@ -500,6 +500,11 @@ pub struct ReconcilePolicyStatus {
     /// record of the plugin, so a swap to a plugin that decides the same writes nothing).
     #[serde(default)]
     pub parents_on_active_digest: u64,
+    /// With hosts sharing the parents in shards (`wasmctrl run --shards`): each shard's
+    /// holder and its parents, which the counts above sum. A shard whose holder has not
+    /// counted them yet (just taken, or held by none) has no counts and adds nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardStatus>,
     /// The child kinds the running controller manages (`spec.children` when it started).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub child_kinds: Vec<KindRef>,
@@ -534,6 +539,23 @@ pub struct ReconcilePolicyStatus {
     /// no stored object needs it; the `ConversionServed` condition says why it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversion: Option<conversion::ConversionStatus>,
+}
+
+/// One shard of a sharded policy's parents, in its status.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardStatus {
+    /// The shard's number: its parents are those whose uid hashes into its range.
+    pub shard: u32,
+    /// The replica holding the shard, as its Lease says; none while it is free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Of the shard's parents, those whose last reconcile succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parents_reconciled: Option<u64>,
+    /// Of the shard's parents, those whose last reconcile failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parents_failing: Option<u64>,
 }
 
 /// How the prune guard stands in its current window.

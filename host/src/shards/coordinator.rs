@@ -8,7 +8,9 @@
 //!   annotated with the set's shard count, so replicas configured with another count (a
 //!   rollout changing `--shards`) claim nothing until the old count's holders are gone;
 //! - `wasmctrl-member-<hash of the identity>`, one per replica, held by it while it runs,
-//!   so every replica knows how many share the work.
+//!   so every replica knows how many share the work; annotated with the count too, and a
+//!   member of another count is not counted (the old replicas of such a rollout keep their
+//!   shards, rather than give them to new ones that may not take them yet).
 //!
 //! Expiry follows client-go's rule, as the leader election does: a Lease held by another
 //! counts as expired only a lease duration after *this* replica last saw it change, so no
@@ -36,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::assignment::{self, ShardView};
 use super::ownership::ShardOwnership;
+use super::reports::COUNTS_ANNOTATION;
 use crate::leader::lease::{LeaseConfig, jittered};
 
 /// The label naming the shard set a Lease belongs to.
@@ -197,6 +200,7 @@ impl ShardCoordinator {
             }
         }
         self.finish_giving_back(&listed).await?;
+        self.report_seen(&listed);
         self.forget_departed(&listed).await;
         Ok(())
     }
@@ -227,6 +231,22 @@ impl ShardCoordinator {
         Ok(Listed { leases })
     }
 
+    /// Tell the reports who holds each shard and what its holder counted, as this round saw
+    /// it: an expired holder holds nothing.
+    fn report_seen(&self, listed: &Listed) {
+        for shard in 0..self.config.count {
+            let name = self.config.shard_name(shard);
+            let lease = listed.leases.get(&name);
+            let holder = lease
+                .and_then(|lease| lease.spec.as_ref()?.holder_identity.as_deref())
+                .filter(|_| !self.expired(&name, 1));
+            let counts = lease
+                .and_then(|lease| lease.metadata.annotations.as_ref()?.get(COUNTS_ANNOTATION))
+                .map(String::as_str);
+            self.ownership.reports().saw(shard, holder, counts);
+        }
+    }
+
     /// Whether the Lease `name` as last seen expired: held by someone who has not renewed it
     /// for its lease duration, by this replica's clock.
     fn expired(&self, name: &str, after: u32) -> bool {
@@ -240,14 +260,23 @@ impl ShardCoordinator {
         Instant::now() >= *seen + duration * after
     }
 
-    /// The live members of the set: this replica and every other whose membership Lease has
-    /// not expired.
+    /// The live members of the set: this replica and every other of the same shard count
+    /// whose membership Lease has not expired.
     fn members(&self, listed: &Listed) -> BTreeSet<String> {
         let prefix = format!("{}-member-", self.config.lease.name);
+        let count = self.config.count.to_string();
         let mut members: BTreeSet<String> = listed
             .leases
             .iter()
             .filter(|(name, _)| name.starts_with(&prefix) && !self.expired(name, 1))
+            // A replica of another shard count (a rollout changing it) shares nothing with
+            // this one: counting it would give shards back that it will not take.
+            .filter(|(_, lease)| {
+                lease
+                    .annotations()
+                    .get(COUNT_ANNOTATION)
+                    .is_none_or(|theirs| *theirs == count)
+            })
             .filter_map(|(_, lease)| lease.spec.as_ref()?.holder_identity.clone())
             .collect();
         members.insert(self.config.lease.identity.clone());
@@ -461,7 +490,8 @@ impl ShardCoordinator {
     }
 
     /// The Lease `name` held by this replica now: `current` renewed (or taken over, counting
-    /// a transition), or a new one. Shard Leases carry the set's count.
+    /// a transition), or a new one. Every Lease carries the set's count, and a shard's the
+    /// counts of its parents this replica made (see [`super::reports`]).
     fn lease(&self, name: &str, current: Option<&Lease>, shard: Option<u32>) -> Lease {
         let now = MicroTime(jiff::Timestamp::now());
         let identity = &self.config.lease.identity;
@@ -477,10 +507,14 @@ impl ShardCoordinator {
         lease
             .labels_mut()
             .insert(SET_LABEL.into(), self.config.lease.name.clone());
-        if shard.is_some() {
-            lease
-                .annotations_mut()
-                .insert(COUNT_ANNOTATION.into(), self.config.count.to_string());
+        lease
+            .annotations_mut()
+            .insert(COUNT_ANNOTATION.into(), self.config.count.to_string());
+        if let Some(shard) = shard {
+            lease.annotations_mut().insert(
+                COUNTS_ANNOTATION.into(),
+                self.ownership.reports().annotation(shard),
+            );
         }
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         if spec.holder_identity.as_deref() != Some(identity.as_str()) {

@@ -24,7 +24,9 @@ pub mod assignment;
 pub mod coordinator;
 mod map;
 pub mod ownership;
+pub mod reports;
 
 pub use coordinator::{ShardConfig, ShardCoordinator};
 pub use map::{shard_of, shard_range};
 pub use ownership::{ShardOwnership, Writing, write_for, writes_allowed};
+pub use reports::{ShardCounts, ShardReport, ShardReports};

@@ -30,6 +30,8 @@ pub struct ShardOwnership {
     changes: watch::Sender<BTreeMap<u32, u64>>,
     /// How many times shards were taken, for those counts.
     taken: std::sync::atomic::AtomicU64,
+    /// What this replica and the holders of the other shards counted of the parents.
+    reports: super::reports::ShardReports,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -119,7 +121,14 @@ impl ShardOwnership {
             ended: Notify::new(),
             changes: watch::channel(BTreeMap::new()).0,
             taken: std::sync::atomic::AtomicU64::new(0),
+            reports: super::reports::ShardReports::default(),
         })
+    }
+
+    /// The parents' counts per shard: this replica's for the shards it holds, the Leases'
+    /// for the others.
+    pub fn reports(&self) -> &super::reports::ShardReports {
+        &self.reports
     }
 
     /// How many shards the parents are cut into.

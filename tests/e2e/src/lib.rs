@@ -26,7 +26,10 @@ pub use chart::{
     CHART, apply_policy_rbac, apply_rbac_output, documents, dry_run_apply, helm,
     install_chart_rbac, install_chart_rbac_with, install_explain_reader, render,
 };
-pub use host::{HostBuilder, HostUnderTest, client_as, metric_sum, service_account_token};
+pub use host::{
+    HostBuilder, HostUnderTest, client_as, metric_sum, service_account_config,
+    service_account_token,
+};
 pub use http::{
     DrippingServer, PluginServer, dripping_server, http_get, https_get, myapp_plugin_url,
     serve_plugins,

@@ -1996,6 +1996,63 @@ fn monitoring_objects_are_optional_and_the_rule_holds_the_documented_alerts() ->
 }
 
 #[test]
+fn sharding_replaces_leader_election_with_shard_leases_and_an_alert_of_its_own()
+-> anyhow::Result<()> {
+    let sharded = rendered_with(&[
+        "sharding.shards=12",
+        "replicaCount=3",
+        "metrics.prometheusRule.enabled=true",
+        "leaderElection.leaseDurationSeconds=20",
+    ])?;
+    let args = args(&sharded)?;
+    for expected in [
+        "--shards=12",
+        "--shard-set=wasmctrl",
+        "--leader-elect-lease-duration-seconds=20",
+    ] {
+        assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+    }
+    assert!(
+        !args.iter().any(|a| a == "--leader-elect"),
+        "sharding replaces leader election: {args:?}"
+    );
+    // The shard Leases: the membership Lease of a replica that stops is deleted.
+    let role = object(&sharded, "Role", "wasmctrl")?;
+    let leases = role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|rule| rule["resources"] == json!(["leases"]))
+        .context("a rule on leases")?;
+    assert_eq!(
+        leases["verbs"],
+        json!(["get", "list", "watch", "create", "update", "delete"])
+    );
+    assert!(leases["resourceNames"].is_null());
+    let rules =
+        object(&sharded, "PrometheusRule", "wasmctrl")?["spec"]["groups"][0]["rules"].to_string();
+    assert!(
+        rules.contains("WasmctrlShardsUnheld") && rules.contains("< 12"),
+        "{rules}"
+    );
+    assert!(
+        !rules.contains("WasmctrlNoLeader"),
+        "no leader to miss: {rules}"
+    );
+    // Without leader election, sharding alone lets replicas run.
+    rendered_with(&[
+        "sharding.shards=4",
+        "replicaCount=3",
+        "leaderElection.enabled=false",
+    ])?;
+    let said = refusal(&["sharding.shards=65"]);
+    assert!(said.contains("64"), "{said}");
+    let said = refusal(&["replicaCount=3", "leaderElection.enabled=false"]);
+    assert!(said.contains("sharding.shards"), "{said}");
+    Ok(())
+}
+
+#[test]
 fn viewers_read_both_policy_kinds_and_editors_write_only_team_policies() -> anyhow::Result<()> {
     let defaults = rendered_with(&[])?;
     object(&defaults, "ClusterRole", "wasmctrl-view")?;

@@ -2,7 +2,8 @@
 //! mid-convergence, watches forced to relist by an etcd compaction, the host itself
 //! SIGKILLed and restarted, two hosts at once, a leader frozen past its lease while a standby
 //! takes over, a plugin that traps while finalizing, a finalizing policy moved between two
-//! parent kinds, and hostile plugins under load beside a well-behaved policy.
+//! parent kinds, hostile plugins under load beside a well-behaved policy, and sharded
+//! replicas killed, joined and frozen while they share the parents.
 //!
 //! These run on a control plane of their own (they kill parts of it), one test at a time.
 //! Each ends by checking the invariant: every parent converged, each desired child exists
@@ -225,6 +226,19 @@ fn replica_process_for(
     ns: &str,
     dir: &std::path::Path,
 ) -> anyhow::Result<SelfProcess> {
+    replica_process_sharing(test, identity, ns, dir, &["--leader-elect"])
+}
+
+/// A replica of `wasmctrl run` for `test` in a process of its own, acting as `identity`,
+/// sharing the work with the others as `sharing` says (`--leader-elect`, or `--shards N`),
+/// its Leases in `ns`.
+fn replica_process_sharing(
+    test: &str,
+    identity: &str,
+    ns: &str,
+    dir: &std::path::Path,
+    sharing: &[&str],
+) -> anyhow::Result<SelfProcess> {
     let kubeconfig = impersonating_kubeconfig(&Plane::get().kubeconfig, identity, dir)?;
     let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let args = [
@@ -242,13 +256,16 @@ fn replica_process_for(
         &listen.to_string(),
         "--max-concurrent-calls",
         "16",
-        "--leader-elect",
         "--leader-elect-namespace",
         ns,
         "--leader-elect-identity",
         identity,
     ]
     .map(str::to_owned);
+    let args: Vec<String> = args
+        .into_iter()
+        .chain(sharing.iter().map(|arg| (*arg).to_owned()))
+        .collect();
     let command_line = serde_json::to_string(&args)?;
     spawn_self("replica_process", &[(REPLICA_ENV, command_line.as_str())])
 }
@@ -357,10 +374,20 @@ async fn wait_reconciled(client: &Client, ns: &str, count: usize) -> anyhow::Res
 
 /// Wait until every one of the `PARENTS` children holds `size`.
 async fn wait_children_at(client: &Client, ns: &str, size: u64) -> anyhow::Result<()> {
+    wait_children_of(client, ns, PARENTS, size).await
+}
+
+/// Wait until every one of the `count` parents' children holds `size`.
+async fn wait_children_of(
+    client: &Client,
+    ns: &str,
+    count: usize,
+    size: u64,
+) -> anyhow::Result<()> {
     let size = size.to_string();
     eventually(&format!("every child at size {size}"), CONVERGE, || async {
         let children = children_by_parent(client, ns).await?;
-        Ok(children.len() == PARENTS
+        Ok(children.len() == count
             && children
                 .values()
                 .all(|owned| owned.iter().all(|(_, c)| c["data"]["size"] == size)))
@@ -1314,5 +1341,309 @@ async fn a_swap_to_a_plugin_that_answers_nothing_is_held_until_confirmed_or_roll
         .context("the user's ConfigMap was deleted")?;
     assert_eq!(users["data"]["k"], "v");
     host.stop().await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Sharding: every replica reconciles its share.
+
+/// Shards of the sharded replicas' set, and parents they share.
+const SHARDS: u32 = 12;
+const SHARDED_PARENTS: usize = 600;
+
+/// Who holds each of the `SHARDS` shard Leases in `ns` (`None`: released or never taken).
+async fn shard_holders(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+) -> anyhow::Result<BTreeMap<u32, Option<String>>> {
+    let mut holders = BTreeMap::new();
+    for shard in 0..SHARDS {
+        let holder = leases
+            .get_opt(&format!("wasmctrl-shard-{shard}"))
+            .await?
+            .and_then(|lease| lease.spec)
+            .and_then(|spec| spec.holder_identity);
+        holders.insert(shard, holder);
+    }
+    Ok(holders)
+}
+
+/// Wait until every shard is held, each of `replicas` holding `each`; how long it took.
+async fn wait_shared(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+    replicas: &[&str],
+    each: usize,
+    within: Duration,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    eventually(
+        &format!("{replicas:?} holding {each} shards each"),
+        within,
+        || async {
+            let holders = shard_holders(leases).await?;
+            Ok(replicas.iter().all(|replica| {
+                holders
+                    .values()
+                    .filter(|holder| holder.as_deref() == Some(replica))
+                    .count()
+                    == each
+            }) && holders.values().all(Option::is_some))
+        },
+    )
+    .await?;
+    Ok(started.elapsed())
+}
+
+/// The parent a write of `uri` was for: a Widget's own (its status) or its child
+/// `<parent>-own`.
+fn parent_written(uri: &str) -> Option<String> {
+    let path = uri.split('?').next()?;
+    if let Some((_, rest)) = path.split_once("/widgets/") {
+        return rest.split('/').next().map(str::to_owned);
+    }
+    let (_, rest) = path.split_once("/configmaps/")?;
+    rest.strip_suffix("-own").map(str::to_owned)
+}
+
+/// The writes for parents (their status and children) each of `replicas` sent, by parent:
+/// (when the API server received it, replica), in order.
+fn writes_per_parent(replicas: &[&str]) -> anyhow::Result<BTreeMap<String, Vec<(i64, String)>>> {
+    let mut per_parent: BTreeMap<String, Vec<(i64, String)>> = BTreeMap::new();
+    for replica in replicas {
+        for (at, _, uri, _) in writes_by(replica)? {
+            if let Some(parent) = parent_written(&uri) {
+                per_parent
+                    .entry(parent)
+                    .or_default()
+                    .push((at, (*replica).to_owned()));
+            }
+        }
+    }
+    for writes in per_parent.values_mut() {
+        writes.sort();
+    }
+    Ok(per_parent)
+}
+
+/// Parents written by two replicas in turns that interleave: once another replica took a
+/// parent's shard and wrote for it, the one before never wrote for it again.
+fn interleaved(per_parent: &BTreeMap<String, Vec<(i64, String)>>) -> Vec<String> {
+    per_parent
+        .iter()
+        .filter(|(_, writes)| {
+            let mut turns: Vec<&str> = Vec::new();
+            for (_, replica) in writes.iter() {
+                if turns.last() != Some(&replica.as_str()) {
+                    turns.push(replica);
+                }
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            !turns.iter().all(|replica| seen.insert(*replica))
+        })
+        .map(|(parent, writes)| format!("{parent}: {writes:?}"))
+        .collect()
+}
+
+/// Wait until the policy's status counts all `SHARDED_PARENTS` as reconciled, summed over
+/// its 12 shards, each held by one of `replicas` and counted by it.
+async fn wait_counted_across_shards(
+    client: &Client,
+    policy: &str,
+    replicas: &[&str],
+) -> anyhow::Result<()> {
+    let last = std::sync::Mutex::new(Value::Null);
+    let counted = eventually("the policy's status counting every shard", CONVERGE, || async {
+        let status = policies(client).get(policy).await?.data["status"].clone();
+        let shards = status["shards"].as_array().cloned().unwrap_or_default();
+        let summed: u64 = shards
+            .iter()
+            .filter_map(|shard| shard["parentsReconciled"].as_u64())
+            .sum();
+        let held = shards.iter().all(|shard| {
+            shard["holder"]
+                .as_str()
+                .is_some_and(|holder| replicas.contains(&holder))
+        });
+        let done = status["parentsReconciled"] == SHARDED_PARENTS as u64
+            && status["parentsFailing"] == 0
+            && shards.len() == SHARDS as usize
+            && summed == SHARDED_PARENTS as u64
+            && held;
+        *last.lock().expect("not poisoned") = status;
+        Ok(done)
+    })
+    .await;
+    counted.map_err(|error| {
+        let last = last.lock().expect("not poisoned");
+        error.context(format!("status: {last}"))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_replicas_share_the_work_and_survive_a_kill_a_join_and_a_freeze()
+-> anyhow::Result<()> {
+    const TEST: &str = "fault-shards";
+    const REPLICAS: [&str; 4] = ["shard-a", "shard-b", "shard-c", "shard-d"];
+    let [a, b, c, d] = REPLICAS;
+    let _one = exclusive().await;
+    let (client, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    // A slower resync than the other faults': 600 parents on three hosts and this machine's
+    // two cores.
+    let mut policy = widget_policy(&ns, json!({"ownChild": true}));
+    policy["resyncPeriodSeconds"] = json!(10);
+    apply_policy(&client, TEST, TEST, policy).await?;
+    let dir = tempfile::tempdir()?;
+    let leases = Api::namespaced(client.clone(), &ns);
+    let shards = SHARDS.to_string();
+    let sharded = ["--shards", shards.as_str()];
+    // Killed when dropped (a failure half-way must not wait on a stopped process).
+    let replica =
+        |identity: &str| replica_process_sharing(TEST, identity, &ns, dir.path(), &sharded);
+
+    // Three replicas hold 4 shards each, and each does its share of the work.
+    let (first, mut second, third) = (replica(a)?, replica(b)?, replica(c)?);
+    let settled = wait_shared(&leases, &[a, b, c], 4, CONVERGE).await?;
+    apply_widgets(&client, &ns, SHARDED_PARENTS, 1).await?;
+    let took = wait_reconciled(&client, &ns, SHARDED_PARENTS).await?;
+    let per_parent = writes_per_parent(&REPLICAS)?;
+    let share = |replica: &str| {
+        per_parent
+            .values()
+            .filter(|writes| writes.iter().any(|(_, by)| by == replica))
+            .count()
+    };
+    let shares: Vec<usize> = [a, b, c].iter().map(|replica| share(replica)).collect();
+    report(
+        "three sharded replicas, 12 shards",
+        &format!(
+            "4 shards each {settled:.1?} after start; {SHARDED_PARENTS} parents converged in {took:.1?}, written by a, b, c: {shares:?}"
+        ),
+    );
+    for (replica, written) in [a, b, c].iter().zip(&shares) {
+        assert!(
+            *written * 5 >= SHARDED_PARENTS,
+            "{replica} wrote for {written} of {SHARDED_PARENTS} parents, under 20 %"
+        );
+    }
+    assert!(interleaved(&per_parent).is_empty(), "two writers at once");
+    // The policy's status counts every shard's parents, each shard's from its holder.
+    wait_counted_across_shards(&client, TEST, &[a, b, c]).await?;
+    let kept = children_by_parent(&client, &ns).await?;
+
+    // SIGKILL c: its shards are taken within a lease and 10 s, and its parents' changes
+    // made meanwhile are reconciled.
+    third.kill()?;
+    let killed = Instant::now();
+    apply_widgets(&client, &ns, SHARDED_PARENTS, 2).await?;
+    eventually(
+        "c's shards taken by a and b",
+        LEASE_DURATION + Duration::from_secs(10),
+        || async {
+            let holders = shard_holders(&leases).await?;
+            Ok(holders
+                .values()
+                .all(|holder| matches!(holder.as_deref(), Some(h) if h == a || h == b)))
+        },
+    )
+    .await?;
+    let taken = killed.elapsed();
+    wait_children_of(&client, &ns, SHARDED_PARENTS, 2).await?;
+    wait_reconciled(&client, &ns, SHARDED_PARENTS).await?;
+    report(
+        "a sharded replica SIGKILLed",
+        &format!(
+            "its shards taken {taken:.1?} after the kill; every parent at its new size {:.1?} after it",
+            killed.elapsed()
+        ),
+    );
+
+    // d joins while every parent changes: 3 shards move to it, and no parent is written by
+    // two replicas in turns that overlap.
+    let joined = Instant::now();
+    let fourth = replica(d)?;
+    apply_widgets(&client, &ns, SHARDED_PARENTS, 3).await?;
+    let rebalanced = wait_shared(&leases, &[a, b, d], 4, CONVERGE).await?;
+    wait_children_of(&client, &ns, SHARDED_PARENTS, 3).await?;
+    wait_reconciled(&client, &ns, SHARDED_PARENTS).await?;
+    let interleaved_now = interleaved(&writes_per_parent(&REPLICAS)?);
+    assert!(
+        interleaved_now.is_empty(),
+        "parents written by two replicas in overlapping turns: {interleaved_now:#?}"
+    );
+    report(
+        "a fourth replica joined while every parent changed",
+        &format!(
+            "4 shards each {rebalanced:.1?} after it started; every parent converged {:.1?} after; no parent written by two replicas at once",
+            joined.elapsed()
+        ),
+    );
+
+    // b frozen past its lease: a and d take its shards; once resumed, b writes nothing for a
+    // parent between its shards' deadlines and the first shard it claims again. (It may be
+    // given back a shard it held before, so turns are not compared from here on.)
+    second.signal(libc::SIGSTOP)?;
+    let stopped_at = Instant::now();
+    let stopped_at_ms = now_ms()?;
+    eventually(
+        "b's shards taken by a and d",
+        LEASE_DURATION * 3,
+        || async {
+            let holders = shard_holders(&leases).await?;
+            Ok(holders
+                .values()
+                .all(|holder| matches!(holder.as_deref(), Some(h) if h == a || h == d)))
+        },
+    )
+    .await?;
+    let failover = stopped_at.elapsed();
+    apply_widgets(&client, &ns, SHARDED_PARENTS, 4).await?;
+    tokio::time::sleep(
+        (LEASE_DURATION + Duration::from_secs(10)).saturating_sub(stopped_at.elapsed()),
+    )
+    .await;
+    second.signal(libc::SIGCONT)?;
+    let resumed_at_ms = now_ms()?;
+    wait_children_of(&client, &ns, SHARDED_PARENTS, 4).await?;
+    wait_reconciled(&client, &ns, SHARDED_PARENTS).await?;
+    wait_shared(&leases, &[a, b, d], 4, CONVERGE).await?;
+    let writes = writes_by(b)?;
+    let is_shard_lease = |uri: &str| uri.contains("/leases/wasmctrl-shard-");
+    let last_renewal = writes
+        .iter()
+        .filter(|(at, verb, uri, code)| {
+            *at <= stopped_at_ms
+                && is_shard_lease(uri)
+                && ((verb == "update" && *code == 200) || (verb == "create" && *code == 201))
+        })
+        .map(|(at, ..)| *at)
+        .max()
+        .context("b renewed its shards before it froze")?;
+    let deadline = last_renewal + i64::try_from(RENEW_DEADLINE.as_millis())?;
+    let claimed_again = writes
+        .iter()
+        .filter(|(at, verb, uri, code)| {
+            *at >= resumed_at_ms && is_shard_lease(uri) && verb == "update" && *code == 200
+        })
+        .map(|(at, ..)| *at)
+        .min()
+        .context("b claimed shards again after it resumed")?;
+    let late: Vec<_> = writes
+        .iter()
+        .filter(|(at, _, uri, _)| {
+            *at > deadline && *at < claimed_again && parent_written(uri).is_some()
+        })
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the frozen replica wrote for parents after its shards' deadline: {late:#?}"
+    );
+    report(
+        "a sharded replica SIGSTOPped past its lease",
+        &format!(
+            "its shards taken {failover:.1?} after the freeze; nothing written for a parent after its deadline; 4 shards each again after it resumed"
+        ),
+    );
+    check_invariant(&client, &ns, SHARDED_PARENTS, 4, &kept).await?;
+    wait_counted_across_shards(&client, TEST, &[a, b, d]).await?;
+    drop((first, second, fourth));
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::Api;
+use kube::{Api, ResourceExt as _};
 use tokio_util::sync::CancellationToken;
 use wasmctrl::leader::LeaseConfig;
 use wasmctrl::shards::{ShardConfig, ShardCoordinator, ShardOwnership};
@@ -29,6 +29,11 @@ struct Replica {
 }
 
 fn start(client: &kube::Client, ns: &str, identity: &str) -> Replica {
+    start_with(client, ns, identity, SHARDS)
+}
+
+/// A replica of a set of `count` shards.
+fn start_with(client: &kube::Client, ns: &str, identity: &str, count: u32) -> Replica {
     let config = ShardConfig {
         lease: LeaseConfig {
             name: "wasmctrl".into(),
@@ -38,10 +43,10 @@ fn start(client: &kube::Client, ns: &str, identity: &str) -> Replica {
             renew_deadline: Duration::from_secs(5),
             retry_period: Duration::from_secs(1),
         },
-        count: SHARDS,
+        count,
     };
     assert!(config.validate().is_ok());
-    let ownership = ShardOwnership::new(SHARDS);
+    let ownership = ShardOwnership::new(count);
     let coordinator = ShardCoordinator::new(client.clone(), config, ownership.clone());
     let stop = CancellationToken::new();
     let task = tokio::spawn(coordinator.run(stop.clone()));
@@ -355,4 +360,120 @@ async fn a_sharded_host_writes_only_for_the_parents_of_the_shards_it_holds() -> 
     );
     host.stop().await?;
     delete_namespace(&client, &ns).await
+}
+
+/// Who may take a shard: the account the chart makes for a sharded release, in the
+/// release's namespace, with the rules the chart gives it (it takes every shard, and leaves
+/// the set when it stops). The same account in a namespace where it has no grant takes none
+/// and writes no Lease there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_account_granted_the_shard_leases_takes_a_shard() -> anyhow::Result<()> {
+    const COUNT: u32 = 4;
+    let (admin, ns) = test_namespace("shard-leases-rbac").await?;
+    let (_, elsewhere) = test_namespace("shard-leases-rbac-other").await?;
+    let account = install_chart_rbac_with(
+        &admin,
+        "shards-rbac",
+        &ns,
+        &[
+            "sharding.shards=4",
+            "replicaCount=2",
+            "createNamespace=false",
+        ],
+    )
+    .await?;
+    let as_account = kube::Client::try_from(service_account_config(&ns, &account).await?)?;
+
+    let granted = start_with(&as_account, &ns, "granted", COUNT);
+    let denied = start_with(&as_account, &elsewhere, "denied", COUNT);
+    eventually(
+        "the granted account holding every shard",
+        LEASE_DURATION * 2,
+        || async { Ok(granted.ownership.held().len() == COUNT as usize) },
+    )
+    .await?;
+    // Rounds enough for the other to have claimed, had it been let.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(denied.ownership.held().is_empty(), "no grant, no shard");
+    let written = Api::<Lease>::namespaced(admin.clone(), &elsewhere)
+        .list(&Default::default())
+        .await?;
+    assert!(
+        written.items.is_empty(),
+        "no Lease written where the account has no grant: {:?}",
+        written
+            .items
+            .iter()
+            .map(|l| l.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+
+    // Stopping, it hands its shards back and deletes its membership Lease: the chart grants
+    // that too.
+    granted.stop.cancel();
+    let mut coordinator = granted.task.await?;
+    coordinator.release().await?;
+    let leases = Api::<Lease>::namespaced(admin.clone(), &ns)
+        .list(&Default::default())
+        .await?;
+    let names: Vec<String> = leases.items.iter().map(|l| l.name_any()).collect();
+    assert!(
+        !names.iter().any(|name| name.contains("-member-")),
+        "the membership Lease was deleted: {names:?}"
+    );
+    assert!(
+        leases.items.iter().all(|lease| lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_ref())
+            .is_none()),
+        "every shard handed back"
+    );
+    denied.stop.cancel();
+    denied.task.abort();
+    Ok(())
+}
+
+/// A rollout that changes the shard count: a replica of the new count claims nothing while
+/// replicas of the old one hold their shards, and they, not counting it, give nothing back
+/// to it; once they have stopped, it takes every shard of the new count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_shard_count_takes_over_only_once_the_old_replicas_are_gone() -> anyhow::Result<()> {
+    let (client, ns) = test_namespace("shard-leases-count").await?;
+    let a = start_with(&client, &ns, "old-a", 4);
+    let b = start_with(&client, &ns, "old-b", 4);
+    wait_for_counts(
+        "two old replicas at 2 shards each",
+        LEASE_DURATION * 2,
+        &[("a", &a), ("b", &b)],
+        2,
+    )
+    .await?;
+    let new = start_with(&client, &ns, "new", 6);
+    // Rounds enough (1 s each) for a rebalance, had the new replica counted.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        new.ownership.held().is_empty(),
+        "claimed beside the old count"
+    );
+    assert_eq!(
+        counts(&[("a", &a), ("b", &b)]),
+        [("a".to_owned(), 2), ("b".to_owned(), 2)],
+        "the old replicas gave nothing back"
+    );
+
+    for old in [a, b] {
+        old.stop.cancel();
+        let mut coordinator = old.task.await?;
+        coordinator.release().await?;
+    }
+    eventually(
+        "the new count's replica holding all 6",
+        LEASE_DURATION * 2,
+        || async { Ok(new.ownership.held().len() == 6) },
+    )
+    .await?;
+    new.stop.cancel();
+    new.task.await?.release().await?;
+    Ok(())
 }

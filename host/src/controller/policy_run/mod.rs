@@ -675,11 +675,30 @@ async fn report_periodically(
     setup: &WatchSetup,
     running: State,
 ) {
+    let shards = ctx.leadership.shards().cloned();
+    // What this replica counted for its shards goes with the policy.
+    let _counted = shards.clone().map(|shards| ForgetCounts {
+        shards,
+        policy: ctx.policy.clone(),
+    });
     for tick in 1u64.. {
         tokio::time::sleep(STATUS_INTERVAL).await;
         let sweep = setup.parents_gone.sweep_due() || tick.is_multiple_of(SWEEP_AT_LEAST_EVERY);
         let active = ctx.serving.digest_serving_all();
-        let counts = report::counts(&ctx.outcomes, parents, &active, sweep);
+        let mut counts = report::counts(&ctx.outcomes, parents, &active, sweep);
+        // Sharded, each replica counts the parents of its shards for their Leases to carry,
+        // and the holder of shard 0 reports the sum over every shard.
+        let per_shard = shards.as_ref().map(|shards| {
+            let own =
+                report::counts_per_shard(&ctx.outcomes, parents, &ctx.parent, &active, shards);
+            shards.reports().count(&ctx.policy, own);
+            let across = shards
+                .reports()
+                .across_shards(&ctx.policy, shards.count(), |shard| shards.holds(shard));
+            let (total, per_shard) = report::counts_across_shards(&across);
+            counts = total;
+            per_shard
+        });
         let candidate = report::candidate_counts(&ctx.serving, parents, sweep);
         let (window, held) = report::prune_guard(&ctx.prune_guard, parents, policy, sweep);
         ctx.metrics
@@ -691,8 +710,23 @@ async fn report_periodically(
         );
         status.set_prune_guard(window);
         status.set_counts(counts);
+        if let Some(per_shard) = per_shard {
+            status.set_shards(per_shard);
+        }
         status.set_candidate_counts(candidate);
         status.flush().await;
+    }
+}
+
+/// Drops what this replica counted of a policy's parents once its reports stop.
+struct ForgetCounts {
+    shards: Arc<crate::shards::ShardOwnership>,
+    policy: String,
+}
+
+impl Drop for ForgetCounts {
+    fn drop(&mut self) {
+        self.shards.reports().forget(&self.policy);
     }
 }
 

@@ -127,6 +127,63 @@ pub(crate) fn counts(
     }
 }
 
+/// [`counts`] for each shard this replica holds, over that shard's parents (`kind`).
+pub(crate) fn counts_per_shard(
+    outcomes: &Outcomes,
+    parents: &Store<CachedObject>,
+    kind: &std::sync::Arc<kube::core::ApiResource>,
+    active: &Digest,
+    shards: &crate::shards::ShardOwnership,
+) -> std::collections::BTreeMap<u32, crate::shards::ShardCounts> {
+    let mut per_shard: std::collections::BTreeMap<u32, crate::shards::ShardCounts> = shards
+        .held()
+        .into_iter()
+        .map(|shard| (shard, Default::default()))
+        .collect();
+    let reconciled = lock(&outcomes.reconciled);
+    for parent in parents.state() {
+        let shard = shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default());
+        let Some(counts) = per_shard.get_mut(&shard) else {
+            continue;
+        };
+        let key = crate::controller::reconcile::parent::parent_key(parent.as_ref(), kind);
+        if let Some(digest) = reconciled.get(&key) {
+            counts.reconciled += 1;
+            counts.on_active += u64::from(digest.as_ref() == Some(active));
+        }
+        counts.failing += u64::from(outcomes.backoff.is_failing(&key));
+    }
+    per_shard
+}
+
+/// The policy's counts over every shard, and each shard's, for its status: the sums leave
+/// out the shards not counted yet.
+pub(crate) fn counts_across_shards(
+    reports: &[crate::shards::ShardReport],
+) -> (Counts, Vec<crate::policy::ShardStatus>) {
+    let mut total = crate::shards::ShardCounts::default();
+    let shards = reports
+        .iter()
+        .map(|report| {
+            if let Some(counts) = report.counts {
+                total += counts;
+            }
+            crate::policy::ShardStatus {
+                shard: report.shard,
+                holder: report.holder.clone(),
+                parents_reconciled: report.counts.map(|c| c.reconciled),
+                parents_failing: report.counts.map(|c| c.failing),
+            }
+        })
+        .collect();
+    let counts = Counts {
+        reconciled: total.reconciled,
+        failing: total.failing,
+        on_active: total.on_active,
+    };
+    (counts, shards)
+}
+
 /// The prune guard's window for the policy's status, closed first if every parent was
 /// reconciled under it; and, while it holds deletions, the `Ready=False, PruneHeld` state.
 /// With `sweep`, the guard forgets deleted parents first.

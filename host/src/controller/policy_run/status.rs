@@ -292,6 +292,11 @@ impl PolicyStatusWriter {
         self.current.parents_on_active_digest = counts.on_active;
     }
 
+    /// Each shard's holder and counts, for a policy on sharded hosts.
+    pub fn set_shards(&mut self, shards: Vec<crate::policy::ShardStatus>) {
+        self.current.shards = shards;
+    }
+
     fn set_condition(&mut self, type_: &str, state: State) {
         let status = if state.ok { "True" } else { "False" };
         let conditions = &mut self.current.conditions;
