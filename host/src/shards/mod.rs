@@ -29,4 +29,4 @@ pub mod reports;
 pub use coordinator::{ShardConfig, ShardCoordinator};
 pub use map::{shard_of, shard_range};
 pub use ownership::{ShardOwnership, Writing, write_for, writes_allowed};
-pub use reports::{ShardCounts, ShardReport, ShardReports};
+pub use reports::{PolicyReport, RolloutReport, ShardCounts, ShardReport, ShardReports};

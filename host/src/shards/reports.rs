@@ -46,29 +46,64 @@ impl std::ops::AddAssign for ShardCounts {
     }
 }
 
+/// What a shard's holder reports of one policy's parents in the shard.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyReport {
+    /// How they stand.
+    #[serde(flatten)]
+    pub counts: ShardCounts,
+    /// What they say of the policy's rollout candidate, while it has one: its gates'
+    /// figures, which the holder of shard 0 sums to decide the rollout for every shard.
+    #[serde(rename = "m", default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutReport>,
+    /// The holder's prune guard window for the policy, while one is open (the same on
+    /// every shard it holds): the holder of shard 0 shows them all in the policy's status.
+    #[serde(rename = "p", default, skip_serializing_if = "Option::is_none")]
+    pub prune: Option<serde_json::Value>,
+    /// The holder's tally of the candidate's shadow verdicts for the policy, while it has a
+    /// candidate (the same on every shard it holds).
+    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<serde_json::Value>,
+}
+
+/// A rollout's gate figures over one shard's parents, measured for one candidate.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RolloutReport {
+    /// The candidate measured (its digest): figures of another candidate are not summed.
+    #[serde(rename = "d")]
+    pub candidate: String,
+    /// The share of the parents it served when measured (`None`: stopped): figures of
+    /// another stage are not summed either.
+    #[serde(rename = "s", default)]
+    pub share: Option<u8>,
+    /// The figures, as the rollout's gates take them.
+    #[serde(rename = "g")]
+    pub gates: serde_json::Value,
+}
+
 /// One shard, as [`ShardReports::across_shards`] found it for a policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ShardReport {
     /// The shard's number.
     pub shard: u32,
     /// Its holder, as the last round saw its Lease (`None`: free, or expired).
     pub holder: Option<String>,
-    /// The policy's parents in the shard, once its holder counted them.
-    pub counts: Option<ShardCounts>,
+    /// What its holder reported of the policy's parents in the shard, once it did.
+    pub report: Option<PolicyReport>,
 }
 
 /// A shard's Lease as the last list showed it.
 #[derive(Debug, Default)]
 struct Seen {
     holder: Option<String>,
-    counts: BTreeMap<String, ShardCounts>,
+    reports: BTreeMap<String, PolicyReport>,
 }
 
 /// The counts this replica made for the shards it holds, and those the shard Leases carry.
 #[derive(Debug, Default)]
 pub struct ShardReports {
     /// Per shard, per policy: what this replica counted.
-    own: Mutex<BTreeMap<u32, BTreeMap<String, ShardCounts>>>,
+    own: Mutex<BTreeMap<u32, BTreeMap<String, PolicyReport>>>,
     /// Per shard: what its Lease said when last listed.
     seen: Mutex<BTreeMap<u32, Seen>>,
 }
@@ -76,7 +111,7 @@ pub struct ShardReports {
 impl ShardReports {
     /// `policy`'s parents in each shard this replica holds now, replacing what it counted
     /// before (for shards it no longer holds too).
-    pub fn count(&self, policy: &str, per_shard: BTreeMap<u32, ShardCounts>) {
+    pub fn count(&self, policy: &str, per_shard: BTreeMap<u32, PolicyReport>) {
         let mut own = lock(&self.own);
         for counts in own.values_mut() {
             counts.remove(policy);
@@ -113,14 +148,14 @@ impl ShardReports {
 
     /// `shard`'s Lease as a list showed it: held by `holder`, with `annotation`.
     pub(super) fn saw(&self, shard: u32, holder: Option<&str>, annotation: Option<&str>) {
-        let counts = annotation
+        let reports = annotation
             .and_then(|text| serde_json::from_str(text).ok())
             .unwrap_or_default();
         lock(&self.seen).insert(
             shard,
             Seen {
                 holder: holder.filter(|h| !h.is_empty()).map(str::to_owned),
-                counts,
+                reports,
             },
         );
     }
@@ -140,18 +175,18 @@ impl ShardReports {
             .map(|shard| {
                 let lease = seen.get(&shard);
                 let holder = lease.and_then(|l| l.holder.clone());
-                let counts = if holds(shard) {
-                    own.get(&shard).and_then(|c| c.get(policy)).copied()
+                let report = if holds(shard) {
+                    own.get(&shard).and_then(|c| c.get(policy)).cloned()
                 } else {
                     lease
                         .filter(|l| l.holder.is_some())
-                        .and_then(|l| l.counts.get(policy))
-                        .copied()
+                        .and_then(|l| l.reports.get(policy))
+                        .cloned()
                 };
                 ShardReport {
                     shard,
                     holder,
-                    counts,
+                    report,
                 }
             })
             .collect()
@@ -162,11 +197,16 @@ impl ShardReports {
 mod tests {
     use super::*;
 
-    fn counts(reconciled: u64, failing: u64) -> ShardCounts {
-        ShardCounts {
-            reconciled,
-            failing,
-            on_active: reconciled,
+    fn counts(reconciled: u64, failing: u64) -> PolicyReport {
+        PolicyReport {
+            counts: ShardCounts {
+                reconciled,
+                failing,
+                on_active: reconciled,
+            },
+            rollout: None,
+            prune: None,
+            candidate: None,
         }
     }
 
@@ -191,27 +231,27 @@ mod tests {
                 ShardReport {
                     shard: 0,
                     holder: Some("a".into()),
-                    counts: Some(counts(5, 1))
+                    report: Some(counts(5, 1))
                 },
                 ShardReport {
                     shard: 1,
                     holder: Some("b".into()),
-                    counts: Some(counts(7, 0))
+                    report: Some(counts(7, 0))
                 },
                 ShardReport {
                     shard: 2,
                     holder: Some("c".into()),
-                    counts: None
+                    report: None
                 },
                 ShardReport {
                     shard: 3,
                     holder: None,
-                    counts: None
+                    report: None
                 },
             ]
         );
         // Each renewal carries this replica's counts for that shard only.
-        let carried: BTreeMap<String, ShardCounts> =
+        let carried: BTreeMap<String, PolicyReport> =
             serde_json::from_str(&reports.annotation(0)).expect("json");
         assert_eq!(
             carried,
@@ -221,7 +261,7 @@ mod tests {
 
         // A count replaces the last, shards let go included; a stopped policy is dropped.
         reports.count("p", BTreeMap::from([(2, counts(1, 0))]));
-        let carried: BTreeMap<String, ShardCounts> =
+        let carried: BTreeMap<String, PolicyReport> =
             serde_json::from_str(&reports.annotation(0)).expect("json");
         assert_eq!(carried.keys().collect::<Vec<_>>(), ["q"]);
         reports.forget("q");
@@ -234,7 +274,7 @@ mod tests {
         let reports = ShardReports::default();
         reports.saw(0, Some("b"), Some("not json"));
         let across = reports.across_shards("p", 1, |_| false);
-        assert_eq!(across[0].counts, None);
+        assert_eq!(across[0].report, None);
         assert_eq!(across[0].holder.as_deref(), Some("b"));
     }
 }

@@ -1451,26 +1451,30 @@ async fn wait_counted_across_shards(
     replicas: &[&str],
 ) -> anyhow::Result<()> {
     let last = std::sync::Mutex::new(Value::Null);
-    let counted = eventually("the policy's status counting every shard", CONVERGE, || async {
-        let status = policies(client).get(policy).await?.data["status"].clone();
-        let shards = status["shards"].as_array().cloned().unwrap_or_default();
-        let summed: u64 = shards
-            .iter()
-            .filter_map(|shard| shard["parentsReconciled"].as_u64())
-            .sum();
-        let held = shards.iter().all(|shard| {
-            shard["holder"]
-                .as_str()
-                .is_some_and(|holder| replicas.contains(&holder))
-        });
-        let done = status["parentsReconciled"] == SHARDED_PARENTS as u64
-            && status["parentsFailing"] == 0
-            && shards.len() == SHARDS as usize
-            && summed == SHARDED_PARENTS as u64
-            && held;
-        *last.lock().expect("not poisoned") = status;
-        Ok(done)
-    })
+    let counted = eventually(
+        "the policy's status counting every shard",
+        CONVERGE,
+        || async {
+            let status = policies(client).get(policy).await?.data["status"].clone();
+            let shards = status["shards"].as_array().cloned().unwrap_or_default();
+            let summed: u64 = shards
+                .iter()
+                .filter_map(|shard| shard["parentsReconciled"].as_u64())
+                .sum();
+            let held = shards.iter().all(|shard| {
+                shard["holder"]
+                    .as_str()
+                    .is_some_and(|holder| replicas.contains(&holder))
+            });
+            let done = status["parentsReconciled"] == SHARDED_PARENTS as u64
+                && status["parentsFailing"] == 0
+                && shards.len() == SHARDS as usize
+                && summed == SHARDED_PARENTS as u64
+                && held;
+            *last.lock().expect("not poisoned") = status;
+            Ok(done)
+        },
+    )
     .await;
     counted.map_err(|error| {
         let last = last.lock().expect("not poisoned");

@@ -840,3 +840,200 @@ async fn a_candidate_claiming_ready_while_its_deployments_never_become_available
     policy_api.delete(TEST, &Default::default()).await?;
     Ok(())
 }
+
+/// One of the hosts sharing a test's parents in shards, in this process: its shard
+/// coordinator (shard Leases in the test's namespace) and the host writing by the shards it
+/// holds.
+struct ShardedHost {
+    host: HostUnderTest,
+    stop: tokio_util::sync::CancellationToken,
+    coordinator: tokio::task::JoinHandle<wasmctrl::shards::ShardCoordinator>,
+}
+
+const SHARDS: u32 = 6;
+
+async fn sharded_host(
+    client: &kube::Client,
+    test: &str,
+    ns: &str,
+    dir: &std::path::Path,
+    identity: &str,
+) -> anyhow::Result<ShardedHost> {
+    use wasmctrl::shards::{ShardConfig, ShardCoordinator, ShardOwnership};
+    let config = ShardConfig {
+        lease: wasmctrl::leader::LeaseConfig {
+            name: "wasmctrl".into(),
+            namespace: ns.to_owned(),
+            identity: identity.to_owned(),
+            lease_duration: Duration::from_secs(8),
+            renew_deadline: Duration::from_secs(5),
+            retry_period: Duration::from_secs(1),
+        },
+        count: SHARDS,
+    };
+    let ownership = ShardOwnership::new(SHARDS);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let coordinator = tokio::spawn(
+        ShardCoordinator::new(client.clone(), config, ownership.clone()).run(stop.clone()),
+    );
+    let host = HostUnderTest::builder(test, ns)
+        .plugin_dir(dir)
+        .sharded(ownership)
+        .start()
+        .await?;
+    Ok(ShardedHost {
+        host,
+        stop,
+        coordinator,
+    })
+}
+
+impl ShardedHost {
+    fn rollout_stage(&self, test: &str) -> f64 {
+        self.host.metric_sum(
+            "wasmctrl_rollout_stage",
+            &[&format!("controller=\"{test}\"")],
+        )
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        self.host.stop().await?;
+        self.stop.cancel();
+        self.coordinator.await?.release().await
+    }
+}
+
+/// Three hosts sharing the parents in shards: one rollout decision for all of them, made
+/// by the holder of shard 0 over every shard's figures. A candidate that fails marked
+/// parents is rolled back on every host (whichever host's shard those parents are in), and
+/// started over with a candidate that decides as the active plugin, it walks every stage
+/// with one history and serves every parent on every host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_over_sharded_hosts_is_decided_once_and_followed_by_every_host()
+-> anyhow::Result<()> {
+    const TEST: &str = "rollout-shards";
+    let (client, ns, dir, rebuilt, digest) = prepare(TEST).await?;
+    apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
+    let mut hosts = Vec::new();
+    for identity in ["a", "b", "c"] {
+        hosts.push(sharded_host(&client, TEST, &ns, dir.path(), identity).await?);
+    }
+    // Counted over the three hosts' shards.
+    let widgets = widgets_reconciled(&client, &ns, TEST).await?;
+
+    let failing = json!({"stages": [
+        {"percent": 10, "maxWouldFail": 1.0},
+        {"percent": 100, "maxWouldFail": 1.0},
+    ]});
+    let candidate = |config: Value| json!({"source": rebuilt, "digest": digest, "config": config});
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_spec(
+            Some(candidate(json!({"ownChild": true, "failMarked": true}))),
+            Some(failing),
+        ),
+    )
+    .await?;
+    let policy_api = policies(&client);
+    let rolled_back =
+        wait_for_object_within(&policy_api, TEST, "the rollout rolled back", ROLLOUT, |p| {
+            rollout_of(p)["phase"] == "RolledBack"
+        })
+        .await?;
+    let rollout = rollout_of(&rolled_back);
+    assert_eq!(rollout["stageName"], "canary 10%", "{rollout}");
+    let results: Vec<&str> = rollout["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["result"].as_str())
+        .collect();
+    assert_eq!(
+        results,
+        ["RolledBack", "Started"],
+        "one decision: {rollout}"
+    );
+    for example in rollout["examples"].as_array().into_iter().flatten() {
+        let name = example.as_str().unwrap_or_default();
+        let index: usize = name
+            .strip_prefix(&format!("{ns}/w-"))
+            .and_then(|i| i.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("an example not of this test: {name}"))?;
+        assert_eq!(index % 4, 0, "only marked parents fail: {name}");
+    }
+    wasmctrl_testenv::cluster::eventually(
+        "every host stopped the candidate",
+        Duration::from_secs(20),
+        || async { Ok(hosts.iter().all(|h| h.rollout_stage(TEST) == -1.0)) },
+    )
+    .await?;
+    for i in 0..PARENTS {
+        wait_for_object(&widgets, &format!("w-{i:03}"), "reconciled again", |w| {
+            condition(w, "Reconciled").is_some_and(|c| c["status"] == "True")
+        })
+        .await?;
+    }
+
+    // Started over with a candidate that fails nothing: every stage, one history.
+    let walking = json!({"stages": [
+        {"percent": 0},
+        {"percent": 10, "soakSeconds": 2},
+        {"percent": 100},
+    ]});
+    apply_policy(
+        &client,
+        TEST,
+        TEST,
+        policy_spec(Some(candidate(json!({"ownChild": true}))), Some(walking)),
+    )
+    .await?;
+    policy_api
+        .patch(
+            TEST,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {"wasmctrl.dev/retry-rollout": "1"}}}),
+            ),
+        )
+        .await?;
+    let done = wait_for_object_within(&policy_api, TEST, "the rollout complete", ROLLOUT, |p| {
+        rollout_of(p)["phase"] == "Complete"
+            && p["status"]["parentsOnActiveDigest"] == PARENTS as u64
+    })
+    .await?;
+    let results: Vec<&str> = rollout_of(&done)["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .rev()
+        .filter_map(|t| t["result"].as_str())
+        .collect();
+    assert_eq!(
+        results,
+        [
+            "Started",
+            "RolledBack",
+            "Started",
+            "Advanced",
+            "Advanced",
+            "Completed"
+        ],
+        "{done}"
+    );
+    assert_eq!(done["status"]["shards"].as_array().map(Vec::len), Some(6));
+    wasmctrl_testenv::cluster::eventually(
+        "every host serving the candidate to every parent",
+        Duration::from_secs(20),
+        || async { Ok(hosts.iter().all(|h| h.rollout_stage(TEST) == 100.0)) },
+    )
+    .await?;
+
+    for host in hosts {
+        host.stop().await?;
+    }
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}

@@ -12,6 +12,7 @@ pub(crate) mod release;
 mod replay_gate;
 pub(crate) mod report;
 pub(crate) mod rollout;
+mod rollout_across;
 pub(crate) mod scopes;
 pub(crate) mod shared;
 pub(crate) mod shared_watches;
@@ -686,23 +687,35 @@ async fn report_periodically(
         let sweep = setup.parents_gone.sweep_due() || tick.is_multiple_of(SWEEP_AT_LEAST_EVERY);
         let active = ctx.serving.digest_serving_all();
         let mut counts = report::counts(&ctx.outcomes, parents, &active, sweep);
-        // Sharded, each replica counts the parents of its shards for their Leases to carry,
-        // and the holder of shard 0 reports the sum over every shard.
+        let own_window =
+            report::own_prune_window(&ctx.prune_guard, parents, policy, sweep, shards.as_deref());
+        ctx.metrics
+            .set_prune_held(own_window.as_ref().map_or(0, |w| w.held_deletions));
+        // Sharded, each replica reports on the parents of its shards for their Leases to
+        // carry, and the holder of shard 0 reports over every shard.
+        let own_candidate =
+            report::candidate_counts(&ctx.serving, parents, sweep, shards.as_deref());
+        let mut others = OthersReports::default();
         let per_shard = shards.as_ref().map(|shards| {
-            let own =
-                report::counts_per_shard(&ctx.outcomes, parents, &ctx.parent, &active, shards);
-            shards.reports().count(&ctx.policy, own);
+            let reported = shard_reports(
+                ctx,
+                parents,
+                (&active, shards),
+                (own_window.as_ref(), own_candidate.as_ref()),
+            );
+            shards.reports().count(&ctx.policy, reported);
+            let held = shards.held();
             let across = shards
                 .reports()
-                .across_shards(&ctx.policy, shards.count(), |shard| shards.holds(shard));
+                .across_shards(&ctx.policy, shards.count(), |shard| held.contains(&shard));
+            others = OthersReports::of(&across, &held);
             let (total, per_shard) = report::counts_across_shards(&across);
             counts = total;
             per_shard
         });
-        let candidate = report::candidate_counts(&ctx.serving, parents, sweep);
-        let (window, held) = report::prune_guard(&ctx.prune_guard, parents, policy, sweep);
-        ctx.metrics
-            .set_prune_held(window.as_ref().map_or(0, |w| w.held_deletions));
+        let candidate = report::merge_candidates(own_candidate, others.candidates);
+        let (window, held) =
+            report::prune_guard(own_window, others.windows, policy, ctx.prune_guard.limits());
         let mut status = status.lock().await;
         status.set_ready(
             held.or_else(|| setup.health.problem())
@@ -716,6 +729,78 @@ async fn report_periodically(
         status.set_candidate_counts(candidate);
         status.flush().await;
     }
+}
+
+/// What the other replicas of a sharded host reported of a policy beyond its counts: their
+/// prune guard windows and candidate verdicts, one of each per replica.
+#[derive(Default)]
+struct OthersReports {
+    windows: Vec<crate::policy::PruneGuardStatus>,
+    candidates: Vec<crate::policy::CandidateStatus>,
+}
+
+impl OthersReports {
+    /// From the reports `across` the shards, those of the shards not `held` here, the first
+    /// of each holder's (a replica reports the same on every shard it holds).
+    fn of(across: &[crate::shards::ShardReport], held: &std::collections::BTreeSet<u32>) -> Self {
+        let mut holders = std::collections::BTreeSet::new();
+        let mut others = Self::default();
+        for shard in across.iter().filter(|r| !held.contains(&r.shard)) {
+            let (Some(holder), Some(report)) = (&shard.holder, &shard.report) else {
+                continue;
+            };
+            if !holders.insert(holder.clone()) {
+                continue;
+            }
+            others.windows.extend(read(&report.prune));
+            others.candidates.extend(read(&report.candidate));
+        }
+        others
+    }
+}
+
+/// A report's part, read back (nothing when it is not what a replica writes).
+fn read<T: serde::de::DeserializeOwned>(value: &Option<serde_json::Value>) -> Option<T> {
+    value.clone().and_then(|v| serde_json::from_value(v).ok())
+}
+
+/// What this replica reports of a policy for each shard it holds: its parents' counts, the
+/// rollout candidate's gate figures while there is one, its prune guard window and its
+/// candidate's verdicts (`own`).
+fn shard_reports(
+    ctx: &PolicyContext,
+    parents: &Store<CachedObject>,
+    (active, shards): (&crate::plugin::Digest, &crate::shards::ShardOwnership),
+    own: (
+        Option<&crate::policy::PruneGuardStatus>,
+        Option<&crate::policy::CandidateStatus>,
+    ),
+) -> std::collections::BTreeMap<u32, crate::shards::PolicyReport> {
+    let (window, candidate) = own;
+    let counted = report::counts_per_shard(&ctx.outcomes, parents, &ctx.parent, active, shards);
+    // Measured whenever a candidate is loaded: the policy this task started with may have
+    // had none, and a rollout comes with its candidate through a swap.
+    let mut measured = match ctx.serving.candidate.load_full() {
+        Some(candidate) => {
+            let held = counted.keys().copied().collect();
+            rollout::shard_reports(ctx, &candidate, parents, shards, &held)
+        }
+        None => Default::default(),
+    };
+    let prune = window.and_then(|window| serde_json::to_value(window).ok());
+    let candidate = candidate.and_then(|candidate| serde_json::to_value(candidate).ok());
+    counted
+        .into_iter()
+        .map(|(shard, counts)| {
+            let report = crate::shards::PolicyReport {
+                counts,
+                rollout: measured.remove(&shard),
+                prune: prune.clone(),
+                candidate: candidate.clone(),
+            };
+            (shard, report)
+        })
+        .collect()
 }
 
 /// Drops what this replica counted of a policy's parents once its reports stop.

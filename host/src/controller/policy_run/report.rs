@@ -165,14 +165,15 @@ pub(crate) fn counts_across_shards(
     let shards = reports
         .iter()
         .map(|report| {
-            if let Some(counts) = report.counts {
+            let counts = report.report.as_ref().map(|r| r.counts);
+            if let Some(counts) = counts {
                 total += counts;
             }
             crate::policy::ShardStatus {
                 shard: report.shard,
                 holder: report.holder.clone(),
-                parents_reconciled: report.counts.map(|c| c.reconciled),
-                parents_failing: report.counts.map(|c| c.failing),
+                parents_reconciled: counts.map(|c| c.reconciled),
+                parents_failing: counts.map(|c| c.failing),
             }
         })
         .collect();
@@ -184,32 +185,108 @@ pub(crate) fn counts_across_shards(
     (counts, shards)
 }
 
-/// The prune guard's window for the policy's status, closed first if every parent was
-/// reconciled under it; and, while it holds deletions, the `Ready=False, PruneHeld` state.
-/// With `sweep`, the guard forgets deleted parents first.
+/// The prune guard's window for the policy's status: this replica's `own` (see
+/// [`own_prune_window`]) and, on sharded hosts, the `others`' windows from their shard
+/// reports; and, while it holds deletions, the `Ready=False, PruneHeld` state.
 pub(crate) fn prune_guard(
+    own: Option<PruneGuardStatus>,
+    others: Vec<PruneGuardStatus>,
+    policy: &ReconcilePolicy,
+    limits: PruneLimits,
+) -> (Option<PruneGuardStatus>, Option<State>) {
+    let window = merge_prune_windows(own, others);
+    let held = window
+        .as_ref()
+        .filter(|w| w.state == "Held")
+        .map(|w| held_state(&annotate_target(policy), w, limits));
+    (window, held)
+}
+
+/// This replica's own window, closed first if every parent it reconciles (those of its
+/// shards, when sharded) was reconciled under it. With `sweep`, the guard forgets deleted
+/// parents first.
+pub(crate) fn own_prune_window(
     guard: &PruneGuard,
     parents: &Store<CachedObject>,
     policy: &ReconcilePolicy,
     sweep: bool,
-) -> (Option<PruneGuardStatus>, Option<State>) {
+    share: Option<&crate::shards::ShardOwnership>,
+) -> Option<PruneGuardStatus> {
     let name = policy.name_any();
+    let in_share = |parent: &CachedObject| {
+        share.is_none_or(|shards| {
+            shards.holds(shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default()))
+        })
+    };
     let exists = |key: &ObjectRef<CachedObject>| parents.get(key).is_some();
     if sweep {
         guard.forget_gone(exists);
     }
-    if guard.close_if_rolled_out(exists, parents.state().len()) {
+    let mine = |key: &ObjectRef<CachedObject>| parents.get(key).is_some_and(|p| in_share(&p));
+    let count = match share {
+        None => parents.state().len(),
+        Some(_) => parents.state().iter().filter(|p| in_share(p)).count(),
+    };
+    if guard.close_if_rolled_out(mine, count) {
         tracing::info!(
             policy = %name,
             "every parent reconciled since the last change; pruning is no longer counted"
         );
     }
-    let window = guard.status();
-    let held = window
-        .as_ref()
+    guard.status()
+}
+
+/// Examples of held deletions a merged window keeps, as one replica's does.
+const PRUNE_EXAMPLES: usize = 5;
+
+/// The prune guard over every replica of a sharded host: `own` window and the `others`'
+/// (one per replica: the same window reported on several shards counts once). Held if any
+/// holds; the token confirms every held window at once (their tokens, comma-separated);
+/// the figures are sums and the examples the first few.
+pub(crate) fn merge_prune_windows(
+    own: Option<PruneGuardStatus>,
+    others: Vec<PruneGuardStatus>,
+) -> Option<PruneGuardStatus> {
+    let mut windows: Vec<PruneGuardStatus> = Vec::new();
+    for window in own.into_iter().chain(others) {
+        if !windows.iter().any(|w| w.confirm == window.confirm) {
+            windows.push(window);
+        }
+    }
+    let mut merged = windows.first()?.clone();
+    if windows.len() == 1 {
+        return Some(merged);
+    }
+    let any = |state: &str| windows.iter().any(|w| w.state == state);
+    merged.state = if any("Held") {
+        "Held"
+    } else if any("Confirmed") {
+        "Confirmed"
+    } else {
+        "Watching"
+    }
+    .to_owned();
+    let held: Vec<&str> = windows
+        .iter()
         .filter(|w| w.state == "Held")
-        .map(|w| held_state(&annotate_target(policy), w, guard.limits()));
-    (window, held)
+        .map(|w| w.confirm.as_str())
+        .collect();
+    if !held.is_empty() {
+        merged.confirm = held.join(",");
+    }
+    merged.deleted = windows.iter().map(|w| w.deleted).sum();
+    merged.allowed = windows.iter().map(|w| w.allowed).sum();
+    merged.children_seen = windows.iter().map(|w| w.children_seen).sum();
+    merged.recently_deleted = windows.iter().map(|w| w.recently_deleted).sum();
+    merged.recently_allowed = windows.iter().map(|w| w.recently_allowed).sum();
+    merged.held_deletions = windows.iter().map(|w| w.held_deletions).sum();
+    merged.held_parents = windows.iter().map(|w| w.held_parents).sum();
+    merged.examples = windows
+        .iter()
+        .flat_map(|w| w.examples.iter().cloned())
+        .take(PRUNE_EXAMPLES)
+        .collect();
+    Some(merged)
 }
 
 /// `Ready=False, PruneHeld`: how much is held, why, a few examples, and how to answer.
@@ -251,18 +328,27 @@ fn held_state(target: &str, window: &PruneGuardStatus, limits: PruneLimits) -> S
 
 /// How many parents the candidate serves, and its shadow verdicts for the others, with a
 /// few examples (sorted, so an unchanged picture writes nothing).
-/// With `sweep`, the verdicts of deleted parents are dropped first.
+/// With `sweep`, the verdicts of deleted parents are dropped first. A sharded replica
+/// tallies the verdicts of the parents of `share`'s shards only (see
+/// [`merge_candidates`] for the rest).
 pub(crate) fn candidate_counts(
     serving: &Serving,
     parents: &Store<CachedObject>,
     sweep: bool,
+    share: Option<&crate::shards::ShardOwnership>,
 ) -> Option<CandidateStatus> {
-    const EXAMPLES: usize = 5;
     let candidate = serving.candidate.load_full()?;
     let mut verdicts = lock(&serving.shadow);
     if sweep {
         verdicts.retain(|key, _| parents.get(key).is_some());
     }
+    let in_share = |key: &ObjectRef<CachedObject>| {
+        share.is_none_or(|shards| {
+            parents.get(key).is_some_and(|parent| {
+                shards.holds(shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default()))
+            })
+        })
+    };
     let mut status = CandidateStatus {
         digest: candidate.serving.plugin.digest().to_string(),
         canary_parents: parents
@@ -270,12 +356,12 @@ pub(crate) fn candidate_counts(
             .iter()
             .filter(|p| candidate.serves(&p.labels(), p.metadata.uid.as_deref()))
             .count() as u64,
-        evaluated: verdicts.len() as u64,
         webhooks: serving.webhook_shadow(),
         ..CandidateStatus::default()
     };
     let mut examples = Vec::new();
-    for (key, shadowed) in verdicts.iter() {
+    for (key, shadowed) in verdicts.iter().filter(|(key, _)| in_share(key)) {
+        status.evaluated += 1;
         let verdict = &shadowed.verdict;
         match verdict {
             Verdict::Unchanged => {
@@ -296,9 +382,32 @@ pub(crate) fn candidate_counts(
         });
     }
     examples.sort_by(|a, b| a.parent.cmp(&b.parent));
-    examples.truncate(EXAMPLES);
+    examples.truncate(SHADOW_EXAMPLES);
     status.examples = examples;
     Some(status)
+}
+
+/// Shadow examples the candidate's status keeps.
+const SHADOW_EXAMPLES: usize = 5;
+
+/// The candidate's verdicts over every replica of a sharded host: this replica's `own`
+/// status, with the verdicts the `others` (one per other replica) tallied for the same
+/// candidate added. The canary's parents are counted over the whole cache already.
+pub(crate) fn merge_candidates(
+    own: Option<CandidateStatus>,
+    others: Vec<CandidateStatus>,
+) -> Option<CandidateStatus> {
+    let mut merged = own?;
+    for other in others.into_iter().filter(|o| o.digest == merged.digest) {
+        merged.evaluated += other.evaluated;
+        merged.unchanged += other.unchanged;
+        merged.would_change += other.would_change;
+        merged.would_fail += other.would_fail;
+        merged.examples.extend(other.examples);
+    }
+    merged.examples.sort_by(|a, b| a.parent.cmp(&b.parent));
+    merged.examples.truncate(SHADOW_EXAMPLES);
+    Some(merged)
 }
 
 #[cfg(test)]
@@ -312,6 +421,93 @@ mod tests {
 
     fn key(namespace: &str, name: &str) -> ObjectRef<CachedObject> {
         ObjectRef::new_with(name, Arc::new(myapps())).within(namespace)
+    }
+
+    fn window(state: &str, confirm: &str, held: u64, examples: &[&str]) -> PruneGuardStatus {
+        PruneGuardStatus {
+            state: state.into(),
+            since: "a swap".into(),
+            confirm: confirm.into(),
+            deleted: 1,
+            allowed: 5,
+            children_seen: 50,
+            held_deletions: held,
+            held_parents: held,
+            examples: examples.iter().map(|e| (*e).to_owned()).collect(),
+            ..PruneGuardStatus::default()
+        }
+    }
+
+    /// Sharded hosts each guard their own parents: the status shows one window over all of
+    /// them, held when any is, whose token confirms every held window at once, and a window
+    /// reported on several shards counts once.
+    #[test]
+    fn the_windows_of_sharded_hosts_show_as_one() {
+        assert_eq!(merge_prune_windows(None, Vec::new()), None);
+        let own = window("Watching", "t-a", 0, &[]);
+        assert_eq!(
+            merge_prune_windows(Some(own.clone()), vec![own.clone()]),
+            Some(own.clone()),
+            "the same window twice"
+        );
+        let b = window("Held", "t-b", 3, &["ns/w-1 → ConfigMap x"]);
+        let c = window("Held", "t-c", 2, &["ns/w-2 → ConfigMap y"]);
+        let merged = merge_prune_windows(Some(own), vec![b.clone(), c, b]).expect("a window");
+        assert_eq!(merged.state, "Held");
+        assert_eq!(merged.confirm, "t-b,t-c", "the held windows' tokens");
+        assert_eq!(
+            (
+                merged.held_deletions,
+                merged.deleted,
+                merged.allowed,
+                merged.children_seen
+            ),
+            (5, 3, 15, 150)
+        );
+        assert_eq!(merged.examples.len(), 2);
+        let held = held_state("reconcilepolicy p", &merged, PruneLimits::of(None));
+        assert!(
+            held.reason == "PruneHeld" && held.message.contains("confirm-prune=t-b,t-c "),
+            "Ready=False, PruneHeld, naming the tokens: {}",
+            held.message
+        );
+    }
+
+    /// The candidate's verdicts over sharded hosts: the other replicas' tallies for the same
+    /// candidate are added, with the first few examples of all; another candidate's (a
+    /// replica not yet on the new one) are not.
+    #[test]
+    fn the_candidate_verdicts_of_sharded_hosts_add_up() {
+        let tally = |digest: &str, would_fail: u64, parent: &str| CandidateStatus {
+            digest: digest.into(),
+            canary_parents: 7,
+            evaluated: 10,
+            unchanged: 10 - would_fail,
+            would_fail,
+            examples: vec![ShadowExample {
+                parent: parent.into(),
+                verdict: "WouldFail".into(),
+                detail: String::new(),
+            }],
+            ..CandidateStatus::default()
+        };
+        assert_eq!(merge_candidates(None, vec![tally("d", 1, "ns/a")]), None);
+        let merged = merge_candidates(
+            Some(tally("d", 1, "ns/b")),
+            vec![tally("d", 2, "ns/a"), tally("old", 5, "ns/c")],
+        )
+        .expect("a candidate");
+        assert_eq!(
+            (
+                merged.canary_parents,
+                merged.evaluated,
+                merged.would_fail,
+                merged.unchanged
+            ),
+            (7, 20, 3, 17)
+        );
+        let parents: Vec<&str> = merged.examples.iter().map(|e| e.parent.as_str()).collect();
+        assert_eq!(parents, ["ns/a", "ns/b"]);
     }
 
     #[test]
@@ -370,7 +566,7 @@ mod tests {
             plugin: plugin(),
             config: None,
         });
-        assert!(candidate_counts(&state, &store(myapps(), vec![]), true).is_none());
+        assert!(candidate_counts(&state, &store(myapps(), vec![]), true, None).is_none());
     }
 
     #[test]
@@ -404,7 +600,7 @@ mod tests {
                 Verdict::WouldFail("gone".into()).into(),
             );
         }
-        let status = candidate_counts(&state, &parents, true).expect("a candidate");
+        let status = candidate_counts(&state, &parents, true, None).expect("a candidate");
         assert_eq!(status.canary_parents, 3);
         assert_eq!(
             status.evaluated, 8,

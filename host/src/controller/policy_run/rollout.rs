@@ -5,6 +5,8 @@
 //! Everything the rollout knows lives in `status.rollout` (the stage, when it began, the
 //! history), so a leader that takes over mid-rollout reads it and continues the same stage;
 //! only the measurements start over, as they are taken from the new leader's own reconciles.
+//! On sharded hosts the holder of shard 0 decides over every shard's figures and the others
+//! follow (see [`rollout_across`]).
 //! What a stage decides is applied to [`Serving`] (the candidate's share, or its stop) before
 //! the status says so, and every change re-enqueues every parent at the controller's normal
 //! concurrency: parents moved to a plugin that decides as the last one see no write.
@@ -22,8 +24,8 @@ use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::controller::cache::cached::CachedObject;
 use crate::controller::cache::stores::ChildCache;
-use crate::controller::policy_run::replay_gate;
 use crate::controller::policy_run::status::PolicyStatusWriter;
+use crate::controller::policy_run::{replay_gate, rollout_across};
 use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::events::EventSink;
 use crate::controller::reconcile::parent::parent_key;
@@ -69,7 +71,8 @@ mod phase {
 
 /// What one stage's gates are measured on: the parents that exist now, split into those the
 /// candidate serves and the rest (which the active plugin serves and the candidate shadows).
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub(crate) struct Measured {
     /// Parents the candidate shadows.
     pub shadowed: u64,
@@ -330,18 +333,76 @@ fn breach(
     None
 }
 
+impl Measured {
+    /// Add what `other` measured of other parents.
+    pub fn merge(&mut self, other: Measured) {
+        self.shadowed += other.shadowed;
+        self.evaluated += other.evaluated;
+        self.would_fail += other.would_fail;
+        self.would_change += other.would_change;
+        self.shadow_children += other.shadow_children;
+        self.would_prune += other.would_prune;
+        self.served += other.served;
+        self.served_decided += other.served_decided;
+        self.served_failing += other.served_failing;
+        self.served_not_ready += other.served_not_ready;
+        self.rest += other.rest;
+        self.rest_failing += other.rest_failing;
+        self.rest_not_ready += other.rest_not_ready;
+        self.examples.extend(other.examples);
+        self.examples.sort();
+        self.examples.truncate(EXAMPLES);
+        self.not_ready_examples.extend(other.not_ready_examples);
+        self.not_ready_examples.sort();
+        self.not_ready_examples.truncate(EXAMPLES);
+    }
+}
+
 /// Measure the gates over the parents that exist now.
 pub(crate) fn measure(
     ctx: &PolicyContext,
     candidate: &Candidate,
     parents: &Store<CachedObject>,
 ) -> Measured {
+    measure_by(ctx, candidate, parents, |_| Some(0))
+        .remove(&0)
+        .unwrap_or_default()
+}
+
+/// The candidate's gate figures for each of `held` (this replica's shards), for their
+/// Leases to carry to the replica that decides (see [`rollout_across`]).
+pub(crate) fn shard_reports(
+    ctx: &PolicyContext,
+    candidate: &Candidate,
+    parents: &Store<CachedObject>,
+    shards: &crate::shards::ShardOwnership,
+    held: &std::collections::BTreeSet<u32>,
+) -> std::collections::BTreeMap<u32, crate::shards::RolloutReport> {
+    let figures = measure_by(ctx, candidate, parents, |parent| {
+        let shard = shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default());
+        held.contains(&shard).then_some(shard)
+    });
+    rollout_across::reports(candidate, held, figures)
+}
+
+/// [`measure`] with the parents in groups (their shards): `group` names each parent's, and
+/// leaves out those it gives none. A group without parents is not in the answer.
+pub(crate) fn measure_by(
+    ctx: &PolicyContext,
+    candidate: &Candidate,
+    parents: &Store<CachedObject>,
+    group: impl Fn(&CachedObject) -> Option<u32>,
+) -> std::collections::BTreeMap<u32, Measured> {
     let digest = *candidate.serving.plugin.digest();
     let reconciled = lock(&ctx.outcomes.reconciled).clone();
     let shadow = lock(&ctx.serving.shadow);
-    let mut m = Measured::default();
-    let mut shadow_examples = Vec::new();
+    let mut groups: std::collections::BTreeMap<u32, (Measured, Vec<String>)> =
+        std::collections::BTreeMap::new();
     for parent in parents.state() {
+        let Some(in_group) = group(&parent) else {
+            continue;
+        };
+        let (m, shadow_examples) = groups.entry(in_group).or_default();
         let key = parent_key(parent.as_ref(), &ctx.parent);
         let name = match &key.namespace {
             Some(namespace) => format!("{namespace}/{}", key.name),
@@ -387,12 +448,17 @@ pub(crate) fn measure(
             }
         }
     }
-    m.examples.extend(shadow_examples);
-    m.examples.sort();
-    m.examples.truncate(EXAMPLES);
-    m.not_ready_examples.sort();
-    m.not_ready_examples.truncate(EXAMPLES);
-    m
+    groups
+        .into_iter()
+        .map(|(in_group, (mut m, shadow_examples))| {
+            m.examples.extend(shadow_examples);
+            m.examples.sort();
+            m.examples.truncate(EXAMPLES);
+            m.not_ready_examples.sort();
+            m.not_ready_examples.truncate(EXAMPLES);
+            (in_group, m)
+        })
+        .collect()
 }
 
 /// Why `parent` is not ready, if it is not: the first of its children (in the caches) that
@@ -460,6 +526,10 @@ impl Driver {
             let is_leading = self.ctx.leadership.is_leader();
             if !is_leading {
                 was_leading = false;
+                if self.ctx.leadership.shards().is_some() {
+                    let policy = updates.borrow_and_update().clone();
+                    self.follow(&policy).await;
+                }
                 continue;
             }
             if !was_leading {
@@ -469,6 +539,30 @@ impl Driver {
             }
             let policy = updates.borrow_and_update().clone();
             self.tick(&policy).await;
+        }
+    }
+
+    /// On a sharded replica that does not decide: serve the candidate to the share the
+    /// rollout's status says (read afresh), so this replica's shards follow the decision.
+    async fn follow(&self, policy: &ReconcilePolicy) {
+        let (Some(spec), Some(candidate)) = (
+            &policy.spec.plugin.rollout,
+            self.ctx.serving.candidate.load_full(),
+        ) else {
+            return;
+        };
+        let digest = candidate.serving.plugin.digest().to_string();
+        let decided = {
+            let mut status = self.status.lock().await;
+            status.adopt_rollout().await;
+            status.rollout().filter(|r| r.digest == digest).cloned()
+        };
+        if let Some(rollout) = decided {
+            let share = share_for(&rollout, spec.replay.is_some());
+            self.apply(&candidate, share);
+            self.ctx
+                .metrics
+                .set_rollout_stage(Some(share.map_or(-1, i64::from)));
         }
     }
 
@@ -659,6 +753,28 @@ impl Driver {
         }
     }
 
+    /// The gates' figures over every parent: on sharded hosts, summed over the shards once
+    /// each has reported (`Err` says which have not).
+    fn measure_stage(&self, candidate: &Candidate) -> Result<Measured, String> {
+        let Some(shards) = self.ctx.leadership.shards() else {
+            return Ok(measure(&self.ctx, candidate, &self.parents));
+        };
+        // This replica's shards measured now, the others as their holders last reported.
+        let held = shards.held();
+        let others: Vec<Measured> =
+            rollout_across::reported(&self.ctx.policy, candidate, shards, &held)?;
+        let mut total = measure_by(&self.ctx, candidate, &self.parents, |parent| {
+            let shard = shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default());
+            held.contains(&shard).then_some(0)
+        })
+        .remove(&0)
+        .unwrap_or_default();
+        for figures in others {
+            total.merge(figures);
+        }
+        Ok(total)
+    }
+
     /// Measure the current stage and move on, wait or roll back.
     async fn step(
         &self,
@@ -672,7 +788,19 @@ impl Driver {
         let elapsed = jiff::Timestamp::now()
             .duration_since(state.stage_since.0)
             .unsigned_abs();
-        let measured = measure(&self.ctx, candidate, &self.parents);
+        let measured = match self.measure_stage(candidate) {
+            Ok(measured) => measured,
+            Err(waiting) => {
+                state.phase = if spec.paused {
+                    phase::PAUSED
+                } else {
+                    phase::PROGRESSING
+                }
+                .to_owned();
+                state.message = waiting;
+                return;
+            }
+        };
         let decision = decide(stage, self.ctx.prune_guard.limits(), &measured, elapsed);
         if spec.paused {
             state.phase = phase::PAUSED.to_owned();
@@ -827,11 +955,20 @@ pub(crate) fn retry_annotation(policy: &ReconcilePolicy) -> Option<&str> {
 /// with, before it serves.
 /// A rollout whose replay gate (`gated`) has not passed yet gives it none.
 pub(crate) fn resume(candidate: &Candidate, rollout: &RolloutStatus, gated: bool) {
+    match share_for(rollout, gated) {
+        None => candidate.stopped.store(true, Ordering::Relaxed),
+        Some(percent) => candidate.percent.store(percent, Ordering::Relaxed),
+    }
+}
+
+/// The share of the parents `rollout` has its candidate serve: `None` once rolled back
+/// (stopped), all once complete, none while its replay gate (`gated`) has not passed.
+pub(crate) fn share_for(rollout: &RolloutStatus, gated: bool) -> Option<u8> {
     match rollout.phase.as_str() {
-        phase::ROLLED_BACK => candidate.stopped.store(true, Ordering::Relaxed),
-        phase::COMPLETE => candidate.percent.store(100, Ordering::Relaxed),
-        _ if gated && rollout.replay.is_none() => candidate.percent.store(0, Ordering::Relaxed),
-        _ => candidate.percent.store(rollout.percent, Ordering::Relaxed),
+        phase::ROLLED_BACK => None,
+        phase::COMPLETE => Some(100),
+        _ if gated && rollout.replay.is_none() => Some(0),
+        _ => Some(rollout.percent),
     }
 }
 
@@ -1201,6 +1338,40 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Shards' figures add up, as one host's over all their parents would, and survive the
+    /// trip through a shard Lease's annotation; the examples stay the first few, sorted.
+    #[test]
+    fn shards_figures_sum_to_the_whole() {
+        let shard = |served: u64, failing: u64, examples: &[&str]| Measured {
+            shadowed: 10 - served,
+            evaluated: 10 - served,
+            served,
+            served_decided: served,
+            served_failing: failing,
+            rest: 10 - served,
+            examples: examples.iter().map(|e| (*e).to_owned()).collect(),
+            ..Measured::default()
+        };
+        let carried = serde_json::to_value(shard(2, 1, &["ns/w-8"])).expect("json");
+        let mut total = shard(1, 0, &["ns/w-1", "ns/w-2", "ns/w-3", "ns/w-4"]);
+        total.merge(serde_json::from_value(carried).expect("read back"));
+        total.merge(shard(3, 2, &["ns/w-0", "ns/w-9"]));
+        assert_eq!(
+            (
+                total.served,
+                total.served_failing,
+                total.shadowed,
+                total.rest
+            ),
+            (6, 3, 24, 24)
+        );
+        assert_eq!(
+            total.examples,
+            ["ns/w-0", "ns/w-1", "ns/w-2", "ns/w-3", "ns/w-4"],
+            "the first five, sorted"
+        );
     }
 
     #[test]

@@ -46,7 +46,8 @@ use crate::lock;
 use crate::policy::{PruneGuardStatus, ReconcilePolicy, SafetySpec};
 
 /// The annotation on a ReconcilePolicy that confirms a held window: its value must be the
-/// window's token (`status.pruneGuard.confirm`).
+/// window's token (`status.pruneGuard.confirm`), or, for hosts sharing the parents in
+/// shards, a comma-separated list of their windows' tokens that names it.
 pub const CONFIRM_ANNOTATION: &str = crate::policy::CONFIRM_PRUNE_ANNOTATION;
 
 /// `spec.safety.maxPruneFraction` when unset.
@@ -365,7 +366,7 @@ impl PruneGuard {
     }
 
     /// The policy's confirmation annotation changed (or was read at start). When it names the
-    /// held window's token, exactly the deletions held at this moment proceed (at their
+    /// held window's token (alone, or among others, comma-separated), exactly the deletions held at this moment proceed (at their
     /// parents' next reconciles, against no budget); the window takes a new token, so the
     /// same value confirms nothing more, and a deletion past the budgets after it is held
     /// again. Whether it let held deletions proceed.
@@ -375,7 +376,11 @@ impl PruneGuard {
         let Some(window) = &mut state.window else {
             return false;
         };
-        if !window.held || confirmation != Some(window.token.as_str()) {
+        // Hosts sharing the parents in shards each hold their own window: the policy's
+        // status offers their tokens comma-separated, and each takes its own from the list.
+        let confirms =
+            confirmation.is_some_and(|value| value.split(',').any(|token| token == window.token));
+        if !window.held || !confirms {
             return false;
         }
         let holding = std::mem::take(&mut window.holding);
@@ -804,6 +809,14 @@ mod tests {
         assert!(!g.set_confirmation(Some(&first)));
         assert!(g.set_confirmation(Some(&second)));
         assert_eq!(g.admit(&key("r"), 2, &children(2)), Admission::Prune);
+
+        // Among the tokens of other hosts' windows (sharded hosts), its own confirms it;
+        // a list without it does not.
+        assert_eq!(g.admit(&key("u"), 2, &children(2)), Admission::Hold);
+        let third = token_of(&g);
+        assert!(!g.set_confirmation(Some("3-abc.11111111,3-abc.22222222")));
+        assert!(g.set_confirmation(Some(&format!("3-abc.11111111,{third}"))));
+        assert_eq!(g.admit(&key("u"), 2, &children(2)), Admission::Prune);
 
         // A rollout's next stage, a takeover: a token of its own.
         g.reopen("the rollout of candidate abc to 50%".into());
