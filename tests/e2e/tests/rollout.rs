@@ -1037,3 +1037,109 @@ async fn a_rollout_over_sharded_hosts_is_decided_once_and_followed_by_every_host
     policy_api.delete(TEST, &Default::default()).await?;
     Ok(())
 }
+
+/// The children of `ns`'s Widgets that are still there.
+async fn children_left(client: &kube::Client, ns: &str) -> anyhow::Result<usize> {
+    let config_maps = api(client, &resource("", "v1", "ConfigMap"), ns);
+    let listed = config_maps
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=wasmctrl"))
+        .await?;
+    Ok(listed.items.len())
+}
+
+/// Three hosts sharing the parents in shards, each guarding its own parents' deletions: a
+/// swap to a plugin that answers no children is held on each of them past its share, the
+/// policy's status shows one held window over all of them, and its token, set once,
+/// confirms every host's hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_held_on_several_sharded_hosts_is_confirmed_once_for_all() -> anyhow::Result<()> {
+    const TEST: &str = "prune-shards";
+    let (client, ns, dir, _, _) = prepare(TEST).await?;
+    apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
+    let mut hosts = Vec::new();
+    for identity in ["a", "b", "c"] {
+        hosts.push(sharded_host(&client, TEST, &ns, dir.path(), identity).await?);
+    }
+    let _widgets = widgets_reconciled(&client, &ns, TEST).await?;
+    wasmctrl_testenv::cluster::eventually("every child made", ROLLOUT, || async {
+        Ok(children_left(&client, &ns).await? == PARENTS)
+    })
+    .await?;
+
+    // The swap: the same plugin, told to answer no children.
+    let mut empty = policy_spec(None, None);
+    empty["plugin"]["config"] = json!({});
+    apply_policy(&client, TEST, TEST, empty).await?;
+    let policy_api = policies(&client);
+    let accounted = |p: &Value| {
+        let guard = &p["status"]["pruneGuard"];
+        guard["heldDeletions"].as_u64().unwrap_or(0) + guard["deleted"].as_u64().unwrap_or(0)
+    };
+    let held = wait_for_object_within(
+        &policy_api,
+        TEST,
+        "every host's hold in the status",
+        ROLLOUT,
+        |p| p["status"]["pruneGuard"]["state"] == "Held" && accounted(p) == PARENTS as u64,
+    )
+    .await?;
+    let guard = &held["status"]["pruneGuard"];
+    let token = guard["confirm"].as_str().unwrap_or_default().to_owned();
+    let holding = token.split(',').count();
+    assert!(
+        holding >= 2,
+        "more than one host holds, each with a token in the list: {guard}"
+    );
+    let ready = held["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ready["reason"], "PruneHeld", "{ready}");
+    let deleted = guard["deleted"].as_u64().unwrap_or(0);
+    assert_eq!(
+        children_left(&client, &ns).await?,
+        PARENTS - deleted as usize,
+        "only what each host's share allowed was deleted: {guard}"
+    );
+    let held_by: f64 = hosts
+        .iter()
+        .map(|h| {
+            h.host
+                .metric_sum("wasmctrl_prune_held", &[&format!("controller=\"{TEST}\"")])
+        })
+        .sum();
+    assert_eq!(
+        held_by,
+        guard["heldDeletions"].as_f64().unwrap_or(-1.0),
+        "{guard}"
+    );
+
+    // One confirmation, every host's held deletions.
+    policy_api
+        .patch(
+            TEST,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {"wasmctrl.dev/confirm-prune": token}}}),
+            ),
+        )
+        .await?;
+    wasmctrl_testenv::cluster::eventually("every child pruned", ROLLOUT, || async {
+        Ok(children_left(&client, &ns).await? == 0)
+    })
+    .await?;
+    wait_for_object_within(&policy_api, TEST, "no hold left", ROLLOUT, |p| {
+        p["status"]["pruneGuard"]["state"] != "Held"
+    })
+    .await?;
+
+    for host in hosts {
+        host.stop().await?;
+    }
+    delete_namespace(&client, &ns).await?;
+    policy_api.delete(TEST, &Default::default()).await?;
+    Ok(())
+}
