@@ -119,6 +119,7 @@ impl ShardCoordinator {
     /// A coordinator for `config`'s set, writing its Leases through `client` (not
     /// write-gated: a replica writes to take a shard it does not hold yet).
     pub fn new(client: kube::Client, config: ShardConfig, ownership: Arc<ShardOwnership>) -> Self {
+        ownership.reports().identify(&config.lease.identity);
         Self {
             api: Api::namespaced(client, &config.lease.namespace),
             config,
@@ -148,17 +149,17 @@ impl ShardCoordinator {
         }
     }
 
-    /// Give every shard back (each drained of its reconciles first) and leave the set, so
-    /// the other replicas take the shards within a retry period instead of a lease.
+    /// Give every shard back and leave the set, so the other replicas take the shards within
+    /// a retry period instead of a lease. Call it after the host's last write, with its write
+    /// gate closed ([`crate::leader::Leadership::stop_leading`]): a reconcile the host
+    /// abandoned on its way out is not waited for, and its shard is left to expire (a write
+    /// it had under way may still be on its way).
     pub async fn release(&mut self) -> anyhow::Result<()> {
         let held: Vec<u32> = self.renewed.keys().copied().collect();
         for shard in held {
             self.start_giving_back(shard);
         }
         let shards: Vec<u32> = self.draining.keys().copied().collect();
-        let drained =
-            futures::future::join_all(shards.iter().map(|&shard| self.ownership.drained(shard)));
-        let _ = tokio::time::timeout(self.config.lease.renew_deadline, drained).await;
         let listed = self.list().await?;
         for shard in shards {
             self.hand_over(shard, &listed).await?;

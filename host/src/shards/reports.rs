@@ -20,8 +20,9 @@ use crate::lock;
 /// The annotation on a shard Lease holding its holder's counts, per policy, as JSON.
 pub const COUNTS_ANNOTATION: &str = "wasmctrl.dev/parent-counts";
 
-/// Largest counts annotation written: a Lease's annotations must stay within the API
-/// server's 256 KiB, and about 40 bytes per policy leave room for thousands of policies.
+/// Largest reports annotation written: a Lease's annotations must stay within the API
+/// server's 256 KiB. Counts take about 40 bytes per policy; a policy's rollout figures a
+/// few hundred while it has a candidate.
 const MAX_ANNOTATION_BYTES: usize = 128 << 10;
 
 /// How one policy's parents in one shard stand.
@@ -69,7 +70,8 @@ pub struct PolicyReport {
 /// A rollout's gate figures over one shard's parents, measured for one candidate.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RolloutReport {
-    /// The candidate measured (its digest): figures of another candidate are not summed.
+    /// The candidate measured (its digest and config): figures of another candidate are
+    /// not summed.
     #[serde(rename = "d")]
     pub candidate: String,
     /// The share of the parents it served when measured (`None`: stopped): figures of
@@ -106,9 +108,22 @@ pub struct ShardReports {
     own: Mutex<BTreeMap<u32, BTreeMap<String, PolicyReport>>>,
     /// Per shard: what its Lease said when last listed.
     seen: Mutex<BTreeMap<u32, Seen>>,
+    /// This replica's identity in the Leases, once its coordinator started.
+    me: std::sync::OnceLock<String>,
 }
 
 impl ShardReports {
+    /// This replica's identity in the Leases (its coordinator's), once known: a Lease that
+    /// names it still is one it just gave back, not another replica's report.
+    pub fn me(&self) -> Option<&str> {
+        self.me.get().map(String::as_str)
+    }
+
+    /// Name this replica (its coordinator does, once).
+    pub(super) fn identify(&self, me: &str) {
+        let _ = self.me.set(me.to_owned());
+    }
+
     /// `policy`'s parents in each shard this replica holds now, replacing what it counted
     /// before (for shards it no longer holds too).
     pub fn count(&self, policy: &str, per_shard: BTreeMap<u32, PolicyReport>) {
@@ -129,21 +144,43 @@ impl ShardReports {
         self.count(policy, BTreeMap::new());
     }
 
-    /// The annotation value to renew `shard`'s Lease with: this replica's counts for it.
+    /// The annotation value to renew `shard`'s Lease with: this replica's reports for it.
+    /// Past [`MAX_ANNOTATION_BYTES`] the prune guard windows and candidate tallies are left
+    /// out first (the counts and rollout figures matter more), then everything.
     pub(super) fn annotation(&self, shard: u32) -> String {
         let own = lock(&self.own);
         let empty = BTreeMap::new();
-        let counts = own.get(&shard).unwrap_or(&empty);
-        let mut text = serde_json::to_string(counts).unwrap_or_else(|_| "{}".to_owned());
-        if text.len() > MAX_ANNOTATION_BYTES {
+        let reports = own.get(&shard).unwrap_or(&empty);
+        let text = serde_json::to_string(reports).unwrap_or_else(|_| "{}".to_owned());
+        if text.len() <= MAX_ANNOTATION_BYTES {
+            return text;
+        }
+        let lean: BTreeMap<&String, PolicyReport> = reports
+            .iter()
+            .map(|(policy, report)| {
+                let lean = PolicyReport {
+                    prune: None,
+                    candidate: None,
+                    ..report.clone()
+                };
+                (policy, lean)
+            })
+            .collect();
+        let text = serde_json::to_string(&lean).unwrap_or_else(|_| "{}".to_owned());
+        if text.len() <= MAX_ANNOTATION_BYTES {
             tracing::warn!(
                 shard,
-                policies = counts.len(),
-                "too many policies to carry their counts on a shard lease; the policies' status counts leave this shard out"
+                policies = reports.len(),
+                "too many policies to carry their prune guard windows and candidate tallies on a shard lease; the policies' status leaves this replica's out"
             );
-            text = "{}".to_owned();
+            return text;
         }
-        text
+        tracing::warn!(
+            shard,
+            policies = reports.len(),
+            "too many policies to carry their counts on a shard lease; the policies' status counts leave this shard out"
+        );
+        "{}".to_owned()
     }
 
     /// `shard`'s Lease as a list showed it: held by `holder`, with `annotation`.

@@ -20,6 +20,7 @@ mod policies;
 mod process;
 pub mod profile;
 mod rbac;
+mod sharded;
 mod webhooks;
 
 pub use chart::{
@@ -51,6 +52,7 @@ pub use process::{
     SelfProcess, cosign, impersonating_kubeconfig, spawn_self, token_kubeconfig, wasmctrl_cli,
 };
 pub use rbac::{account_subject, bind_cluster_role, bind_role, may_read_metrics, service_account};
+pub use sharded::ShardedHost;
 pub use wasmctrl_testenv::crds::{crds_api, install_crd, install_repo_crds};
 pub use webhooks::{Listener, hosting, listener, webhook_records};
 

@@ -841,66 +841,15 @@ async fn a_candidate_claiming_ready_while_its_deployments_never_become_available
     Ok(())
 }
 
-/// One of the hosts sharing a test's parents in shards, in this process: its shard
-/// coordinator (shard Leases in the test's namespace) and the host writing by the shards it
-/// holds.
-struct ShardedHost {
-    host: HostUnderTest,
-    stop: tokio_util::sync::CancellationToken,
-    coordinator: tokio::task::JoinHandle<wasmctrl::shards::ShardCoordinator>,
-}
-
+/// Shards of the sharded tests' hosts.
 const SHARDS: u32 = 6;
 
-async fn sharded_host(
-    client: &kube::Client,
-    test: &str,
-    ns: &str,
-    dir: &std::path::Path,
-    identity: &str,
-) -> anyhow::Result<ShardedHost> {
-    use wasmctrl::shards::{ShardConfig, ShardCoordinator, ShardOwnership};
-    let config = ShardConfig {
-        lease: wasmctrl::leader::LeaseConfig {
-            name: "wasmctrl".into(),
-            namespace: ns.to_owned(),
-            identity: identity.to_owned(),
-            lease_duration: Duration::from_secs(8),
-            renew_deadline: Duration::from_secs(5),
-            retry_period: Duration::from_secs(1),
-        },
-        count: SHARDS,
-    };
-    let ownership = ShardOwnership::new(SHARDS);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let coordinator = tokio::spawn(
-        ShardCoordinator::new(client.clone(), config, ownership.clone()).run(stop.clone()),
-    );
-    let host = HostUnderTest::builder(test, ns)
-        .plugin_dir(dir)
-        .sharded(ownership)
-        .start()
-        .await?;
-    Ok(ShardedHost {
-        host,
-        stop,
-        coordinator,
-    })
-}
-
-impl ShardedHost {
-    fn rollout_stage(&self, test: &str) -> f64 {
-        self.host.metric_sum(
-            "wasmctrl_rollout_stage",
-            &[&format!("controller=\"{test}\"")],
-        )
-    }
-
-    async fn stop(self) -> anyhow::Result<()> {
-        self.host.stop().await?;
-        self.stop.cancel();
-        self.coordinator.await?.release().await
-    }
+/// A sharded host's `wasmctrl_rollout_stage` for the policy `test`.
+fn rollout_stage(host: &ShardedHost, test: &str) -> f64 {
+    host.host.metric_sum(
+        "wasmctrl_rollout_stage",
+        &[&format!("controller=\"{test}\"")],
+    )
 }
 
 /// Three hosts sharing the parents in shards: one rollout decision for all of them, made
@@ -916,7 +865,9 @@ async fn a_rollout_over_sharded_hosts_is_decided_once_and_followed_by_every_host
     apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
     let mut hosts = Vec::new();
     for identity in ["a", "b", "c"] {
-        hosts.push(sharded_host(&client, TEST, &ns, dir.path(), identity).await?);
+        hosts.push(
+            ShardedHost::start(&client, TEST, &ns, Some(dir.path()), identity, SHARDS).await?,
+        );
     }
     // Counted over the three hosts' shards.
     let widgets = widgets_reconciled(&client, &ns, TEST).await?;
@@ -966,7 +917,7 @@ async fn a_rollout_over_sharded_hosts_is_decided_once_and_followed_by_every_host
     wasmctrl_testenv::cluster::eventually(
         "every host stopped the candidate",
         Duration::from_secs(20),
-        || async { Ok(hosts.iter().all(|h| h.rollout_stage(TEST) == -1.0)) },
+        || async { Ok(hosts.iter().all(|h| rollout_stage(h, TEST) == -1.0)) },
     )
     .await?;
     for i in 0..PARENTS {
@@ -1026,7 +977,7 @@ async fn a_rollout_over_sharded_hosts_is_decided_once_and_followed_by_every_host
     wasmctrl_testenv::cluster::eventually(
         "every host serving the candidate to every parent",
         Duration::from_secs(20),
-        || async { Ok(hosts.iter().all(|h| h.rollout_stage(TEST) == 100.0)) },
+        || async { Ok(hosts.iter().all(|h| rollout_stage(h, TEST) == 100.0)) },
     )
     .await?;
 
@@ -1058,7 +1009,9 @@ async fn a_swap_held_on_several_sharded_hosts_is_confirmed_once_for_all() -> any
     apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
     let mut hosts = Vec::new();
     for identity in ["a", "b", "c"] {
-        hosts.push(sharded_host(&client, TEST, &ns, dir.path(), identity).await?);
+        hosts.push(
+            ShardedHost::start(&client, TEST, &ns, Some(dir.path()), identity, SHARDS).await?,
+        );
     }
     let _widgets = widgets_reconciled(&client, &ns, TEST).await?;
     wasmctrl_testenv::cluster::eventually("every child made", ROLLOUT, || async {
@@ -1075,12 +1028,25 @@ async fn a_swap_held_on_several_sharded_hosts_is_confirmed_once_for_all() -> any
         let guard = &p["status"]["pruneGuard"];
         guard["heldDeletions"].as_u64().unwrap_or(0) + guard["deleted"].as_u64().unwrap_or(0)
     };
+    let ready_reason = |p: &Value| {
+        p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Ready")
+            .map(|c| c["reason"].clone())
+            .unwrap_or_default()
+    };
     let held = wait_for_object_within(
         &policy_api,
         TEST,
         "every host's hold in the status",
         ROLLOUT,
-        |p| p["status"]["pruneGuard"]["state"] == "Held" && accounted(p) == PARENTS as u64,
+        |p| {
+            p["status"]["pruneGuard"]["state"] == "Held"
+                && accounted(p) == PARENTS as u64
+                && ready_reason(p) == "PruneHeld"
+        },
     )
     .await?;
     let guard = &held["status"]["pruneGuard"];
@@ -1090,14 +1056,6 @@ async fn a_swap_held_on_several_sharded_hosts_is_confirmed_once_for_all() -> any
         holding >= 2,
         "more than one host holds, each with a token in the list: {guard}"
     );
-    let ready = held["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == "Ready")
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(ready["reason"], "PruneHeld", "{ready}");
     let deleted = guard["deleted"].as_u64().unwrap_or(0);
     assert_eq!(
         children_left(&client, &ns).await?,

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, ResourceExt as _};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use wasmctrl::leader::LeaseConfig;
 use wasmctrl::shards::{ShardConfig, ShardCoordinator, ShardOwnership};
@@ -475,5 +476,78 @@ async fn a_new_shard_count_takes_over_only_once_the_old_replicas_are_gone() -> a
     .await?;
     new.stop.cancel();
     new.task.await?.release().await?;
+    Ok(())
+}
+
+/// A finalizing policy on three sharded hosts: the holder of shard 0 records the scope and
+/// holds the policy's finalizer, and every host gives the parents of its own shards their
+/// finalizer and reconciles them, then lets each deleted one go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalizing_policy_on_sharded_hosts_finalizes_the_parents_of_every_shard()
+-> anyhow::Result<()> {
+    const TEST: &str = "shard-finalizers";
+    const PARENTS: usize = 30;
+    let (client, ns) = widget_test(TEST, json!({"ownChild": true})).await?;
+    let spec = json!({
+        "parent": {"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "Widget", "namespace": ns},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+        "plugin": {"source": file_source("misbehave_plugin"), "config": {"ownChild": true}},
+        "finalize": true,
+    });
+    apply_policy(&client, TEST, TEST, spec).await?;
+    let mut hosts = Vec::new();
+    for identity in ["a", "b", "c"] {
+        hosts.push(ShardedHost::start(&client, TEST, &ns, None, identity, 6).await?);
+    }
+    // Spread first, so that each host has parents of its own from the start.
+    eventually("2 shards each", LEASE_DURATION * 3, || async {
+        Ok(hosts.iter().all(|host| host.shards_held() == 2))
+    })
+    .await?;
+    let widgets = widgets(&client, &ns);
+    for i in 0..PARENTS {
+        apply(&widgets, widget(&format!("w-{i:02}"), Some(1))).await?;
+    }
+    let finalizer = format!("wasmctrl.dev/{TEST}");
+    eventually(
+        "every Widget finalized and reconciled",
+        Duration::from_secs(90),
+        || async {
+            let listed = widgets.list(&Default::default()).await?;
+            Ok(listed.items.len() == PARENTS
+                && listed.items.iter().all(|w| {
+                    let w = serde_json::to_value(w).unwrap_or_default();
+                    let holds = w["metadata"]["finalizers"]
+                        .as_array()
+                        .is_some_and(|f| f.iter().any(|f| f == finalizer.as_str()));
+                    holds && condition(&w, "Reconciled").is_some_and(|c| c["status"] == "True")
+                }))
+        },
+    )
+    .await?;
+    // Each host had parents of its own: it made their children.
+    for host in &hosts {
+        let applied = host.host.metric_sum(
+            "wasmctrl_child_operations_total",
+            &[&format!("controller=\"{TEST}\""), "operation=\"applied\""],
+        );
+        assert!(applied > 0.0, "every host made some parents' children");
+    }
+    for i in 0..PARENTS {
+        widgets
+            .delete(&format!("w-{i:02}"), &Default::default())
+            .await?;
+    }
+    eventually(
+        "every Widget let go and gone",
+        Duration::from_secs(90),
+        || async { Ok(widgets.list(&Default::default()).await?.items.is_empty()) },
+    )
+    .await?;
+    for host in hosts {
+        host.stop().await?;
+    }
+    delete_namespace(&client, &ns).await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())
 }

@@ -487,7 +487,8 @@ fn running_state(policy: &ReconcilePolicy, acting: &Acting) -> State {
 /// releases the parents it left, and one that stopped finalizing lets every parent go. The
 /// leader makes the first attempt before its controller starts (`first`); a failure is
 /// retried here, beside the controller. A standby leaves it to the leader until it leads
-/// itself.
+/// itself; a sharded replica that does not hold shard 0 reconciles its parents once the
+/// holder of shard 0 has recorded the scope.
 fn keep_finalizers_in_sync<'a>(
     first: Option<anyhow::Result<()>>,
     policy: &'a ReconcilePolicy,
@@ -502,6 +503,15 @@ fn keep_finalizers_in_sync<'a>(
         let mut result = match first {
             Some(result) => result,
             None => {
+                // A sharded replica adds the finalizer to the parents of its shards once the
+                // holder of shard 0 has recorded the scope; it syncs them itself only if it
+                // comes to hold shard 0.
+                if shared.leadership.shards().is_some() {
+                    tokio::select! {
+                        () = shared.leadership.until_leader() => {}
+                        () = release::wait_for_recorded_scope(client, policy, scope, &ready) => {}
+                    }
+                }
                 shared.leadership.until_leader().await;
                 release::sync_finalizers(client, acting, policy, scope, &ready).await
             }
@@ -708,7 +718,7 @@ async fn report_periodically(
             let across = shards
                 .reports()
                 .across_shards(&ctx.policy, shards.count(), |shard| held.contains(&shard));
-            others = OthersReports::of(&across, &held);
+            others = OthersReports::of(&across, &held, shards.reports().me());
             let (total, per_shard) = report::counts_across_shards(&across);
             counts = total;
             per_shard
@@ -740,24 +750,39 @@ struct OthersReports {
 }
 
 impl OthersReports {
-    /// From the reports `across` the shards, those of the shards not `held` here, the first
-    /// of each holder's (a replica reports the same on every shard it holds).
-    fn of(across: &[crate::shards::ShardReport], held: &std::collections::BTreeSet<u32>) -> Self {
-        let mut holders = std::collections::BTreeSet::new();
-        let mut others = Self::default();
+    /// From the reports `across` the shards, those of the shards not `held` here: each
+    /// other holder's window and tally, which it carries on one of its shards (`me`: a
+    /// shard this replica just gave back still names it).
+    fn of(
+        across: &[crate::shards::ShardReport],
+        held: &std::collections::BTreeSet<u32>,
+        me: Option<&str>,
+    ) -> Self {
+        let mut windows = std::collections::BTreeMap::new();
+        let mut candidates = std::collections::BTreeMap::new();
         for shard in across.iter().filter(|r| !held.contains(&r.shard)) {
             let (Some(holder), Some(report)) = (&shard.holder, &shard.report) else {
                 continue;
             };
-            if !holders.insert(holder.clone()) {
+            if Some(holder.as_str()) == me {
                 continue;
             }
-            others.windows.extend(read(&report.prune));
-            others.candidates.extend(read(&report.candidate));
+            if let Some(window) = read(&report.prune) {
+                windows.entry(holder.clone()).or_insert(window);
+            }
+            if let Some(candidate) = read(&report.candidate) {
+                candidates.entry(holder.clone()).or_insert(candidate);
+            }
         }
-        others
+        Self {
+            windows: windows.into_values().collect(),
+            candidates: candidates.into_values().collect(),
+        }
     }
 }
+
+/// How much of a shadow example's detail a shard report carries.
+const CARRIED_DETAIL: usize = 200;
 
 /// A report's part, read back (nothing when it is not what a replica writes).
 fn read<T: serde::de::DeserializeOwned>(value: &Option<serde_json::Value>) -> Option<T> {
@@ -787,16 +812,32 @@ fn shard_reports(
         }
         None => Default::default(),
     };
-    let prune = window.and_then(|window| serde_json::to_value(window).ok());
-    let candidate = candidate.and_then(|candidate| serde_json::to_value(candidate).ok());
+    // The window and the tally are this replica's, not a shard's: carried once, on its
+    // first shard, with the examples' details cut short (a Lease's annotations are small).
+    let first = counted.keys().next().copied();
+    let mut prune = window.and_then(|window| serde_json::to_value(window).ok());
+    let mut candidate = candidate.cloned().and_then(|mut candidate| {
+        for example in &mut candidate.examples {
+            example.detail = crate::controller::reconcile::events::truncate(
+                std::mem::take(&mut example.detail),
+                CARRIED_DETAIL,
+            );
+        }
+        serde_json::to_value(candidate).ok()
+    });
     counted
         .into_iter()
         .map(|(shard, counts)| {
+            let (prune, candidate) = if Some(shard) == first {
+                (prune.take(), candidate.take())
+            } else {
+                (None, None)
+            };
             let report = crate::shards::PolicyReport {
                 counts,
                 rollout: measured.remove(&shard),
-                prune: prune.clone(),
-                candidate: candidate.clone(),
+                prune,
+                candidate,
             };
             (shard, report)
         })

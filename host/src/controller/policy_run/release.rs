@@ -484,6 +484,41 @@ pub(crate) async fn sync_finalizers(
     set_policy_finalizer(host, &name, uid, false).await
 }
 
+/// On a sharded replica that does not hold shard 0 (whose holder runs [`sync_finalizers`]):
+/// wait until the policy's status records the running scope and the policy holds its own
+/// finalizer, so that a parent's finalizer added here is one the holder of shard 0 will
+/// release, then say `ready`. Reads the policy every 2 s until then; returns at once for a
+/// policy that does not finalize.
+pub(crate) async fn wait_for_recorded_scope(
+    host: &Client,
+    policy: &ReconcilePolicy,
+    (parent, namespace): (&ResolvedKind, Option<&str>),
+    ready: &tokio::sync::watch::Sender<bool>,
+) {
+    if !policy.spec.finalize {
+        return;
+    }
+    let name = policy.name_any();
+    let uid = policy.metadata.uid.as_deref();
+    let current = scopes::of(parent, namespace);
+    loop {
+        match scopes::fresh_policy(host, &name, uid).await {
+            Ok(Some(fresh))
+                if fresh.finalizers().iter().any(|f| f == POLICY_FINALIZER)
+                    && scopes::recorded(&fresh).contains(&current) =>
+            {
+                ready.send_replace(true);
+                return;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::debug!(policy = %name, error = %format!("{error:#}"), "could not read whether the policy's scope is recorded; trying again");
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+}
+
 /// For a finalizing policy that cannot start (its new kind not served yet, its plugin not
 /// loaded, its kind taken): release the parents of every recorded scope it has certainly
 /// left, so that an edit that does not start yet strands nothing meanwhile. What only

@@ -219,10 +219,14 @@ pub(crate) fn own_prune_window(
         })
     };
     let exists = |key: &ObjectRef<CachedObject>| parents.get(key).is_some();
-    if sweep {
+    let mine = |key: &ObjectRef<CachedObject>| parents.get(key).is_some_and(|p| in_share(&p));
+    if share.is_some() {
+        // The parents of a shard given away are another replica's to guard: what is held
+        // or confirmed for them here would otherwise hold this window for ever.
+        guard.forget_gone(mine);
+    } else if sweep {
         guard.forget_gone(exists);
     }
-    let mine = |key: &ObjectRef<CachedObject>| parents.get(key).is_some_and(|p| in_share(&p));
     let count = match share {
         None => parents.state().len(),
         Some(_) => parents.state().iter().filter(|p| in_share(p)).count(),

@@ -753,16 +753,16 @@ impl Driver {
         }
     }
 
-    /// The gates' figures over every parent: on sharded hosts, summed over the shards once
-    /// each has reported (`Err` says which have not).
-    fn measure_stage(&self, candidate: &Candidate) -> Result<Measured, String> {
+    /// The gates' figures over every parent: on sharded hosts, this replica's shards
+    /// measured now and the others as their holders last reported them, with what is still
+    /// missing (the shards that have not reported for the candidate at its share yet).
+    fn measure_stage(&self, candidate: &Candidate) -> (Measured, Option<String>) {
         let Some(shards) = self.ctx.leadership.shards() else {
-            return Ok(measure(&self.ctx, candidate, &self.parents));
+            return (measure(&self.ctx, candidate, &self.parents), None);
         };
-        // This replica's shards measured now, the others as their holders last reported.
         let held = shards.held();
-        let others: Vec<Measured> =
-            rollout_across::reported(&self.ctx.policy, candidate, shards, &held)?;
+        let (others, waiting): (Vec<Measured>, _) =
+            rollout_across::reported(&self.ctx.policy, candidate, shards, &held);
         let mut total = measure_by(&self.ctx, candidate, &self.parents, |parent| {
             let shard = shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default());
             held.contains(&shard).then_some(0)
@@ -772,7 +772,7 @@ impl Driver {
         for figures in others {
             total.merge(figures);
         }
-        Ok(total)
+        (total, waiting)
     }
 
     /// Measure the current stage and move on, wait or roll back.
@@ -788,20 +788,17 @@ impl Driver {
         let elapsed = jiff::Timestamp::now()
             .duration_since(state.stage_since.0)
             .unsigned_abs();
-        let measured = match self.measure_stage(candidate) {
-            Ok(measured) => measured,
-            Err(waiting) => {
-                state.phase = if spec.paused {
-                    phase::PAUSED
-                } else {
-                    phase::PROGRESSING
-                }
-                .to_owned();
-                state.message = waiting;
-                return;
-            }
+        let (measured, waiting) = self.measure_stage(candidate);
+        let decision = match (
+            decide(stage, self.ctx.prune_guard.limits(), &measured, elapsed),
+            waiting,
+        ) {
+            // What the shards reported already is enough to roll back (the failures are
+            // real), not to move on.
+            (rollback @ Decision::RollBack { .. }, _) => rollback,
+            (_, Some(waiting)) => Decision::Wait(waiting),
+            (decision, None) => decision,
         };
-        let decision = decide(stage, self.ctx.prune_guard.limits(), &measured, elapsed);
         if spec.paused {
             state.phase = phase::PAUSED.to_owned();
             state.message = format!(

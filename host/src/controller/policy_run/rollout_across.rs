@@ -3,9 +3,9 @@
 //! The holder of shard 0 decides, as the leader does (see [`super::rollout`]). Each replica
 //! measures the candidate's gates over the parents of the shards it holds and reports the
 //! figures with its counts on those shards' Leases (see [`crate::shards::reports`]). The
-//! decider sums them with its own. It decides only once every shard has reported for the
-//! candidate at the share it serves now, so a stage is never judged on figures left from
-//! the stage before. The other replicas follow the decision: they serve the candidate to the
+//! decider sums them with its own. It moves on only once every shard has reported for the
+//! candidate at the share it serves now, so a stage never passes on figures left from the
+//! stage before; what has been reported is enough to roll back. The other replicas follow the decision: they serve the candidate to the
 //! share `status.rollout` says, and stop it when it says rolled back, so every shard's
 //! parents are served alike.
 
@@ -17,6 +17,20 @@ use serde::de::DeserializeOwned;
 
 use crate::controller::reconcile::serving::Candidate;
 use crate::shards::{RolloutReport, ShardOwnership};
+
+/// What names `candidate` in a report: its digest and a hash of its config. The rollout is
+/// the digest's, but a config change is a new candidate (its verdicts start over), so
+/// figures of the old config are not summed with the new.
+fn key(candidate: &Candidate) -> String {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = fnv::FnvHasher::default();
+    candidate.serving.config.hash(&mut hasher);
+    format!(
+        "{}+{:016x}",
+        candidate.serving.plugin.digest(),
+        hasher.finish()
+    )
+}
 
 /// The share of the parents `candidate` serves now, as reported with its figures: 0 to
 /// 100, or `None` once stopped.
@@ -31,7 +45,7 @@ pub(crate) fn reports<F: Serialize + Default>(
     held: &BTreeSet<u32>,
     mut figures: BTreeMap<u32, F>,
 ) -> BTreeMap<u32, RolloutReport> {
-    let digest = candidate.serving.plugin.digest().to_string();
+    let digest = key(candidate);
     let share = share(candidate);
     held.iter()
         .map(|&shard| {
@@ -47,14 +61,15 @@ pub(crate) fn reports<F: Serialize + Default>(
 }
 
 /// The gate figures the holders of the shards other than `held` last reported for
-/// `candidate` at the share it serves now. `Err` says which shards have not reported so.
+/// `candidate` at the share it serves now, and which shards have not reported so (in
+/// words), if any.
 pub(crate) fn reported<F: DeserializeOwned>(
     policy: &str,
     candidate: &Candidate,
     shards: &ShardOwnership,
     held: &BTreeSet<u32>,
-) -> Result<Vec<F>, String> {
-    let digest = candidate.serving.plugin.digest().to_string();
+) -> (Vec<F>, Option<String>) {
+    let digest = key(candidate);
     let share = share(candidate);
     let mut figures = Vec::new();
     let mut missing = Vec::new();
@@ -72,13 +87,12 @@ pub(crate) fn reported<F: DeserializeOwned>(
             None => missing.push(report.shard.to_string()),
         }
     }
-    if missing.is_empty() {
-        Ok(figures)
-    } else {
-        Err(format!(
+    let waiting = (!missing.is_empty()).then(|| {
+        format!(
             "waiting for the holders of shard(s) {} to measure candidate {} at its share",
             missing.join(", "),
             candidate.serving.plugin.digest().short()
-        ))
-    }
+        )
+    });
+    (figures, waiting)
 }

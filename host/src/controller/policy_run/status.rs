@@ -345,15 +345,19 @@ impl PolicyStatusWriter {
             "metadata": {"name": self.name},
             "status": self.current,
         });
-        match self
-            .api
-            .patch_status(
-                &self.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-        {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let body = Patch::Apply(&body);
+        let patch = self.api.patch_status(&self.name, &params, &body);
+        // Sharded, the status is shard 0's to write: fenced as a reconcile of shard 0 is, so
+        // a write under way when shard 0 moves is refused, and the move waits for it.
+        let written = match self.leadership.shards() {
+            None => patch.await,
+            Some(shards) => match shards.start_writing(0) {
+                Some(writing) => crate::shards::write_for(writing, patch).await,
+                None => return,
+            },
+        };
+        match written {
             Ok(_) => self.written = Some(self.current.clone()),
             Err(error) => {
                 tracing::warn!(policy = %self.name, error = %error, "could not write policy status");
