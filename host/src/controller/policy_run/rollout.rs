@@ -888,6 +888,11 @@ impl Driver {
         if was_stopped == stop && was_percent == percent {
             return;
         }
+        if was_stopped && !stop {
+            // Started over after a rollback: what it was found to do before (under its old
+            // config, perhaps, while a swap to the new one is under way) is no evidence now.
+            lock(&self.ctx.serving.shadow).clear();
+        }
         let digest = candidate.serving.plugin.digest().short();
         let since = if stop {
             format!("the rollback of candidate {digest}")
