@@ -141,6 +141,16 @@ impl ShardOwnership {
         super::map::shard_of(uid, self.count)
     }
 
+    /// The shard of `parent` (by its uid; one without a uid hashes as the empty one).
+    pub fn shard_of_parent(&self, parent: &impl kube::Resource) -> u32 {
+        self.shard_of(parent.meta().uid.as_deref().unwrap_or_default())
+    }
+
+    /// Whether this replica holds `parent`'s shard now, by the clock.
+    pub fn holds_parent(&self, parent: &impl kube::Resource) -> bool {
+        self.holds(self.shard_of_parent(parent))
+    }
+
     /// Whether this replica may write for `shard` now: it holds it, and the time its last
     /// renewal bought has not run out.
     pub fn holds(&self, shard: u32) -> bool {

@@ -61,6 +61,31 @@ impl ShardedHost {
         })
     }
 
+    /// One host per identity of `identities`, all of one set of `count` shards (see
+    /// [`start`](Self::start)).
+    pub async fn start_each(
+        client: &kube::Client,
+        test: &str,
+        ns: &str,
+        plugin_dir: Option<&std::path::Path>,
+        identities: &[&str],
+        count: u32,
+    ) -> anyhow::Result<Vec<Self>> {
+        let mut hosts = Vec::new();
+        for identity in identities {
+            hosts.push(Self::start(client, test, ns, plugin_dir, identity, count).await?);
+        }
+        Ok(hosts)
+    }
+
+    /// [`stop`](Self::stop) each of `hosts`, one after another.
+    pub async fn stop_each(hosts: Vec<Self>) -> anyhow::Result<()> {
+        for host in hosts {
+            host.stop().await?;
+        }
+        Ok(())
+    }
+
     /// How many shards it holds now.
     pub fn shards_held(&self) -> usize {
         self.ownership.held().len()

@@ -863,12 +863,15 @@ async fn a_rollout_over_sharded_hosts_is_decided_once_and_followed_by_every_host
     const TEST: &str = "rollout-shards";
     let (client, ns, dir, rebuilt, digest) = prepare(TEST).await?;
     apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
-    let mut hosts = Vec::new();
-    for identity in ["a", "b", "c"] {
-        hosts.push(
-            ShardedHost::start(&client, TEST, &ns, Some(dir.path()), identity, SHARDS).await?,
-        );
-    }
+    let hosts = ShardedHost::start_each(
+        &client,
+        TEST,
+        &ns,
+        Some(dir.path()),
+        &["a", "b", "c"],
+        SHARDS,
+    )
+    .await?;
     // Counted over the three hosts' shards.
     let widgets = widgets_reconciled(&client, &ns, TEST).await?;
 
@@ -981,9 +984,7 @@ async fn a_rollout_over_sharded_hosts_is_decided_once_and_followed_by_every_host
     )
     .await?;
 
-    for host in hosts {
-        host.stop().await?;
-    }
+    ShardedHost::stop_each(hosts).await?;
     delete_namespace(&client, &ns).await?;
     policy_api.delete(TEST, &Default::default()).await?;
     Ok(())
@@ -1007,12 +1008,15 @@ async fn a_swap_held_on_several_sharded_hosts_is_confirmed_once_for_all() -> any
     const TEST: &str = "prune-shards";
     let (client, ns, dir, _, _) = prepare(TEST).await?;
     apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
-    let mut hosts = Vec::new();
-    for identity in ["a", "b", "c"] {
-        hosts.push(
-            ShardedHost::start(&client, TEST, &ns, Some(dir.path()), identity, SHARDS).await?,
-        );
-    }
+    let hosts = ShardedHost::start_each(
+        &client,
+        TEST,
+        &ns,
+        Some(dir.path()),
+        &["a", "b", "c"],
+        SHARDS,
+    )
+    .await?;
     let _widgets = widgets_reconciled(&client, &ns, TEST).await?;
     wasmctrl_testenv::cluster::eventually("every child made", ROLLOUT, || async {
         Ok(children_left(&client, &ns).await? == PARENTS)
@@ -1028,15 +1032,7 @@ async fn a_swap_held_on_several_sharded_hosts_is_confirmed_once_for_all() -> any
         let guard = &p["status"]["pruneGuard"];
         guard["heldDeletions"].as_u64().unwrap_or(0) + guard["deleted"].as_u64().unwrap_or(0)
     };
-    let ready_reason = |p: &Value| {
-        p["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "Ready")
-            .map(|c| c["reason"].clone())
-            .unwrap_or_default()
-    };
+    let ready_reason = |p: &Value| condition(p, "Ready").map(|c| c["reason"].clone());
     let held = wait_for_object_within(
         &policy_api,
         TEST,
@@ -1045,7 +1041,7 @@ async fn a_swap_held_on_several_sharded_hosts_is_confirmed_once_for_all() -> any
         |p| {
             p["status"]["pruneGuard"]["state"] == "Held"
                 && accounted(p) == PARENTS as u64
-                && ready_reason(p) == "PruneHeld"
+                && ready_reason(p).is_some_and(|reason| reason == "PruneHeld")
         },
     )
     .await?;
@@ -1094,9 +1090,7 @@ async fn a_swap_held_on_several_sharded_hosts_is_confirmed_once_for_all() -> any
     })
     .await?;
 
-    for host in hosts {
-        host.stop().await?;
-    }
+    ShardedHost::stop_each(hosts).await?;
     delete_namespace(&client, &ns).await?;
     policy_api.delete(TEST, &Default::default()).await?;
     Ok(())

@@ -495,10 +495,7 @@ async fn a_finalizing_policy_on_sharded_hosts_finalizes_the_parents_of_every_sha
         "finalize": true,
     });
     apply_policy(&client, TEST, TEST, spec).await?;
-    let mut hosts = Vec::new();
-    for identity in ["a", "b", "c"] {
-        hosts.push(ShardedHost::start(&client, TEST, &ns, None, identity, 6).await?);
-    }
+    let hosts = ShardedHost::start_each(&client, TEST, &ns, None, &["a", "b", "c"], 6).await?;
     // Spread first, so that each host has parents of its own from the start.
     eventually("2 shards each", LEASE_DURATION * 3, || async {
         Ok(hosts.iter().all(|host| host.shards_held() == 2))
@@ -544,9 +541,7 @@ async fn a_finalizing_policy_on_sharded_hosts_finalizes_the_parents_of_every_sha
         || async { Ok(widgets.list(&Default::default()).await?.items.is_empty()) },
     )
     .await?;
-    for host in hosts {
-        host.stop().await?;
-    }
+    ShardedHost::stop_each(hosts).await?;
     delete_namespace(&client, &ns).await?;
     policies(&client).delete(TEST, &Default::default()).await?;
     Ok(())

@@ -142,7 +142,7 @@ pub(crate) fn counts_per_shard(
         .collect();
     let reconciled = lock(&outcomes.reconciled);
     for parent in parents.state() {
-        let shard = shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default());
+        let shard = shards.shard_of_parent(parent.as_ref());
         let Some(counts) = per_shard.get_mut(&shard) else {
             continue;
         };
@@ -213,11 +213,7 @@ pub(crate) fn own_prune_window(
     share: Option<&crate::shards::ShardOwnership>,
 ) -> Option<PruneGuardStatus> {
     let name = policy.name_any();
-    let in_share = |parent: &CachedObject| {
-        share.is_none_or(|shards| {
-            shards.holds(shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default()))
-        })
-    };
+    let in_share = |parent: &CachedObject| share.is_none_or(|shards| shards.holds_parent(parent));
     let exists = |key: &ObjectRef<CachedObject>| parents.get(key).is_some();
     let mine = |key: &ObjectRef<CachedObject>| parents.get(key).is_some_and(|p| in_share(&p));
     if share.is_some() {
@@ -348,9 +344,9 @@ pub(crate) fn candidate_counts(
     }
     let in_share = |key: &ObjectRef<CachedObject>| {
         share.is_none_or(|shards| {
-            parents.get(key).is_some_and(|parent| {
-                shards.holds(shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default()))
-            })
+            parents
+                .get(key)
+                .is_some_and(|parent| shards.holds_parent(parent.as_ref()))
         })
     };
     let mut status = CandidateStatus {

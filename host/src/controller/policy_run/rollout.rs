@@ -379,7 +379,7 @@ pub(crate) fn shard_reports(
     held: &std::collections::BTreeSet<u32>,
 ) -> std::collections::BTreeMap<u32, crate::shards::RolloutReport> {
     let figures = measure_by(ctx, candidate, parents, |parent| {
-        let shard = shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default());
+        let shard = shards.shard_of_parent(parent);
         held.contains(&shard).then_some(shard)
     });
     rollout_across::reports(candidate, held, figures)
@@ -764,7 +764,7 @@ impl Driver {
         let (others, waiting): (Vec<Measured>, _) =
             rollout_across::reported(&self.ctx.policy, candidate, shards, &held);
         let mut total = measure_by(&self.ctx, candidate, &self.parents, |parent| {
-            let shard = shards.shard_of(parent.metadata.uid.as_deref().unwrap_or_default());
+            let shard = shards.shard_of_parent(parent);
             held.contains(&shard).then_some(0)
         })
         .remove(&0)

@@ -71,7 +71,7 @@ pub(crate) async fn reconcile(
     let outcome = match ctx.leadership.shards() {
         None => reconcile_parent(cached, ctx.clone()).await,
         Some(shards) => {
-            let shard = shards.shard_of(cached.metadata.uid.as_deref().unwrap_or_default());
+            let shard = shards.shard_of_parent(cached.as_ref());
             let Some(writing) = shards.start_writing(shard) else {
                 // Another replica's parent; this one reconciles it if it takes the shard.
                 ctx.queue
