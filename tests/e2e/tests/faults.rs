@@ -1393,6 +1393,25 @@ async fn wait_shared(
     Ok(started.elapsed())
 }
 
+/// Wait until every shard is held by one of `replicas` (those of any other were taken).
+async fn wait_held_only_by(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+    replicas: &[&str],
+    within: Duration,
+) -> anyhow::Result<()> {
+    eventually(
+        &format!("every shard held by one of {replicas:?}"),
+        within,
+        || async {
+            let holders = shard_holders(leases).await?;
+            Ok(holders
+                .values()
+                .all(|holder| holder.as_deref().is_some_and(|h| replicas.contains(&h))))
+        },
+    )
+    .await
+}
+
 /// The parent a write of `uri` was for: a Widget's own (its status) or its child
 /// `<parent>-own`.
 fn parent_written(uri: &str) -> Option<String> {
@@ -1538,17 +1557,7 @@ async fn sharded_replicas_share_the_work_and_survive_a_kill_a_join_and_a_freeze(
     third.kill()?;
     let killed = Instant::now();
     apply_widgets(&client, &ns, SHARDED_PARENTS, 2).await?;
-    eventually(
-        "c's shards taken by a and b",
-        LEASE_DURATION + Duration::from_secs(10),
-        || async {
-            let holders = shard_holders(&leases).await?;
-            Ok(holders
-                .values()
-                .all(|holder| matches!(holder.as_deref(), Some(h) if h == a || h == b)))
-        },
-    )
-    .await?;
+    wait_held_only_by(&leases, &[a, b], LEASE_DURATION + Duration::from_secs(10)).await?;
     let taken = killed.elapsed();
     wait_children_of(&client, &ns, SHARDED_PARENTS, 2).await?;
     wait_reconciled(&client, &ns, SHARDED_PARENTS).await?;
@@ -1587,17 +1596,7 @@ async fn sharded_replicas_share_the_work_and_survive_a_kill_a_join_and_a_freeze(
     second.signal(libc::SIGSTOP)?;
     let stopped_at = Instant::now();
     let stopped_at_ms = now_ms()?;
-    eventually(
-        "b's shards taken by a and d",
-        LEASE_DURATION * 3,
-        || async {
-            let holders = shard_holders(&leases).await?;
-            Ok(holders
-                .values()
-                .all(|holder| matches!(holder.as_deref(), Some(h) if h == a || h == d)))
-        },
-    )
-    .await?;
+    wait_held_only_by(&leases, &[a, d], LEASE_DURATION * 3).await?;
     let failover = stopped_at.elapsed();
     apply_widgets(&client, &ns, SHARDED_PARENTS, 4).await?;
     tokio::time::sleep(
