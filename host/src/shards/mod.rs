@@ -28,5 +28,5 @@ pub mod reports;
 
 pub use coordinator::{ShardConfig, ShardCoordinator};
 pub use map::{shard_of, shard_range};
-pub use ownership::{ShardOwnership, Writing, write_for, writes_allowed};
+pub use ownership::{ShardOwnership, Writing, gained, write_for, writes_allowed};
 pub use reports::{PolicyReport, RolloutReport, ShardCounts, ShardReport, ShardReports};

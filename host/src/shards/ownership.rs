@@ -74,6 +74,15 @@ impl Writing {
     }
 }
 
+/// The shards taken between two looks at [`ShardOwnership::subscribe`]: held in `now` and
+/// not held in `before`, or let go and taken again in between (its count of takings moved).
+pub fn gained(before: &BTreeMap<u32, u64>, now: &BTreeMap<u32, u64>) -> BTreeSet<u32> {
+    now.iter()
+        .filter(|(shard, taken)| before.get(shard) != Some(taken))
+        .map(|(shard, _)| *shard)
+        .collect()
+}
+
 tokio::task_local! {
     /// The shard the writes of this task are for, while a reconcile of one of its parents
     /// runs (see [`write_for`]).
@@ -197,7 +206,7 @@ impl ShardOwnership {
     }
 
     /// Changes of the shards held, starting from the current set (seen): a controller
-    /// reconciles the parents of each shard it gains.
+    /// reconciles the parents of each shard it gains (see [`gained`]).
     pub fn subscribe(&self) -> watch::Receiver<BTreeMap<u32, u64>> {
         self.changes.subscribe()
     }
@@ -353,13 +362,23 @@ mod tests {
             !changes.has_changed().unwrap_or(true),
             "a renewal is no change"
         );
+        let before = changes.borrow_and_update().clone();
+        ownership.hold_until(1, far);
         ownership.let_go(2);
         ownership.hold_until(2, far);
-        let again = changes.borrow_and_update().get(&2).copied();
+        let now = changes.borrow_and_update().clone();
+        let again = now.get(&2).copied();
         assert!(
             again > first,
             "let go and taken again between two looks: {first:?} {again:?}"
         );
+        assert_eq!(
+            gained(&before, &now),
+            BTreeSet::from([1, 2]),
+            "1 new, 2 again"
+        );
+        assert!(gained(&now, &now).is_empty());
+        ownership.let_go(1);
         ownership.let_go(2);
         assert!(changes.borrow_and_update().is_empty());
     }

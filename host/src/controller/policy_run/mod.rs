@@ -609,11 +609,7 @@ fn parents_of_shards_gained(
         async move {
             held.changed().await.ok()?;
             let now = held.borrow_and_update().clone();
-            let gained: std::collections::BTreeSet<u32> = now
-                .iter()
-                .filter(|(shard, taken)| before.get(shard) != Some(taken))
-                .map(|(shard, _)| *shard)
-                .collect();
+            let gained = crate::shards::gained(&before, &now);
             let refs: Vec<_> = if gained.is_empty() {
                 Vec::new()
             } else {
@@ -653,10 +649,7 @@ fn requeue_on_takeover(
             let mut before = gained.borrow_and_update().clone();
             while gained.changed().await.is_ok() {
                 let now = gained.borrow_and_update().clone();
-                if now
-                    .iter()
-                    .any(|(shard, taken)| before.get(shard) != Some(taken))
-                {
+                if !crate::shards::gained(&before, &now).is_empty() {
                     guard.reopen("this replica took over a shard".to_owned());
                 }
                 before = now;
