@@ -649,3 +649,100 @@ async fn the_echo_of_the_host_s_own_finalizer_write_asks_the_plugin_nothing() ->
     delete_namespace(&client, &ns).await?;
     Ok(())
 }
+
+/// The resync comes from one timer per policy, not a requeue per parent: once settled, every
+/// parent is reconciled again once per period though nothing changed, each such reconcile
+/// asks the plugin (its last decision is older than half the period), and none is asked
+/// much more often.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_parent_is_resynced_once_per_period_though_nothing_changed() -> anyhow::Result<()> {
+    const TEST: &str = "policy-resync";
+    const WIDGETS: usize = 20;
+    const PERIOD_SECONDS: u64 = 3;
+    const PERIODS: u64 = 5;
+    let (client, ns) = test_namespace(TEST).await?;
+    install_test_kinds(&client).await?;
+    let mut spec = policy_for(
+        "Widget",
+        json!([{"apiVersion": "v1", "kind": "ConfigMap"}]),
+        json!({"ownChild": true}),
+    );
+    spec["resyncPeriodSeconds"] = json!(PERIOD_SECONDS);
+    apply_policy(&client, TEST, TEST, spec).await?;
+    let host = HostUnderTest::builder(TEST, &ns).start().await?;
+    let widgets = widgets(&client, &ns);
+    let names: Vec<String> = (0..WIDGETS).map(|i| format!("w-{i:02}")).collect();
+    futures::future::try_join_all(
+        names
+            .iter()
+            .map(|name| apply(&widgets, widget(name, Some(1)))),
+    )
+    .await?;
+    for name in &names {
+        wait_for_object(&widgets, name, &format!("{name} reconciled"), |w| {
+            reconciled(w) == Some("True") && w["status"]["children"] == 1
+        })
+        .await?;
+    }
+    let records = |name: &str| -> Vec<String> {
+        let kinds = host.explain.store.kinds_named("Widget");
+        match host
+            .explain
+            .store
+            .lookup("Widget", Some(&ns), name, 50, &kinds)
+        {
+            wasmctrl::explain::Lookup::Found { records } => records,
+            _ => Vec::new(),
+        }
+    };
+    let calls = || {
+        labelled_metric(
+            &host,
+            "wasmctrl_plugin_calls_total",
+            &[("controller", TEST), ("outcome", "ok")],
+        )
+    };
+    let config_maps = api(&client, &resource("", "v1", "ConfigMap"), &ns);
+    let versions = |api: &kube::Api<kube::api::DynamicObject>| {
+        let api = api.clone();
+        async move {
+            let list = api.list(&Default::default()).await?;
+            anyhow::Ok(
+                list.items
+                    .into_iter()
+                    .map(|c| (c.metadata.name, c.metadata.resource_version))
+                    .collect::<std::collections::BTreeMap<_, _>>(),
+            )
+        }
+    };
+    let children_before = versions(&config_maps).await?;
+    let before: Vec<Vec<String>> = names.iter().map(|name| records(name)).collect();
+    let calls_before = calls();
+    tokio::time::sleep(Duration::from_secs(PERIOD_SECONDS * PERIODS)).await;
+    let calls_during = calls() - calls_before;
+
+    // Each parent's point in the period was passed PERIODS times; a reconcile at the edges of
+    // the window may fall either side of it.
+    for (name, before) in names.iter().zip(&before) {
+        let new = records(name)
+            .into_iter()
+            .filter(|record| !before.contains(record))
+            .count();
+        assert!(
+            (PERIODS - 1..=PERIODS + 1).contains(&(new as u64)),
+            "{name} was reconciled {new} times in {PERIODS} resync periods"
+        );
+    }
+    let per_parent = calls_during / WIDGETS as f64;
+    assert!(
+        (PERIODS as f64 - 1.0..=PERIODS as f64 + 1.0).contains(&per_parent),
+        "{per_parent} plugin calls per parent in {PERIODS} resync periods"
+    );
+    // Nothing changed, so the resyncs wrote nothing.
+    assert_eq!(versions(&config_maps).await?, children_before);
+
+    host.stop().await?;
+    delete_namespace(&client, &ns).await?;
+    policies(&client).delete(TEST, &Default::default()).await?;
+    Ok(())
+}

@@ -11,6 +11,7 @@ pub(crate) mod prepare;
 pub(crate) mod release;
 mod replay_gate;
 pub(crate) mod report;
+mod resync;
 pub(crate) mod rollout;
 mod rollout_across;
 pub(crate) mod scopes;
@@ -545,6 +546,13 @@ fn run_reconciles(
         }
         None => controller,
     };
+    let controller = controller.reconcile_on(resync::parents_due(
+        parents.clone(),
+        ctx.resync,
+        ctx.parent.clone(),
+        ctx.leadership.clone(),
+        ctx.queue.clone(),
+    ));
     let every_parent = {
         let parents = parents.clone();
         let queue = ctx.queue.clone();

@@ -30,7 +30,8 @@
 //! - every child write of the decision is in the cache: the plugin has not yet seen the
 //!   children it made, and is asked once more, on the world its decision produced;
 //! - the memory is older than [`HOLD_AT_MOST`] or half the requeue the decision asked for, so
-//!   a plugin's requeue and the resync always reach the plugin.
+//!   a plugin's requeue always reaches the plugin, and so does a resync (one timer per
+//!   policy, `policy_run::resync`) that comes later than that after the decision.
 //!
 //! Otherwise the decision stands: nothing changed since the plugin decided but the host's own
 //! status, or some of its child writes are still on their way (their events will bring the

@@ -3,7 +3,8 @@
 //! kube-runtime keeps its scheduler private, so the host counts at the queue's edges: every
 //! watch event, swap or takeover that reaches the controller adds its parent, and the start
 //! of a reconcile takes it out. A parent asked for twice before it runs waits once, as in
-//! client-go's queue. Timed requeues (resync, backoff) are not seen until they run.
+//! client-go's queue. Timed requeues (a plugin's, a failure's backoff) are not seen until they
+//! run; the resync, which the policy's timer enqueues, is counted when it comes due.
 //!
 //! What kube-runtime drops without a reconcile must leave the count too, or it grows for
 //! ever: a parent deleted while it waited (taken out on its delete, and by a re-list that

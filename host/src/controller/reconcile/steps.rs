@@ -224,8 +224,15 @@ impl<'a> Reconcile<'a> {
             } else {
                 ctx.metrics.unchanged();
             }
+            // The plugin's requeue, or the wait for the decision's creates, stays this
+            // parent's timer; the resync is the policy's (`policy_run::resync`).
+            let timed = standing.requeued || standing.awaiting_creates;
             return Ok(Done {
-                action: Action::requeue(standing.requeue_in),
+                action: if timed {
+                    Action::requeue(standing.requeue_in)
+                } else {
+                    Action::await_change()
+                },
                 requeued: standing.requeued,
                 decided_by: Some(*selection.serving.plugin.digest()),
                 result: RecordResult::Reconciled,
@@ -286,7 +293,11 @@ impl<'a> Reconcile<'a> {
             ctx.decisions.forget(key);
         }
         let done = Done {
-            action: Action::requeue(requeue),
+            action: match decision.requeue_after {
+                Some(_) => Action::requeue(requeue),
+                // The policy's timer brings the resync (`policy_run::resync`).
+                None => Action::await_change(),
+            },
             requeued: decision.requeue_after.is_some(),
             decided_by: Some(decision.digest),
             result: RecordResult::Reconciled,

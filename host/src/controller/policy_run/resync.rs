@@ -1,0 +1,178 @@
+//! The resync: every parent reconciled again once per resync period, from one timer per
+//! policy instead of one requeue per parent.
+//!
+//! kube-runtime keeps each requeue as an entry of its scheduler (a hash-map slot and a
+//! delay-queue slot) until it comes due. A resync asked for by every reconcile therefore holds
+//! one entry per parent for as long as the host runs: some 7 MiB at 10,000 parents, and twice
+//! that for the moments the table doubles. Here each parent has a fixed point in the period,
+//! a hash of its uid, and one timer per policy walks the parents cache and enqueues those
+//! whose point it passed since its last tick. That keeps nothing per parent, and spreads the
+//! resyncs evenly over the period, as timers started at each parent's reconcile did.
+//!
+//! What differs from a timer per parent: a parent's resync does not move when a change
+//! reconciles it. A resync that comes soon after such a reconcile finds its decision standing
+//! (see `reconcile::decisions`) and asks the plugin nothing; one that comes later reaches the
+//! plugin. Either way no parent goes longer than the period and one tick without a
+//! reconcile. A requeue the plugin asked for, a failure's retry and the wait for the
+//! children a decision created stay timers of their parent: they are few and short.
+
+use std::hash::Hasher as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt as _};
+use kube::core::ApiResource;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::controller::cache::cached::CachedObject;
+use crate::controller::reconcile::parent::parent_key;
+use crate::controller::reconcile::queue::QueueGauge;
+use crate::leader::Leadership;
+
+/// How often a policy's timer looks for the parents come due: a hundredth of the period, so a
+/// tick enqueues about one percent of the parents, within these bounds.
+const TICK_AT_LEAST: Duration = Duration::from_millis(250);
+const TICK_AT_MOST: Duration = Duration::from_secs(5);
+
+/// Where in a period of `period_ms` the parent with this uid comes due.
+fn point_of(uid: &str, period_ms: u64) -> u64 {
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(uid.as_bytes());
+    // Another stream of the hash than the shard's (`shards::map`), which cuts it by range.
+    hasher.write_u8(0x5f);
+    hasher.finish() % period_ms.max(1)
+}
+
+/// Whether a point of the period was passed between `from` and `to` (milliseconds since the
+/// timer started, `from < to`): the points in `(from, to]` taken modulo the period.
+fn passed(point: u64, from: u64, to: u64, period_ms: u64) -> bool {
+    let period_ms = period_ms.max(1);
+    if to.saturating_sub(from) >= period_ms {
+        return true;
+    }
+    let (start, end) = (from % period_ms, to % period_ms);
+    if start <= end {
+        start < point && point <= end
+    } else {
+        point > start || point <= end
+    }
+}
+
+/// The timer's tick for a period.
+fn tick_for(period: Duration) -> Duration {
+    (period / 100).clamp(TICK_AT_LEAST, TICK_AT_MOST)
+}
+
+/// The parents whose resync came due, tick by tick, for the controller's `reconcile_on`.
+/// Only parents this replica writes for are enqueued: none on a standby, and on a sharded
+/// host only those of the shards it holds (the others would start and end at once).
+pub(super) fn parents_due(
+    parents: Store<CachedObject>,
+    period: Duration,
+    kind: Arc<ApiResource>,
+    leadership: Arc<Leadership>,
+    queue: Arc<QueueGauge>,
+) -> impl Stream<Item = ObjectRef<CachedObject>> + Send + use<> {
+    let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
+    let started = Instant::now();
+    let mut interval = tokio::time::interval(tick_for(period));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let state = (interval, 0_u64);
+    futures::stream::unfold(state, move |(mut interval, from)| {
+        let parents = parents.clone();
+        let kind = kind.clone();
+        let leadership = leadership.clone();
+        let queue = queue.clone();
+        async move {
+            interval.tick().await;
+            let to = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let due: Vec<ObjectRef<CachedObject>> = if leadership.may_write() && to > from {
+                let shards = leadership.shards();
+                parents
+                    .state()
+                    .iter()
+                    .filter(|parent| shards.is_none_or(|shards| shards.holds_parent(&***parent)))
+                    .filter(|parent| {
+                        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
+                        passed(point_of(uid, period_ms), from, to, period_ms)
+                    })
+                    .map(|parent| parent_key(&**parent, &kind))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            if !due.is_empty() {
+                queue.added(
+                    due.iter()
+                        .map(|parent| (parent.namespace.clone(), parent.name.clone())),
+                );
+            }
+            Some((futures::stream::iter(due), (interval, to.max(from))))
+        }
+    })
+    .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_point_is_passed_once_per_period_whatever_the_ticks() {
+        let period = 1_000;
+        // Uneven ticks, none a period apart.
+        let ticks = [
+            0, 7, 250, 251, 600, 999, 1_000, 1_013, 1_700, 2_000, 2_999, 3_000,
+        ];
+        for point in [0, 1, 6, 7, 8, 250, 500, 999] {
+            let passes = ticks
+                .windows(2)
+                .filter(|tick| passed(point, tick[0], tick[1], period))
+                .count();
+            // The moments the point stands for after the timer started, up to the last tick.
+            let moments = (0..=3)
+                .map(|k| k * period + point)
+                .filter(|moment| (1..=3_000).contains(moment))
+                .count();
+            assert_eq!(passes, moments, "point {point}");
+        }
+    }
+
+    #[test]
+    fn a_tick_later_than_a_period_passes_every_point() {
+        for point in [0, 1, 500, 999] {
+            assert!(passed(point, 10, 1_010, 1_000));
+            assert!(passed(point, 10, 5_000, 1_000));
+        }
+        assert!(!passed(500, 10, 20, 1_000));
+        assert!(passed(15, 10, 20, 1_000));
+        assert!(
+            !passed(10, 10, 20, 1_000),
+            "the start of a window was the last one's end"
+        );
+    }
+
+    #[test]
+    fn points_spread_over_the_period() {
+        let period = 300_000;
+        let mut buckets = [0_u32; 10];
+        for i in 0..10_000 {
+            let uid = format!("0c6a1f2e-{i:04x}-4d3b-9b8e-5f2a7c1d{i:04x}");
+            let point = point_of(&uid, period);
+            assert!(point < period);
+            buckets[usize::try_from(point * 10 / period).unwrap_or(9)] += 1;
+        }
+        // 1,000 expected per tenth; a hash that clustered would leave some near empty.
+        assert!(
+            buckets.iter().all(|n| (850..=1_150).contains(n)),
+            "{buckets:?}"
+        );
+    }
+
+    #[test]
+    fn the_tick_is_a_hundredth_of_the_period_within_bounds() {
+        assert_eq!(tick_for(Duration::from_secs(300)), Duration::from_secs(3));
+        assert_eq!(tick_for(Duration::from_secs(2)), TICK_AT_LEAST);
+        assert_eq!(tick_for(Duration::from_secs(3_600)), TICK_AT_MOST);
+    }
+}
