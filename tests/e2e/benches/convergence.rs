@@ -28,8 +28,10 @@
 //! goes quiet in seconds instead of the hour 10,000 pods take on two cores; the host alone,
 //! without the baseline: `WASMCTRL_BENCH_PHASES=host`; extra environment for the host alone,
 //! e.g. a heap profiler's `LD_PRELOAD`, or `WASMCTRL_MAX_CONCURRENT_CALLS`, which the host
-//! reads as `wasmctrl run` does: `WASMCTRL_BENCH_HOST_ENV`). The host runs in a child
-//! process (this binary, re-executed) so its RSS is its own.
+//! reads as `wasmctrl run` does: `WASMCTRL_BENCH_HOST_ENV`; a Go CPU profile of
+//! kube-apiserver over each phase's first seconds: `WASMCTRL_BENCH_APISERVER_PROFILE=dir`, see
+//! [`profile_apiserver`]). The host runs in a child process (this binary, re-executed) so its
+//! RSS is its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -263,6 +265,10 @@ struct Cpu {
     apiserver: f64,
     etcd: f64,
     client: f64,
+    /// The rest of the control plane: controller-manager, scheduler, kwok.
+    others: f64,
+    /// Every process on the machine (`/proc/stat`): how close the phase came to the cores.
+    machine: f64,
 }
 
 /// One hot swap: from the policy update to the policy reporting the new digest, and to the
@@ -296,7 +302,13 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
     let myapps = myapps(&client, &host_ns);
     let probe = CpuProbe::new(plane, host_pid);
     let until = Until::from_env()?;
-    let watch = tokio::spawn(watch_progress(myapps.clone(), n, probe, until));
+    let watch = tokio::spawn(watch_progress(
+        myapps.clone(),
+        n,
+        probe.clone(),
+        until,
+        reconciled_by_host,
+    ));
     let (stop_sampling, sampling) = tokio::sync::oneshot::channel::<()>();
     let sampler = tokio::spawn(sample_rss(host_pid, sampling));
     // A CPU profile of the host alone, from the first create to all reconciled, when asked
@@ -310,9 +322,13 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         None => None,
     };
     let cpu_before = probe.read();
+    let apiserver_profile = profile_apiserver(&client, "host", n);
     let started = Instant::now();
     create_myapps(&myapps, n).await?;
     let (reconciled_at, ready_at, cpu_at_reconciled) = watch.await??;
+    if let Some(profile) = apiserver_profile {
+        profile.await??;
+    }
     let (_, metrics) = http_get(listen, "/metrics").await?;
     let counts = ReconcileCounts::read(&metrics);
     let requests = count_requests(&plane.audit_log, audit_before, |event| {
@@ -526,12 +542,25 @@ async fn baseline_phase(n: usize, plane: &ControlPlane) -> anyhow::Result<Baseli
     let base_myapps = myapps(&client, &base_ns);
     let audit_before = audit_lines(&plane.audit_log)?;
     let probe = CpuProbe::new(plane, std::process::id());
+    // Timed as the host is: by the same watch, to every status seen written.
+    let watch = tokio::spawn(watch_progress(
+        base_myapps.clone(),
+        n,
+        probe.clone(),
+        Until::Reconciled,
+        written_for_generation,
+    ));
     let cpu_before = probe.read();
+    let apiserver_profile = profile_apiserver(&client, "baseline", n);
     let started = Instant::now();
     let created = create_myapps(&base_myapps, n).await?;
     baseline_writes(&client, &base_ns, created).await?;
-    let elapsed = started.elapsed();
-    let cpu = probe.read().since(cpu_before);
+    let (written_at, _, cpu_at_written) = watch.await??;
+    let elapsed = written_at.duration_since(started);
+    let cpu = cpu_at_written.since(cpu_before);
+    if let Some(profile) = apiserver_profile {
+        profile.await??;
+    }
     let writes = count_writes(&plane.audit_log, audit_before, &base_ns)?
         .iter()
         .filter(|(k, _)| !k.starts_with("create myapps"))
@@ -551,6 +580,45 @@ async fn baseline_phase(n: usize, plane: &ControlPlane) -> anyhow::Result<Baseli
         requests,
         cpu,
     })
+}
+
+/// With `WASMCTRL_BENCH_APISERVER_PROFILE=dir`, a Go CPU profile of kube-apiserver over the
+/// first `WASMCTRL_BENCH_APISERVER_PROFILE_SECONDS` (default 15) of a phase, from its
+/// `/debug/pprof/profile` endpoint, saved as `dir/<phase>-<n>.pb.gz` for
+/// `go tool pprof -top`: where the API server's CPU goes for the host's pass and for the plain
+/// client's. Keep the seconds within the shorter phase.
+fn profile_apiserver(
+    client: &Client,
+    phase: &str,
+    n: usize,
+) -> Option<tokio::task::JoinHandle<anyhow::Result<()>>> {
+    let dir = PathBuf::from(std::env::var_os("WASMCTRL_BENCH_APISERVER_PROFILE")?);
+    let seconds: u64 = std::env::var("WASMCTRL_BENCH_APISERVER_PROFILE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15);
+    let client = client.clone();
+    let path = dir.join(format!("{phase}-{n}.pb.gz"));
+    let phase = phase.to_owned();
+    Some(tokio::spawn(async move {
+        use futures::AsyncReadExt as _;
+        let request = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
+            .body(Vec::new())?;
+        let mut body = Vec::new();
+        client
+            .request_stream(request)
+            .await
+            .context("kube-apiserver's CPU profile")?
+            .read_to_end(&mut body)
+            .await?;
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!(
+            "kube-apiserver CPU profile of the {phase} phase at {n}: {}",
+            path.display()
+        );
+        Ok(())
+    }))
 }
 
 /// Extra environment for the host process alone, from `WASMCTRL_BENCH_HOST_ENV`
@@ -591,11 +659,12 @@ async fn sample_rss(
 }
 
 /// The processes whose CPU time a phase reports.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct CpuProbe {
     apiserver: Option<u32>,
     etcd: Option<u32>,
     client: u32,
+    others: Vec<u32>,
 }
 
 impl CpuProbe {
@@ -611,6 +680,12 @@ impl CpuProbe {
             apiserver: pid("kube-apiserver"),
             etcd: pid("etcd"),
             client,
+            others: plane
+                .components
+                .iter()
+                .filter(|c| c.name != "kube-apiserver" && c.name != "etcd")
+                .map(|c| c.pid)
+                .collect(),
         }
     }
 
@@ -621,8 +696,30 @@ impl CpuProbe {
             apiserver: of(self.apiserver),
             etcd: of(self.etcd),
             client: of(Some(self.client)),
+            others: self.others.iter().map(|pid| of(Some(*pid))).sum(),
+            machine: machine_cpu_seconds().unwrap_or(f64::NAN),
         }
     }
+}
+
+/// Busy CPU seconds of the whole machine (every state but idle and iowait), from
+/// `/proc/stat`.
+fn machine_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<f64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map(|field| field.parse().unwrap_or(0.0))
+        .collect();
+    let busy: f64 = fields
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| *index != 3 && *index != 4)
+        .map(|(_, ticks)| ticks)
+        .sum();
+    Some(busy / ticks_per_second())
 }
 
 impl Cpu {
@@ -631,6 +728,8 @@ impl Cpu {
             apiserver: self.apiserver - before.apiserver,
             etcd: self.etcd - before.etcd,
             client: self.client - before.client,
+            others: self.others - before.others,
+            machine: self.machine - before.machine,
         }
     }
 }
@@ -643,10 +742,15 @@ fn process_cpu_seconds(pid: u32) -> Option<f64> {
     let after = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = after.split_whitespace().collect();
     let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / ticks_per_second())
+}
+
+/// The clock ticks `/proc` counts CPU time in.
+fn ticks_per_second() -> f64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     #[allow(unsafe_code)]
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Some(ticks / per_second)
+    per_second
 }
 
 /// The host's explain records: MiB held and how many, from its `/metrics` text.
@@ -815,13 +919,28 @@ impl Until {
     }
 }
 
-/// When every MyApp is reconciled and (with `Until::Ready`) when every one is Ready, and the
-/// CPU `probe` read at the first.
+/// A MyApp the host reconciled: its status written for its generation, `Reconciled=True`.
+fn reconciled_by_host(app: &Value) -> bool {
+    written_for_generation(app)
+        && app["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Reconciled" && c["status"] == "True")
+        })
+}
+
+/// A MyApp whose status was written for its generation (the baseline's last write).
+fn written_for_generation(app: &Value) -> bool {
+    app["status"]["observedGeneration"] == app["metadata"]["generation"]
+}
+
+/// When every MyApp is `done` and (with `Until::Ready`) when every one is Ready, and the CPU
+/// `probe` read at the first. Both phases are timed by this watch, so both pay for it.
 async fn watch_progress(
     api: Api<DynamicObject>,
     n: usize,
     probe: CpuProbe,
     until: Until,
+    done: fn(&Value) -> bool,
 ) -> anyhow::Result<(Instant, Option<Instant>, Cpu)> {
     let until_ready = until == Until::Ready;
     let mut state: HashMap<String, (bool, bool)> = HashMap::new();
@@ -842,8 +961,7 @@ async fn watch_progress(
                 .as_array()
                 .is_some_and(|c| c.iter().any(|c| c["type"] == t && c["status"] == "True"))
         };
-        let reconciled = condition("Reconciled")
-            && value["status"]["observedGeneration"] == value["metadata"]["generation"];
+        let reconciled = done(&value);
         state.insert(
             app.name_any(),
             (reconciled, reconciled && condition("Ready")),
@@ -1169,9 +1287,9 @@ fn print_table(rows: &[Row]) {
         );
     }
     println!(
-        "\n| MyApps | phase | wall | kube-apiserver CPU | etcd CPU | client CPU (host or baseline) |"
+        "\n| MyApps | phase | wall | kube-apiserver CPU | etcd CPU | client CPU (host or baseline) | controller-manager, scheduler, kwok CPU | machine busy |"
     );
-    println!("|---:|---|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         let baseline = row
             .baseline
@@ -1184,11 +1302,13 @@ fn print_table(rows: &[Row]) {
             let wall = wall.as_secs_f64();
             let share = |seconds: f64| format!("{seconds:.1} s ({:.2} cores)", seconds / wall);
             println!(
-                "| {} | {phase} | {wall:.1} s | {} | {} | {} |",
+                "| {} | {phase} | {wall:.1} s | {} | {} | {} | {} | {} |",
                 row.n,
                 share(cpu.apiserver),
                 share(cpu.etcd),
-                share(cpu.client)
+                share(cpu.client),
+                share(cpu.others),
+                share(cpu.machine)
             );
         }
     }

@@ -9,6 +9,12 @@
 //! whose point it passed since its last tick. That keeps nothing per parent, and spreads the
 //! resyncs evenly over the period, as timers started at each parent's reconcile did.
 //!
+//! A parent younger than half the period is left out: its create reconciled it, and a burst
+//! of creates would otherwise come back within the period, the plugin asked again about each
+//! parent it has just decided (a timer per parent first fired a whole period after the
+//! create). So a new parent's first resync comes between half a period and one and a half
+//! after its create.
+//!
 //! What differs from a timer per parent: a parent's resync does not move when a change
 //! reconciles it. A resync that comes soon after such a reconcile finds its decision standing
 //! (see `reconcile::decisions`) and asks the plugin nothing; one that comes later reaches the
@@ -58,6 +64,16 @@ fn passed(point: u64, from: u64, to: u64, period_ms: u64) -> bool {
     }
 }
 
+/// Whether `parent` was created before `born_before` (one the API server gave no creation
+/// time counts as old).
+fn old_enough(parent: &CachedObject, born_before: jiff::Timestamp) -> bool {
+    parent
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .is_none_or(|created| created.0 <= born_before)
+}
+
 /// The timer's tick for a period.
 fn tick_for(period: Duration) -> Duration {
     (period / 100).clamp(TICK_AT_LEAST, TICK_AT_MOST)
@@ -88,10 +104,14 @@ pub(super) fn parents_due(
             let to = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             let due: Vec<ObjectRef<CachedObject>> = if leadership.may_write() && to > from {
                 let shards = leadership.shards();
+                let born_before = jiff::Timestamp::now()
+                    .checked_sub(jiff::SignedDuration::try_from(period / 2).unwrap_or_default())
+                    .unwrap_or(jiff::Timestamp::MIN);
                 parents
                     .state()
                     .iter()
                     .filter(|parent| shards.is_none_or(|shards| shards.holds_parent(&***parent)))
+                    .filter(|parent| old_enough(parent, born_before))
                     .filter(|parent| {
                         let uid = parent.metadata.uid.as_deref().unwrap_or_default();
                         passed(point_of(uid, period_ms), from, to, period_ms)
@@ -167,6 +187,27 @@ mod tests {
             buckets.iter().all(|n| (850..=1_150).contains(n)),
             "{buckets:?}"
         );
+    }
+
+    #[test]
+    fn a_parent_younger_than_half_the_period_is_left_out() {
+        let parent = |created: Option<&str>| {
+            let mut metadata = serde_json::json!({"name": "p", "uid": "u"});
+            if let Some(created) = created {
+                metadata["creationTimestamp"] = created.into();
+            }
+            CachedObject::from_value(
+                serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata}),
+            )
+            .expect("a cached object")
+        };
+        let cut: jiff::Timestamp = "2026-12-07T10:00:00Z"
+            .parse()
+            .unwrap_or(jiff::Timestamp::MIN);
+        assert!(old_enough(&parent(Some("2026-12-07T09:59:59Z")), cut));
+        assert!(old_enough(&parent(Some("2026-12-07T10:00:00Z")), cut));
+        assert!(!old_enough(&parent(Some("2026-12-07T10:00:01Z")), cut));
+        assert!(old_enough(&parent(None), cut));
     }
 
     #[test]
