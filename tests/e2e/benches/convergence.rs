@@ -8,8 +8,10 @@
 //! host's peak RSS and its RSS every second, and the CPU seconds of kube-apiserver, etcd and
 //! the client up to all-reconciled (is the API server the limit, or the client?). The
 //! baseline is a plain kube client issuing the first pass of the same writes (apply
-//! Deployment, apply Service, apply status, the plugin's Events) with the same concurrency; the ratio (baseline
-//! time / host time) says what the host's watches, caches, queue and plugin calls cost.
+//! Deployment, apply Service, apply status, the plugin's Events) with the same concurrency,
+//! timed by the same watch of the MyApps as the host (to every status seen written); the
+//! ratio (baseline time / host time) says what the host's watches, caches, queue and plugin
+//! calls cost.
 //!
 //! Once every MyApp is Ready (or the cluster is quiet), it swaps the plugin to v2 and back
 //! (the rollout: the last Deployment rebuilt, and its rate against the all-reconciled rate),
