@@ -18,7 +18,7 @@ use prometheus_client::registry::{Registry, Unit};
 /// How a reconcile ended, as controller-runtime's `result` label spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReconcileResult {
-    /// Succeeded; next run at the resync period.
+    /// Succeeded; next run on a change or at the policy's resync.
     Success,
     /// Succeeded and asked to run again after a delay.
     RequeueAfter,

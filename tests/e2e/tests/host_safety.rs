@@ -337,13 +337,10 @@ async fn a_permanent_error_waits_for_a_change_instead_of_retrying() -> anyhow::R
     const TEST: &str = "safety-permanent";
     let (client, ns) = test_namespace(TEST).await?;
     install_kinds(&client).await?;
-    apply_policy(
-        &client,
-        TEST,
-        TEST,
-        policy(config_maps_allowed(), json!({"behavior": "permanent"})),
-    )
-    .await?;
+    // A 2 s resync: the resync, too, leaves the parent alone until it changes.
+    let mut spec = policy(config_maps_allowed(), json!({"behavior": "permanent"}));
+    spec["resyncPeriodSeconds"] = json!(2);
+    apply_policy(&client, TEST, TEST, spec).await?;
     let host = HostUnderTest::builder(TEST, &ns).start().await?;
     let widgets = widgets(&client, &ns);
     apply(&widgets, widget("w", None)).await?;
@@ -353,8 +350,9 @@ async fn a_permanent_error_waits_for_a_change_instead_of_retrying() -> anyhow::R
             && message.contains("(attempt 1, not retried until the parent"),
         "{message}"
     );
-    // With the suite's 0.5 s backoff, a retried parent would be at attempt 4 by now.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // With the suite's 0.5 s backoff, a retried parent would be at attempt 4 by now, and a
+    // resynced one at attempt 2 or 3.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         host.metrics.reconcile_count(TEST, ReconcileResult::Error),
         1
@@ -368,7 +366,7 @@ async fn a_permanent_error_waits_for_a_change_instead_of_retrying() -> anyhow::R
             .is_some_and(|m| m.contains("(attempt 2, not retried"))
     })
     .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         host.metrics.reconcile_count(TEST, ReconcileResult::Error),
         2

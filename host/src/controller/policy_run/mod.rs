@@ -546,13 +546,7 @@ fn run_reconciles(
         }
         None => controller,
     };
-    let controller = controller.reconcile_on(resync::parents_due(
-        parents.clone(),
-        ctx.resync,
-        ctx.parent.clone(),
-        ctx.leadership.clone(),
-        ctx.queue.clone(),
-    ));
+    let controller = controller.reconcile_on(resync::parents_due(parents.clone(), ctx.clone()));
     let every_parent = {
         let parents = parents.clone();
         let queue = ctx.queue.clone();

@@ -112,6 +112,7 @@ pub(crate) fn counts(
     let exists = |key: &ObjectRef<CachedObject>| parents.get(key).is_some();
     if sweep {
         outcomes.backoff.retain(exists);
+        lock(&outcomes.awaiting_change).retain(|key| exists(key));
     }
     let mut reconciled = lock(&outcomes.reconciled);
     if sweep {

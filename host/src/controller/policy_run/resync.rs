@@ -9,31 +9,36 @@
 //! whose point it passed since its last tick. That keeps nothing per parent, and spreads the
 //! resyncs evenly over the period, as timers started at each parent's reconcile did.
 //!
-//! A parent younger than half the period is left out: its create reconciled it, and a burst
-//! of creates would otherwise come back within the period, the plugin asked again about each
-//! parent it has just decided (a timer per parent first fired a whole period after the
-//! create). So a new parent's first resync comes between half a period and one and a half
-//! after its create.
+//! Left out:
+//! - a parent younger than half the period: its create reconciled it, and a burst of creates
+//!   would otherwise come back within the period, the plugin asked again about each parent
+//!   it has just decided (a timer per parent first fired a whole period after the create).
+//!   So a new parent's first resync comes between half a period and one and a half after its
+//!   create. A creation time ahead of this host's clock counts as old, so a skewed clock
+//!   cannot hold a parent back;
+//! - a parent whose last failure awaits a change (a permanent error, an invalid parent), as
+//!   its status says; a change, or a takeover, tries it again;
+//! - parents this replica does not write for. While it may not write (a standby, a stalled
+//!   process), the timer keeps the points it passes, and enqueues them once it may.
 //!
 //! What differs from a timer per parent: a parent's resync does not move when a change
 //! reconciles it. A resync that comes soon after such a reconcile finds its decision standing
 //! (see `reconcile::decisions`) and asks the plugin nothing; one that comes later reaches the
-//! plugin. Either way no parent goes longer than the period and one tick without a
-//! reconcile. A requeue the plugin asked for, a failure's retry and the wait for the
-//! children a decision created stay timers of their parent: they are few and short.
+//! plugin. A settled parent is reconciled once per period (a new one within one and a half).
+//! A requeue the plugin asked for, a failure's retry and the wait for the children a decision
+//! created stay timers of their parent: they are few and short.
 
 use std::hash::Hasher as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt as _};
-use kube::core::ApiResource;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::controller::cache::cached::CachedObject;
+use crate::controller::reconcile::context::PolicyContext;
 use crate::controller::reconcile::parent::parent_key;
-use crate::controller::reconcile::queue::QueueGauge;
-use crate::leader::Leadership;
+use crate::lock;
 
 /// How often a policy's timer looks for the parents come due: a hundredth of the period, so a
 /// tick enqueues about one percent of the parents, within these bounds.
@@ -64,14 +69,14 @@ fn passed(point: u64, from: u64, to: u64, period_ms: u64) -> bool {
     }
 }
 
-/// Whether `parent` was created before `born_before` (one the API server gave no creation
-/// time counts as old).
-fn old_enough(parent: &CachedObject, born_before: jiff::Timestamp) -> bool {
+/// Whether `parent` was created before `born_before`, or after `now` (a clock skewed against
+/// the API server's). One the API server gave no creation time counts as old.
+fn old_enough(parent: &CachedObject, born_before: jiff::Timestamp, now: jiff::Timestamp) -> bool {
     parent
         .metadata
         .creation_timestamp
         .as_ref()
-        .is_none_or(|created| created.0 <= born_before)
+        .is_none_or(|created| created.0 <= born_before || created.0 > now)
 }
 
 /// The timer's tick for a period.
@@ -84,53 +89,68 @@ fn tick_for(period: Duration) -> Duration {
 /// host only those of the shards it holds (the others would start and end at once).
 pub(super) fn parents_due(
     parents: Store<CachedObject>,
-    period: Duration,
-    kind: Arc<ApiResource>,
-    leadership: Arc<Leadership>,
-    queue: Arc<QueueGauge>,
+    ctx: Arc<PolicyContext>,
 ) -> impl Stream<Item = ObjectRef<CachedObject>> + Send + use<> {
-    let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
+    let period_ms = u64::try_from(ctx.resync.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
     let started = Instant::now();
-    let mut interval = tokio::time::interval(tick_for(period));
+    let mut interval = tokio::time::interval(tick_for(ctx.resync));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let state = (interval, 0_u64);
-    futures::stream::unfold(state, move |(mut interval, from)| {
+    futures::stream::unfold((interval, 0_u64), move |(mut interval, from)| {
         let parents = parents.clone();
-        let kind = kind.clone();
-        let leadership = leadership.clone();
-        let queue = queue.clone();
+        let ctx = ctx.clone();
         async move {
             interval.tick().await;
             let to = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let due: Vec<ObjectRef<CachedObject>> = if leadership.may_write() && to > from {
-                let shards = leadership.shards();
-                let born_before = jiff::Timestamp::now()
-                    .checked_sub(jiff::SignedDuration::try_from(period / 2).unwrap_or_default())
-                    .unwrap_or(jiff::Timestamp::MIN);
-                parents
-                    .state()
-                    .iter()
-                    .filter(|parent| shards.is_none_or(|shards| shards.holds_parent(&***parent)))
-                    .filter(|parent| old_enough(parent, born_before))
-                    .filter(|parent| {
-                        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
-                        passed(point_of(uid, period_ms), from, to, period_ms)
-                    })
-                    .map(|parent| parent_key(&**parent, &kind))
-                    .collect()
-            } else {
-                Vec::new()
-            };
+            if !ctx.leadership.may_write() || to <= from {
+                // The points passed meanwhile stay due until this replica may write.
+                return Some((futures::stream::iter(Vec::new()), (interval, from)));
+            }
+            let due = due_between(&parents, &ctx, (from, to), period_ms);
             if !due.is_empty() {
-                queue.added(
+                ctx.queue.added(
                     due.iter()
                         .map(|parent| (parent.namespace.clone(), parent.name.clone())),
                 );
+                // One deleted since the walk is dropped by the controller without starting:
+                // it leaves the queue's count here.
+                for gone in due.iter().filter(|parent| parents.get(parent).is_none()) {
+                    ctx.queue
+                        .started(&(gone.namespace.clone(), gone.name.clone()));
+                }
             }
-            Some((futures::stream::iter(due), (interval, to.max(from))))
+            Some((futures::stream::iter(due), (interval, to)))
         }
     })
     .flatten()
+}
+
+/// The parents whose points fall in `(from, to]` and that the resync may reconcile now.
+fn due_between(
+    parents: &Store<CachedObject>,
+    ctx: &PolicyContext,
+    (from, to): (u64, u64),
+    period_ms: u64,
+) -> Vec<ObjectRef<CachedObject>> {
+    let shards = ctx.leadership.shards();
+    let now = jiff::Timestamp::now();
+    let born_before = now
+        .checked_sub(jiff::SignedDuration::try_from(ctx.resync / 2).unwrap_or_default())
+        .unwrap_or(jiff::Timestamp::MIN);
+    let awaiting_change = lock(&ctx.outcomes.awaiting_change);
+    parents
+        .state()
+        .iter()
+        .filter(|parent| {
+            let uid = parent.metadata.uid.as_deref().unwrap_or_default();
+            passed(point_of(uid, period_ms), from, to, period_ms)
+        })
+        .filter(|parent| shards.is_none_or(|shards| shards.holds_parent(&***parent)))
+        .filter(|parent| old_enough(parent, born_before, now))
+        .map(|parent| parent_key(&**parent, &ctx.parent))
+        .filter(|key| !awaiting_change.contains(key))
+        .collect()
 }
 
 #[cfg(test)]
@@ -190,7 +210,7 @@ mod tests {
     }
 
     #[test]
-    fn a_parent_younger_than_half_the_period_is_left_out() {
+    fn a_parent_younger_than_half_the_period_is_left_out_unless_the_clock_is_behind() {
         let parent = |created: Option<&str>| {
             let mut metadata = serde_json::json!({"name": "p", "uid": "u"});
             if let Some(created) = created {
@@ -201,13 +221,17 @@ mod tests {
             )
             .expect("a cached object")
         };
-        let cut: jiff::Timestamp = "2026-12-07T10:00:00Z"
-            .parse()
-            .unwrap_or(jiff::Timestamp::MIN);
-        assert!(old_enough(&parent(Some("2026-12-07T09:59:59Z")), cut));
-        assert!(old_enough(&parent(Some("2026-12-07T10:00:00Z")), cut));
-        assert!(!old_enough(&parent(Some("2026-12-07T10:00:01Z")), cut));
-        assert!(old_enough(&parent(None), cut));
+        let at = |t: &str| t.parse().unwrap_or(jiff::Timestamp::MIN);
+        let (cut, now) = (at("2026-12-07T10:00:00Z"), at("2026-12-07T10:02:30Z"));
+        assert!(old_enough(&parent(Some("2026-12-07T09:59:59Z")), cut, now));
+        assert!(old_enough(&parent(Some("2026-12-07T10:00:00Z")), cut, now));
+        assert!(!old_enough(&parent(Some("2026-12-07T10:00:01Z")), cut, now));
+        assert!(!old_enough(&parent(Some("2026-12-07T10:02:30Z")), cut, now));
+        assert!(
+            old_enough(&parent(Some("2026-12-07T10:02:31Z")), cut, now),
+            "a creation time ahead of this clock is skew, not youth"
+        );
+        assert!(old_enough(&parent(None), cut, now));
     }
 
     #[test]

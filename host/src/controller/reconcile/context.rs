@@ -1,7 +1,7 @@
 //! What one policy's reconciles share: who they act as, the caches they read, what serves
 //! them, and the bookkeeping behind the policy's status and metrics.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -85,6 +85,9 @@ pub(crate) struct Outcomes {
     pub reconciled: Mutex<HashMap<ObjectRef<CachedObject>, Option<Digest>>>,
     /// Status writes the parents' cache has not shown yet.
     pub status_writes: crate::controller::cache::pending_writes::PendingWrites,
+    /// Parents whose last reconcile failed in a way only a change can mend (a permanent
+    /// error, an invalid parent): the resync leaves them alone, as their status says.
+    pub awaiting_change: Mutex<HashSet<ObjectRef<CachedObject>>>,
 }
 
 impl Outcomes {
@@ -94,6 +97,7 @@ impl Outcomes {
             backoff: Backoff::new(base, max),
             reconciled: Mutex::default(),
             status_writes: Default::default(),
+            awaiting_change: Mutex::default(),
         }
     }
 }

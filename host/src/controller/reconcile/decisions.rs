@@ -181,7 +181,7 @@ struct Decided {
     relists: u64,
     /// Past this, the plugin is asked again.
     until: Instant,
-    /// When the reconcile's requeue (the plugin's or the resync) comes due.
+    /// When the plugin's requeue comes due (without one, a resync period after the decision).
     requeue_at: Instant,
     /// The plugin asked for that requeue.
     requeued: bool,

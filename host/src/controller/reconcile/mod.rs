@@ -107,6 +107,8 @@ async fn reconcile_parent(
         });
     }
     let key = parent::parent_key(&*cached, &ctx.parent);
+    // A change (or a takeover) brought it: it is tried again whatever its last failure was.
+    lock(&ctx.outcomes.awaiting_change).remove(&key);
     // Parents are cached compactly; this reconcile reads the whole object.
     let parent = cached.to_dynamic();
     drop(cached);
@@ -158,7 +160,9 @@ async fn reconcile_parent(
             ctx.metrics.reconciled(ReconcileResult::Error, took);
             let retry = ctx.outcomes.backoff.failed(&key);
             let await_change = error.awaits_change();
-            if !await_change {
+            if await_change {
+                lock(&ctx.outcomes.awaiting_change).insert(key.clone());
+            } else {
                 ctx.metrics.retried();
             }
             tracing::warn!(policy = %ctx.policy, parent = %key, attempt = retry.attempt, retry_in = ?(!await_change).then_some(retry.delay), error = %error, "reconcile failed");

@@ -104,7 +104,7 @@ pub(crate) struct Reconcile<'a> {
 /// A reconcile that succeeded.
 pub(crate) struct Done {
     pub action: Action,
-    /// The plugin asked for the requeue (rather than the resync period).
+    /// The plugin asked for a requeue (otherwise the policy's resync brings the parent back).
     pub requeued: bool,
     /// The plugin whose decision the parent now reflects (none for a parent being deleted).
     pub decided_by: Option<Digest>,
