@@ -923,11 +923,12 @@ impl Until {
 
 /// A MyApp the host reconciled: its status written for its generation, `Reconciled=True`.
 fn reconciled_by_host(app: &Value) -> bool {
-    written_for_generation(app)
-        && app["status"]["conditions"].as_array().is_some_and(|c| {
-            c.iter()
-                .any(|c| c["type"] == "Reconciled" && c["status"] == "True")
-        })
+    written_for_generation(app) && condition_true(app, "Reconciled")
+}
+
+/// Whether `app`'s condition `type_` is `True`.
+fn condition_true(app: &Value, type_: &str) -> bool {
+    wasmctrl_e2e::condition(app, type_).is_some_and(|c| c["status"] == "True")
 }
 
 /// A MyApp whose status was written for its generation (the baseline's last write).
@@ -958,15 +959,10 @@ async fn watch_progress(
             bail!("watch ended or timed out; {} of {n} seen", state.len());
         };
         let value = serde_json::to_value(&app)?;
-        let condition = |t: &str| {
-            value["status"]["conditions"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|c| c["type"] == t && c["status"] == "True"))
-        };
         let reconciled = done(&value);
         state.insert(
             app.name_any(),
-            (reconciled, reconciled && condition("Ready")),
+            (reconciled, reconciled && condition_true(&value, "Ready")),
         );
         if reconciled_at.is_none() && state.len() == n && state.values().all(|s| s.0) {
             let at = Instant::now();

@@ -844,6 +844,22 @@ async fn a_candidate_claiming_ready_while_its_deployments_never_become_available
 /// Shards of the sharded tests' hosts.
 const SHARDS: u32 = 6;
 
+/// The test's policy, served by three hosts a, b and c sharing `SHARDS` shards, and its
+/// Widgets once every one is reconciled.
+async fn sharded_hosts_reconciled(
+    client: &kube::Client,
+    test: &str,
+    ns: &str,
+    plugin_dir: &std::path::Path,
+) -> anyhow::Result<(Vec<ShardedHost>, kube::Api<kube::core::DynamicObject>)> {
+    apply_policy(client, test, test, policy_spec(None, None)).await?;
+    let hosts =
+        ShardedHost::start_each(client, test, ns, Some(plugin_dir), &["a", "b", "c"], SHARDS)
+            .await?;
+    let widgets = widgets_reconciled(client, ns, test).await?;
+    Ok((hosts, widgets))
+}
+
 /// A sharded host's `wasmctrl_rollout_stage` for the policy `test`.
 fn rollout_stage(host: &ShardedHost, test: &str) -> f64 {
     host.host.metric_sum(
@@ -862,18 +878,8 @@ async fn a_rollout_over_sharded_hosts_is_decided_once_and_followed_by_every_host
 -> anyhow::Result<()> {
     const TEST: &str = "rollout-shards";
     let (client, ns, dir, rebuilt, digest) = prepare(TEST).await?;
-    apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
-    let hosts = ShardedHost::start_each(
-        &client,
-        TEST,
-        &ns,
-        Some(dir.path()),
-        &["a", "b", "c"],
-        SHARDS,
-    )
-    .await?;
     // Counted over the three hosts' shards.
-    let widgets = widgets_reconciled(&client, &ns, TEST).await?;
+    let (hosts, widgets) = sharded_hosts_reconciled(&client, TEST, &ns, dir.path()).await?;
 
     let failing = json!({"stages": [
         {"percent": 10, "maxWouldFail": 1.0},
@@ -1007,17 +1013,7 @@ async fn children_left(client: &kube::Client, ns: &str) -> anyhow::Result<usize>
 async fn a_swap_held_on_several_sharded_hosts_is_confirmed_once_for_all() -> anyhow::Result<()> {
     const TEST: &str = "prune-shards";
     let (client, ns, dir, _, _) = prepare(TEST).await?;
-    apply_policy(&client, TEST, TEST, policy_spec(None, None)).await?;
-    let hosts = ShardedHost::start_each(
-        &client,
-        TEST,
-        &ns,
-        Some(dir.path()),
-        &["a", "b", "c"],
-        SHARDS,
-    )
-    .await?;
-    let _widgets = widgets_reconciled(&client, &ns, TEST).await?;
+    let (hosts, _widgets) = sharded_hosts_reconciled(&client, TEST, &ns, dir.path()).await?;
     wasmctrl_testenv::cluster::eventually("every child made", ROLLOUT, || async {
         Ok(children_left(&client, &ns).await? == PARENTS)
     })
