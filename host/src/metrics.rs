@@ -84,6 +84,13 @@ struct ControllerLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    controller: String,
+    /// `parents` or `children`.
+    cache: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResourceLabels {
     resource: String,
 }
@@ -186,6 +193,7 @@ pub struct Metrics {
     rollout_transitions: Family<ResultLabels, Counter>,
     related_cache: Family<ControllerLabels, Gauge>,
     related_watches: Family<ResourceLabels, Gauge>,
+    cached_objects: Family<CacheLabels, Gauge>,
     controller_restarts: Family<ControllerLabels, Counter>,
     webhook_requests: Family<WebhookResultLabels, Counter>,
     webhook_time: Family<WebhookLabels, Histogram>,
@@ -268,6 +276,7 @@ impl Metrics {
             rollout_transitions: Family::default(),
             related_cache: Family::default(),
             related_watches: Family::default(),
+            cached_objects: Family::default(),
             controller_restarts: Family::default(),
             webhook_requests: Family::default(),
             webhook_time: histograms(),
@@ -285,6 +294,7 @@ impl Metrics {
         metrics.register_controller_runtime(&mut registry);
         metrics.register_host_own(&mut registry);
         metrics.register_reconciles(&mut registry);
+        metrics.register_caches(&mut registry);
         Self {
             registry,
             ..metrics
@@ -401,17 +411,6 @@ impl Metrics {
             "Rollout transitions per policy and result: started, advanced, completed, rolled_back",
             metrics.rollout_transitions.clone(),
         );
-        registry.register_with_unit(
-            "wasmctrl_related_cache",
-            "Memory held by the related objects read by name per policy (at most 16 MiB per related kind)",
-            Unit::Bytes,
-            metrics.related_cache.clone(),
-        );
-        registry.register(
-            "wasmctrl_related_watches",
-            "Watches of related objects the host holds open, by resource: one per identity, scope and selector, however many policies read them",
-            metrics.related_watches.clone(),
-        );
         registry.register(
             "wasmctrl_controller_restarts",
             "Restarts of a policy's controller after it panicked",
@@ -460,6 +459,27 @@ impl Metrics {
             "wasmctrl_plugin_calls_to_converge",
             "Plugin calls a parent took to settle (a reconcile that writes, deletes and holds back no child) after a change, from the reconcile that first did not",
             metrics.calls_to_converge.clone(),
+        );
+    }
+
+    /// What the policies' caches hold, and the watches of related kinds they share.
+    fn register_caches(&self, registry: &mut Registry) {
+        let metrics = self;
+        registry.register_with_unit(
+            "wasmctrl_related_cache",
+            "Memory held by the related objects read by name per policy (at most 16 MiB per related kind)",
+            Unit::Bytes,
+            metrics.related_cache.clone(),
+        );
+        registry.register(
+            "wasmctrl_cached_objects",
+            "Objects a policy's caches hold, by cache: its parents, and its children of every kind. A sharded host that watches per shard holds those of its shards only",
+            metrics.cached_objects.clone(),
+        );
+        registry.register(
+            "wasmctrl_related_watches",
+            "Watches of related objects the host holds open, by resource: one per identity, scope and selector, however many policies read them",
+            metrics.related_watches.clone(),
         );
     }
 
@@ -625,6 +645,12 @@ impl Metrics {
             });
         }
         self.related_cache.remove(&controller);
+        for cache in CACHES {
+            self.cached_objects.remove(&CacheLabels {
+                controller: policy.to_owned(),
+                cache,
+            });
+        }
         self.controller_restarts.remove(&controller);
         self.queue_depth.remove(&queue);
         self.queue_adds.remove(&queue);
@@ -794,6 +820,9 @@ struct PolicySeries {
     /// Per child kind, per operation (in [`ChildOperation`]'s order).
     children: Mutex<HashMap<String, [Option<Counter>; 4]>>,
 }
+
+/// The caches `wasmctrl_cached_objects` counts.
+const CACHES: [&str; 2] = ["parents", "children"];
 
 /// Every outcome a plugin call can have, as `wasmctrl_plugin_calls_total` labels it.
 const PLUGIN_OUTCOMES: [&str; 7] = [
@@ -1012,6 +1041,19 @@ impl PolicyMetrics {
             || self.controller(),
         )
         .inc_by(delta(after) - delta(before));
+    }
+
+    /// How many parents and children the policy's caches hold now.
+    pub fn set_cached(&self, parents: usize, children: usize) {
+        for (cache, count) in CACHES.into_iter().zip([parents, children]) {
+            self.metrics
+                .cached_objects
+                .get_or_create(&CacheLabels {
+                    controller: self.policy.to_string(),
+                    cache,
+                })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
     }
 
     /// A hot swap ended with `result`.

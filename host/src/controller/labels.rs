@@ -11,6 +11,10 @@ pub const MANAGED_BY: &str = "wasmctrl";
 /// Label every child carries: the policy whose plugin desired it. The host's child watches
 /// select on it, so they cache only wasmctrl's children.
 pub const POLICY_LABEL: &str = "wasmctrl.dev/policy";
+/// Label every child of a sharded host carries: its parent's shard, as `<shard>-of-<count>`
+/// ([`shard_label_value`]). A host that watches per shard selects its shards' children by
+/// it: the API server cannot select a child by its owner's uid.
+pub const SHARD_LABEL: &str = "wasmctrl.dev/shard";
 /// Annotation holding the fingerprint of the desired object last applied.
 pub const DESIRED_HASH_ANNOTATION: &str = "wasmctrl.dev/desired-hash";
 
@@ -33,6 +37,13 @@ pub const POLICY_FINALIZER: &str = "wasmctrl.dev/release-parents";
 /// The finalizer on a ReconcilePolicy whose plugin its parent CRD's conversion was pointed
 /// at: the policy stays until the stanza is back as it was.
 pub const CONVERSION_FINALIZER: &str = "wasmctrl.dev/put-back-conversion";
+
+/// The value of [`SHARD_LABEL`] for `shard` of `count`. The count is in it, so that children
+/// labelled under another count are no shard's under this one (their next apply labels
+/// them anew).
+pub fn shard_label_value(shard: u32, count: u32) -> String {
+    format!("{shard}-of-{count}")
+}
 
 /// The finalizer a policy named `policy_label` holds on its parents.
 pub(crate) fn parent_finalizer(policy_label: &str) -> String {

@@ -156,6 +156,7 @@ impl Host {
                 leadership,
                 activity: Arc::default(),
                 webhooks: None,
+                narrows_by_shard: tokio::sync::OnceCell::new(),
                 shutting_down: std::sync::atomic::AtomicBool::new(false),
             }),
         }

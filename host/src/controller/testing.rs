@@ -143,6 +143,7 @@ pub fn team_a_parent() -> crate::controller::reconcile::parent::ParentIdentity {
         name: "web".into(),
         namespace: Some("team-a".into()),
         uid: "uid-1".into(),
+        shard: None,
     }
 }
 

@@ -25,6 +25,7 @@ pub mod coordinator;
 mod map;
 pub mod ownership;
 pub mod reports;
+pub mod selector;
 
 pub use coordinator::{ShardConfig, ShardCoordinator};
 pub use map::{shard_of, shard_range};

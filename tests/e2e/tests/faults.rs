@@ -227,18 +227,19 @@ fn replica_process_for(
     dir: &std::path::Path,
 ) -> anyhow::Result<SelfProcess> {
     replica_process_sharing(test, identity, ns, dir, &["--leader-elect"])
+        .map(|(process, _)| process)
 }
 
 /// A replica of `wasmctrl run` for `test` in a process of its own, acting as `identity`,
 /// sharing the work with the others as `sharing` says (`--leader-elect`, or `--shards N`),
-/// its Leases in `ns`.
+/// its Leases in `ns`; with the address it serves its metrics on.
 fn replica_process_sharing(
     test: &str,
     identity: &str,
     ns: &str,
     dir: &std::path::Path,
     sharing: &[&str],
-) -> anyhow::Result<SelfProcess> {
+) -> anyhow::Result<(SelfProcess, std::net::SocketAddr)> {
     let kubeconfig = impersonating_kubeconfig(&Plane::get().kubeconfig, identity, dir)?;
     let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let args = [
@@ -267,7 +268,8 @@ fn replica_process_sharing(
         .chain(sharing.iter().map(|arg| (*arg).to_owned()))
         .collect();
     let command_line = serde_json::to_string(&args)?;
-    spawn_self("replica_process", &[(REPLICA_ENV, command_line.as_str())])
+    let process = spawn_self("replica_process", &[(REPLICA_ENV, command_line.as_str())])?;
+    Ok((process, listen))
 }
 
 /// Not a test: the body of a replica process for `replica_process_for` (does nothing when
@@ -1412,6 +1414,62 @@ async fn wait_held_only_by(
     .await
 }
 
+/// Wait until each of `replicas` (its name, where it serves its metrics) caches the parents
+/// of the shards it holds and their children, as its `wasmctrl_cached_objects` says, and
+/// so none of another replica's shards: it watches per shard. Each Widget has one child.
+async fn caches_hold_their_shards(
+    client: &Client,
+    ns: &str,
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+    replicas: &[(&str, std::net::SocketAddr)],
+) -> anyhow::Result<()> {
+    let mut per_shard: BTreeMap<u32, usize> = BTreeMap::new();
+    for widget in widgets(client, ns).list(&ListParams::default()).await? {
+        let uid = widget.metadata.uid.unwrap_or_default();
+        *per_shard
+            .entry(wasmctrl::shards::shard_of(&uid, SHARDS))
+            .or_default() += 1;
+    }
+    let last = std::sync::Mutex::new(Vec::new());
+    let held = eventually(
+        "each replica caching its own shards' objects only",
+        Duration::from_secs(60),
+        || async {
+            let holders = shard_holders(leases).await?;
+            let mut seen = Vec::new();
+            for (replica, address) in replicas {
+                let wanted: usize = holders
+                    .iter()
+                    .filter(|(_, holder)| holder.as_deref() == Some(*replica))
+                    .map(|(shard, _)| per_shard.get(shard).copied().unwrap_or_default())
+                    .sum();
+                let (_, metrics) = http_get(*address, "/metrics").await?;
+                let cached = |cache: &str| {
+                    let label = format!("cache=\"{cache}\"");
+                    metrics
+                        .lines()
+                        .filter(|line| line.starts_with("wasmctrl_cached_objects{"))
+                        .find(|line| line.contains(&label))
+                        .and_then(|line| line.rsplit(' ').next()?.parse::<usize>().ok())
+                };
+                seen.push((*replica, wanted, cached("parents"), cached("children")));
+            }
+            let done = seen.iter().all(|(_, wanted, parents, children)| {
+                *parents == Some(*wanted) && *children == Some(*wanted)
+            });
+            *last.lock().expect("not poisoned") = seen;
+            Ok(done)
+        },
+    )
+    .await;
+    held.map_err(|error| {
+        let last = last.lock().expect("not poisoned");
+        error.context(format!(
+            "(replica, its shards' parents, cached parents, cached children): {last:?}"
+        ))
+    })
+}
+
 /// The parent a write of `uri` was for: a Widget's own (its status) or its child
 /// `<parent>-own`.
 fn parent_written(uri: &str) -> Option<String> {
@@ -1523,7 +1581,7 @@ async fn sharded_replicas_share_the_work_and_survive_a_kill_a_join_and_a_freeze(
         |identity: &str| replica_process_sharing(TEST, identity, &ns, dir.path(), &sharded);
 
     // Three replicas hold 4 shards each, and each does its share of the work.
-    let (first, mut second, third) = (replica(a)?, replica(b)?, replica(c)?);
+    let ((first, at_a), (mut second, at_b), (third, _)) = (replica(a)?, replica(b)?, replica(c)?);
     let settled = wait_shared(&leases, &[a, b, c], 4, CONVERGE).await?;
     apply_widgets(&client, &ns, SHARDED_PARENTS, 1).await?;
     let took = wait_reconciled(&client, &ns, SHARDED_PARENTS).await?;
@@ -1572,7 +1630,7 @@ async fn sharded_replicas_share_the_work_and_survive_a_kill_a_join_and_a_freeze(
     // d joins while every parent changes: 3 shards move to it, and no parent is written by
     // two replicas in turns that overlap.
     let joined = Instant::now();
-    let fourth = replica(d)?;
+    let (fourth, at_d) = replica(d)?;
     apply_widgets(&client, &ns, SHARDED_PARENTS, 3).await?;
     let rebalanced = wait_shared(&leases, &[a, b, d], 4, CONVERGE).await?;
     wait_children_of(&client, &ns, SHARDED_PARENTS, 3).await?;
@@ -1582,6 +1640,8 @@ async fn sharded_replicas_share_the_work_and_survive_a_kill_a_join_and_a_freeze(
         interleaved_now.is_empty(),
         "parents written by two replicas in overlapping turns: {interleaved_now:#?}"
     );
+    // The shards that moved to d left a's and b's caches.
+    caches_hold_their_shards(&client, &ns, &leases, &[(a, at_a), (b, at_b), (d, at_d)]).await?;
     report(
         "a fourth replica joined while every parent changed",
         &format!(

@@ -255,7 +255,9 @@ async fn replicas_share_the_shards_and_hand_them_over_without_overlap() -> anyho
 
 /// A sharded host reconciles the parents of the shards it holds and no others, takes up
 /// the parents of a shard it gains, and writes nothing more for a shard it let go (its
-/// ownership set by hand here, as the shard Leases above would set it).
+/// ownership set by hand here, as the shard Leases above would set it). Its caches hold
+/// the parents and children of the shards it holds, and none of another's: it watches
+/// them per shard, as the test control plane narrows watches by shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_host_writes_only_for_the_parents_of_the_shards_it_holds() -> anyhow::Result<()> {
     const TEST: &str = "shard-writes";
@@ -296,6 +298,9 @@ async fn a_sharded_host_writes_only_for_the_parents_of_the_shards_it_holds() -> 
         )
         .await?;
     }
+    // Each reconciled Widget has its one ConfigMap.
+    let shard = |shard: u32| by_shard[&shard].len();
+    caches_hold(&host, "shard 0's objects only", shard(0), shard(0)).await?;
     let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(client.clone(), &ns);
     // Whatever the host would have done for shard 1's parents, it has had time for.
@@ -325,6 +330,8 @@ async fn a_sharded_host_writes_only_for_the_parents_of_the_shards_it_holds() -> 
         )
         .await?;
     }
+    let both = shard(0) + shard(1);
+    caches_hold(&host, "both shards' objects", both, both).await?;
 
     // Shard 0 let go: a change to its parents is no longer reconciled here, while one to
     // shard 1's still is.
@@ -343,6 +350,7 @@ async fn a_sharded_host_writes_only_for_the_parents_of_the_shards_it_holds() -> 
         }
     };
     let (kept, given) = (&by_shard[&1][0], &by_shard[&0][0]);
+    caches_hold(&host, "shard 1's objects only", shard(1), shard(1)).await?;
     changed(given).await?;
     changed(kept).await?;
     wait_for_object(
@@ -361,6 +369,32 @@ async fn a_sharded_host_writes_only_for_the_parents_of_the_shards_it_holds() -> 
     );
     host.stop().await?;
     delete_namespace(&client, &ns).await
+}
+
+/// Wait until the host's caches hold `parents` parents and `children` children, as its
+/// `wasmctrl_cached_objects` says (counted every few seconds).
+async fn caches_hold(
+    host: &HostUnderTest,
+    what: &str,
+    parents: usize,
+    children: usize,
+) -> anyhow::Result<()> {
+    let cached = |cache: &str| {
+        let label = format!("cache=\"{cache}\"");
+        host.metric_sum("wasmctrl_cached_objects", &[label.as_str()]) as usize
+    };
+    let result = eventually(
+        &format!("the caches to hold {what}"),
+        Duration::from_secs(30),
+        || async { Ok(cached("parents") == parents && cached("children") == children) },
+    )
+    .await;
+    result.map_err(|error| {
+        let (p, c) = (cached("parents"), cached("children"));
+        error.context(format!(
+            "cached: {p} parents, {c} children; wanted {parents}, {children}"
+        ))
+    })
 }
 
 /// Who may take a shard: the account the chart makes for a sharded release, in the

@@ -218,6 +218,9 @@ impl ControlPlane {
                     "--enable-admission-plugins=NodeRestriction".into(),
                     "--service-cluster-ip-range=10.96.0.0/16".into(),
                     "--allow-privileged=true".into(),
+                    // Lists and watches narrowed to a shard's uids (alpha): what a sharded
+                    // host's per-shard caches ask for.
+                    "--feature-gates=ShardedListAndWatch=true".into(),
                     format!("--audit-policy-file={}", audit_policy.display()),
                     format!("--audit-log-path={}", audit_log.display()),
                     // Never rotate (the default rotates at 100 MB): write counts read the

@@ -4,6 +4,7 @@ pub(crate) mod cached;
 pub(crate) mod field_ownership;
 pub(crate) mod named_objects;
 pub(crate) mod pending_writes;
+pub(crate) mod per_shard;
 pub(crate) mod read_cache;
 pub(crate) mod related;
 pub(crate) mod removals;

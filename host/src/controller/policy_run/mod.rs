@@ -15,6 +15,7 @@ mod resync;
 pub(crate) mod rollout;
 mod rollout_across;
 pub(crate) mod scopes;
+pub(crate) mod shard_feeds;
 pub(crate) mod shared;
 pub(crate) mod shared_watches;
 pub(crate) mod status;
@@ -24,6 +25,7 @@ pub(crate) mod watch_health;
 pub(crate) mod watches;
 pub(crate) mod webhooks;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -205,9 +207,8 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
         syncing,
         step,
     } = launch;
-    let name = policy.name_any();
     let (teardown_wake, teardown_woken) = tokio::sync::mpsc::unbounded_channel();
-    let setup = watch_setup(&policy, shared, &parts.acting, metrics, teardown_wake);
+    let setup = watch_setup(&policy, shared, &parts.acting, metrics, teardown_wake).await;
     let mut syncing = syncing;
     if policy.spec.conversion.is_some() {
         // Its parents are listed through the conversion webhook, which the API server
@@ -256,13 +257,15 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
         return;
     };
     step.set("running");
-    let run = run_reconciles(controller, &policy, &ctx, &parents, requeue_rx, stop, step);
-    let takeover = requeue_on_takeover(
-        &shared.leadership,
-        requeue_all.clone(),
-        ctx.prune_guard.clone(),
-        name.clone(),
+    let run = run_reconciles(
+        (controller, &setup),
+        &policy,
+        &ctx,
+        &parents,
+        requeue_rx,
+        (stop, step),
     );
+    let takeover = requeue_on_takeover(&ctx, requeue_all.clone());
     let rollout = rollout::Driver {
         ctx: ctx.clone(),
         parents: parents.clone(),
@@ -395,7 +398,7 @@ fn starting_prune_guard(policy: &ReconcilePolicy, digest: &crate::plugin::Digest
 }
 
 /// What the policy's watches share: who they watch as, where they look, what they report to.
-fn watch_setup(
+async fn watch_setup(
     policy: &ReconcilePolicy,
     shared: &Shared,
     acting: &Acting,
@@ -424,6 +427,34 @@ fn watch_setup(
         parents_gone: Arc::default(),
         identity: acting.account.as_ref().map(ToString::to_string),
         shared: shared.watches.clone(),
+        per_shard: shard_feeds(shared).await,
+    }
+}
+
+/// Sharded, where the API server narrows watches by shard, the feeds of a policy's caches
+/// per shard (see [`shard_feeds`]); the API server is asked once per host. Otherwise `None`:
+/// the caches hold the whole kind, as a host not sharded does.
+async fn shard_feeds(shared: &Shared) -> Option<Arc<shard_feeds::ShardFeeds>> {
+    let shards = shared.leadership.shards()?;
+    let narrows = shared
+        .narrows_by_shard
+        .get_or_try_init(|| async {
+            let narrows = crate::shards::selector::narrows_by_shard(&shared.client).await?;
+            if narrows {
+                tracing::info!("the API server narrows watches by shard: each policy caches the parents and children of the shards this replica holds");
+            } else {
+                tracing::warn!("the API server does not narrow watches by shard (its ShardedListAndWatch feature gate is off): each replica caches every parent and child, and writes for its shards' only");
+            }
+            Ok::<_, kube::Error>(narrows)
+        })
+        .await;
+    match narrows {
+        Ok(true) => Some(shard_feeds::ShardFeeds::new(shards.clone())),
+        Ok(false) => None,
+        Err(error) => {
+            tracing::warn!(error = %error, "could not ask the API server whether it narrows watches by shard: this policy's caches hold the whole kind until it restarts");
+            None
+        }
     }
 }
 
@@ -531,20 +562,29 @@ fn keep_finalizers_in_sync<'a>(
 /// The controller itself: reconcile at the policy's concurrency, every parent again on
 /// `requeue_all`, until `stop`; then the reconciles in flight finish (`step` says so).
 fn run_reconciles(
-    controller: kube::runtime::Controller<CachedObject>,
+    (controller, setup): (kube::runtime::Controller<CachedObject>, &WatchSetup),
     policy: &ReconcilePolicy,
     ctx: &Arc<PolicyContext>,
     parents: &Store<CachedObject>,
     requeue_all: tokio::sync::mpsc::UnboundedReceiver<()>,
-    stop: CancellationToken,
-    step: Arc<Step>,
+    (stop, step): (CancellationToken, Arc<Step>),
 ) -> impl Future<Output = ()> + use<> {
+    let listed = setup.per_shard.as_ref().map(|feeds| feeds.parents_held());
     let concurrency = policy.spec.max_concurrent_reconciles.unwrap_or(4).max(1);
     let controller = match ctx.leadership.shards() {
         Some(shards) => {
             controller.reconcile_on(parents_of_shards_gained(shards, parents, &ctx.parent))
         }
         None => controller,
+    };
+    let controller = match (listed, ctx.leadership.shards()) {
+        (Some(listed), Some(shards)) => controller.reconcile_on(parents_of_shards_listed(
+            listed,
+            shards.clone(),
+            parents,
+            &ctx.parent,
+        )),
+        _ => controller,
     };
     let controller = controller.reconcile_on(resync::parents_due(parents.clone(), ctx.clone()));
     let every_parent = {
@@ -612,22 +652,50 @@ fn parents_of_shards_gained(
             held.changed().await.ok()?;
             let now = held.borrow_and_update().clone();
             let gained = crate::shards::gained(&before, &now);
-            let refs: Vec<_> = if gained.is_empty() {
-                Vec::new()
-            } else {
-                parents
-                    .state()
-                    .iter()
-                    .filter(|parent| {
-                        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
-                        gained.contains(&shards.shard_of(uid))
-                    })
-                    .map(|parent| {
-                        crate::controller::reconcile::parent::parent_key(&**parent, &kind)
-                    })
-                    .collect()
-            };
+            let refs = parents_in(&gained, &shards, &parents, &kind);
             Some((futures::stream::iter(refs), (held, now)))
+        }
+    })
+    .flatten()
+}
+
+/// The parents in `parents` of the shards `of`, to reconcile.
+fn parents_in(
+    of: &BTreeSet<u32>,
+    shards: &crate::shards::ShardOwnership,
+    parents: &Store<CachedObject>,
+    kind: &Arc<kube::core::ApiResource>,
+) -> Vec<kube::runtime::reflector::ObjectRef<CachedObject>> {
+    if of.is_empty() {
+        return Vec::new();
+    }
+    parents
+        .state()
+        .iter()
+        .filter(|parent| of.contains(&shards.shard_of_parent(&***parent)))
+        .map(|parent| crate::controller::reconcile::parent::parent_key(&**parent, kind))
+        .collect()
+}
+
+/// Fed per shard, each parent of a shard the parents' cache comes to hold whole goes through
+/// once: the watch's own event for it may not trigger a reconcile, as kube-runtime's
+/// predicate remembers a parent it saw before the shard last left (unchanged since).
+fn parents_of_shards_listed(
+    listed: watch::Receiver<BTreeSet<u32>>,
+    shards: Arc<crate::shards::ShardOwnership>,
+    parents: &Store<CachedObject>,
+    kind: &Arc<kube::core::ApiResource>,
+) -> impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<CachedObject>> + Send + use<> {
+    let parents = parents.clone();
+    let kind = kind.clone();
+    futures::stream::unfold((listed, BTreeSet::new()), move |(mut listed, before)| {
+        let (parents, kind, shards) = (parents.clone(), kind.clone(), shards.clone());
+        async move {
+            listed.changed().await.ok()?;
+            let now = listed.borrow_and_update().clone();
+            let gained: BTreeSet<u32> = now.difference(&before).copied().collect();
+            let refs = parents_in(&gained, &shards, &parents, &kind);
+            Some((futures::stream::iter(refs), (listed, now)))
         }
     })
     .flatten()
@@ -637,11 +705,11 @@ fn parents_of_shards_gained(
 /// new prune guard window (what the last leader deleted is unknown here). A sharded host
 /// opens a new window for each shard it takes.
 fn requeue_on_takeover(
-    leadership: &crate::leader::Leadership,
+    ctx: &PolicyContext,
     requeue_all: tokio::sync::mpsc::UnboundedSender<()>,
-    guard: Arc<PruneGuard>,
-    policy: String,
 ) -> impl Future<Output = ()> + use<> {
+    let (leadership, guard) = (&ctx.leadership, ctx.prune_guard.clone());
+    let policy = ctx.policy.clone();
     let mut leading = leadership.subscribe();
     // Sharded, each shard gained brings its own parents through (see
     // `parents_of_shards_gained`); what changed hands is who writes for them.
@@ -690,6 +758,13 @@ async fn report_periodically(
     for tick in 1u64.. {
         tokio::time::sleep(STATUS_INTERVAL).await;
         let sweep = setup.parents_gone.sweep_due() || tick.is_multiple_of(SWEEP_AT_LEAST_EVERY);
+        let children: usize = ctx
+            .caches
+            .children
+            .iter()
+            .map(|c| c.store.state().len())
+            .sum();
+        ctx.metrics.set_cached(parents.state().len(), children);
         let active = ctx.serving.digest_serving_all();
         let mut counts = report::counts(&ctx.outcomes, parents, &active, sweep);
         let own_window =

@@ -31,6 +31,9 @@ pub(crate) struct Shared {
     pub activity: Arc<crate::controller::stopping::Activity>,
     /// The webhook listener this host serves policies' webhooks on, if it serves any.
     pub webhooks: Option<Arc<crate::admission::hosting::Hosting>>,
+    /// Whether the API server narrows lists and watches by shard, once asked (see
+    /// [`crate::shards::selector::narrows_by_shard`]).
+    pub narrows_by_shard: tokio::sync::OnceCell<bool>,
     /// Set once the host is stopping for good (not a policy's restart).
     pub shutting_down: std::sync::atomic::AtomicBool,
 }

@@ -4,7 +4,10 @@
 //! reconciles read and triggers the parents it concerns; one builder method per kind of
 //! watch, as kube-runtime's own `Controller` builder does.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
+
+use tokio::sync::watch;
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -18,13 +21,15 @@ use kube::{Client, ResourceExt as _};
 use crate::controller::cache::cached::{CachedObject, HasTypes};
 use crate::controller::cache::field_ownership::CreatedFields;
 use crate::controller::cache::named_objects::{self, NamedKind, NamedObjects};
+use crate::controller::cache::per_shard;
 use crate::controller::cache::read_cache::ReadBudget;
 use crate::controller::cache::related::{self, FieldPath};
 use crate::controller::cache::removals::Removals;
 use crate::controller::cache::store_index::{self, StoreIndex};
 use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
 use crate::controller::kinds::ResolvedKind;
-use crate::controller::labels::POLICY_LABEL;
+use crate::controller::labels::{self, POLICY_LABEL, SHARD_LABEL};
+use crate::controller::policy_run::shard_feeds::ShardFeeds;
 use crate::controller::policy_run::shared_watches::{Following, HostWatches, WatchKey};
 use crate::controller::policy_run::watch_health::WatchHealth;
 use crate::controller::reconcile::children::AllowedKind;
@@ -33,6 +38,7 @@ use crate::controller::reconcile::decisions::{self, Decisions};
 use crate::controller::reconcile::queue::{ParentKey, QueueGauge};
 use crate::metrics::PolicyMetrics;
 use crate::policy::KindRef;
+use crate::shards::selector::shard_client;
 use crate::watch_backoff::WatchBackoff;
 
 /// What a policy's caches may hold: a kind of any resource (its `ApiResource` shared), whose
@@ -88,7 +94,22 @@ pub(crate) struct WatchSetup {
     pub identity: Option<String>,
     /// The watches of related kinds the host's policies share.
     pub shared: Arc<HostWatches>,
+    /// Sharded, where the API server narrows watches by shard: the parents and children are
+    /// watched per shard held, so the caches hold this replica's share only.
+    pub per_shard: Option<Arc<ShardFeeds>>,
 }
+
+/// How a cache is fed per shard: by the uid the API server narrows by (the parents), or by
+/// the shard label the host stamps (the children, by their controller's uid).
+#[derive(Clone, Copy)]
+enum ShardedBy {
+    Uid,
+    Label,
+}
+
+/// A cache fed per shard: how its watches are narrowed, and where it says which shards it
+/// holds whole.
+type PerShardCache = (ShardedBy, watch::Sender<BTreeSet<u32>>);
 
 impl WatchSetup {
     fn scope(&self, kind: &ResolvedKind) -> Option<&str> {
@@ -106,10 +127,8 @@ impl WatchSetup {
         }
     }
 
-    /// A watch of `kind` in the policy's scope (through [`crate::watch_lists`], with
-    /// backoff), each object as its cache keeps it: with `managedFields` dropped (plugins
-    /// never see them and the host does not need to hold them; what `created` notes of the
-    /// policy's own fields is noted first) and its apiVersion and kind set.
+    /// A watch of `kind` in the policy's scope, each object as its cache keeps it (see
+    /// [`source_of`]).
     fn source<K>(
         &self,
         kind: &ResolvedKind,
@@ -119,35 +138,119 @@ impl WatchSetup {
     where
         K: Cacheable,
     {
-        let resource = &kind.resource;
-        let api: Api<K> = self.api(kind, resource);
-        // List responses leave out each item's apiVersion and kind; plugins and the
-        // convergence check need them, so every cached object gets them back.
-        let types = TypeMeta {
-            api_version: resource.api_version.clone(),
-            kind: resource.kind.clone(),
-        };
-        crate::watch_lists::watcher(api, config)
-            .backoff(WatchBackoff::default())
-            .modify(move |object: &mut K| {
-                if let Some(created) = &created {
-                    created.note(object.meta());
-                }
-                object.managed_fields_mut().clear();
-                let object_types = object.types_mut();
-                if object_types.is_none() {
-                    *object_types = Some(types.clone());
-                }
-            })
+        source_of(
+            self.api(kind, &kind.resource),
+            &kind.resource,
+            config,
+            created,
+        )
     }
 
+    /// A watch of `kind` fed per shard held (see [`per_shard`]), each shard's narrowed `by`
+    /// the uid or the shard label; `listed` is told which shards the store holds whole.
+    fn per_shard_source<K>(
+        &self,
+        (feeds, by, listed): (&Arc<ShardFeeds>, ShardedBy, watch::Sender<BTreeSet<u32>>),
+        kind: &ResolvedKind,
+        config: watcher::Config,
+        created: Option<Arc<CreatedFields>>,
+        store: Store<K>,
+    ) -> per_shard::Events<K>
+    where
+        K: Cacheable,
+    {
+        let count = feeds.ownership.count();
+        let (client, scope) = (self.client.clone(), self.scope(kind).map(str::to_owned));
+        let resource = kind.resource.clone();
+        let api = move |client: Client| -> Api<K> {
+            match &scope {
+                Some(namespace) => Api::namespaced_with(client, namespace, &resource),
+                None => Api::all_with(client, &resource),
+            }
+        };
+        let resource = kind.resource.clone();
+        let start: per_shard::StartWatch<K> = match by {
+            ShardedBy::Uid => Box::new(move |shard| {
+                let client = shard_client(client.clone(), shard, count);
+                source_of(api(client), &resource, config.clone(), created.clone()).boxed()
+            }),
+            ShardedBy::Label => Box::new(move |shard| {
+                let label = format!("{SHARD_LABEL}={}", labels::shard_label_value(shard, count));
+                let selector = match &config.label_selector {
+                    Some(selector) => format!("{selector},{label}"),
+                    None => label,
+                };
+                let config = config.clone().labels(&selector);
+                source_of(api(client.clone()), &resource, config, created.clone()).boxed()
+            }),
+        };
+        let shard_of: per_shard::ShardOf<K> = match by {
+            ShardedBy::Uid => Box::new(move |object: &K| {
+                let uid = object.meta().uid.as_deref().unwrap_or_default();
+                Some(crate::shards::shard_of(uid, count))
+            }),
+            ShardedBy::Label => Box::new(move |object: &K| {
+                store_index::controller_uid(object).map(|uid| crate::shards::shard_of(&uid, count))
+            }),
+        };
+        let wanted = match by {
+            ShardedBy::Uid => feeds.for_parents(),
+            ShardedBy::Label => feeds.held(),
+        };
+        let feed = per_shard::PerShard {
+            start,
+            shard_of,
+            store,
+            listed,
+            outside: feeds.outside.clone(),
+            kind: watch_name(kind),
+        };
+        per_shard::merged(feed, wanted).boxed()
+    }
+}
+
+/// A watch of `resource` through `api` (through [`crate::watch_lists`], with backoff), each
+/// object as its cache keeps it: with `managedFields` dropped (plugins never see them and
+/// the host does not need to hold them; what `created` notes of the policy's own fields is
+/// noted first) and its apiVersion and kind set.
+fn source_of<K>(
+    api: Api<K>,
+    resource: &ApiResource,
+    config: watcher::Config,
+    created: Option<Arc<CreatedFields>>,
+) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static + use<K>
+where
+    K: Cacheable,
+{
+    // List responses leave out each item's apiVersion and kind; plugins and the convergence
+    // check need them, so every cached object gets them back.
+    let types = TypeMeta {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+    };
+    crate::watch_lists::watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .modify(move |object: &mut K| {
+            if let Some(created) = &created {
+                created.note(object.meta());
+            }
+            object.managed_fields_mut().clear();
+            let object_types = object.types_mut();
+            if object_types.is_none() {
+                *object_types = Some(types.clone());
+            }
+        })
+}
+
+impl WatchSetup {
     /// A watch stream of `kind` in the policy's scope, cached in a store of the policy's own
-    /// (as `K`, in practice compactly: [`CachedObject`]) and fed to `indexes`.
+    /// (as `K`, in practice compactly: [`CachedObject`]) and fed to `indexes`; with
+    /// `sharded`, fed per shard (see [`Self::per_shard_source`]).
     fn cached_watch<K>(
         &self,
         kind: &ResolvedKind,
         config: watcher::Config,
-        created: Option<Arc<CreatedFields>>,
+        (created, sharded): (Option<Arc<CreatedFields>>, Option<PerShardCache>),
         indexes: Vec<Arc<StoreIndex<K>>>,
     ) -> (
         Store<K>,
@@ -164,8 +267,14 @@ impl WatchSetup {
         let decisions = self.decisions.clone();
         let listed = reader.clone();
         let forget = created.clone();
-        let stream = self
-            .source(kind, config, created)
+        let source = match (&self.per_shard, sharded) {
+            (Some(feeds), Some((by, listed))) => {
+                let feed = (feeds, by, listed);
+                self.per_shard_source(feed, kind, config, created, reader.clone())
+            }
+            _ => self.source(kind, config, created).boxed(),
+        };
+        let stream = source
             .inspect(move |event| health.observe(&name, event))
             .inspect(move |event| {
                 if let Ok(event) = event {
@@ -347,10 +456,14 @@ impl Watches {
                 }
             },
         ));
+        let sharded = setup
+            .per_shard
+            .as_ref()
+            .map(|feeds| (ShardedBy::Uid, feeds.parents_listed()));
         let (parents, stream) = setup.cached_watch(
             parent,
             watcher::Config::default(),
-            None,
+            (None, sharded),
             vec![parents_by_namespace.clone(), parents_by_reference.clone()],
         );
         let queue = setup.queue.clone();
@@ -422,10 +535,14 @@ impl Watches {
             resolved.resource.clone(),
             store_index::controller_uid::<CachedObject>,
         ));
+        let sharded = setup
+            .per_shard
+            .as_ref()
+            .map(|feeds| (ShardedBy::Label, feeds.child_kind()));
         let (store, stream) = setup.cached_watch(
             resolved,
             watcher::Config::default().labels(&setup.owned_selector),
-            Some(created.clone()),
+            (Some(created.clone()), sharded),
             vec![by_controller.clone()],
         );
         let queue = setup.queue.clone();

@@ -49,6 +49,7 @@ use kube::runtime::controller::Action;
 use tracing::Instrument as _;
 
 use crate::controller::cache::cached::CachedObject;
+use crate::controller::labels;
 use crate::explain::RecordResult;
 use crate::lock;
 use crate::metrics::ReconcileResult;
@@ -115,7 +116,13 @@ async fn reconcile_parent(
     let started = std::time::Instant::now();
     ctx.metrics.worker(1);
     let span = tracing::info_span!("reconcile", policy = %ctx.policy, parent = %key);
-    let identity = ParentIdentity::of(&parent, &ctx.parent);
+    let identity = ParentIdentity::of(&parent, &ctx.parent).map(|mut identity| {
+        if let Some(shards) = ctx.leadership.shards() {
+            let shard = shards.shard_of(&identity.uid);
+            identity.shard = Some(labels::shard_label_value(shard, shards.count()));
+        }
+        identity
+    });
     let window = ctx.prune_guard.epoch();
     let (result, mut trace): (Result<Done, ReconcileError>, Trace) = async {
         let trace = Trace::new(ctx.explain.wanted(), ctx.redaction.clone());

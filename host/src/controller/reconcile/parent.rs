@@ -21,6 +21,10 @@ pub struct ParentIdentity {
     pub namespace: Option<String>,
     /// `metadata.uid`.
     pub uid: String,
+    /// Sharded, the parent's shard as its children's [`SHARD_LABEL`] says it.
+    ///
+    /// [`SHARD_LABEL`]: crate::controller::labels::SHARD_LABEL
+    pub shard: Option<String>,
 }
 
 impl std::fmt::Display for ParentIdentity {
@@ -43,6 +47,7 @@ impl ParentIdentity {
             name: parent.metadata.name.clone().ok_or("metadata.name")?,
             namespace: parent.metadata.namespace.clone(),
             uid: parent.metadata.uid.clone().ok_or("metadata.uid")?,
+            shard: None,
         })
     }
 }

@@ -161,6 +161,7 @@ mod tests {
             name: "p".into(),
             namespace: Some("a".into()),
             uid: "uid-p".into(),
+            shard: None,
         }
     }
 

@@ -915,6 +915,7 @@ mod tests {
             name: "p".into(),
             namespace: Some("a".into()),
             uid: "uid-p".into(),
+            shard: None,
         };
         let allowed = [children::AllowedKind {
             api_version: "v1".into(),

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::controller::labels::{
-    DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL,
+    DESIRED_HASH_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POLICY_LABEL, SHARD_LABEL,
 };
 use crate::controller::reconcile::parent::ParentIdentity;
 use crate::plugin::JsonObject;
@@ -25,6 +25,9 @@ pub(crate) fn stamp(metadata: &mut JsonObject, parent: &ParentIdentity, policy_l
     let labels = object_field(metadata, "labels");
     labels.insert(MANAGED_BY_LABEL.into(), json!(MANAGED_BY));
     labels.insert(POLICY_LABEL.into(), json!(policy_label));
+    if let Some(shard) = &parent.shard {
+        labels.insert(SHARD_LABEL.into(), json!(shard));
+    }
     // A plugin-supplied hash annotation would let it fake convergence.
     if let Some(Value::Object(annotations)) = metadata.get_mut("annotations") {
         annotations.remove(DESIRED_HASH_ANNOTATION);

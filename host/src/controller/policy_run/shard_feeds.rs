@@ -1,0 +1,120 @@
+//! A sharded policy's caches fed per shard (see [`crate::controller::cache::per_shard`]):
+//! which shards each of its watches wants, and in which order a shard's caches fill.
+//!
+//! A shard this replica takes is watched first for its children, of every kind the policy
+//! allows, and for its parents only once every children's cache holds the shard whole: a
+//! parent reaches the cache, and so a reconcile, only with its children known, so no
+//! reconcile takes a child it has not yet seen for one missing. A shard let go leaves the
+//! children's caches and the parents' at once (no reconcile starts for it by then; see
+//! [`crate::shards::ShardOwnership`]).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use tokio::sync::watch;
+
+use crate::controller::cache::per_shard::Outside;
+use crate::lock;
+use crate::shards::ShardOwnership;
+
+/// Which shards a policy's watches want, and which its caches hold whole.
+pub(crate) struct ShardFeeds {
+    pub ownership: Arc<ShardOwnership>,
+    /// What each child kind's cache holds whole, one per kind.
+    children: Mutex<Vec<watch::Receiver<BTreeSet<u32>>>>,
+    /// What the parents' cache holds whole.
+    parents: watch::Sender<BTreeSet<u32>>,
+    /// Whether the API server sent a shard's watch objects of another shard.
+    pub outside: Arc<Outside>,
+}
+
+impl ShardFeeds {
+    pub fn new(ownership: Arc<ShardOwnership>) -> Arc<Self> {
+        Arc::new(Self {
+            ownership,
+            children: Mutex::default(),
+            parents: watch::channel(BTreeSet::new()).0,
+            outside: Arc::default(),
+        })
+    }
+
+    /// The shards held, at once and on each change: what each children's watch wants.
+    pub fn held(&self) -> BoxStream<'static, BTreeSet<u32>> {
+        changes(self.ownership.subscribe())
+            .map(|held| held.keys().copied().collect())
+            .boxed()
+    }
+
+    /// Where a child kind's cache says which shards it holds whole.
+    pub fn child_kind(&self) -> watch::Sender<BTreeSet<u32>> {
+        let (listed, receiver) = watch::channel(BTreeSet::new());
+        lock(&self.children).push(receiver);
+        listed
+    }
+
+    /// Where the parents' cache says which shards it holds whole.
+    pub fn parents_listed(&self) -> watch::Sender<BTreeSet<u32>> {
+        self.parents.clone()
+    }
+
+    /// The shards whose parents' cache holds them whole, as they change.
+    pub fn parents_held(&self) -> watch::Receiver<BTreeSet<u32>> {
+        self.parents.subscribe()
+    }
+
+    /// The shards the parents' watch wants: those held whose children every child kind's
+    /// cache holds whole. Read from its first poll on, when every child kind has joined.
+    pub fn for_parents(self: &Arc<Self>) -> BoxStream<'static, BTreeSet<u32>> {
+        let feeds = self.clone();
+        futures::stream::once(async move {
+            let held = feeds.ownership.subscribe();
+            let children = lock(&feeds.children).clone();
+            futures::stream::unfold(
+                (held, children, None::<BTreeSet<u32>>),
+                |(mut held, mut children, last)| async move {
+                    loop {
+                        let mut wanted: BTreeSet<u32> =
+                            held.borrow_and_update().keys().copied().collect();
+                        for listed in &mut children {
+                            let listed = listed.borrow_and_update();
+                            wanted.retain(|shard| listed.contains(shard));
+                        }
+                        if last.as_ref() != Some(&wanted) {
+                            return Some((wanted.clone(), (held, children, Some(wanted))));
+                        }
+                        let mut waits: Vec<Change<'_>> = vec![Box::pin(held.changed())];
+                        waits.extend(
+                            children
+                                .iter_mut()
+                                .map(|c| -> Change<'_> { Box::pin(c.changed()) }),
+                        );
+                        let (changed, _, _) = futures::future::select_all(waits).await;
+                        // The ownership or a children's cache is gone: the policy ends.
+                        changed.ok()?;
+                    }
+                },
+            )
+        })
+        .flatten()
+        .boxed()
+    }
+}
+
+/// A change of one of the values the parents' watch wants shards by.
+type Change<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<(), watch::error::RecvError>> + Send + 'a>>;
+
+/// `receiver`'s value now, then each change.
+fn changes<T: Clone + Send + Sync + 'static>(
+    receiver: watch::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::unfold((receiver, true), |(mut receiver, first)| async move {
+        if !first {
+            receiver.changed().await.ok()?;
+        }
+        let value = receiver.borrow_and_update().clone();
+        Some((value, (receiver, false)))
+    })
+}
