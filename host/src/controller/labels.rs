@@ -45,6 +45,14 @@ pub fn shard_label_value(shard: u32, count: u32) -> String {
     format!("{shard}-of-{count}")
 }
 
+/// The shard of `count` a [`SHARD_LABEL`] value names; `None` for another count's or a
+/// malformed one.
+pub fn shard_of_label(value: &str, count: u32) -> Option<u32> {
+    let (shard, of) = value.split_once("-of-")?;
+    let shard: u32 = shard.parse().ok()?;
+    (of.parse() == Ok(count) && shard < count).then_some(shard)
+}
+
 /// The finalizer a policy named `policy_label` holds on its parents.
 pub(crate) fn parent_finalizer(policy_label: &str) -> String {
     format!("wasmctrl.dev/{policy_label}")

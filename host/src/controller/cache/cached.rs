@@ -235,6 +235,23 @@ pub(crate) trait HasTypes {
     fn types_mut(&mut self) -> &mut Option<TypeMeta>;
 }
 
+/// A label of a cached object, however its cache holds labels.
+pub(crate) trait HasLabels {
+    fn label(&self, key: &str) -> Option<String>;
+}
+
+impl HasLabels for CachedObject {
+    fn label(&self, key: &str) -> Option<String> {
+        self.labels().remove(key)
+    }
+}
+
+impl HasLabels for kube::core::DynamicObject {
+    fn label(&self, key: &str) -> Option<String> {
+        self.metadata.labels.as_ref()?.get(key).cloned()
+    }
+}
+
 impl HasTypes for CachedObject {
     fn types_mut(&mut self) -> &mut Option<TypeMeta> {
         &mut self.types

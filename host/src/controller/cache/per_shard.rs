@@ -90,6 +90,8 @@ where
     pub outside: Arc<Outside>,
     /// The kind, as logs name it.
     pub kind: String,
+    /// The kind, as the store's keys name it.
+    pub dyntype: K::DynamicType,
 }
 
 /// The first list, under way.
@@ -113,8 +115,22 @@ where
     first: Option<FirstList<K>>,
     /// An event taken but not yet told: the first list had to end before it.
     replay: Option<Step<K>>,
-    /// Events to tell before anything else is taken.
-    out: VecDeque<Result<Event<K>, Error>>,
+    /// What to tell before anything else is taken.
+    out: VecDeque<Out<K>>,
+}
+
+/// What the merged stream tells, in order: an event, or shards its store now holds whole
+/// (said once the events that make it so are in the store).
+enum Out<K> {
+    Event(Result<Event<K>, Error>),
+    Listed(Listed),
+}
+
+enum Listed {
+    /// The first list ended: these shards are held whole.
+    All(BTreeSet<u32>),
+    /// A shard listed after it.
+    One(u32),
 }
 
 /// What comes next: the shards wanted changed, or a shard's watch sent an event.
@@ -149,8 +165,14 @@ where
         loop {
             // What was decided is told first, one event at a time: the store has taken each
             // before the next step reads it.
-            if let Some(event) = merge.out.pop_front() {
-                return Some((event, (merge, true)));
+            match merge.out.pop_front() {
+                Some(Out::Event(Ok(Event::Delete(object)))) if merge.replaced(&object) => continue,
+                Some(Out::Event(event)) => return Some((event, (merge, true))),
+                Some(Out::Listed(listed)) => {
+                    merge.listed(listed);
+                    continue;
+                }
+                None => {}
             }
             merge.end_first_if_listed();
             if !merge.out.is_empty() {
@@ -170,9 +192,46 @@ where
     K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    fn tell(&mut self, event: Event<K>) {
+        self.out.push_back(Out::Event(Ok(event)));
+    }
+
+    /// Whether the store holds another object (another uid) under `deleted`'s name: one
+    /// created again under the name in another shard, whose watch told of it first. A
+    /// delete is for the object it names, not for its successor.
+    fn replaced(&self, deleted: &K) -> bool {
+        let meta = deleted.meta();
+        let Some(name) = &meta.name else {
+            return false;
+        };
+        let key = kube::runtime::reflector::ObjectRef::new_with(name, self.feed.dyntype.clone());
+        let key = match &meta.namespace {
+            Some(namespace) => key.within(namespace),
+            None => key,
+        };
+        self.feed
+            .store
+            .get(&key)
+            .is_some_and(|cached| cached.meta().uid != meta.uid)
+    }
+
+    /// Say which shards the store holds whole, now that it does.
+    fn listed(&self, listed: Listed) {
+        match listed {
+            Listed::All(shards) => {
+                self.feed.listed.send_replace(shards);
+            }
+            Listed::One(shard) => {
+                self.feed
+                    .listed
+                    .send_if_modified(|listed| listed.insert(shard));
+            }
+        }
+    }
+
     /// The first list begins, with the shards wanted at the start.
     async fn start(&mut self) {
-        self.out.push_back(Ok(Event::Init));
+        self.tell(Event::Init);
         self.first = Some(FirstList {
             waiting: BTreeSet::new(),
             deleted: Vec::new(),
@@ -233,16 +292,17 @@ where
         let Some(first) = self.first.take() else {
             return;
         };
-        self.out.push_back(Ok(Event::InitDone));
-        self.out
-            .extend(first.deleted.into_iter().map(|o| Ok(Event::Delete(o))));
+        self.tell(Event::InitDone);
+        for deleted in first.deleted {
+            self.tell(Event::Delete(deleted));
+        }
         let listed: BTreeSet<u32> = self
             .watching
             .keys()
             .copied()
             .filter(|shard| !first.waiting.contains(shard) && !self.listing.contains_key(shard))
             .collect();
-        self.feed.listed.send_replace(listed);
+        self.out.push_back(Out::Listed(Listed::All(listed)));
     }
 
     /// Take one step, or end the first list first and take it after (see the module).
@@ -284,6 +344,7 @@ where
         for shard in gone {
             self.watching.remove(&shard);
             self.listing.remove(&shard);
+            // Said at once: nothing may count on the shard's objects from here on.
             self.feed
                 .listed
                 .send_if_modified(|listed| listed.remove(&shard));
@@ -306,7 +367,7 @@ where
                 && kept.is_none_or(|kept| !kept.contains(&key_of(&**object)))
         });
         let events: Vec<_> = gone
-            .map(|object| Ok(Event::Delete(K::clone(&object))))
+            .map(|object| Out::Event(Ok(Event::Delete(K::clone(&object)))))
             .collect();
         self.out.extend(events);
     }
@@ -334,9 +395,9 @@ where
                     let key = key_of(&object);
                     first.deleted.retain(|deleted| key_of(deleted) != key);
                 }
-                self.out.push_back(Ok(Event::InitApply(object)));
+                self.tell(Event::InitApply(object));
             }
-            None => self.out.push_back(Ok(Event::Apply(object))),
+            None => self.tell(Event::Apply(object)),
         }
     }
 
@@ -344,7 +405,7 @@ where
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                self.out.push_back(Err(error));
+                self.out.push_back(Out::Event(Err(error)));
                 return;
             }
         };
@@ -369,9 +430,7 @@ where
                     }
                     None => {
                         self.forget_shard(shard, Some(&seen));
-                        self.feed
-                            .listed
-                            .send_if_modified(|listed| listed.insert(shard));
+                        self.out.push_back(Out::Listed(Listed::One(shard)));
                     }
                 }
             }
@@ -387,7 +446,7 @@ where
                 }
                 match &mut self.first {
                     Some(first) => first.deleted.push(object),
-                    None => self.out.push_back(Ok(Event::Delete(object))),
+                    None => self.tell(Event::Delete(object)),
                 }
             }
         }
@@ -419,6 +478,14 @@ mod tests {
             },
             ..ConfigMap::default()
         }
+    }
+
+    /// `name` with `uid`: one object of that name among those it may be deleted and
+    /// created again as.
+    fn object_with_uid(name: &str, uid: &str) -> ConfigMap {
+        let mut object = object(name);
+        object.metadata.uid = Some(uid.to_owned());
+        object
     }
 
     type Sent = Result<Event<ConfigMap>, Error>;
@@ -472,6 +539,7 @@ mod tests {
                 listed: listed_tx,
                 outside: outside.clone(),
                 kind: "v1 ConfigMap".to_owned(),
+                dyntype: (),
             };
             let events = merged(feed, wanted_rx.boxed()).reflect(writer).boxed();
             Self {
@@ -678,6 +746,30 @@ mod tests {
         assert_eq!(cache.told().await, ["listed", "delete 1-b"]);
         assert_eq!(cache.cached(), ["0-a"]);
         assert_eq!(cache.listed(), [0]);
+    }
+
+    #[tokio::test]
+    async fn a_delete_told_after_the_name_was_taken_again_in_another_shard_is_dropped() {
+        // Names here say the shard; an object created again under a name can land in any
+        // shard, and the two shards' watches are told in no set order. Here the new one is
+        // told by its shard before the old one's delete is by its own.
+        let mut cache = Fixture::new(&[0, 1]);
+        cache.told().await;
+        cache.list(0, &[]);
+        cache.list(1, &[]);
+        cache.told().await;
+        cache.send(0, vec![Event::Apply(object_with_uid("0-a", "old"))]);
+        cache.told().await;
+        cache.send(0, vec![Event::Apply(object_with_uid("0-a", "new"))]);
+        cache.send(0, vec![Event::Delete(object_with_uid("0-a", "old"))]);
+        assert_eq!(cache.told().await, ["apply 0-a"]);
+        let cached = cache.store.state();
+        assert_eq!(cached.len(), 1);
+        assert_eq!(cached[0].metadata.uid.as_deref(), Some("new"));
+        // Its own delete goes.
+        cache.send(0, vec![Event::Delete(object_with_uid("0-a", "new"))]);
+        assert_eq!(cache.told().await, ["delete 0-a"]);
+        assert!(cache.cached().is_empty());
     }
 
     #[tokio::test]

@@ -439,20 +439,23 @@ async fn shard_feeds(shared: &Shared) -> Option<Arc<shard_feeds::ShardFeeds>> {
     let narrows = shared
         .narrows_by_shard
         .get_or_try_init(|| async {
-            let narrows = crate::shards::selector::narrows_by_shard(&shared.client).await?;
+            let asked = crate::shards::selector::narrows_by_shard(&shared.client);
+            let narrows = tokio::time::timeout(Duration::from_secs(10), asked)
+                .await
+                .map_err(|_| anyhow::anyhow!("no answer within 10 s"))??;
             if narrows {
                 tracing::info!("the API server narrows watches by shard: each policy caches the parents and children of the shards this replica holds");
             } else {
                 tracing::warn!("the API server does not narrow watches by shard (its ShardedListAndWatch feature gate is off): each replica caches every parent and child, and writes for its shards' only");
             }
-            Ok::<_, kube::Error>(narrows)
+            Ok::<_, anyhow::Error>(narrows)
         })
         .await;
     match narrows {
         Ok(true) => Some(shard_feeds::ShardFeeds::new(shards.clone())),
         Ok(false) => None,
         Err(error) => {
-            tracing::warn!(error = %error, "could not ask the API server whether it narrows watches by shard: this policy's caches hold the whole kind until it restarts");
+            tracing::warn!(error = %format!("{error:#}"), "could not ask the API server whether it narrows watches by shard: this policy's caches hold the whole kind until it restarts");
             None
         }
     }
@@ -765,10 +768,18 @@ async fn report_periodically(
             .map(|c| c.store.state().len())
             .sum();
         ctx.metrics.set_cached(parents.state().len(), children);
+        let whole = shards
+            .as_ref()
+            .is_none_or(|shards| ctx.caches.hold_all_whole(&shards.held()));
         let active = ctx.serving.digest_serving_all();
         let mut counts = report::counts(&ctx.outcomes, parents, &active, sweep);
-        let own_window =
-            report::own_prune_window(&ctx.prune_guard, parents, policy, sweep, shards.as_deref());
+        let own_window = report::own_prune_window(
+            &ctx.prune_guard,
+            parents,
+            policy,
+            sweep,
+            (shards.as_deref(), whole),
+        );
         ctx.metrics
             .set_prune_held(own_window.as_ref().map_or(0, |w| w.held_deletions));
         // Sharded, each replica reports on the parents of its shards for their Leases to
@@ -872,7 +883,10 @@ fn shard_reports(
     ),
 ) -> std::collections::BTreeMap<u32, crate::shards::PolicyReport> {
     let (window, candidate) = own;
-    let counted = report::counts_per_shard(&ctx.outcomes, parents, &ctx.parent, active, shards);
+    let mut counted = report::counts_per_shard(&ctx.outcomes, parents, &ctx.parent, active, shards);
+    // A shard whose parents are not all cached yet is not reported: it would count as none
+    // reconciled, and a rollout would go on without its canaries.
+    counted.retain(|shard, _| ctx.caches.hold_whole(*shard));
     // Measured whenever a candidate is loaded: the policy this task started with may have
     // had none, and a rollout comes with its candidate through a swap.
     let mut measured = match ctx.serving.candidate.load_full() {

@@ -204,14 +204,14 @@ pub(crate) fn prune_guard(
 }
 
 /// This replica's own window, closed first if every parent it reconciles (those of its
-/// shards, when sharded) was reconciled under it. With `sweep`, the guard forgets deleted
-/// parents first.
+/// shards, when sharded) was reconciled under it, and its caches hold them `whole`. With
+/// `sweep`, the guard forgets deleted parents first.
 pub(crate) fn own_prune_window(
     guard: &PruneGuard,
     parents: &Store<CachedObject>,
     policy: &ReconcilePolicy,
     sweep: bool,
-    share: Option<&crate::shards::ShardOwnership>,
+    (share, whole): (Option<&crate::shards::ShardOwnership>, bool),
 ) -> Option<PruneGuardStatus> {
     let name = policy.name_any();
     let in_share = |parent: &CachedObject| share.is_none_or(|shards| shards.holds_parent(parent));
@@ -228,7 +228,8 @@ pub(crate) fn own_prune_window(
         None => parents.state().len(),
         Some(_) => parents.state().iter().filter(|p| in_share(p)).count(),
     };
-    if guard.close_if_rolled_out(mine, count) {
+    // A shard taken whose parents are not cached yet would count as none to reconcile.
+    if whole && guard.close_if_rolled_out(mine, count) {
         tracing::info!(
             policy = %name,
             "every parent reconciled since the last change; pruning is no longer counted"

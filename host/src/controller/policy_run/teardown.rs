@@ -113,6 +113,12 @@ impl Teardown {
             Some(gained) => gained.changed().await,
             None => std::future::pending().await,
         };
+        // Fed per shard, a shard's teardowns wait for its caches to be whole.
+        let mut whole = self.ctx.caches.shards_whole.clone();
+        let shard_whole = async |whole: &mut Option<tokio::sync::watch::Receiver<_>>| match whole {
+            Some(whole) => whole.changed().await,
+            None => std::future::pending().await,
+        };
         let mut sweep = tokio::time::interval(SWEEP);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -130,6 +136,7 @@ impl Teardown {
                 _ = sweep.tick() => self.sweep().await,
                 Ok(()) = leading.changed() => self.sweep().await,
                 Ok(()) = shard_gained(&mut gained) => self.sweep().await,
+                Ok(()) = shard_whole(&mut whole) => self.sweep().await,
             }
         }
     }
@@ -163,7 +170,13 @@ impl Teardown {
             None => {}
             // Sharded: the holder of the parent's shard, fenced as its reconciles are.
             Some(shards) => {
-                if let Some(writing) = shards.start_writing(shards.shard_of(uid)) {
+                // Only once the caches hold all its children: one not yet listed would
+                // look like no dependent at all.
+                let shard = shards.shard_of(uid);
+                if !ctx.caches.hold_whole(shard) {
+                    return;
+                }
+                if let Some(writing) = shards.start_writing(shard) {
                     crate::shards::write_for(writing, self.release_children(&children)).await;
                 }
             }

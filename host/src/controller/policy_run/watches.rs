@@ -18,7 +18,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 
-use crate::controller::cache::cached::{CachedObject, HasTypes};
+use crate::controller::cache::cached::{CachedObject, HasLabels, HasTypes};
 use crate::controller::cache::field_ownership::CreatedFields;
 use crate::controller::cache::named_objects::{self, NamedKind, NamedObjects};
 use crate::controller::cache::per_shard;
@@ -46,6 +46,7 @@ use crate::watch_backoff::WatchBackoff;
 pub(crate) trait Cacheable:
     kube::Resource<DynamicType = Arc<ApiResource>, Scope = kube::core::DynamicResourceScope>
     + HasTypes
+    + HasLabels
     + Clone
     + serde::de::DeserializeOwned
     + std::fmt::Debug
@@ -58,6 +59,7 @@ pub(crate) trait Cacheable:
 impl<K> Cacheable for K where
     K: kube::Resource<DynamicType = Arc<ApiResource>, Scope = kube::core::DynamicResourceScope>
         + HasTypes
+        + HasLabels
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
@@ -189,8 +191,10 @@ impl WatchSetup {
                 let uid = object.meta().uid.as_deref().unwrap_or_default();
                 Some(crate::shards::shard_of(uid, count))
             }),
+            // By the label the watch selects on: a child whose controller someone changed
+            // is still told as its shard's watch sees it.
             ShardedBy::Label => Box::new(move |object: &K| {
-                store_index::controller_uid(object).map(|uid| crate::shards::shard_of(&uid, count))
+                labels::shard_of_label(&object.label(SHARD_LABEL)?, count)
             }),
         };
         let wanted = match by {
@@ -204,6 +208,7 @@ impl WatchSetup {
             listed,
             outside: feeds.outside.clone(),
             kind: watch_name(kind),
+            dyntype: kind.resource.clone(),
         };
         per_shard::merged(feed, wanted).boxed()
     }
@@ -424,6 +429,8 @@ pub(crate) struct Watches {
     related: Vec<Related>,
     /// Whether each followed watch (of a related kind) has brought this policy a whole list.
     synced: Vec<tokio::sync::watch::Receiver<bool>>,
+    /// Fed per shard: the shards whose parents the caches hold whole (their children too).
+    shards_whole: Option<watch::Receiver<BTreeSet<u32>>>,
 }
 
 impl Watches {
@@ -524,6 +531,7 @@ impl Watches {
             children: Vec::new(),
             related: Vec::new(),
             synced: Vec::new(),
+            shards_whole: setup.per_shard.as_ref().map(|feeds| feeds.parents_held()),
         }
     }
 
@@ -700,6 +708,7 @@ impl Watches {
             children: self.children,
             related: self.related,
             ready,
+            shards_whole: self.shards_whole,
         };
         (self.controller, self.parents, caches, wait_for_caches)
     }

@@ -75,6 +75,27 @@ pub(crate) struct Caches {
     pub related: Vec<Related>,
     /// Becomes true once every child and related cache has listed its objects.
     pub ready: tokio::sync::watch::Receiver<bool>,
+    /// Fed per shard (see [`crate::controller::cache::per_shard`]): the shards whose parents
+    /// and children the caches hold whole. What reads a parent's children from the caches
+    /// to let one go waits for its shard to be in it.
+    pub shards_whole: Option<tokio::sync::watch::Receiver<std::collections::BTreeSet<u32>>>,
+}
+
+impl Caches {
+    /// Whether the caches hold `shard`'s parents and children whole: always, unless fed
+    /// per shard.
+    pub fn hold_whole(&self, shard: u32) -> bool {
+        self.shards_whole
+            .as_ref()
+            .is_none_or(|whole| whole.borrow().contains(&shard))
+    }
+
+    /// Whether the caches hold every shard of `held` whole.
+    pub fn hold_all_whole(&self, held: &std::collections::BTreeSet<u32>) -> bool {
+        self.shards_whole
+            .as_ref()
+            .is_none_or(|whole| held.is_subset(&whole.borrow()))
+    }
 }
 
 /// What a policy's reconciles ended with, for retries and the policy's counts.
