@@ -33,7 +33,8 @@
 //! reads as `wasmctrl run` does: `WASMCTRL_BENCH_HOST_ENV`; a Go CPU profile of
 //! kube-apiserver over each phase's first seconds: `WASMCTRL_BENCH_APISERVER_PROFILE=dir`, see
 //! [`profile_apiserver`]). The host runs in a child process (this binary, re-executed) so its
-//! RSS is its own.
+//! RSS is its own. With `WASMCTRL_BENCH_HOSTS=1,2,3`, it measures scale-out instead: see
+//! [`scale_out`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -56,6 +57,9 @@ use wasmctrl_testenv::cluster::{
 // process's re-executed copy.
 wasmctrl::host_allocator!();
 
+#[path = "convergence/scale_out.rs"]
+mod scale_out;
+
 /// Concurrency of the host's policy and of the baseline client.
 const CONCURRENCY: u32 = 16;
 /// Env var that turns this binary into the host under test: `namespace|selector|kubeconfig`.
@@ -72,6 +76,9 @@ fn main() -> std::process::ExitCode {
 fn bench() -> anyhow::Result<()> {
     if let Ok(spec) = std::env::var(HOST_MODE) {
         return run_host(&spec);
+    }
+    if let Ok(args) = std::env::var(scale_out::CLI_MODE) {
+        return scale_out::run_cli(&args);
     }
     // `cargo bench` passes `--bench`; anything else is a filter we do not support.
     let sizes: Vec<usize> = std::env::var("WASMCTRL_BENCH_SIZES")
@@ -95,23 +102,34 @@ fn bench() -> anyhow::Result<()> {
         Ok("host") => false,
         Ok(other) => bail!("WASMCTRL_BENCH_PHASES must be host or host,baseline, not {other}"),
     };
+    if let Some(counts) = scale_out::counts_from_env()? {
+        let mut runs = Vec::new();
+        for &n in &sizes {
+            for &hosts in &counts {
+                let name = format!("{n}-scale-{hosts}");
+                let (dir, plane) = fresh_plane(&runtime, &binaries, &name, Audit::Writes)?;
+                let run = runtime.block_on(scale_out::phase(n, hosts, &plane, &plugin));
+                plane.stop();
+                let _ = std::fs::remove_dir_all(&dir);
+                runs.push(run?);
+            }
+        }
+        scale_out::print_table(&runs);
+        return Ok(());
+    }
     let mut rows = Vec::new();
     for repeat in 0..repeats {
         for &n in &sizes {
             // Host and baseline each on a fresh control plane, the order alternating between
             // repeats, so neither inherits the other's objects or a warmer machine.
-            let fresh = |phase: &str| -> anyhow::Result<(PathBuf, ControlPlane)> {
-                let dir = wasmctrl_testenv::plugins::target_dir()
-                    .join(format!("cluster-bench-{n}-{phase}"));
-                let _ = std::fs::remove_dir_all(&dir);
-                // Logging reads too, so the host's and the baseline's requests are counted.
-                let plane = runtime.block_on(ControlPlane::start_auditing(
-                    &dir,
+            // Logging reads too, so the host's and the baseline's requests are counted.
+            let fresh = |phase: &str| {
+                fresh_plane(
+                    &runtime,
                     &binaries,
-                    Lifetime::TiedToStarter,
+                    &format!("{n}-{phase}"),
                     Audit::Everything,
-                ))?;
-                Ok((dir, plane))
+                )
             };
             let host_first = repeat % 2 == 0;
             let mut host = None;
@@ -153,6 +171,24 @@ fn bench() -> anyhow::Result<()> {
     print_table(&rows);
     print_restarts(&rows);
     Ok(())
+}
+
+/// A control plane of its own for one phase (`name`), in a directory emptied first.
+fn fresh_plane(
+    runtime: &tokio::runtime::Runtime,
+    binaries: &Binaries,
+    name: &str,
+    audit: Audit,
+) -> anyhow::Result<(PathBuf, ControlPlane)> {
+    let dir = wasmctrl_testenv::plugins::target_dir().join(format!("cluster-bench-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let plane = runtime.block_on(ControlPlane::start_auditing(
+        &dir,
+        binaries,
+        Lifetime::TiedToStarter,
+        audit,
+    ))?;
+    Ok((dir, plane))
 }
 
 struct Row {
