@@ -432,7 +432,7 @@ async fn watch_setup(
 }
 
 /// Sharded, where the API server narrows watches by shard, the feeds of a policy's caches
-/// per shard (see [`shard_feeds`]); the API server is asked once per host. Otherwise `None`:
+/// per shard (see [`shard_feeds::ShardFeeds`]); the API server is asked once per host. Otherwise `None`:
 /// the caches hold the whole kind, as a host not sharded does.
 async fn shard_feeds(shared: &Shared) -> Option<Arc<shard_feeds::ShardFeeds>> {
     let shards = shared.leadership.shards()?;

@@ -102,7 +102,7 @@ pub(crate) struct WatchSetup {
 }
 
 /// How a cache is fed per shard: by the uid the API server narrows by (the parents), or by
-/// the shard label the host stamps (the children, by their controller's uid).
+/// the shard label the host stamps (the children).
 #[derive(Clone, Copy)]
 enum ShardedBy {
     Uid,
@@ -123,10 +123,7 @@ impl WatchSetup {
     where
         K: kube::Resource<Scope = kube::core::DynamicResourceScope>,
     {
-        match self.scope(kind) {
-            Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, dyntype),
-            None => Api::all_with(self.client.clone(), dyntype),
-        }
+        scoped_api(self.client.clone(), self.scope(kind), dyntype)
     }
 
     /// A watch of `kind` in the policy's scope, each object as its cache keeps it (see
@@ -164,12 +161,7 @@ impl WatchSetup {
         let count = feeds.ownership.count();
         let (client, scope) = (self.client.clone(), self.scope(kind).map(str::to_owned));
         let resource = kind.resource.clone();
-        let api = move |client: Client| -> Api<K> {
-            match &scope {
-                Some(namespace) => Api::namespaced_with(client, namespace, &resource),
-                None => Api::all_with(client, &resource),
-            }
-        };
+        let api = move |client: Client| scoped_api::<K>(client, scope.as_deref(), &resource);
         let resource = kind.resource.clone();
         let start: per_shard::StartWatch<K> = match by {
             ShardedBy::Uid => Box::new(move |shard| {
@@ -211,6 +203,17 @@ impl WatchSetup {
             dyntype: kind.resource.clone(),
         };
         per_shard::merged(feed, wanted).boxed()
+    }
+}
+
+/// A kind (of dynamic type `dyntype`) through `client`: in `namespace`, or cluster-wide.
+fn scoped_api<K>(client: Client, namespace: Option<&str>, dyntype: &K::DynamicType) -> Api<K>
+where
+    K: kube::Resource<Scope = kube::core::DynamicResourceScope>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced_with(client, namespace, dyntype),
+        None => Api::all_with(client, dyntype),
     }
 }
 
