@@ -2,8 +2,9 @@
 //! mid-convergence, watches forced to relist by an etcd compaction, the host itself
 //! SIGKILLed and restarted, two hosts at once, a leader frozen past its lease while a standby
 //! takes over, a plugin that traps while finalizing, a finalizing policy moved between two
-//! parent kinds, hostile plugins under load beside a well-behaved policy, and sharded
-//! replicas killed, joined and frozen while they share the parents.
+//! parent kinds, hostile plugins under load beside a well-behaved policy, sharded
+//! replicas killed, joined and frozen while they share the parents, and sharded replicas on
+//! an API server that cannot narrow their watches, labelling their parents by shard.
 //!
 //! These run on a control plane of their own (they kill parts of it), one test at a time.
 //! Each ends by checking the invariant: every parent converged, each desired child exists
@@ -587,36 +588,44 @@ async fn watches_forced_to_relist_by_compaction_lose_no_change() -> anyhow::Resu
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_api_server_without_streaming_lists_is_listed_page_by_page() -> anyhow::Result<()> {
-    const TEST: &str = "fault-no-watch-list";
-    /// Puts the API server back as it was, however the test ends (a failed assertion
-    /// included), so the next test sharing this plane finds it as it should.
-    struct RestoreApiServer;
-    impl Drop for RestoreApiServer {
-        fn drop(&mut self) {
-            for request in [
-                Request::Kill("kube-apiserver"),
-                Request::Start("kube-apiserver"),
-            ] {
-                if let Err(e) = Plane::get().ask_blocking(request) {
-                    eprintln!("faults: the API server could not be put back: {e:#}");
-                }
+/// Puts the API server back as it was, however the test ends (a failed assertion
+/// included), so the next test sharing this plane finds it as it should.
+struct RestoreApiServer;
+
+impl Drop for RestoreApiServer {
+    fn drop(&mut self) {
+        for request in [
+            Request::Kill("kube-apiserver"),
+            Request::Start("kube-apiserver"),
+        ] {
+            if let Err(e) = Plane::get().ask_blocking(request) {
+                eprintln!("faults: the API server could not be put back: {e:#}");
             }
         }
     }
+}
+
+/// Restart the API server with `argument` added, until what this returns is dropped.
+async fn api_server_with(argument: &str) -> anyhow::Result<RestoreApiServer> {
+    Plane::get().ask(Request::Kill("kube-apiserver")).await?;
+    let restore = RestoreApiServer;
+    Plane::get()
+        .ask(Request::StartWith(
+            "kube-apiserver",
+            vec![argument.to_owned()],
+        ))
+        .await?;
+    Ok(restore)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_without_streaming_lists_is_listed_page_by_page() -> anyhow::Result<()> {
+    const TEST: &str = "fault-no-watch-list";
     let _one = exclusive().await;
     let (_, ns) = setup(TEST, json!({"ownChild": true})).await?;
     // An API server that refuses `sendInitialEvents` (422), as one with the gate off or from
     // before it does: every watch the host starts must list instead, or no cache ever syncs.
-    Plane::get().ask(Request::Kill("kube-apiserver")).await?;
-    let _restore = RestoreApiServer;
-    Plane::get()
-        .ask(Request::StartWith(
-            "kube-apiserver",
-            vec!["--feature-gates=WatchList=false".into()],
-        ))
-        .await?;
+    let _restore = api_server_with("--feature-gates=WatchList=false").await?;
     let client = Plane::get().client().await?;
     let refusal = client
         .request_text(
@@ -1353,6 +1362,20 @@ async fn a_swap_to_a_plugin_that_answers_nothing_is_held_until_confirmed_or_roll
 const SHARDS: u32 = 12;
 const SHARDED_PARENTS: usize = 600;
 
+/// Starts a replica of `wasmctrl run --shards SHARDS` for `test`, acting as the identity
+/// given, its Leases in `ns`; killed when dropped (a failure half-way must not wait on a
+/// stopped process).
+fn sharded_replicas<'a>(
+    test: &'a str,
+    ns: &'a str,
+    dir: &'a std::path::Path,
+) -> impl Fn(&str) -> anyhow::Result<(SelfProcess, std::net::SocketAddr)> + 'a {
+    move |identity| {
+        let shards = SHARDS.to_string();
+        replica_process_sharing(test, identity, ns, dir, &["--shards", &shards])
+    }
+}
+
 /// Who holds each of the `SHARDS` shard Leases in `ns` (`None`: released or never taken).
 async fn shard_holders(
     leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
@@ -1574,11 +1597,7 @@ async fn sharded_replicas_share_the_work_and_survive_a_kill_a_join_and_a_freeze(
     apply_policy(&client, TEST, TEST, policy).await?;
     let dir = tempfile::tempdir()?;
     let leases = Api::namespaced(client.clone(), &ns);
-    let shards = SHARDS.to_string();
-    let sharded = ["--shards", shards.as_str()];
-    // Killed when dropped (a failure half-way must not wait on a stopped process).
-    let replica =
-        |identity: &str| replica_process_sharing(TEST, identity, &ns, dir.path(), &sharded);
+    let replica = sharded_replicas(TEST, &ns, dir.path());
 
     // Three replicas hold 4 shards each, and each does its share of the work.
     let ((first, at_a), (mut second, at_b), (third, _)) = (replica(a)?, replica(b)?, replica(c)?);
@@ -1708,5 +1727,167 @@ async fn sharded_replicas_share_the_work_and_survive_a_kill_a_join_and_a_freeze(
     check_invariant(&client, &ns, SHARDED_PARENTS, 4, &kept).await?;
     wait_counted_across_shards(&client, TEST, &[a, b, d]).await?;
     drop((first, second, fourth));
+    Ok(())
+}
+
+/// The parents (by name) each label write of `replicas` was for: a patch of a Widget itself,
+/// not of its status (the fault suite's policy sets no finalizer).
+fn label_writes(replicas: &[&str]) -> anyhow::Result<BTreeMap<String, usize>> {
+    let mut per_parent = BTreeMap::new();
+    for replica in replicas {
+        for (_, verb, uri, code) in writes_by(replica)? {
+            let path = uri.split('?').next().unwrap_or_default();
+            let Some((_, name)) = path.split_once("/widgets/") else {
+                continue;
+            };
+            if verb == "patch" && code == 200 && !name.contains('/') {
+                *per_parent.entry(name.to_owned()).or_default() += 1;
+            }
+        }
+    }
+    Ok(per_parent)
+}
+
+/// The shard label of `widget` and the one its uid says it should carry.
+fn shard_labels_of(widget: &DynamicObject) -> (Option<String>, String) {
+    let uid = widget.metadata.uid.clone().unwrap_or_default();
+    let label = widget
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get("wasmctrl.dev/shard"))
+        .cloned();
+    let shard = wasmctrl::shards::shard_of(&uid, SHARDS);
+    (label, format!("{shard}-of-{SHARDS}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_replicas_label_their_parents_once_where_the_api_server_cannot_narrow_watches()
+-> anyhow::Result<()> {
+    const TEST: &str = "fault-shard-labels";
+    const REPLICAS: [&str; 2] = ["labels-a", "labels-b"];
+    let [a, b] = REPLICAS;
+    let _one = exclusive().await;
+    let (_, ns) = setup(TEST, json!({"ownChild": true})).await?;
+    let _restore = api_server_with("--feature-gates=ShardedListAndWatch=false").await?;
+    let client = Plane::get().client().await?;
+    anyhow::ensure!(
+        !wasmctrl::shards::selector::narrows_by_shard(&client).await?,
+        "the API server should not narrow lists by shard with its gate off"
+    );
+    // Parents made before sharding starts (as when it is turned on for a running set),
+    // one of them already labelled for another shard count.
+    apply_widgets(&client, &ns, PARENTS, 1).await?;
+    widgets(&client, &ns)
+        .patch(
+            "w-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"labels": {"wasmctrl.dev/shard": "0-of-4"}}}),
+            ),
+        )
+        .await?;
+    let dir = tempfile::tempdir()?;
+    let leases = Api::namespaced(client.clone(), &ns);
+    let replica = sharded_replicas(TEST, &ns, dir.path());
+    let ((first, at_a), (second, at_b)) = (replica(a)?, replica(b)?);
+    let started = Instant::now();
+    wait_shared(&leases, &[a, b], 6, CONVERGE).await?;
+    let took = wait_reconciled(&client, &ns, PARENTS).await?;
+
+    // Every parent carries its uid's shard, written once, by one replica.
+    let listed = widgets(&client, &ns).list(&ListParams::default()).await?;
+    let wrong: Vec<_> = listed
+        .items
+        .iter()
+        .map(|widget| (widget.metadata.name.clone(), shard_labels_of(widget)))
+        .filter(|(_, (label, wanted))| label.as_ref() != Some(wanted))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "parents not labelled with their shard: {wrong:?}"
+    );
+    let labelled = label_writes(&REPLICAS)?;
+    let twice: Vec<_> = labelled
+        .iter()
+        .filter(|(_, writes)| **writes != 1)
+        .collect();
+    assert_eq!(labelled.len(), PARENTS, "parents labelled: {labelled:?}");
+    assert!(
+        twice.is_empty(),
+        "parents labelled more than once: {twice:?}"
+    );
+    // Each replica caches its own shards' parents and children only.
+    caches_hold_their_shards(&client, &ns, &leases, &[(a, at_a), (b, at_b)]).await?;
+    report(
+        "two sharded replicas, an API server that cannot narrow watches",
+        &format!(
+            "{PARENTS} parents labelled once each and converged {took:.1?} after the replicas started ({:.1?} in all)",
+            started.elapsed()
+        ),
+    );
+
+    // A parent labelled for another shard by hand, with a change to its spec, is put right
+    // by the replica whose watch it lands in, and then reconciled by its own shard's holder;
+    // one whose label is taken off is labelled again.
+    let w1 = widgets(&client, &ns).get("w-1").await?;
+    let (_, right) = shard_labels_of(&w1);
+    let own: u32 = right.split('-').next().unwrap_or_default().parse()?;
+    let other = format!("{}-of-{SHARDS}", (own + 1) % SHARDS);
+    for (name, label) in [("w-1", json!(other)), ("w-2", Value::Null)] {
+        let patch =
+            json!({"metadata": {"labels": {"wasmctrl.dev/shard": label}}, "spec": {"size": 2}});
+        let params = kube::api::PatchParams::default();
+        widgets(&client, &ns)
+            .patch(name, &params, &kube::api::Patch::Merge(patch))
+            .await?;
+    }
+    let child_at_2 = |name: &'static str| {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            let children = children_by_parent(&client, &ns).await?;
+            anyhow::Ok(
+                children
+                    .get(name)
+                    .is_some_and(|owned| owned.iter().all(|(_, c)| c["data"]["size"] == "2")),
+            )
+        }
+    };
+    eventually(
+        "w-1 and w-2 labelled again and reconciled",
+        CONVERGE,
+        || async {
+            let w1 = widgets(&client, &ns).get("w-1").await?;
+            let w2 = widgets(&client, &ns).get("w-2").await?;
+            let put_right = |widget: &DynamicObject| {
+                let (label, wanted) = shard_labels_of(widget);
+                label == Some(wanted)
+            };
+            Ok(put_right(&w1)
+                && put_right(&w2)
+                && child_at_2("w-1").await?
+                && child_at_2("w-2").await?)
+        },
+    )
+    .await?;
+
+    // Every parent changed: no label is written again, and every parent converges.
+    let before = label_writes(&REPLICAS)?;
+    apply_widgets(&client, &ns, PARENTS, 3).await?;
+    wait_children_of(&client, &ns, PARENTS, 3).await?;
+    wait_reconciled(&client, &ns, PARENTS).await?;
+    check_invariant(&client, &ns, PARENTS, 3, &BTreeMap::new()).await?;
+    let after = label_writes(&REPLICAS)?;
+    assert_eq!(
+        before, after,
+        "labels written again after the parents changed"
+    );
+    let relabelled: usize = ["w-1", "w-2"].iter().map(|name| after[*name] - 1).sum();
+    assert_eq!(
+        relabelled, 2,
+        "w-1 and w-2 each labelled once more: {after:?}"
+    );
+    drop((first, second));
     Ok(())
 }

@@ -23,7 +23,9 @@
 //!
 //! Every event is checked against its shard: an object of another shard is dropped, so the
 //! cache holds the shards wanted whatever the API server did with the selector (one that
-//! ignores it sends every object to every shard's watch; see [`Outside`]).
+//! ignores it sends every object to every shard's watch; see [`Outside`]). Where a watch
+//! selects by a label that someone may set wrong, such an object is handed on
+//! ([`PerShard::misplaced`]) to whoever puts it right.
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
@@ -45,6 +47,9 @@ pub(crate) type StartWatch<K> = Box<dyn Fn(u32) -> Events<K> + Send>;
 
 /// The shard of an object, as its watch narrows by; `None`: in none.
 pub(crate) type ShardOf<K> = Box<dyn Fn(&K) -> Option<u32> + Send>;
+
+/// Takes an object a shard's watch brought that is of another shard.
+pub(crate) type Misplaced<K> = Box<dyn Fn(&K) + Send>;
 
 /// An object's place in a store: namespace and name.
 type Key = (Option<String>, String);
@@ -88,6 +93,9 @@ where
     /// The shards whose objects the store holds whole: listed, and not let go since.
     pub listed: watch::Sender<BTreeSet<u32>>,
     pub outside: Arc<Outside>,
+    /// Where an object of another shard a watch brought (created or changed) goes, when its
+    /// watch selects by something that can be set wrong; `None`: it is noted in `outside`.
+    pub misplaced: Option<Misplaced<K>>,
     /// The kind, as logs name it.
     pub kind: String,
     /// The kind, as the store's keys name it.
@@ -372,9 +380,17 @@ where
         self.out.extend(events);
     }
 
-    fn in_shard(&self, shard: u32, object: &K) -> bool {
+    /// Whether `object`, which `shard`'s watch brought, is of that shard. One that is not is
+    /// dropped; one created or changed (`arrived`) is handed to [`PerShard::misplaced`].
+    fn in_shard(&self, shard: u32, object: &K, arrived: bool) -> bool {
         if (self.feed.shard_of)(object) == Some(shard) {
             return true;
+        }
+        if let Some(misplaced) = &self.feed.misplaced {
+            if arrived {
+                misplaced(object);
+            }
+            return false;
         }
         if self.feed.outside.note() {
             tracing::warn!(
@@ -414,7 +430,7 @@ where
                 self.listing.insert(shard, HashSet::new());
             }
             Event::InitApply(object) => {
-                if !self.in_shard(shard, &object) {
+                if !self.in_shard(shard, &object, true) {
                     return;
                 }
                 if let Some(seen) = self.listing.get_mut(&shard) {
@@ -435,13 +451,13 @@ where
                 }
             }
             Event::Apply(object) => {
-                if !self.in_shard(shard, &object) {
+                if !self.in_shard(shard, &object, true) {
                     return;
                 }
                 self.applied(object);
             }
             Event::Delete(object) => {
-                if !self.in_shard(shard, &object) {
+                if !self.in_shard(shard, &object, false) {
                     return;
                 }
                 match &mut self.first {
@@ -499,11 +515,22 @@ mod tests {
         store: Store<ConfigMap>,
         listed: watch::Receiver<BTreeSet<u32>>,
         outside: Arc<Outside>,
+        /// What was handed on as misplaced, where the fixture hands on.
+        misplaced: Arc<Mutex<Vec<String>>>,
         events: BoxStream<'static, Sent>,
     }
 
     impl Fixture {
         fn new(initial: &[u32]) -> Self {
+            Self::with(initial, false)
+        }
+
+        /// Its objects of another shard handed on rather than noted.
+        fn handing_on(initial: &[u32]) -> Self {
+            Self::with(initial, true)
+        }
+
+        fn with(initial: &[u32], hand_on: bool) -> Self {
             let (wanted, wanted_rx) = mpsc::unbounded();
             wanted
                 .unbounded_send(initial.iter().copied().collect())
@@ -514,6 +541,14 @@ mod tests {
             let store = writer.as_reader();
             let (listed_tx, listed) = watch::channel(BTreeSet::new());
             let outside = Arc::new(Outside::default());
+            let misplaced = Arc::new(Mutex::new(Vec::new()));
+            let hand_on: Option<Misplaced<ConfigMap>> = hand_on.then(|| {
+                let misplaced = misplaced.clone();
+                Box::new(move |object: &ConfigMap| {
+                    let name = object.metadata.name.clone().unwrap_or_default();
+                    crate::lock(&misplaced).push(name);
+                }) as Misplaced<ConfigMap>
+            });
             let start = {
                 let (shards, starts) = (shards.clone(), starts.clone());
                 move |shard: u32| -> Events<ConfigMap> {
@@ -538,6 +573,7 @@ mod tests {
                 store: store.clone(),
                 listed: listed_tx,
                 outside: outside.clone(),
+                misplaced: hand_on,
                 kind: "v1 ConfigMap".to_owned(),
                 dyntype: (),
             };
@@ -549,6 +585,7 @@ mod tests {
                 store,
                 listed,
                 outside,
+                misplaced,
                 events,
             }
         }
@@ -782,5 +819,22 @@ mod tests {
         assert_eq!(cache.told().await, ["list 0-a", "listed"]);
         assert_eq!(cache.cached(), ["0-a"]);
         assert!(cache.outside.seen());
+    }
+
+    #[tokio::test]
+    async fn an_object_under_another_shard_s_label_is_handed_on_once_it_arrives() {
+        let mut cache = Fixture::handing_on(&[0]);
+        cache.told().await;
+        cache.list(0, &["0-a", "1-b"]);
+        cache.send(0, vec![Event::Apply(object("2-c"))]);
+        assert_eq!(cache.told().await, ["list 0-a", "listed"]);
+        assert_eq!(cache.cached(), ["0-a"]);
+        // Handed on, not noted as an API server that ignores the selector.
+        assert_eq!(*crate::lock(&cache.misplaced), ["1-b", "2-c"]);
+        assert!(!cache.outside.seen());
+        // Once put right, it leaves the watch: that delete is no one's business here.
+        cache.send(0, vec![Event::Delete(object("2-c"))]);
+        assert!(cache.told().await.is_empty());
+        assert_eq!(*crate::lock(&cache.misplaced), ["1-b", "2-c"]);
     }
 }

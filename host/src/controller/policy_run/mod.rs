@@ -16,6 +16,7 @@ pub(crate) mod rollout;
 mod rollout_across;
 pub(crate) mod scopes;
 pub(crate) mod shard_feeds;
+pub(crate) mod shard_labels;
 pub(crate) mod shared;
 pub(crate) mod shared_watches;
 pub(crate) mod status;
@@ -293,10 +294,11 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
         status.clone(),
     );
     let teardown = teardown::Teardown::new(ctx.clone(), teardown_woken, &policy).run();
+    let labels = shard_labels::run(setup.parent_labels(&parts.parent));
     // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {
         () = run => {}
-        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout, webhooks.serve(shared), conversion.serve(shared), teardown); } => {}
+        () = async { tokio::join!(report, wait_for_caches, swapper, finalizers, takeover, rollout, webhooks.serve(shared), conversion.serve(shared), teardown, labels); } => {}
     }
     webhooks.finish(shared).await;
 }
@@ -431,9 +433,10 @@ async fn watch_setup(
     }
 }
 
-/// Sharded, where the API server narrows watches by shard, the feeds of a policy's caches
-/// per shard (see [`shard_feeds::ShardFeeds`]); the API server is asked once per host. Otherwise `None`:
-/// the caches hold the whole kind, as a host not sharded does.
+/// Sharded, the feeds of a policy's caches per shard (see [`shard_feeds::ShardFeeds`]): its
+/// parents watched by uid where the API server narrows watches so, and by the shard label
+/// otherwise (the API server is asked once per host). Not sharded, `None`: the caches hold
+/// the whole kind.
 async fn shard_feeds(shared: &Shared) -> Option<Arc<shard_feeds::ShardFeeds>> {
     let shards = shared.leadership.shards()?;
     let narrows = shared
@@ -444,21 +447,22 @@ async fn shard_feeds(shared: &Shared) -> Option<Arc<shard_feeds::ShardFeeds>> {
                 .await
                 .map_err(|_| anyhow::anyhow!("no answer within 10 s"))??;
             if narrows {
-                tracing::info!("the API server narrows watches by shard: each policy caches the parents and children of the shards this replica holds");
+                tracing::info!("the API server narrows watches by shard: each policy caches the parents and children of the shards this replica holds, its parents watched by uid");
             } else {
-                tracing::warn!("the API server does not narrow watches by shard (its ShardedListAndWatch feature gate is off): each replica caches every parent and child, and writes for its shards' only");
+                tracing::info!("the API server does not narrow watches by shard (its ShardedListAndWatch feature gate is off): each policy caches the parents and children of the shards this replica holds, its parents watched by a shard label each replica stamps once on its shards' parents");
             }
             Ok::<_, anyhow::Error>(narrows)
         })
         .await;
-    match narrows {
-        Ok(true) => Some(shard_feeds::ShardFeeds::new(shards.clone())),
-        Ok(false) => None,
+    let narrows = match narrows {
+        Ok(narrows) => narrows,
         Err(error) => {
-            tracing::warn!(error = %format!("{error:#}"), "could not ask the API server whether it narrows watches by shard: this policy's caches hold the whole kind until it restarts");
-            None
+            // The label works with any API server; it is asked again at the next start.
+            tracing::warn!(error = %format!("{error:#}"), "could not ask the API server whether it narrows watches by shard: this policy watches its parents by the shard label");
+            &false
         }
-    }
+    };
+    Some(shard_feeds::ShardFeeds::new(shards.clone(), *narrows))
 }
 
 /// The leader's first attempt to set up finalizers (see [`keep_finalizers_in_sync`]; `None`

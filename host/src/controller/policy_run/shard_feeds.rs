@@ -1,6 +1,11 @@
 //! A sharded policy's caches fed per shard (see [`crate::controller::cache::per_shard`]):
 //! which shards each of its watches wants, and in which order a shard's caches fill.
 //!
+//! Its parents are watched per shard by uid where the API server narrows watches so
+//! (`shardRange`, see [`crate::shards::selector`]), and by the shard label otherwise, which
+//! [`super::shard_labels`] stamps on each; its children, always by the shard label the host
+//! stamps on each child it applies.
+//!
 //! A shard this replica takes is watched first for its children, of every kind the policy
 //! allows, and for its parents only once every children's cache holds the shard whole: a
 //! parent reaches the cache, and so a reconcile, only with its children known, so no
@@ -13,11 +18,18 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::controller::cache::per_shard::Outside;
+use crate::controller::policy_run::shard_labels::Unlabelled;
 use crate::lock;
 use crate::shards::ShardOwnership;
+
+/// Where the parents' watches send the parents labelled wrong, and the labeller's end.
+struct ParentLabelling {
+    misplaced: mpsc::UnboundedSender<Unlabelled>,
+    labeller: Mutex<Option<mpsc::UnboundedReceiver<Unlabelled>>>,
+}
 
 /// Which shards a policy's watches want, and which its caches hold whole.
 pub(crate) struct ShardFeeds {
@@ -28,16 +40,41 @@ pub(crate) struct ShardFeeds {
     parents: watch::Sender<BTreeSet<u32>>,
     /// Whether the API server sent a shard's watch objects of another shard.
     pub outside: Arc<Outside>,
+    /// Where the API server does not narrow watches by uid, the parents are watched by the
+    /// shard label: where those found labelled wrong go, and who takes them.
+    labels: Option<ParentLabelling>,
 }
 
 impl ShardFeeds {
-    pub fn new(ownership: Arc<ShardOwnership>) -> Arc<Self> {
+    /// The feeds of a policy's caches, its parents watched by uid if the API server
+    /// `narrows` watches so, and by the shard label otherwise.
+    pub fn new(ownership: Arc<ShardOwnership>, narrows: bool) -> Arc<Self> {
+        let labels = (!narrows).then(|| {
+            let (misplaced, labeller) = mpsc::unbounded_channel();
+            ParentLabelling {
+                misplaced,
+                labeller: Mutex::new(Some(labeller)),
+            }
+        });
         Arc::new(Self {
             ownership,
             children: Mutex::default(),
             parents: watch::channel(BTreeSet::new()).0,
             outside: Arc::default(),
+            labels,
         })
+    }
+
+    /// Where the parents are watched by label, where their watches send a parent labelled
+    /// wrong; `None` where the API server narrows them by uid.
+    pub fn misplaced_parents(&self) -> Option<mpsc::UnboundedSender<Unlabelled>> {
+        self.labels.as_ref().map(|l| l.misplaced.clone())
+    }
+
+    /// Where the parents are watched by label, what the labeller takes the misplaced
+    /// parents from (once).
+    pub fn labeller_input(&self) -> Option<mpsc::UnboundedReceiver<Unlabelled>> {
+        self.labels.as_ref().and_then(|l| lock(&l.labeller).take())
     }
 
     /// The shards held, at once and on each change: what each children's watch wants.

@@ -30,6 +30,7 @@ use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
 use crate::controller::kinds::ResolvedKind;
 use crate::controller::labels::{self, POLICY_LABEL, SHARD_LABEL};
 use crate::controller::policy_run::shard_feeds::ShardFeeds;
+use crate::controller::policy_run::shard_labels::{ParentLabels, Unlabelled};
 use crate::controller::policy_run::shared_watches::{Following, HostWatches, WatchKey};
 use crate::controller::policy_run::watch_health::WatchHealth;
 use crate::controller::reconcile::children::AllowedKind;
@@ -96,16 +97,21 @@ pub(crate) struct WatchSetup {
     pub identity: Option<String>,
     /// The watches of related kinds the host's policies share.
     pub shared: Arc<HostWatches>,
-    /// Sharded, where the API server narrows watches by shard: the parents and children are
-    /// watched per shard held, so the caches hold this replica's share only.
+    /// Sharded: the parents and children are watched per shard held, so the caches hold
+    /// this replica's share only.
     pub per_shard: Option<Arc<ShardFeeds>>,
 }
 
-/// How a cache is fed per shard: by the uid the API server narrows by (the parents), or by
-/// the shard label the host stamps (the children).
-#[derive(Clone, Copy)]
+/// How a cache is fed per shard.
+#[derive(Clone)]
 enum ShardedBy {
+    /// The parents, by the uid the API server narrows by.
     Uid,
+    /// The parents, where the API server does not narrow by uid: by the shard label (see
+    /// [`super::shard_labels`]), each put in its shard by its uid all the same; one whose
+    /// label names another shard goes to the labeller to be put right.
+    ParentLabel(tokio::sync::mpsc::UnboundedSender<Unlabelled>),
+    /// The children, by the shard label the host stamps.
     Label,
 }
 
@@ -168,7 +174,7 @@ impl WatchSetup {
                 let client = shard_client(client.clone(), shard, count);
                 source_of(api(client), &resource, config.clone(), created.clone()).boxed()
             }),
-            ShardedBy::Label => Box::new(move |shard| {
+            ShardedBy::ParentLabel(_) | ShardedBy::Label => Box::new(move |shard| {
                 let label = format!("{SHARD_LABEL}={}", labels::shard_label_value(shard, count));
                 let selector = match &config.label_selector {
                     Some(selector) => format!("{selector},{label}"),
@@ -179,7 +185,8 @@ impl WatchSetup {
             }),
         };
         let shard_of: per_shard::ShardOf<K> = match by {
-            ShardedBy::Uid => Box::new(move |object: &K| {
+            // A parent's shard is its uid's, whatever its label says.
+            ShardedBy::Uid | ShardedBy::ParentLabel(_) => Box::new(move |object: &K| {
                 let uid = object.meta().uid.as_deref().unwrap_or_default();
                 Some(crate::shards::shard_of(uid, count))
             }),
@@ -189,8 +196,20 @@ impl WatchSetup {
                 labels::shard_of_label(&object.label(SHARD_LABEL)?, count)
             }),
         };
+        let misplaced: Option<per_shard::Misplaced<K>> = match &by {
+            ShardedBy::ParentLabel(labeller) => {
+                let labeller = labeller.clone();
+                Some(Box::new(move |object: &K| {
+                    if let Some(parent) = Unlabelled::of(object) {
+                        // Gone only with the policy, whose watches end with it.
+                        let _ = labeller.send(parent);
+                    }
+                }))
+            }
+            ShardedBy::Uid | ShardedBy::Label => None,
+        };
         let wanted = match by {
-            ShardedBy::Uid => feeds.for_parents(),
+            ShardedBy::Uid | ShardedBy::ParentLabel(_) => feeds.for_parents(),
             ShardedBy::Label => feeds.held(),
         };
         let feed = per_shard::PerShard {
@@ -199,10 +218,27 @@ impl WatchSetup {
             store,
             listed,
             outside: feeds.outside.clone(),
+            misplaced,
             kind: watch_name(kind),
             dyntype: kind.resource.clone(),
         };
         per_shard::merged(feed, wanted).boxed()
+    }
+}
+
+impl WatchSetup {
+    /// Where the parents are watched by the shard label, the labeller of the parents of
+    /// `parent` in the policy's scope (see [`super::shard_labels`]); `None` otherwise.
+    pub fn parent_labels(&self, parent: &ResolvedKind) -> Option<ParentLabels> {
+        let feeds = self.per_shard.as_ref()?;
+        let misplaced = feeds.labeller_input()?;
+        let scope = self.scope(parent).map(str::to_owned);
+        Some(ParentLabels::new(
+            (self.client.clone(), (*parent.resource).clone(), scope),
+            self.field_manager.clone(),
+            feeds.ownership.clone(),
+            misplaced,
+        ))
     }
 }
 
@@ -466,10 +502,13 @@ impl Watches {
                 }
             },
         ));
-        let sharded = setup
-            .per_shard
-            .as_ref()
-            .map(|feeds| (ShardedBy::Uid, feeds.parents_listed()));
+        let sharded = setup.per_shard.as_ref().map(|feeds| {
+            let by = match feeds.misplaced_parents() {
+                Some(labeller) => ShardedBy::ParentLabel(labeller),
+                None => ShardedBy::Uid,
+            };
+            (by, feeds.parents_listed())
+        });
         let (parents, stream) = setup.cached_watch(
             parent,
             watcher::Config::default(),
