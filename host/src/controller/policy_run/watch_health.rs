@@ -4,7 +4,7 @@
 //! watch reports here; the policy's `Ready` condition names the kinds that fail and why.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kube::runtime::watcher;
 
@@ -56,6 +56,34 @@ impl WatchHealth {
     }
 }
 
+/// One shard's watch of a kind fed per shard (see [`crate::controller::cache::per_shard`]),
+/// reporting as a watch of its own: one shard failing is not hidden by the others working.
+/// Its entry goes with it, when the shard is let go.
+pub(crate) struct ShardWatch {
+    health: Arc<WatchHealth>,
+    name: String,
+}
+
+impl ShardWatch {
+    /// The watch of `shard` of the kind named `kind`.
+    pub fn new(health: Arc<WatchHealth>, kind: &str, shard: u32) -> Self {
+        Self {
+            health,
+            name: format!("{kind} (shard {shard})"),
+        }
+    }
+
+    pub fn observe<K>(&self, event: &Result<watcher::Event<K>, watcher::Error>) {
+        self.health.observe(&self.name, event);
+    }
+}
+
+impl Drop for ShardWatch {
+    fn drop(&mut self) {
+        self.health.working(&self.name);
+    }
+}
+
 /// A condition reason and message for a watch error.
 pub(crate) fn classify(error: &watcher::Error) -> (&'static str, String) {
     let code = match error {
@@ -71,4 +99,37 @@ pub(crate) fn classify(error: &watcher::Error) -> (&'static str, String) {
         _ => "WatchFailed",
     };
     (reason, error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    use super::*;
+
+    fn failed() -> Result<watcher::Event<ConfigMap>, watcher::Error> {
+        Err(watcher::Error::NoResourceVersion)
+    }
+
+    #[test]
+    fn one_shard_s_watch_failing_is_not_hidden_by_another_s_working_and_goes_with_its_shard() {
+        let health = Arc::new(WatchHealth::default());
+        let (zero, one) = (
+            ShardWatch::new(health.clone(), "v1 ConfigMap", 0),
+            ShardWatch::new(health.clone(), "v1 ConfigMap", 1),
+        );
+        zero.observe(&failed());
+        one.observe(&Ok(watcher::Event::<ConfigMap>::InitDone));
+        let problem = health.problem().expect("shard 0's watch fails");
+        assert!(
+            problem
+                .message
+                .contains("cannot watch v1 ConfigMap (shard 0)"),
+            "{}",
+            problem.message
+        );
+        drop(zero);
+        assert!(health.problem().is_none(), "a shard let go fails no more");
+        drop(one);
+    }
 }

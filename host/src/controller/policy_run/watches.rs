@@ -32,7 +32,7 @@ use crate::controller::labels::{self, POLICY_LABEL, SHARD_LABEL};
 use crate::controller::policy_run::shard_feeds::ShardFeeds;
 use crate::controller::policy_run::shard_labels::{ParentLabels, Unlabelled};
 use crate::controller::policy_run::shared_watches::{Following, HostWatches, WatchKey};
-use crate::controller::policy_run::watch_health::WatchHealth;
+use crate::controller::policy_run::watch_health::{ShardWatch, WatchHealth};
 use crate::controller::reconcile::children::AllowedKind;
 use crate::controller::reconcile::context::Caches;
 use crate::controller::reconcile::decisions::{self, Decisions};
@@ -212,6 +212,14 @@ impl WatchSetup {
             ShardedBy::Uid | ShardedBy::ParentLabel(_) => feeds.for_parents(),
             ShardedBy::Label => feeds.held(),
         };
+        // Each shard's watch reports its health as a watch of its own.
+        let (health, name) = (self.health.clone(), watch_name(kind));
+        let start: per_shard::StartWatch<K> = Box::new(move |shard| {
+            let health = ShardWatch::new(health.clone(), &name, shard);
+            start(shard)
+                .inspect(move |event| health.observe(event))
+                .boxed()
+        });
         let feed = per_shard::PerShard {
             start,
             shard_of,
@@ -311,15 +319,21 @@ impl WatchSetup {
         let decisions = self.decisions.clone();
         let listed = reader.clone();
         let forget = created.clone();
-        let source = match (&self.per_shard, sharded) {
+        let (source, per_shard) = match (&self.per_shard, sharded) {
             (Some(feeds), Some((by, listed))) => {
                 let feed = (feeds, by, listed);
-                self.per_shard_source(feed, kind, config, created, reader.clone())
+                let source = self.per_shard_source(feed, kind, config, created, reader.clone());
+                (source, true)
             }
-            _ => self.source(kind, config, created).boxed(),
+            _ => (self.source(kind, config, created).boxed(), false),
         };
         let stream = source
-            .inspect(move |event| health.observe(&name, event))
+            // Fed per shard, each shard's watch reports its own.
+            .inspect(move |event| {
+                if !per_shard {
+                    health.observe(&name, event);
+                }
+            })
             .inspect(move |event| {
                 if let Ok(event) = event {
                     for index in &indexes {
