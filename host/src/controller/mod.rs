@@ -232,7 +232,7 @@ impl Host {
             crate::watch_lists::watcher(api, watcher::Config::default())
                 .backoff(crate::watch_backoff::WatchBackoff::default()),
         ));
-        let sweep = self.sweep_webhooks(claims.clone());
+        let beside = self.start_beside(claims.clone());
         let mut running: HashMap<String, Running> = HashMap::new();
         let mut listed: HashSet<String> = HashSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -310,9 +310,7 @@ impl Host {
             }
         }
         tracing::info!(controllers = running.len(), "shutting down");
-        if let Some(sweep) = &sweep {
-            sweep.abort();
-        }
+        beside.iter().flatten().for_each(JoinHandle::abort);
         self.shared.shutting_down.store(true, Ordering::Release);
         namespaced_stop.cancel();
         for r in running.values() {
@@ -325,6 +323,47 @@ impl Host {
         stopping::drain(&self.shared.activity, self.shared.options.drain_timeout).await?;
         tracing::info!("every controller stopped");
         Ok(())
+    }
+
+    /// What runs beside the policies' controllers until the host stops: the sweep of
+    /// deleted policies' webhooks, and on a sharded host the explain records' share.
+    fn start_beside(
+        &self,
+        claims: reflector::Store<ReconcilePolicy>,
+    ) -> [Option<JoinHandle<()>>; 2] {
+        [
+            self.sweep_webhooks(claims),
+            self.forget_records_of_shards_given_back(),
+        ]
+    }
+
+    /// A sharded replica drops the explain records of the parents of each shard it gives
+    /// back (their new holder records them from then on), so its store follows its share as
+    /// its caches do. Looked at again every minute: a reconcile of such a parent that was
+    /// under way may record after the shard went.
+    fn forget_records_of_shards_given_back(&self) -> Option<JoinHandle<()>> {
+        let shards = self.shared.leadership.shards()?.clone();
+        let explain = self.shared.options.explain.clone();
+        Some(tokio::spawn(async move {
+            let mut held = shards.subscribe();
+            let mut every_minute = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tokio::select! {
+                    changed = held.changed() => if changed.is_err() {
+                        return;
+                    },
+                    _ = every_minute.tick() => {}
+                }
+                let now: HashSet<u32> = held.borrow_and_update().keys().copied().collect();
+                let count = shards.count();
+                let dropped = explain
+                    .store
+                    .forget(|hash| now.contains(&crate::shards::shard_of_hash(hash, count)));
+                if dropped > 0 {
+                    tracing::debug!(dropped, "dropped the explain records of shards given back");
+                }
+            }
+        }))
     }
 
     /// Once this replica leads and knows every policy in the cluster, remove the webhook

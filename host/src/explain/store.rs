@@ -227,6 +227,9 @@ struct Inner {
 
 struct Entry {
     seq: u64,
+    /// The hash of the parent's uid as the record has it, which says its shard (see
+    /// [`ExplainStore::forget`]).
+    uid_hash: u64,
     /// Which of its kind's dictionaries the record was packed against.
     dictionary: u8,
     /// The record without its case.
@@ -463,6 +466,7 @@ impl ExplainStore {
         inner.held = inner.held - kind_before + kind.cost();
         let entry = Entry {
             seq: 0,
+            uid_hash: crate::shards::uid_hash(&parent.uid),
             dictionary,
             json,
             case,
@@ -522,6 +526,44 @@ impl ExplainStore {
             }
         }
         inner.compact();
+    }
+
+    /// Drop the records of the parents whose uid hash `keep` does not keep (a sharded
+    /// replica's, of the shards it gave back: their new holder records them from here), so
+    /// what the store holds follows the replica's share. Returns how many went.
+    pub fn forget(&self, keep: impl Fn(u64) -> bool) -> usize {
+        let mut inner = lock(&self.inner);
+        let inner = &mut *inner;
+        let mut dropped = 0;
+        let mut emptied = Vec::new();
+        for (key, records) in &mut inner.parents {
+            if records.iter().all(|e| keep(e.uid_hash)) {
+                continue;
+            }
+            let before = slots(records);
+            records.retain(|entry| {
+                let kept = keep(entry.uid_hash);
+                if !kept {
+                    inner.held -= entry.cost();
+                    dropped += 1;
+                }
+                kept
+            });
+            if records.is_empty() {
+                inner.held -= before + key.cost();
+                emptied.push(key.clone());
+            } else {
+                records.shrink_to_fit();
+                inner.held = inner.held - before + slots(records);
+            }
+        }
+        for key in emptied {
+            inner.parents.remove(&key);
+        }
+        inner.records -= dropped;
+        // The queues' entries of what went are skipped, and compacted away in time.
+        inner.compact();
+        dropped
     }
 
     /// The kinds of parent the store has seen that `kind` names (as `kubectl` accepts a
@@ -1138,5 +1180,50 @@ mod tests {
             found(look(&store, "myapp.other.com", Some("ns"), "a", 1)),
             ["b"]
         );
+    }
+
+    #[test]
+    fn the_records_of_shards_given_back_go_and_the_rest_stay() {
+        let store = ExplainStore::new(Bounds {
+            max_bytes: 1 << 20,
+            per_parent: 3,
+        });
+        // Uids as random as the API server's.
+        let of = |i: u64| ParentRef {
+            uid: noise(i + 1, 36),
+            ..parent(&format!("p{i}"))
+        };
+        let push = |store: &ExplainStore, i: u64| {
+            for n in 0..2 {
+                let case = (n == 1).then(|| format!(r#"{{"c":{i}}}"#));
+                store.push(&of(i), format!(r#"{{"n":{n}}}"#), case, true);
+            }
+        };
+        let all: Vec<u64> = (0..40).collect();
+        for &i in &all {
+            push(&store, i);
+        }
+        let before = store.bytes();
+        let shard = |i: u64| crate::shards::shard_of(&of(i).uid, 2);
+        let kept: Vec<u64> = all.iter().copied().filter(|&i| shard(i) == 1).collect();
+        assert!(!kept.is_empty() && kept.len() < all.len());
+        let dropped = store.forget(|hash| crate::shards::shard_of_hash(hash, 2) == 1);
+        assert_eq!(dropped, 2 * (all.len() - kept.len()));
+        assert_eq!(store.len(), 2 * kept.len());
+        assert!(store.bytes() < before);
+        for &i in &all {
+            let lookup = look(&store, "MyApp", Some("ns"), &format!("p{i}"), 10);
+            if shard(i) == 1 {
+                assert_eq!(found(lookup).len(), 2, "p{i}'s records stay");
+            } else {
+                assert!(matches!(lookup, Lookup::NotFound), "p{i}'s records went");
+            }
+        }
+        // What is left costs what it would had only those been pushed.
+        let only = ExplainStore::new(store.bounds());
+        for &i in &kept {
+            push(&only, i);
+        }
+        assert_eq!(store.len(), only.len());
     }
 }

@@ -4,12 +4,22 @@
 /// The shard of the parent with `uid`, of `count` shards: the FNV-1a (64-bit) hash of the
 /// uid's text, in which of `count` equal ranges of the hash space it falls.
 pub fn shard_of(uid: &str, count: u32) -> u32 {
+    shard_of_hash(uid_hash(uid), count)
+}
+
+/// The FNV-1a (64-bit) hash of `uid`'s text, which puts it in a shard ([`shard_of_hash`]):
+/// for what keeps a parent's hash rather than its uid.
+pub fn uid_hash(uid: &str) -> u64 {
     use std::hash::Hasher as _;
     let mut hasher = fnv::FnvHasher::default();
     // `write`, not `write_str`: the latter appends a separator byte to the hashed text.
     hasher.write(uid.as_bytes());
-    let hash = u128::from(hasher.finish());
-    let index = hash / range_width(count);
+    hasher.finish()
+}
+
+/// The shard of `count` a uid of hash `hash` is in.
+pub fn shard_of_hash(hash: u64, count: u32) -> u32 {
+    let index = u128::from(hash) / range_width(count);
     u32::try_from(index).unwrap_or(u32::MAX)
 }
 

@@ -28,6 +28,6 @@ pub mod reports;
 pub mod selector;
 
 pub use coordinator::{ShardConfig, ShardCoordinator};
-pub use map::{shard_of, shard_range};
+pub use map::{shard_of, shard_of_hash, shard_range, uid_hash};
 pub use ownership::{ShardOwnership, Writing, gained, write_for, writes_allowed};
 pub use reports::{PolicyReport, RolloutReport, ShardCounts, ShardReport, ShardReports};

@@ -103,11 +103,15 @@ fn bench() -> anyhow::Result<()> {
         Ok(other) => bail!("WASMCTRL_BENCH_PHASES must be host or host,baseline, not {other}"),
     };
     if let Some(counts) = scale_out::counts_from_env()? {
+        let by_label = scale_out::by_label_from_env()?;
         let mut runs = Vec::new();
         for &n in &sizes {
             for &hosts in &counts {
                 let name = format!("{n}-scale-{hosts}");
-                let (dir, plane) = fresh_plane(&runtime, &binaries, &name, Audit::Writes)?;
+                let (dir, mut plane) = fresh_plane(&runtime, &binaries, &name, Audit::Writes)?;
+                if by_label {
+                    runtime.block_on(scale_out::without_sharded_watches(&mut plane, &binaries))?;
+                }
                 let run = runtime.block_on(scale_out::phase(n, hosts, &plane, &plugin));
                 plane.stop();
                 let _ = std::fs::remove_dir_all(&dir);

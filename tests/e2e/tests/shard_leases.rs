@@ -265,8 +265,15 @@ async fn a_sharded_host_writes_only_for_the_parents_of_the_shards_it_holds() -> 
     let far = tokio::time::Instant::now() + Duration::from_secs(3600);
     let ownership = ShardOwnership::new(2);
     ownership.hold_until(0, far);
+    let explain = std::sync::Arc::new(wasmctrl::explain::Explain::in_memory(
+        wasmctrl::explain::Bounds {
+            max_bytes: 8 << 20,
+            per_parent: 10,
+        },
+    ));
     let host = HostUnderTest::builder(TEST, &ns)
         .sharded(ownership.clone())
+        .explained(explain.clone())
         .start()
         .await?;
     let widgets = widgets(&client, &ns);
@@ -351,6 +358,23 @@ async fn a_sharded_host_writes_only_for_the_parents_of_the_shards_it_holds() -> 
     };
     let (kept, given) = (&by_shard[&1][0], &by_shard[&0][0]);
     caches_hold(&host, "shard 1's objects only", shard(1), shard(1)).await?;
+    // The records of shard 0's reconciles went with it; shard 1's stay.
+    let records = |name: &str| {
+        let store = &explain.store;
+        match store.lookup("Widget", Some(&ns), name, 10, &store.kinds_named("Widget")) {
+            wasmctrl::explain::Lookup::Found { records } => records.len(),
+            _ => 0,
+        }
+    };
+    eventually(
+        "shard 0's explain records dropped",
+        Duration::from_secs(10),
+        || async { Ok(by_shard[&0].iter().all(|name| records(name) == 0)) },
+    )
+    .await?;
+    for name in &by_shard[&1] {
+        assert!(records(name) > 0, "{name} (shard 1) kept its records");
+    }
     changed(given).await?;
     changed(kept).await?;
     wait_for_object(

@@ -331,8 +331,8 @@ fn held_state(target: &str, window: &PruneGuardStatus, limits: PruneLimits) -> S
 /// How many parents the candidate serves, and its shadow verdicts for the others, with a
 /// few examples (sorted, so an unchanged picture writes nothing).
 /// With `sweep`, the verdicts of deleted parents are dropped first. A sharded replica
-/// tallies the verdicts of the parents of `share`'s shards only (see
-/// [`merge_candidates`] for the rest).
+/// counts and tallies the parents of `share`'s shards only (see [`merge_candidates`] for
+/// the rest).
 pub(crate) fn candidate_counts(
     serving: &Serving,
     parents: &Store<CachedObject>,
@@ -356,6 +356,7 @@ pub(crate) fn candidate_counts(
         canary_parents: parents
             .state()
             .iter()
+            .filter(|p| share.is_none_or(|shards| shards.holds_parent(p.as_ref())))
             .filter(|p| candidate.serves(&p.labels(), p.metadata.uid.as_deref()))
             .count() as u64,
         webhooks: serving.webhook_shadow(),
@@ -392,15 +393,16 @@ pub(crate) fn candidate_counts(
 /// Shadow examples the candidate's status keeps.
 const SHADOW_EXAMPLES: usize = 5;
 
-/// The candidate's verdicts over every replica of a sharded host: this replica's `own`
-/// status, with the verdicts the `others` (one per other replica) tallied for the same
-/// candidate added. The canary's parents are counted over the whole cache already.
+/// The candidate over every replica of a sharded host: this replica's `own` status, with
+/// the canary's parents and the verdicts the `others` (one per other replica) counted for
+/// the same candidate added (each replica caches, and counts, its own shards' parents).
 pub(crate) fn merge_candidates(
     own: Option<CandidateStatus>,
     others: Vec<CandidateStatus>,
 ) -> Option<CandidateStatus> {
     let mut merged = own?;
     for other in others.into_iter().filter(|o| o.digest == merged.digest) {
+        merged.canary_parents += other.canary_parents;
         merged.evaluated += other.evaluated;
         merged.unchanged += other.unchanged;
         merged.would_change += other.would_change;
@@ -475,9 +477,9 @@ mod tests {
         );
     }
 
-    /// The candidate's verdicts over sharded hosts: the other replicas' tallies for the same
-    /// candidate are added, with the first few examples of all; another candidate's (a
-    /// replica not yet on the new one) are not.
+    /// The candidate over sharded hosts: the other replicas' canary parents and tallies for
+    /// the same candidate are added, with the first few examples of all; another
+    /// candidate's (a replica not yet on the new one) are not.
     #[test]
     fn the_candidate_verdicts_of_sharded_hosts_add_up() {
         let tally = |digest: &str, would_fail: u64, parent: &str| CandidateStatus {
@@ -506,7 +508,7 @@ mod tests {
                 merged.would_fail,
                 merged.unchanged
             ),
-            (7, 20, 3, 17)
+            (14, 20, 3, 17)
         );
         let parents: Vec<&str> = merged.examples.iter().map(|e| e.parent.as_str()).collect();
         assert_eq!(parents, ["ns/a", "ns/b"]);

@@ -5,7 +5,9 @@
 //! and what its caches hold, the API server's CPU, and the writes per parent.
 //!
 //! Run with `WASMCTRL_BENCH_HOSTS=1,2,3 WASMCTRL_BENCH_SIZES=10000 cargo xtask bench
-//! convergence`; each size and replica count gets a fresh control plane.
+//! convergence`; each size and replica count gets a fresh control plane. With
+//! `WASMCTRL_BENCH_SHARD_WATCHES=label` its API server runs with `ShardedListAndWatch` off, so
+//! the replicas watch their parents by the shard label they stamp on each.
 
 use super::*;
 
@@ -57,6 +59,33 @@ pub(super) fn counts_from_env() -> anyhow::Result<Option<Vec<usize>>> {
         bail!("WASMCTRL_BENCH_HOSTS: each count from 1 to {SHARDS}");
     }
     Ok(Some(counts))
+}
+
+/// Whether the parents are to be watched by the shard label (`WASMCTRL_BENCH_SHARD_WATCHES`:
+/// `uid`, the default, or `label`).
+pub(super) fn by_label_from_env() -> anyhow::Result<bool> {
+    match std::env::var("WASMCTRL_BENCH_SHARD_WATCHES").as_deref() {
+        Err(_) | Ok("uid") => Ok(false),
+        Ok("label") => Ok(true),
+        Ok(other) => bail!("WASMCTRL_BENCH_SHARD_WATCHES must be uid or label, not {other}"),
+    }
+}
+
+/// Restart `plane`'s API server with its sharded lists and watches off.
+pub(super) async fn without_sharded_watches(
+    plane: &mut ControlPlane,
+    binaries: &Binaries,
+) -> anyhow::Result<()> {
+    plane.kill_component("kube-apiserver").await?;
+    let gate_off = ["--feature-gates=ShardedListAndWatch=false".to_owned()];
+    plane
+        .start_component_with(
+            "kube-apiserver",
+            binaries,
+            Lifetime::TiedToStarter,
+            &gate_off,
+        )
+        .await
 }
 
 /// `n` MyApps created at once and reconciled by `hosts` replicas.
