@@ -27,7 +27,7 @@
 //! selects by a label that someone may set wrong, such an object is handed on
 //! ([`PerShard::misplaced`]) to whoever puts it right.
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -47,6 +47,11 @@ pub(crate) type StartWatch<K> = Box<dyn Fn(u32) -> Events<K> + Send>;
 
 /// The shard of an object, as its watch narrows by; `None`: in none.
 pub(crate) type ShardOf<K> = Box<dyn Fn(&K) -> Option<u32> + Send>;
+
+/// The shards a cache holds whole, each with the number of the list that made it so: a
+/// shard let go and listed again between two looks has a new number, so whoever compares
+/// two looks (as [`crate::shards::gained`] does) sees it listed again.
+pub(crate) type Whole = BTreeMap<u32, u64>;
 
 /// Takes an object a shard's watch brought that is of another shard.
 pub(crate) type Misplaced<K> = Box<dyn Fn(&K) + Send>;
@@ -91,7 +96,7 @@ where
     /// The store the merged events are reflected into.
     pub store: Store<K>,
     /// The shards whose objects the store holds whole: listed, and not let go since.
-    pub listed: watch::Sender<BTreeSet<u32>>,
+    pub listed: watch::Sender<Whole>,
     pub outside: Arc<Outside>,
     /// Where an object of another shard a watch brought (created or changed) goes, when its
     /// watch selects by something that can be set wrong; `None`: it is noted in `outside`.
@@ -125,6 +130,8 @@ where
     replay: Option<Step<K>>,
     /// What to tell before anything else is taken.
     out: VecDeque<Out<K>>,
+    /// Lists that ended, as numbered in `listed`.
+    lists: u64,
 }
 
 /// What the merged stream tells, in order: an event, or shards its store now holds whole
@@ -165,6 +172,7 @@ where
         first: None,
         replay: None,
         out: VecDeque::new(),
+        lists: 0,
     };
     futures::stream::unfold((merge, false), |(mut merge, started)| async move {
         if !started {
@@ -224,17 +232,27 @@ where
     }
 
     /// Say which shards the store holds whole, now that it does.
-    fn listed(&self, listed: Listed) {
+    fn listed(&mut self, listed: Listed) {
         match listed {
             Listed::All(shards) => {
-                self.feed.listed.send_replace(shards);
+                let whole = shards
+                    .into_iter()
+                    .map(|shard| (shard, self.next_list()))
+                    .collect();
+                self.feed.listed.send_replace(whole);
             }
             Listed::One(shard) => {
-                self.feed
-                    .listed
-                    .send_if_modified(|listed| listed.insert(shard));
+                let list = self.next_list();
+                self.feed.listed.send_modify(|listed| {
+                    listed.insert(shard, list);
+                });
             }
         }
+    }
+
+    fn next_list(&mut self) -> u64 {
+        self.lists += 1;
+        self.lists
     }
 
     /// The first list begins, with the shards wanted at the start.
@@ -355,7 +373,7 @@ where
             // Said at once: nothing may count on the shard's objects from here on.
             self.feed
                 .listed
-                .send_if_modified(|listed| listed.remove(&shard));
+                .send_if_modified(|listed| listed.remove(&shard).is_some());
             self.forget_shard(shard, None);
         }
         let new: Vec<u32> = shards
@@ -513,7 +531,7 @@ mod tests {
         shards: Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Sent>>>>,
         starts: Arc<Mutex<Vec<u32>>>,
         store: Store<ConfigMap>,
-        listed: watch::Receiver<BTreeSet<u32>>,
+        listed: watch::Receiver<Whole>,
         outside: Arc<Outside>,
         /// What was handed on as misplaced, where the fixture hands on.
         misplaced: Arc<Mutex<Vec<String>>>,
@@ -539,7 +557,7 @@ mod tests {
             let starts = Arc::new(Mutex::new(Vec::new()));
             let writer = Writer::<ConfigMap>::default();
             let store = writer.as_reader();
-            let (listed_tx, listed) = watch::channel(BTreeSet::new());
+            let (listed_tx, listed) = watch::channel(Whole::new());
             let outside = Arc::new(Outside::default());
             let misplaced = Arc::new(Mutex::new(Vec::new()));
             let hand_on: Option<Misplaced<ConfigMap>> = hand_on.then(|| {
@@ -642,7 +660,7 @@ mod tests {
         }
 
         fn listed(&self) -> Vec<u32> {
-            self.listed.borrow().iter().copied().collect()
+            self.listed.borrow().keys().copied().collect()
         }
     }
 
@@ -699,6 +717,7 @@ mod tests {
         cache.list(0, &["0-a"]);
         cache.list(1, &["1-b", "1-c"]);
         cache.told().await;
+        let first_look = cache.listed.borrow().clone();
         cache.want(&[0]);
         let mut told = cache.told().await;
         told.sort();
@@ -717,6 +736,16 @@ mod tests {
         cache.list(1, &["1-c"]);
         assert_eq!(cache.told().await, ["apply 1-c"]);
         assert_eq!(cache.cached(), ["0-a", "1-c"]);
+        // Whole again as before, by a new list: who looked before and after sees it listed.
+        let second_look = cache.listed.borrow().clone();
+        assert_eq!(
+            first_look.keys().collect::<Vec<_>>(),
+            second_look.keys().collect::<Vec<_>>()
+        );
+        assert_eq!(
+            crate::shards::gained(&first_look, &second_look),
+            BTreeSet::from([1])
+        );
     }
 
     #[tokio::test]

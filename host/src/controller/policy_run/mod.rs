@@ -26,7 +26,7 @@ pub(crate) mod watch_health;
 pub(crate) mod watches;
 pub(crate) mod webhooks;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -686,21 +686,22 @@ fn parents_in(
 
 /// Fed per shard, each parent of a shard the parents' cache comes to hold whole goes through
 /// once: the watch's own event for it may not trigger a reconcile, as kube-runtime's
-/// predicate remembers a parent it saw before the shard last left (unchanged since).
+/// predicate remembers a parent it saw before the shard last left (unchanged since). Each
+/// list is numbered, so a shard let go and listed again between two looks counts too.
 fn parents_of_shards_listed(
-    listed: watch::Receiver<BTreeSet<u32>>,
+    listed: watch::Receiver<crate::controller::cache::per_shard::Whole>,
     shards: Arc<crate::shards::ShardOwnership>,
     parents: &Store<CachedObject>,
     kind: &Arc<kube::core::ApiResource>,
 ) -> impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<CachedObject>> + Send + use<> {
     let parents = parents.clone();
     let kind = kind.clone();
-    futures::stream::unfold((listed, BTreeSet::new()), move |(mut listed, before)| {
+    futures::stream::unfold((listed, BTreeMap::new()), move |(mut listed, before)| {
         let (parents, kind, shards) = (parents.clone(), kind.clone(), shards.clone());
         async move {
             listed.changed().await.ok()?;
             let now = listed.borrow_and_update().clone();
-            let gained: BTreeSet<u32> = now.difference(&before).copied().collect();
+            let gained = crate::shards::gained(&before, &now);
             let refs = parents_in(&gained, &shards, &parents, &kind);
             Some((futures::stream::iter(refs), (listed, now)))
         }

@@ -20,7 +20,7 @@ use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use tokio::sync::{mpsc, watch};
 
-use crate::controller::cache::per_shard::Outside;
+use crate::controller::cache::per_shard::{Outside, Whole};
 use crate::controller::policy_run::shard_labels::Unlabelled;
 use crate::lock;
 use crate::shards::ShardOwnership;
@@ -35,9 +35,9 @@ struct ParentLabelling {
 pub(crate) struct ShardFeeds {
     pub ownership: Arc<ShardOwnership>,
     /// What each child kind's cache holds whole, one per kind.
-    children: Mutex<Vec<watch::Receiver<BTreeSet<u32>>>>,
+    children: Mutex<Vec<watch::Receiver<Whole>>>,
     /// What the parents' cache holds whole.
-    parents: watch::Sender<BTreeSet<u32>>,
+    parents: watch::Sender<Whole>,
     /// Whether the API server sent a shard's watch objects of another shard.
     pub outside: Arc<Outside>,
     /// Where the API server does not narrow watches by uid, the parents are watched by the
@@ -59,7 +59,7 @@ impl ShardFeeds {
         Arc::new(Self {
             ownership,
             children: Mutex::default(),
-            parents: watch::channel(BTreeSet::new()).0,
+            parents: watch::channel(Whole::new()).0,
             outside: Arc::default(),
             labels,
         })
@@ -85,19 +85,19 @@ impl ShardFeeds {
     }
 
     /// Where a child kind's cache says which shards it holds whole.
-    pub fn child_kind(&self) -> watch::Sender<BTreeSet<u32>> {
-        let (listed, receiver) = watch::channel(BTreeSet::new());
+    pub fn child_kind(&self) -> watch::Sender<Whole> {
+        let (listed, receiver) = watch::channel(Whole::new());
         lock(&self.children).push(receiver);
         listed
     }
 
     /// Where the parents' cache says which shards it holds whole.
-    pub fn parents_listed(&self) -> watch::Sender<BTreeSet<u32>> {
+    pub fn parents_listed(&self) -> watch::Sender<Whole> {
         self.parents.clone()
     }
 
     /// The shards whose parents' cache holds them whole, as they change.
-    pub fn parents_held(&self) -> watch::Receiver<BTreeSet<u32>> {
+    pub fn parents_held(&self) -> watch::Receiver<Whole> {
         self.parents.subscribe()
     }
 
@@ -116,7 +116,7 @@ impl ShardFeeds {
                             held.borrow_and_update().keys().copied().collect();
                         for listed in &mut children {
                             let listed = listed.borrow_and_update();
-                            wanted.retain(|shard| listed.contains(shard));
+                            wanted.retain(|shard| listed.contains_key(shard));
                         }
                         if last.as_ref() != Some(&wanted) {
                             return Some((wanted.clone(), (held, children, Some(wanted))));

@@ -4,7 +4,6 @@
 //! reconciles read and triggers the parents it concerns; one builder method per kind of
 //! watch, as kube-runtime's own `Controller` builder does.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -117,7 +116,7 @@ enum ShardedBy {
 
 /// A cache fed per shard: how its watches are narrowed, and where it says which shards it
 /// holds whole.
-type PerShardCache = (ShardedBy, watch::Sender<BTreeSet<u32>>);
+type PerShardCache = (ShardedBy, watch::Sender<per_shard::Whole>);
 
 impl WatchSetup {
     fn scope(&self, kind: &ResolvedKind) -> Option<&str> {
@@ -155,7 +154,7 @@ impl WatchSetup {
     /// the uid or the shard label; `listed` is told which shards the store holds whole.
     fn per_shard_source<K>(
         &self,
-        (feeds, by, listed): (&Arc<ShardFeeds>, ShardedBy, watch::Sender<BTreeSet<u32>>),
+        (feeds, by, listed): (&Arc<ShardFeeds>, ShardedBy, watch::Sender<per_shard::Whole>),
         kind: &ResolvedKind,
         config: watcher::Config,
         created: Option<Arc<CreatedFields>>,
@@ -483,7 +482,7 @@ pub(crate) struct Watches {
     /// Whether each followed watch (of a related kind) has brought this policy a whole list.
     synced: Vec<tokio::sync::watch::Receiver<bool>>,
     /// Fed per shard: the shards whose parents the caches hold whole (their children too).
-    shards_whole: Option<watch::Receiver<BTreeSet<u32>>>,
+    shards_whole: Option<watch::Receiver<per_shard::Whole>>,
 }
 
 impl Watches {

@@ -78,7 +78,8 @@ pub(crate) struct Caches {
     /// Fed per shard (see [`crate::controller::cache::per_shard`]): the shards whose parents
     /// and children the caches hold whole. What reads a parent's children from the caches
     /// to let one go waits for its shard to be in it.
-    pub shards_whole: Option<tokio::sync::watch::Receiver<std::collections::BTreeSet<u32>>>,
+    pub shards_whole:
+        Option<tokio::sync::watch::Receiver<crate::controller::cache::per_shard::Whole>>,
 }
 
 impl Caches {
@@ -87,14 +88,15 @@ impl Caches {
     pub fn hold_whole(&self, shard: u32) -> bool {
         self.shards_whole
             .as_ref()
-            .is_none_or(|whole| whole.borrow().contains(&shard))
+            .is_none_or(|whole| whole.borrow().contains_key(&shard))
     }
 
     /// Whether the caches hold every shard of `held` whole.
     pub fn hold_all_whole(&self, held: &std::collections::BTreeSet<u32>) -> bool {
-        self.shards_whole
-            .as_ref()
-            .is_none_or(|whole| held.is_subset(&whole.borrow()))
+        self.shards_whole.as_ref().is_none_or(|whole| {
+            let whole = whole.borrow();
+            held.iter().all(|shard| whole.contains_key(shard))
+        })
     }
 }
 
