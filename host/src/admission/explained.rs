@@ -79,7 +79,7 @@ pub(super) fn keep(
     };
     let eventful = refused || outcome.starts_with("failed");
     match serde_json::to_string(&record) {
-        Ok(json) => explain.store.push(&record.parent, json, None, eventful),
+        Ok(json) => explain.store.push_answer(&record.parent, json, eventful),
         Err(error) => tracing::warn!(%error, "could not keep the webhook answer's record"),
     }
 }

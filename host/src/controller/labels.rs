@@ -15,6 +15,11 @@ pub const POLICY_LABEL: &str = "wasmctrl.dev/policy";
 /// ([`shard_label_value`]). A host that watches per shard selects its shards' children by
 /// it: the API server cannot select a child by its owner's uid.
 pub const SHARD_LABEL: &str = "wasmctrl.dev/shard";
+/// Label a sharded policy's parent carries where the API server cannot narrow watches by
+/// uid: the shard of its own uid, as `<shard>-of-<count>` ([`shard_label_value`]), which
+/// the replicas watch their parents by. Not [`SHARD_LABEL`]: a parent of one policy may be
+/// a child of another, labelled there with its own parent's shard.
+pub const UID_SHARD_LABEL: &str = "wasmctrl.dev/uid-shard";
 /// Annotation holding the fingerprint of the desired object last applied.
 pub const DESIRED_HASH_ANNOTATION: &str = "wasmctrl.dev/desired-hash";
 

@@ -227,9 +227,9 @@ struct Inner {
 
 struct Entry {
     seq: u64,
-    /// The hash of the parent's uid as the record has it, which says its shard (see
-    /// [`ExplainStore::forget`]).
-    uid_hash: u64,
+    /// Of a reconcile, the hash of the parent's uid as the record has it, which says its
+    /// shard (see [`ExplainStore::forget`]); `None` for a webhook's answer.
+    uid_hash: Option<u64>,
     /// Which of its kind's dictionaries the record was packed against.
     dictionary: u8,
     /// The record without its case.
@@ -447,6 +447,24 @@ impl ExplainStore {
     /// child and did not fail: a resync, an echo of the reconcile's own writes), so the
     /// reconciles that did something stay to be explained.
     pub fn push(&self, parent: &ParentRef, json: String, case: Option<String>, eventful: bool) {
+        let uid_hash = Some(crate::shards::uid_hash(&parent.uid));
+        self.keep(parent, (json, case), eventful, uid_hash);
+    }
+
+    /// Keep `json`, the record of an admission webhook's answer about `parent`, as
+    /// [`Self::push`] keeps a reconcile's. Any replica may answer a review, whatever the
+    /// parent's shard: such a record is not let go with a shard ([`Self::forget`]).
+    pub fn push_answer(&self, parent: &ParentRef, json: String, eventful: bool) {
+        self.keep(parent, (json, None), eventful, None);
+    }
+
+    fn keep(
+        &self,
+        parent: &ParentRef,
+        (json, case): (String, Option<String>),
+        eventful: bool,
+        uid_hash: Option<u64>,
+    ) {
         if self.bounds.per_parent == 0 || self.bounds.max_bytes == 0 {
             return;
         }
@@ -466,7 +484,7 @@ impl ExplainStore {
         inner.held = inner.held - kind_before + kind.cost();
         let entry = Entry {
             seq: 0,
-            uid_hash: crate::shards::uid_hash(&parent.uid),
+            uid_hash,
             dictionary,
             json,
             case,
@@ -528,10 +546,12 @@ impl ExplainStore {
         inner.compact();
     }
 
-    /// Drop the records of the parents whose uid hash `keep` does not keep (a sharded
-    /// replica's, of the shards it gave back: their new holder records them from here), so
-    /// what the store holds follows the replica's share. Returns how many went.
+    /// Drop the records of reconciles of the parents whose uid hash `keep` does not keep (a
+    /// sharded replica's, of the shards it gave back: their new holder records them from
+    /// here), so what the store holds follows the replica's share. Webhook answers stay.
+    /// Returns how many went.
     pub fn forget(&self, keep: impl Fn(u64) -> bool) -> usize {
+        let keep = |hash: Option<u64>| hash.is_none_or(&keep);
         let mut inner = lock(&self.inner);
         let inner = &mut *inner;
         let mut dropped = 0;
@@ -1203,17 +1223,25 @@ mod tests {
         for &i in &all {
             push(&store, i);
         }
-        let before = store.bytes();
         let shard = |i: u64| crate::shards::shard_of(&of(i).uid, 2);
         let kept: Vec<u64> = all.iter().copied().filter(|&i| shard(i) == 1).collect();
         assert!(!kept.is_empty() && kept.len() < all.len());
+        // A webhook's answer about a parent of a shard given back: any replica answers.
+        let answered = *all
+            .iter()
+            .find(|&&i| shard(i) == 0)
+            .expect("one of shard 0");
+        store.push_answer(&of(answered), r#"{"answer":1}"#.into(), true);
+        let before = store.bytes();
         let dropped = store.forget(|hash| crate::shards::shard_of_hash(hash, 2) == 1);
         assert_eq!(dropped, 2 * (all.len() - kept.len()));
-        assert_eq!(store.len(), 2 * kept.len());
+        assert_eq!(store.len(), 2 * kept.len() + 1);
         assert!(store.bytes() < before);
         for &i in &all {
             let lookup = look(&store, "MyApp", Some("ns"), &format!("p{i}"), 10);
-            if shard(i) == 1 {
+            if i == answered {
+                assert_eq!(found(lookup), [r#"{"answer":1}"#], "the answer stays");
+            } else if shard(i) == 1 {
                 assert_eq!(found(lookup).len(), 2, "p{i}'s records stay");
             } else {
                 assert!(matches!(lookup, Lookup::NotFound), "p{i}'s records went");
@@ -1224,6 +1252,6 @@ mod tests {
         for &i in &kept {
             push(&only, i);
         }
-        assert_eq!(store.len(), only.len());
+        assert_eq!(store.len(), only.len() + 1);
     }
 }

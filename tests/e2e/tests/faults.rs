@@ -1755,7 +1755,7 @@ fn shard_labels_of(widget: &DynamicObject) -> (Option<String>, String) {
         .metadata
         .labels
         .as_ref()
-        .and_then(|labels| labels.get("wasmctrl.dev/shard"))
+        .and_then(|labels| labels.get("wasmctrl.dev/uid-shard"))
         .cloned();
     let shard = wasmctrl::shards::shard_of(&uid, SHARDS);
     (label, format!("{shard}-of-{SHARDS}"))
@@ -1783,7 +1783,7 @@ async fn sharded_replicas_label_their_parents_once_where_the_api_server_cannot_n
             "w-0",
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(
-                json!({"metadata": {"labels": {"wasmctrl.dev/shard": "0-of-4"}}}),
+                json!({"metadata": {"labels": {"wasmctrl.dev/uid-shard": "0-of-4"}}}),
             ),
         )
         .await?;
@@ -1836,7 +1836,7 @@ async fn sharded_replicas_label_their_parents_once_where_the_api_server_cannot_n
     let other = format!("{}-of-{SHARDS}", (own + 1) % SHARDS);
     for (name, label) in [("w-1", json!(other)), ("w-2", Value::Null)] {
         let patch =
-            json!({"metadata": {"labels": {"wasmctrl.dev/shard": label}}, "spec": {"size": 2}});
+            json!({"metadata": {"labels": {"wasmctrl.dev/uid-shard": label}}, "spec": {"size": 2}});
         let params = kube::api::PatchParams::default();
         widgets(&client, &ns)
             .patch(name, &params, &kube::api::Patch::Merge(patch))

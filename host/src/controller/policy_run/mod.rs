@@ -294,7 +294,7 @@ async fn run_controller(launch: Launch, shared: &Arc<Shared>, metrics: &PolicyMe
         status.clone(),
     );
     let teardown = teardown::Teardown::new(ctx.clone(), teardown_woken, &policy).run();
-    let labels = shard_labels::run(setup.parent_labels(&parts.parent));
+    let labels = shard_labels::run(setup.parent_labels(&parts.parent, &parents));
     // The controller ends on `stop` (gracefully); everything else runs beside it.
     tokio::select! {
         () = run => {}

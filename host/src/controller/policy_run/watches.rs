@@ -27,7 +27,7 @@ use crate::controller::cache::removals::Removals;
 use crate::controller::cache::store_index::{self, StoreIndex};
 use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
 use crate::controller::kinds::ResolvedKind;
-use crate::controller::labels::{self, POLICY_LABEL, SHARD_LABEL};
+use crate::controller::labels::{self, POLICY_LABEL, SHARD_LABEL, UID_SHARD_LABEL};
 use crate::controller::policy_run::shard_feeds::ShardFeeds;
 use crate::controller::policy_run::shard_labels::{ParentLabels, Unlabelled};
 use crate::controller::policy_run::shared_watches::{Following, HostWatches, WatchKey};
@@ -106,7 +106,7 @@ pub(crate) struct WatchSetup {
 enum ShardedBy {
     /// The parents, by the uid the API server narrows by.
     Uid,
-    /// The parents, where the API server does not narrow by uid: by the shard label (see
+    /// The parents, where the API server does not narrow by uid: by the uid's shard label (see
     /// [`super::shard_labels`]), each put in its shard by its uid all the same; one whose
     /// label names another shard goes to the labeller to be put right.
     ParentLabel(tokio::sync::mpsc::UnboundedSender<Unlabelled>),
@@ -168,13 +168,17 @@ impl WatchSetup {
         let resource = kind.resource.clone();
         let api = move |client: Client| scoped_api::<K>(client, scope.as_deref(), &resource);
         let resource = kind.resource.clone();
+        let label_key = match &by {
+            ShardedBy::ParentLabel(_) => UID_SHARD_LABEL,
+            ShardedBy::Uid | ShardedBy::Label => SHARD_LABEL,
+        };
         let start: per_shard::StartWatch<K> = match by {
             ShardedBy::Uid => Box::new(move |shard| {
                 let client = shard_client(client.clone(), shard, count);
                 source_of(api(client), &resource, config.clone(), created.clone()).boxed()
             }),
             ShardedBy::ParentLabel(_) | ShardedBy::Label => Box::new(move |shard| {
-                let label = format!("{SHARD_LABEL}={}", labels::shard_label_value(shard, count));
+                let label = format!("{label_key}={}", labels::shard_label_value(shard, count));
                 let selector = match &config.label_selector {
                     Some(selector) => format!("{selector},{label}"),
                     None => label,
@@ -236,13 +240,21 @@ impl WatchSetup {
 impl WatchSetup {
     /// Where the parents are watched by the shard label, the labeller of the parents of
     /// `parent` in the policy's scope (see [`super::shard_labels`]); `None` otherwise.
-    pub fn parent_labels(&self, parent: &ResolvedKind) -> Option<ParentLabels> {
+    pub fn parent_labels(
+        &self,
+        parent: &ResolvedKind,
+        parents: &Store<CachedObject>,
+    ) -> Option<ParentLabels> {
         let feeds = self.per_shard.as_ref()?;
         let misplaced = feeds.labeller_input()?;
         let scope = self.scope(parent).map(str::to_owned);
         Some(ParentLabels::new(
-            (self.client.clone(), (*parent.resource).clone(), scope),
-            self.field_manager.clone(),
+            (self.client.clone(), parent.resource.clone(), scope),
+            (
+                self.field_manager.clone(),
+                parents.clone(),
+                feeds.parents_held(),
+            ),
             feeds.ownership.clone(),
             misplaced,
         ))
