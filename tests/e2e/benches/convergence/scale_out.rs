@@ -1,7 +1,6 @@
 //! Scale-out: N MyApps reconciled by one, two or three replicas of the host, each a
 //! `wasmctrl run` of its own; more than one share the work by shard (`--shards 12`), each
-//! watching only its shards where the API server narrows watches by shard (the test control
-//! plane does). Per replica count: the time to all reconciled, each replica's peak RSS, CPU
+//! watching only its shards (by uid, as the test control plane narrows watches by shard). Per replica count: the time to all reconciled, each replica's peak RSS, CPU
 //! and what its caches hold, the API server's CPU, and the writes per parent.
 //!
 //! Run with `WASMCTRL_BENCH_HOSTS=1,2,3 WASMCTRL_BENCH_SIZES=10000 cargo xtask bench
