@@ -29,7 +29,7 @@ use futures::stream::FuturesUnordered;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, PartialObjectMeta};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
@@ -271,11 +271,7 @@ impl ParentLabels {
     /// Whether the parents' cache holds `parent`, so it is labelled for its own shard
     /// already (by this replica, or by the shard's last holder).
     fn cached(&self, ((namespace, name), uid): &Parent) -> bool {
-        let key = ObjectRef::new_with(name, self.resource.clone());
-        let key = match namespace {
-            Some(namespace) => key.within(namespace),
-            None => key,
-        };
+        let key = super::watches::object_ref(&self.resource, namespace.as_deref(), name);
         self.parents
             .get(&key)
             .is_some_and(|cached| cached.metadata.uid.as_ref() == Some(uid))

@@ -844,7 +844,7 @@ fn controlling_parent(
 }
 
 /// The reference to the object `name` of `kind` in `namespace`, to look it up in its cache.
-fn object_ref<K: kube::Resource<DynamicType = Arc<ApiResource>>>(
+pub(super) fn object_ref<K: kube::Resource<DynamicType = Arc<ApiResource>>>(
     kind: &Arc<ApiResource>,
     namespace: Option<&str>,
     name: &str,
