@@ -327,15 +327,27 @@ struct Swap {
     pool_mib: f64,
 }
 
-async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<HostRun> {
+/// A host phase's client and namespace on `plane`: the repository's CRDs installed, the
+/// namespace `name` made, the policy of `run` with `plugin` applied, and no plugin artifact
+/// left cached from an earlier phase.
+async fn host_namespace(
+    plane: &ControlPlane,
+    run: &str,
+    name: &str,
+    plugin: &Path,
+) -> anyhow::Result<(Client, String)> {
     let client = admin_client(&plane.kubeconfig).await?;
     wasmctrl_testenv::crds::install_repo_crds(&client).await?;
-    let run = format!("n{n}");
-
-    // The host, in its own process.
-    let host_ns = create_namespace(&client, &format!("bench-host-{n}")).await?;
-    apply_policy(&client, &run, plugin).await?;
+    let ns = create_namespace(&client, name).await?;
+    apply_policy(&client, run, plugin).await?;
     let _ = std::fs::remove_dir_all(artifact_cache());
+    Ok((client, ns))
+}
+
+async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Result<HostRun> {
+    let run = format!("n{n}");
+    // The host, in its own process.
+    let (client, host_ns) = host_namespace(plane, &run, &format!("bench-host-{n}"), plugin).await?;
     let (host, listen) = spawn_host(&host_ns, &run, plane)?;
     let host_pid = host.id();
     wait_policy_ready(&client, "bench").await?;

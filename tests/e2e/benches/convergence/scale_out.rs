@@ -94,12 +94,9 @@ pub(super) async fn phase(
     plane: &ControlPlane,
     plugin: &Path,
 ) -> anyhow::Result<ScaleOutRun> {
-    let client = admin_client(&plane.kubeconfig).await?;
-    wasmctrl_testenv::crds::install_repo_crds(&client).await?;
     let run = format!("n{n}-h{hosts}");
-    let ns = create_namespace(&client, &format!("bench-scale-{n}-{hosts}")).await?;
-    apply_policy(&client, &run, plugin).await?;
-    let _ = std::fs::remove_dir_all(artifact_cache());
+    let (client, ns) =
+        host_namespace(plane, &run, &format!("bench-scale-{n}-{hosts}"), plugin).await?;
     let replicas = (0..hosts)
         .map(|i| spawn_replica(&ns, &run, plane, i, hosts))
         .collect::<anyhow::Result<Vec<_>>>()?;
