@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kube::core::ApiResource;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::cached::CachedObject;
 use super::field_ownership::CreatedFields;
@@ -39,4 +39,17 @@ pub(crate) struct RelatedCache {
     pub store: Store<CachedObject>,
     /// The objects by namespace.
     pub by_namespace: Arc<StoreIndex<CachedObject>>,
+}
+
+/// The reference to the object `name` of `kind` in `namespace`, to look it up in its cache.
+pub(crate) fn object_ref<K: kube::Resource<DynamicType = Arc<ApiResource>>>(
+    kind: &Arc<ApiResource>,
+    namespace: Option<&str>,
+    name: &str,
+) -> ObjectRef<K> {
+    let reference = ObjectRef::new_with(name, kind.clone());
+    match namespace {
+        Some(namespace) => reference.within(namespace),
+        None => reference,
+    }
 }

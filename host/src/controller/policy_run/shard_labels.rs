@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use crate::controller::cache::cached::CachedObject;
 use crate::controller::cache::per_shard::Whole;
+use crate::controller::cache::stores::object_ref;
 use crate::controller::labels::{UID_SHARD_LABEL, shard_label_value};
 use crate::controller::reconcile::lean_writes;
 use crate::shards::ShardOwnership;
@@ -271,7 +272,7 @@ impl ParentLabels {
     /// Whether the parents' cache holds `parent`, so it is labelled for its own shard
     /// already (by this replica, or by the shard's last holder).
     fn cached(&self, ((namespace, name), uid): &Parent) -> bool {
-        let key = super::watches::object_ref(&self.resource, namespace.as_deref(), name);
+        let key = object_ref(&self.resource, namespace.as_deref(), name);
         self.parents
             .get(&key)
             .is_some_and(|cached| cached.metadata.uid.as_ref() == Some(uid))

@@ -25,7 +25,7 @@ use crate::controller::cache::read_cache::ReadBudget;
 use crate::controller::cache::related::{self, FieldPath};
 use crate::controller::cache::removals::Removals;
 use crate::controller::cache::store_index::{self, StoreIndex};
-use crate::controller::cache::stores::{ChildCache, Related, RelatedCache};
+use crate::controller::cache::stores::{ChildCache, Related, RelatedCache, object_ref};
 use crate::controller::kinds::ResolvedKind;
 use crate::controller::labels::{self, POLICY_LABEL, SHARD_LABEL, UID_SHARD_LABEL};
 use crate::controller::policy_run::shard_feeds::ShardFeeds;
@@ -841,19 +841,6 @@ fn controlling_parent(
     let namespace = child.metadata.namespace.clone();
     parents.get(&object_ref(parent, namespace.as_deref(), &owner.name))?;
     Some((namespace, owner.name.clone()))
-}
-
-/// The reference to the object `name` of `kind` in `namespace`, to look it up in its cache.
-pub(super) fn object_ref<K: kube::Resource<DynamicType = Arc<ApiResource>>>(
-    kind: &Arc<ApiResource>,
-    namespace: Option<&str>,
-    name: &str,
-) -> ObjectRef<K> {
-    let reference = ObjectRef::new_with(name, kind.clone());
-    match namespace {
-        Some(namespace) => reference.within(namespace),
-        None => reference,
-    }
 }
 
 /// What a related event triggers: the parents `index` holds under a key, counted as queued,
