@@ -11,7 +11,11 @@
 //! Deployment, apply Service, apply status, the plugin's Events) with the same concurrency,
 //! timed by the same watch of the MyApps as the host (to every status seen written); the
 //! ratio (baseline time / host time) says what the host's watches, caches, queue and plugin
-//! calls cost.
+//! calls cost. The baseline writes each MyApp as its create returns, while the rest are still
+//! being created, as the host meets them; `WASMCTRL_BENCH_BASELINE=after-creates` writes them
+//! once all are created, and `as-created,after-creates` runs both (see [`Timeline`]).
+//! `WASMCTRL_BENCH_CLUSTER=api-only` stops the controller-manager, the scheduler and kwok before
+//! each phase's first create, so that the phases compare the clients alone (see [`Cluster`]).
 //!
 //! Once every MyApp is Ready (or the cluster is quiet), it swaps the plugin to v2 and back
 //! (the rollout: the last Deployment rebuilt, and its rate against the all-reconciled rate),
@@ -97,9 +101,9 @@ fn bench() -> anyhow::Result<()> {
         .context("WASMCTRL_BENCH_REPEAT")?;
     // `host` alone skips the baseline: for looking into the host (its memory, a profile)
     // without paying for the comparison.
-    let with_baseline = match std::env::var("WASMCTRL_BENCH_PHASES").as_deref() {
-        Err(_) | Ok("host,baseline") => true,
-        Ok("host") => false,
+    let timelines = match std::env::var("WASMCTRL_BENCH_PHASES").as_deref() {
+        Err(_) | Ok("host,baseline") => Timeline::from_env()?,
+        Ok("host") => Vec::new(),
         Ok(other) => bail!("WASMCTRL_BENCH_PHASES must be host or host,baseline, not {other}"),
     };
     if let Some(counts) = scale_out::counts_from_env()? {
@@ -121,6 +125,11 @@ fn bench() -> anyhow::Result<()> {
         scale_out::print_table(&runs);
         return Ok(());
     }
+    if Cluster::from_env()? == Cluster::ApiOnly && Until::from_env()? == Until::Ready {
+        bail!(
+            "WASMCTRL_BENCH_CLUSTER=api-only makes no pods: set WASMCTRL_BENCH_UNTIL to reconciled or quiet"
+        );
+    }
     let mut rows = Vec::new();
     for repeat in 0..repeats {
         for &n in &sizes {
@@ -137,25 +146,23 @@ fn bench() -> anyhow::Result<()> {
             };
             let host_first = repeat % 2 == 0;
             let mut host = None;
-            let mut baseline = None;
-            let order = if host_first {
-                ["host", "baseline"]
+            let mut baselines = Vec::new();
+            // `None` is the host's phase.
+            let mut order: Vec<Option<Timeline>> = timelines.iter().copied().map(Some).collect();
+            if host_first {
+                order.insert(0, None);
             } else {
-                ["baseline", "host"]
-            };
-            for phase in order
-                .into_iter()
-                .filter(|phase| with_baseline || *phase == "host")
-            {
-                let (dir, plane) = fresh(phase)?;
-                let result = if phase == "host" {
-                    runtime
+                order.push(None);
+            }
+            for phase in order {
+                let (dir, plane) = fresh(phase.map_or("host", Timeline::name))?;
+                let result = match phase {
+                    None => runtime
                         .block_on(host_phase(n, &plane, &plugin))
-                        .map(|h| host = Some(h))
-                } else {
-                    runtime
-                        .block_on(baseline_phase(n, &plane))
-                        .map(|b| baseline = Some(b))
+                        .map(|h| host = Some(h)),
+                    Some(timeline) => runtime
+                        .block_on(baseline_phase(n, &plane, timeline))
+                        .map(|b| baselines.push(b)),
                 };
                 plane.stop();
                 let _ = std::fs::remove_dir_all(&dir);
@@ -168,7 +175,7 @@ fn bench() -> anyhow::Result<()> {
                 n,
                 host_first,
                 host,
-                baseline,
+                baselines,
             });
         }
     }
@@ -200,8 +207,8 @@ struct Row {
     /// Whether the host phase ran first.
     host_first: bool,
     host: HostRun,
-    /// Unless `WASMCTRL_BENCH_PHASES=host`.
-    baseline: Option<BaselineRun>,
+    /// One per timeline of `WASMCTRL_BENCH_BASELINE`; none with `WASMCTRL_BENCH_PHASES=host`.
+    baselines: Vec<BaselineRun>,
 }
 
 /// The host's run on its own control plane.
@@ -243,6 +250,7 @@ struct Restart {
 
 /// The plain client's run on its own control plane.
 struct BaselineRun {
+    timeline: Timeline,
     elapsed: Duration,
     writes: usize,
     /// Its API requests besides creating the MyApps, by verb.
@@ -375,6 +383,8 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         )?),
         None => None,
     };
+    let cluster = Cluster::from_env()?;
+    cluster.settle(plane).await?;
     let cpu_before = probe.read();
     let apiserver_profile = profile_apiserver(&client, "host", n);
     let started = Instant::now();
@@ -413,8 +423,8 @@ async fn host_phase(n: usize, plane: &ControlPlane, plugin: &Path) -> anyhow::Re
         Until::Quiet => {
             // Nothing moves the Deployments' status any more: the cluster goes quiet once
             // the host has caught up with the last changes.
-            for component in ["kwok", "kube-scheduler", "kube-controller-manager"] {
-                plane.kill_component(component).await?;
+            if cluster == Cluster::Whole {
+                stop_pod_makers(plane).await?;
             }
             true
         }
@@ -589,7 +599,11 @@ async fn wait_quiet(address: std::net::SocketAddr) -> anyhow::Result<()> {
 }
 
 /// The baseline: the same first-pass writes from a plain client.
-async fn baseline_phase(n: usize, plane: &ControlPlane) -> anyhow::Result<BaselineRun> {
+async fn baseline_phase(
+    n: usize,
+    plane: &ControlPlane,
+    timeline: Timeline,
+) -> anyhow::Result<BaselineRun> {
     let client = admin_client(&plane.kubeconfig).await?;
     wasmctrl_testenv::crds::install_repo_crds(&client).await?;
     let base_ns = create_namespace(&client, &format!("bench-base-{n}")).await?;
@@ -604,11 +618,32 @@ async fn baseline_phase(n: usize, plane: &ControlPlane) -> anyhow::Result<Baseli
         Until::Reconciled,
         written_for_generation,
     ));
+    Cluster::from_env()?.settle(plane).await?;
     let cpu_before = probe.read();
     let apiserver_profile = profile_apiserver(&client, "baseline", n);
     let started = Instant::now();
-    let created = create_myapps(&base_myapps, n).await?;
-    baseline_writes(&client, &base_ns, created).await?;
+    match timeline {
+        Timeline::AsCreated => {
+            // The creates run on their own, as they do beside the host; each MyApp's writes
+            // start as its create returns.
+            let (created_tx, created_rx) = futures::channel::mpsc::unbounded();
+            let creating = async {
+                create_myapps_each(&base_myapps, n, |app| {
+                    // The writes end only once every MyApp came through or failed.
+                    let _ = created_tx.unbounded_send(app);
+                })
+                .await?;
+                drop(created_tx);
+                Ok::<_, anyhow::Error>(())
+            };
+            tokio::try_join!(creating, baseline_writes(&client, &base_ns, created_rx))?;
+        }
+        Timeline::AfterCreates => {
+            let mut created = Vec::with_capacity(n);
+            create_myapps_each(&base_myapps, n, |app| created.push(app)).await?;
+            baseline_writes(&client, &base_ns, futures::stream::iter(created)).await?;
+        }
+    }
     let (written_at, _, cpu_at_written) = watch.await??;
     let elapsed = written_at.duration_since(started);
     let cpu = cpu_at_written.since(cpu_before);
@@ -629,6 +664,7 @@ async fn baseline_phase(n: usize, plane: &ControlPlane) -> anyhow::Result<Baseli
             && !(event["verb"] == "create" && uri.contains("/myapps"))
     })?;
     Ok(BaselineRun {
+        timeline,
         elapsed,
         writes,
         requests,
@@ -750,7 +786,12 @@ impl CpuProbe {
             apiserver: of(self.apiserver),
             etcd: of(self.etcd),
             client: of(Some(self.client)),
-            others: self.others.iter().map(|pid| of(Some(*pid))).sum(),
+            // Stopped ones (`WASMCTRL_BENCH_CLUSTER=api-only`) count nothing.
+            others: self
+                .others
+                .iter()
+                .filter_map(|pid| process_cpu_seconds(*pid))
+                .sum(),
             machine: machine_cpu_seconds().unwrap_or(f64::NAN),
         }
     }
@@ -926,11 +967,18 @@ async fn wait_policy_ready(client: &Client, name: &str) -> anyhow::Result<()> {
 }
 
 /// Create `n` MyApps with 32 requests in flight; returns their names and uids.
-async fn create_myapps(
+async fn create_myapps(api: &Api<DynamicObject>, n: usize) -> anyhow::Result<()> {
+    create_myapps_each(api, n, |_| {}).await
+}
+
+/// [`create_myapps`], handing each MyApp created (name and uid) to `created` as its create
+/// returns.
+async fn create_myapps_each(
     api: &Api<DynamicObject>,
     n: usize,
-) -> anyhow::Result<Vec<(String, String)>> {
-    futures::stream::iter(0..n)
+    mut created: impl FnMut((String, String)),
+) -> anyhow::Result<()> {
+    let mut creates = futures::stream::iter(0..n)
         .map(|i| {
             let api = api.clone();
             async move {
@@ -943,9 +991,11 @@ async fn create_myapps(
                 ))
             }
         })
-        .buffer_unordered(32)
-        .try_collect()
-        .await
+        .buffer_unordered(32);
+    while let Some(app) = creates.try_next().await? {
+        created(app);
+    }
+    Ok(())
 }
 
 /// How far a host phase goes, `WASMCTRL_BENCH_UNTIL`.
@@ -969,6 +1019,84 @@ impl Until {
             Ok(other) => {
                 bail!("WASMCTRL_BENCH_UNTIL must be ready, reconciled or quiet, not {other}")
             }
+        }
+    }
+}
+
+/// What runs beside the API server during a phase, `WASMCTRL_BENCH_CLUSTER`.
+#[derive(Clone, Copy, PartialEq)]
+enum Cluster {
+    /// The controller-manager, the scheduler and kwok too (`whole`, the default): each
+    /// Deployment gets its ReplicaSet and pod while the phase runs, as in a cluster, and on
+    /// two cores that work competes with the phase's own, in an amount that varies with when
+    /// it lands.
+    Whole,
+    /// Those three are stopped before the first create (`api-only`): etcd and the API server
+    /// serve the phase's client alone, so the phases compare what the clients cost. No
+    /// Deployment's status moves, so the host is not asked to react to one.
+    ApiOnly,
+}
+
+impl Cluster {
+    fn from_env() -> anyhow::Result<Self> {
+        match std::env::var("WASMCTRL_BENCH_CLUSTER").as_deref() {
+            Err(_) | Ok("whole") => Ok(Self::Whole),
+            Ok("api-only") => Ok(Self::ApiOnly),
+            Ok(other) => bail!("WASMCTRL_BENCH_CLUSTER must be whole or api-only, not {other}"),
+        }
+    }
+
+    /// Ready `plane` for a phase's first create.
+    async fn settle(self, plane: &ControlPlane) -> anyhow::Result<()> {
+        match self {
+            Self::Whole => Ok(()),
+            Self::ApiOnly => stop_pod_makers(plane).await,
+        }
+    }
+}
+
+/// Stop what turns Deployments into pods and moves their status: the controller-manager,
+/// the scheduler and kwok.
+async fn stop_pod_makers(plane: &ControlPlane) -> anyhow::Result<()> {
+    for component in ["kwok", "kube-scheduler", "kube-controller-manager"] {
+        plane.kill_component(component).await?;
+    }
+    Ok(())
+}
+
+/// When the plain client writes a MyApp's first pass, `WASMCTRL_BENCH_BASELINE` (a list, each
+/// its own phase on its own control plane; `as-created` by default).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Timeline {
+    /// As its create returns, while the rest are still being created: the host's timeline,
+    /// which meets each MyApp through its watch as it is created. The controller-manager,
+    /// the scheduler and kwok start on the first Deployments within seconds, as they do for
+    /// the host's.
+    AsCreated,
+    /// Once every MyApp is created. The Deployments come only after every create, so less of
+    /// the controller-manager's, the scheduler's and kwok's work for them lands before the
+    /// last status is written.
+    AfterCreates,
+}
+
+impl Timeline {
+    fn from_env() -> anyhow::Result<Vec<Self>> {
+        let list = std::env::var("WASMCTRL_BENCH_BASELINE").unwrap_or_else(|_| "as-created".into());
+        list.split(',')
+            .map(|name| match name.trim() {
+                "as-created" => Ok(Self::AsCreated),
+                "after-creates" => Ok(Self::AfterCreates),
+                other => bail!(
+                    "WASMCTRL_BENCH_BASELINE is a list of as-created and after-creates, not {other}"
+                ),
+            })
+            .collect()
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::AsCreated => "as-created",
+            Self::AfterCreates => "after-creates",
         }
     }
 }
@@ -1007,8 +1135,12 @@ async fn watch_progress(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90 * 60);
     loop {
         let next = tokio::time::timeout_at(deadline, stream.try_next()).await;
-        let Ok(Ok(Some(app))) = next else {
-            bail!("watch ended or timed out; {} of {n} seen", state.len());
+        let seen = state.len();
+        let app = match next {
+            Ok(Ok(Some(app))) => app,
+            Ok(Ok(None)) => bail!("the watch ended; {seen} of {n} seen"),
+            Ok(Err(error)) => bail!("the watch failed: {error}; {seen} of {n} seen"),
+            Err(_) => bail!("timed out; {seen} of {n} seen"),
         };
         let value = serde_json::to_value(&app)?;
         let reconciled = done(&value);
@@ -1038,7 +1170,7 @@ async fn watch_progress(
 async fn baseline_writes(
     client: &Client,
     ns: &str,
-    apps: Vec<(String, String)>,
+    apps: impl futures::Stream<Item = (String, String)>,
 ) -> anyhow::Result<()> {
     let deployments = Api::<DynamicObject>::namespaced_with(
         client.clone(),
@@ -1058,8 +1190,7 @@ async fn baseline_writes(
         controller: "baseline".into(),
         instance: None,
     };
-    futures::stream::iter(apps)
-        .map(|(name, uid)| {
+    apps.map(|(name, uid)| {
             let (deployments, services, myapps, params, reporter) = (deployments.clone(), services.clone(), myapps.clone(), params.clone(), reporter.clone());
             async move {
                 // The MyApp as created, as the API server serves it.
@@ -1291,6 +1422,18 @@ fn print_profile(
     println!("{}", table(&totals, 1.0, reconciles, plugin_calls));
 }
 
+/// One figure per baseline the row ran, joined into one cell; "(not run)" without any.
+fn each_baseline(row: &Row, figure: impl Fn(&BaselineRun) -> String) -> String {
+    if row.baselines.is_empty() {
+        return "(not run)".to_owned();
+    }
+    row.baselines
+        .iter()
+        .map(figure)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn print_table(rows: &[Row]) {
     println!(
         "\n| MyApps | order | host: all reconciled | host: all Ready | host writes | host peak RSS | explain records held | plugin pool resident | baseline (same first-pass writes, plain client) | ratio (baseline time / host time) |"
@@ -1298,31 +1441,30 @@ fn print_table(rows: &[Row]) {
     println!("|---:|---|---:|---:|---|---:|---:|---:|---:|---:|");
     for row in rows {
         let host = &row.host;
-        let (baseline, ratio) = row.baseline.as_ref().map_or_else(
-            || ("(not run)".to_owned(), "—".to_owned()),
-            |base| {
-                (
-                    format!(
-                        "{:.1} s ({} writes)",
-                        base.elapsed.as_secs_f64(),
-                        base.writes
-                    ),
-                    format!(
-                        "{:.2}×",
-                        base.elapsed.as_secs_f64() / host.reconciled.as_secs_f64()
-                    ),
-                )
-            },
-        );
+        let baseline = each_baseline(row, |base| {
+            format!(
+                "{:.1} s ({} writes, {})",
+                base.elapsed.as_secs_f64(),
+                base.writes,
+                base.timeline.name()
+            )
+        });
+        let ratio = each_baseline(row, |base| {
+            format!(
+                "{:.2}× ({})",
+                base.elapsed.as_secs_f64() / host.reconciled.as_secs_f64(),
+                base.timeline.name()
+            )
+        });
         let mut writes = host.writes.clone();
         writes.retain(|k, _| !k.starts_with("create myapps"));
         println!(
             "| {} | {} | {:.1} s | {} | {} | {:.0} MiB | {:.1} MiB ({} records) | {:.1} MiB | {baseline} | {ratio} |",
             row.n,
-            match (row.baseline.is_some(), row.host_first) {
-                (false, _) => "host",
-                (true, true) => "host, baseline",
-                (true, false) => "baseline, host",
+            match (row.baselines.is_empty(), row.host_first) {
+                (true, _) => "host",
+                (false, true) => "host first",
+                (false, false) => "host last",
             },
             host.reconciled.as_secs_f64(),
             host.ready.map_or_else(
@@ -1341,13 +1483,19 @@ fn print_table(rows: &[Row]) {
     );
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for row in rows {
-        let baseline = row
-            .baseline
-            .as_ref()
-            .map(|base| ("baseline", base.elapsed, base.cpu));
-        for (phase, wall, cpu) in
-            std::iter::once(("host, to all reconciled", row.host.reconciled, row.host.cpu))
-                .chain(baseline)
+        let baselines = row.baselines.iter().map(|base| {
+            (
+                format!("baseline, {}", base.timeline.name()),
+                base.elapsed,
+                base.cpu,
+            )
+        });
+        for (phase, wall, cpu) in std::iter::once((
+            "host, to all reconciled".to_owned(),
+            row.host.reconciled,
+            row.host.cpu,
+        ))
+        .chain(baselines)
         {
             let wall = wall.as_secs_f64();
             let share = |seconds: f64| format!("{seconds:.1} s ({:.2} cores)", seconds / wall);
@@ -1373,20 +1521,18 @@ fn print_table(rows: &[Row]) {
             let total: usize = requests.values().sum();
             format!("{:.2} ({})", total as f64 / n, write_list(requests))
         };
-        let (baseline, cpu) = row.baseline.as_ref().map_or_else(
-            || ("(not run)".to_owned(), "—".to_owned()),
-            |base| {
-                (
-                    per(&base.requests),
-                    format!(
-                        "{:.2} ms / {:.2} ms ({:.2} ms)",
-                        1e3 * row.host.cpu.client / n,
-                        1e3 * base.cpu.client / n,
-                        1e3 * row.host.cpu.client / counts.reconciles.max(1.0),
-                    ),
-                )
-            },
-        );
+        let baseline = each_baseline(row, |base| {
+            format!("{} ({})", per(&base.requests), base.timeline.name())
+        });
+        let cpu = each_baseline(row, |base| {
+            format!(
+                "{:.2} ms / {:.2} ms ({:.2} ms) ({})",
+                1e3 * row.host.cpu.client / n,
+                1e3 * base.cpu.client / n,
+                1e3 * row.host.cpu.client / counts.reconciles.max(1.0),
+                base.timeline.name()
+            )
+        });
         println!(
             "| {} | {:.2} | {:.2} | {:.2} / {:.2} | {} | {} | {baseline} | {cpu} |",
             row.n,
