@@ -1017,13 +1017,36 @@ enum Until {
 
 impl Until {
     fn from_env() -> anyhow::Result<Self> {
-        match std::env::var("WASMCTRL_BENCH_UNTIL").as_deref() {
-            Err(_) | Ok("ready") => Ok(Self::Ready),
-            Ok("reconciled") => Ok(Self::Reconciled),
-            Ok("quiet") => Ok(Self::Quiet),
-            Ok(other) => {
-                bail!("WASMCTRL_BENCH_UNTIL must be ready, reconciled or quiet, not {other}")
-            }
+        env_choice(
+            "WASMCTRL_BENCH_UNTIL",
+            &[
+                ("ready", Self::Ready),
+                ("reconciled", Self::Reconciled),
+                ("quiet", Self::Quiet),
+            ],
+        )
+    }
+}
+
+/// The environment variable `var`, one of `choices` by name; the first when `var` is unset.
+fn env_choice<T: Copy>(var: &str, choices: &[(&str, T)]) -> anyhow::Result<T> {
+    match std::env::var(var) {
+        Err(_) => choices
+            .first()
+            .map(|&(_, value)| value)
+            .with_context(|| format!("{var} offers no choice")),
+        Ok(name) => choice(var, choices, &name),
+    }
+}
+
+/// The one of `choices` named `name`, given as `var`.
+fn choice<T: Copy>(var: &str, choices: &[(&str, T)], name: &str) -> anyhow::Result<T> {
+    let name = name.trim();
+    match choices.iter().find(|&&(choice, _)| choice == name) {
+        Some(&(_, value)) => Ok(value),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|&(choice, _)| choice).collect();
+            bail!("{var} must be one of {}, not {name}", names.join(", "))
         }
     }
 }
@@ -1044,11 +1067,10 @@ enum Cluster {
 
 impl Cluster {
     fn from_env() -> anyhow::Result<Self> {
-        match std::env::var("WASMCTRL_BENCH_CLUSTER").as_deref() {
-            Err(_) | Ok("whole") => Ok(Self::Whole),
-            Ok("api-only") => Ok(Self::ApiOnly),
-            Ok(other) => bail!("WASMCTRL_BENCH_CLUSTER must be whole or api-only, not {other}"),
-        }
+        env_choice(
+            "WASMCTRL_BENCH_CLUSTER",
+            &[("whole", Self::Whole), ("api-only", Self::ApiOnly)],
+        )
     }
 
     /// Ready `plane` for a phase's first create.
@@ -1085,16 +1107,15 @@ enum Timeline {
 
 impl Timeline {
     fn from_env() -> anyhow::Result<Vec<Self>> {
-        let list = std::env::var("WASMCTRL_BENCH_BASELINE").unwrap_or_else(|_| "as-created".into());
-        list.split(',')
-            .map(|name| match name.trim() {
-                "as-created" => Ok(Self::AsCreated),
-                "after-creates" => Ok(Self::AfterCreates),
-                other => bail!(
-                    "WASMCTRL_BENCH_BASELINE is a list of as-created and after-creates, not {other}"
-                ),
-            })
-            .collect()
+        const VAR: &str = "WASMCTRL_BENCH_BASELINE";
+        let choices = [Self::AsCreated, Self::AfterCreates].map(|t| (t.name(), t));
+        match std::env::var(VAR) {
+            Err(_) => Ok(vec![Self::AsCreated]),
+            Ok(list) => list
+                .split(',')
+                .map(|name| choice(VAR, &choices, name))
+                .collect(),
+        }
     }
 
     fn name(self) -> &'static str {

@@ -63,11 +63,10 @@ pub(super) fn counts_from_env() -> anyhow::Result<Option<Vec<usize>>> {
 /// Whether the parents are to be watched by the shard label (`WASMCTRL_BENCH_SHARD_WATCHES`:
 /// `uid`, the default, or `label`).
 pub(super) fn by_label_from_env() -> anyhow::Result<bool> {
-    match std::env::var("WASMCTRL_BENCH_SHARD_WATCHES").as_deref() {
-        Err(_) | Ok("uid") => Ok(false),
-        Ok("label") => Ok(true),
-        Ok(other) => bail!("WASMCTRL_BENCH_SHARD_WATCHES must be uid or label, not {other}"),
-    }
+    super::env_choice(
+        "WASMCTRL_BENCH_SHARD_WATCHES",
+        &[("uid", false), ("label", true)],
+    )
 }
 
 /// Restart `plane`'s API server with its sharded lists and watches off.
