@@ -13,10 +13,11 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use kube::core::{ApiResource, DynamicResourceScope, TypeMeta};
 use serde::de::Error as _;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// A cached object: `apiVersion`/`kind`, typed metadata, and the other top-level fields as
 /// the JSON text of one object (`{"spec":…,"status":…}`).
@@ -139,44 +140,11 @@ impl CachedObject {
         }
     }
 
-    /// The object `value` holds; an error if it is not a JSON object or its metadata does
-    /// not decode.
-    pub fn from_value(mut value: Value) -> Result<Self, serde_json::Error> {
-        let Some(object) = value.as_object_mut() else {
-            return Err(serde_json::Error::custom("an object must be a JSON object"));
-        };
-        let mut metadata = object.remove("metadata").unwrap_or(Value::Null);
-        let mut take_map = |field: &str| {
-            metadata
-                .as_object_mut()?
-                .remove(field)
-                .filter(|map| map.as_object().is_some_and(|map| !map.is_empty()))
-                .map(|map| map.to_string().into_boxed_str())
-        };
-        let labels = take_map("labels");
-        let annotations = take_map("annotations");
-        let metadata: ObjectMeta = if metadata.is_null() {
-            ObjectMeta::default()
-        } else {
-            serde_json::from_value(metadata)?
-        };
-        let text = |v: Option<Value>| match v {
-            Some(Value::String(s)) => Some(s),
-            _ => None,
-        };
-        let api_version = text(object.remove("apiVersion"));
-        let kind = text(object.remove("kind"));
-        let types = match (api_version, kind) {
-            (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
-            _ => None,
-        };
-        Ok(Self {
-            types,
-            metadata,
-            labels,
-            annotations,
-            body: value.to_string().into_boxed_str(),
-        })
+    /// The object `value` holds, as the same object's text would decode (see the
+    /// `Deserialize` impl); an error if it is not a JSON object or its metadata does not
+    /// decode.
+    pub fn from_value(value: Value) -> Result<Self, serde_json::Error> {
+        <Self as serde::Deserialize>::deserialize(value)
     }
 }
 
@@ -185,10 +153,158 @@ fn parse_map<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
     serde_json::from_str(text).ok()
 }
 
+/// Decoded straight from the text the API server sent (every watch event and list item of a
+/// cache comes this way): the body's fields, the labels and the annotations are copied as
+/// the JSON text they arrive as, and each managed-fields entry is read without its
+/// `fieldsV1`, which is about as large as the object it describes and which no cache keeps
+/// (the watches read who manages the object, then drop the entries). Building a JSON tree
+/// of every event and writing it back out as text was most of what an event cost the host.
 impl<'de> serde::Deserialize<'de> for CachedObject {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        // The tree lives only while the event is decoded.
-        Self::from_value(Value::deserialize(deserializer)?).map_err(D::Error::custom)
+        deserializer.deserialize_map(ObjectVisitor)
+    }
+}
+
+struct ObjectVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ObjectVisitor {
+    type Value = CachedObject;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object must be a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<CachedObject, A::Error> {
+        let (mut api_version, mut kind) = (None, None);
+        let mut parts = MetadataParts::default();
+        let mut body = String::from("{");
+        while let Some(field) = map.next_key::<String>()? {
+            match field.as_str() {
+                "apiVersion" => api_version = map.next_value::<Option<Value>>()?,
+                "kind" => kind = map.next_value::<Option<Value>>()?,
+                "metadata" => {
+                    parts = map
+                        .next_value::<Option<MetadataParts>>()?
+                        .unwrap_or_default();
+                }
+                _ => push_field(&mut body, &field, &map.next_value::<Box<RawValue>>()?),
+            }
+        }
+        body.push('}');
+        let text = |v: Option<Value>| match v {
+            Some(Value::String(s)) => Some(s),
+            _ => None,
+        };
+        let types = match (text(api_version), text(kind)) {
+            (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
+            _ => None,
+        };
+        Ok(CachedObject {
+            types,
+            metadata: parts.metadata,
+            labels: parts.labels,
+            annotations: parts.annotations,
+            body: body.into_boxed_str(),
+        })
+    }
+}
+
+/// Append `"field":value` to an object's text being built (opened with `{`, not yet closed).
+fn push_field(object: &mut String, field: &str, value: &RawValue) {
+    if object.len() > 1 {
+        object.push(',');
+    }
+    // A key is a string: written as JSON, it cannot fail.
+    object.push_str(&serde_json::to_string(field).unwrap_or_default());
+    object.push(':');
+    object.push_str(value.get());
+}
+
+/// An object's metadata as a cache holds it: typed, with the labels and annotations apart as
+/// text (none when empty), and the managed-fields entries without their `fieldsV1`.
+#[derive(Default)]
+struct MetadataParts {
+    metadata: ObjectMeta,
+    labels: Option<Box<str>>,
+    annotations: Option<Box<str>>,
+}
+
+impl<'de> serde::Deserialize<'de> for MetadataParts {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(MetadataVisitor)
+    }
+}
+
+struct MetadataVisitor;
+
+impl<'de> serde::de::Visitor<'de> for MetadataVisitor {
+    type Value = MetadataParts;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object's metadata")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> Result<MetadataParts, A::Error> {
+        let (mut labels, mut annotations, mut managed_fields) = (None, None, None);
+        // The other fields, few and small, are read into `ObjectMeta` from their own text.
+        let mut rest = String::from("{");
+        while let Some(field) = map.next_key::<String>()? {
+            match field.as_str() {
+                "labels" => labels = map_text(map.next_value()?),
+                "annotations" => annotations = map_text(map.next_value()?),
+                "managedFields" => {
+                    managed_fields = map
+                        .next_value::<Option<Vec<ManagedBy>>>()?
+                        .map(|entries| entries.into_iter().map(ManagedBy::entry).collect());
+                }
+                _ => push_field(&mut rest, &field, &map.next_value::<Box<RawValue>>()?),
+            }
+        }
+        rest.push('}');
+        let mut metadata: ObjectMeta = serde_json::from_str(&rest).map_err(A::Error::custom)?;
+        metadata.managed_fields = managed_fields;
+        Ok(MetadataParts {
+            metadata,
+            labels,
+            annotations,
+        })
+    }
+}
+
+/// A label or annotation map's text, unless it is null or holds nothing.
+fn map_text(map: Option<Box<RawValue>>) -> Option<Box<str>> {
+    let map = map?;
+    let text = map.get().trim();
+    let inner = text.strip_prefix('{')?.strip_suffix('}')?;
+    (!inner.trim().is_empty()).then(|| Box::<str>::from(map))
+}
+
+/// A managed-fields entry without `fieldsV1`: who manages the object, and how.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ManagedBy {
+    api_version: Option<String>,
+    fields_type: Option<String>,
+    manager: Option<String>,
+    operation: Option<String>,
+    subresource: Option<String>,
+    time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
+impl ManagedBy {
+    fn entry(self) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            api_version: self.api_version,
+            fields_type: self.fields_type,
+            fields_v1: None,
+            manager: self.manager,
+            operation: self.operation,
+            subresource: self.subresource,
+            time: self.time,
+        }
     }
 }
 
@@ -390,5 +506,77 @@ mod tests {
             "{} vs {body}",
             object.body.len()
         );
+    }
+
+    /// The text a watch event carries, decoded as kube decodes it.
+    fn decoded(value: &Value) -> CachedObject {
+        serde_json::from_str(&value.to_string()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn text_decodes_as_the_value_it_holds() {
+        let mut live = deployment();
+        live["metadata"]["generation"] = json!(3);
+        live["metadata"]["creationTimestamp"] = json!("2026-12-07T10:00:00Z");
+        live["metadata"]["finalizers"] = json!(["wasmctrl.dev/x"]);
+        // A field name a body may carry written with an escape.
+        live["weird \"key\""] = json!({"a": [1, 2.5, null, true, "\u{e9}"]});
+        for object in [
+            decoded(&live),
+            CachedObject::from_value(live.clone()).unwrap_or_else(|e| panic!("{e}")),
+        ] {
+            assert_eq!(object.to_value(), live);
+            let text: Value =
+                serde_json::from_str(&object.to_json()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(text, live);
+            assert_eq!(object.metadata.generation, Some(3));
+            assert_eq!(object.labels_text(), Some(r#"{"app":"web"}"#));
+        }
+        // A null or empty map is none; so is metadata that is null.
+        let mut bare = deployment();
+        bare["metadata"]["labels"] = Value::Null;
+        bare["metadata"]["annotations"] = json!({});
+        let object = decoded(&bare);
+        assert!(object.labels_text().is_none() && object.annotations_text().is_none());
+        let object = decoded(&json!({"kind": "ConfigMap", "metadata": null}));
+        assert_eq!(object.metadata, ObjectMeta::default());
+        assert!(object.types.is_none());
+    }
+
+    #[test]
+    fn managed_fields_are_read_without_the_fields_they_list() {
+        let mut live = deployment();
+        live["metadata"]["managedFields"] = json!([
+            {"manager": "wasmctrl/p", "operation": "Update", "apiVersion": "apps/v1",
+             "time": "2026-12-07T10:00:00Z", "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:spec": {"f:replicas": {}}}},
+            {"manager": "kube-controller-manager", "operation": "Update",
+             "subresource": "status", "fieldsV1": {"f:status": {}}},
+        ]);
+        let object = decoded(&live);
+        let entries = object.metadata.managed_fields.unwrap_or_default();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].manager.as_deref(), Some("wasmctrl/p"));
+        assert_eq!(entries[0].operation.as_deref(), Some("Update"));
+        assert_eq!(entries[0].fields_type.as_deref(), Some("FieldsV1"));
+        assert!(entries[0].time.is_some());
+        assert_eq!(entries[1].subresource.as_deref(), Some("status"));
+        assert!(entries.iter().all(|entry| entry.fields_v1.is_none()));
+    }
+
+    #[test]
+    fn what_is_not_an_object_is_refused() {
+        for text in [
+            "[]",
+            "\"x\"",
+            "null",
+            r#"{"metadata": []}"#,
+            r#"{"metadata": {"name": 1}}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<CachedObject>(text).is_err(),
+                "{text}"
+            );
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! Writes whose answer the host needs only the metadata of: the new `resourceVersion` (for
-//! [`decisions`](super::decisions)) and nothing else of the object.
+//! Writes whose answer the host needs only the new `resourceVersion` of (for
+//! [`decisions`](super::decisions)), and nothing else of the object.
 //!
 //! By default the API server answers a create or a patch with the whole object, which it
 //! encodes and the host decodes into a `DynamicObject` only to drop it. Asked for
@@ -12,9 +12,8 @@
 //! object, whose metadata is read all the same.
 
 use http::HeaderValue;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, DynamicObject, PartialObjectMeta, Request};
+use kube::core::{ApiResource, DynamicObject, Request};
 use kube::{Client, Resource as _};
 
 /// The answer a write asks for: the object's metadata, as `PartialObjectMetadata`, or else
@@ -27,15 +26,40 @@ fn request(resource: &ApiResource, namespace: Option<&str>) -> Request {
     Request::new(DynamicObject::url_path(resource, namespace))
 }
 
+/// What the host reads of a write's answer: the object's new `resourceVersion`. The rest of
+/// the metadata (its `managedFields` above all, which describe the whole object) is skipped
+/// as it is read, not decoded into a tree and dropped.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct Written {
+    metadata: WrittenMetadata,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct WrittenMetadata {
+    #[serde(rename = "resourceVersion")]
+    resource_version: Option<String>,
+}
+
+impl Written {
+    /// The version the write produced.
+    pub fn resource_version(&self) -> Option<&str> {
+        self.metadata.resource_version.as_deref()
+    }
+
+    /// The version the write produced, owned.
+    pub fn into_resource_version(self) -> Option<String> {
+        self.metadata.resource_version
+    }
+}
+
 async fn metadata_of(
     client: &Client,
     mut request: http::Request<Vec<u8>>,
-) -> Result<ObjectMeta, kube::Error> {
+) -> Result<Written, kube::Error> {
     request
         .headers_mut()
         .insert(http::header::ACCEPT, METADATA_ONLY);
-    let answer: PartialObjectMeta<DynamicObject> = client.request(request).await?;
-    Ok(answer.metadata)
+    client.request(request).await
 }
 
 /// Create `object` of `resource` in `namespace`.
@@ -45,7 +69,7 @@ pub(crate) async fn create(
     namespace: Option<&str>,
     params: &PostParams,
     object: &DynamicObject,
-) -> Result<ObjectMeta, kube::Error> {
+) -> Result<Written, kube::Error> {
     let body = serde_json::to_vec(object).map_err(kube::Error::SerdeError)?;
     let request = request(resource, namespace)
         .create(params, body)
@@ -61,7 +85,7 @@ pub(crate) async fn patch<P: serde::Serialize>(
     name: &str,
     params: &PatchParams,
     patch: &Patch<P>,
-) -> Result<ObjectMeta, kube::Error> {
+) -> Result<Written, kube::Error> {
     let request = request(resource, namespace)
         .patch(name, params, patch)
         .map_err(kube::Error::BuildRequest)?;
@@ -76,7 +100,7 @@ pub(crate) async fn patch_status<P: serde::Serialize>(
     name: &str,
     params: &PatchParams,
     patch: &Patch<P>,
-) -> Result<ObjectMeta, kube::Error> {
+) -> Result<Written, kube::Error> {
     let request = request(resource, namespace)
         .patch_subresource("status", name, params, patch)
         .map_err(kube::Error::BuildRequest)?;

@@ -116,7 +116,7 @@ pub(crate) async fn create_child(
     );
     match created.await {
         Ok(created) => {
-            own.child(child.key(), created.resource_version.as_deref());
+            own.child(child.key(), created.resource_version());
             Ok(Applied::Created)
         }
         Err(kube::Error::Api(status)) if status.code == 409 => {
@@ -190,10 +190,10 @@ pub(crate) async fn update_child(
     )
     .await
     .map_err(apply_error)?;
-    own.child(child.key(), applied.resource_version.as_deref());
+    own.child(child.key(), applied.resource_version());
     if decided_at.len() == 1
-        && applied.resource_version.is_some()
-        && applied.resource_version == metadata.resource_version
+        && applied.resource_version().is_some()
+        && applied.resource_version() == metadata.resource_version.as_deref()
     {
         // The server found nothing to change (what looked different is what it keeps
         // anyway): no update is on its way to the cache.
@@ -423,7 +423,7 @@ async fn apply_status(
     ctx.outcomes
         .status_writes
         .updated(pending_key, &fingerprint, vec![version]);
-    Ok(Some(written.resource_version))
+    Ok(Some(written.into_resource_version()))
 }
 
 pub(crate) async fn add_finalizer(
@@ -497,7 +497,7 @@ pub(crate) async fn json_patch(
     )
     .await
     .map_err(ReconcileError::Finalizer)?;
-    Ok(patched.resource_version)
+    Ok(patched.into_resource_version())
 }
 
 pub(crate) fn dynamic_api(
