@@ -62,13 +62,13 @@ async fn metadata_of(
     client.request(request).await
 }
 
-/// Create `object` of `resource` in `namespace`.
+/// Create `object` (the whole object, as JSON) of `resource` in `namespace`.
 pub(crate) async fn create(
     client: &Client,
     resource: &ApiResource,
     namespace: Option<&str>,
     params: &PostParams,
-    object: &DynamicObject,
+    object: &impl serde::Serialize,
 ) -> Result<Written, kube::Error> {
     let body = serde_json::to_vec(object).map_err(kube::Error::SerdeError)?;
     let request = request(resource, namespace)

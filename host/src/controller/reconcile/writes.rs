@@ -101,8 +101,6 @@ pub(crate) async fn create_child(
         name: child.name.clone(),
         source,
     };
-    let object: DynamicObject = serde_json::from_value(child.object.clone())
-        .map_err(|e| apply_error(kube::Error::SerdeError(e)))?;
     let params = PostParams {
         field_manager: Some(ctx.field_manager.clone()),
         ..PostParams::default()
@@ -112,7 +110,8 @@ pub(crate) async fn create_child(
         resource,
         child.namespace.as_deref(),
         &params,
-        &object,
+        // Written as the plugin's answer was validated and stamped, as an apply writes it.
+        &child.object,
     );
     match created.await {
         Ok(created) => {
