@@ -291,7 +291,8 @@ fn identify(object: &Value) -> (String, String, String, ObjectMeta) {
 }
 
 /// `object` as the host caches what its watches deliver (`managedFields` dropped, the body
-/// kept as text), so the plugin is sent the very bytes a reconcile would send.
+/// kept as text), so the plugin is sent what a reconcile would send of it (keys in the order
+/// and with the escapes serde_json writes, where a watch keeps the API server's).
 fn cached(mut object: Value) -> Result<Arc<CachedObject>, OfflineError> {
     if let Some(Value::Object(meta)) = object.get_mut("metadata") {
         meta.remove("managedFields");

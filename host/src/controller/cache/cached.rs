@@ -159,6 +159,11 @@ fn parse_map<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
 /// `fieldsV1`, which is about as large as the object it describes and which no cache keeps
 /// (the watches read who manages the object, then drop the entries). Building a JSON tree
 /// of every event and writing it back out as text was most of what an event cost the host.
+///
+/// Text is captured only where serde_json reads the input itself: a watch event must name
+/// its `type` before its `object` (as the API server writes it), or serde would buffer the
+/// object and refuse the capture. An object nested deeper than [`MAX_NESTING`] is refused,
+/// as a JSON tree refused it: cached, it would parse to an empty body in a reconcile.
 impl<'de> serde::Deserialize<'de> for CachedObject {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(ObjectVisitor)
@@ -187,7 +192,7 @@ impl<'de> serde::de::Visitor<'de> for ObjectVisitor {
                         .next_value::<Option<MetadataParts>>()?
                         .unwrap_or_default();
                 }
-                _ => push_field(&mut body, &field, &map.next_value::<Box<RawValue>>()?),
+                _ => push_field(&mut body, &field, &nested_at_most(map.next_value()?)?),
             }
         }
         body.push('}');
@@ -207,6 +212,48 @@ impl<'de> serde::de::Visitor<'de> for ObjectVisitor {
             body: body.into_boxed_str(),
         })
     }
+}
+
+/// Most levels of arrays and objects a field of a cached object may nest. A reconcile parses
+/// the body again, whole (`to_value`, `to_dynamic`), and serde_json parses at most 127
+/// levels; the body's own braces are one.
+const MAX_NESTING: usize = 126;
+
+/// `value`, unless its arrays and objects nest deeper than [`MAX_NESTING`].
+fn nested_at_most<E: serde::de::Error>(value: Box<RawValue>) -> Result<Box<RawValue>, E> {
+    if nesting(value.get()) > MAX_NESTING {
+        return Err(E::custom(format_args!(
+            "a field nests arrays and objects deeper than {MAX_NESTING} levels"
+        )));
+    }
+    Ok(value)
+}
+
+/// How deep arrays and objects nest in `text` (valid JSON): 0 for a scalar, 1 for `[]`.
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for byte in text.bytes() {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// Append `"field":value` to an object's text being built (opened with `{`, not yet closed).
@@ -253,8 +300,20 @@ impl<'de> serde::de::Visitor<'de> for MetadataVisitor {
         let mut rest = String::from("{");
         while let Some(field) = map.next_key::<String>()? {
             match field.as_str() {
-                "labels" => labels = map_text(map.next_value()?),
-                "annotations" => annotations = map_text(map.next_value()?),
+                "labels" => {
+                    labels = map_text(
+                        map.next_value::<Option<_>>()?
+                            .map(nested_at_most)
+                            .transpose()?,
+                    )
+                }
+                "annotations" => {
+                    annotations = map_text(
+                        map.next_value::<Option<_>>()?
+                            .map(nested_at_most)
+                            .transpose()?,
+                    )
+                }
                 "managedFields" => {
                     managed_fields = map
                         .next_value::<Option<Vec<ManagedBy>>>()?
@@ -578,5 +637,78 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    /// `levels` arrays, one inside the other, around `1`.
+    fn nested(levels: usize) -> String {
+        format!("{}1{}", "[".repeat(levels), "]".repeat(levels))
+    }
+
+    #[test]
+    fn nesting_counts_arrays_and_objects_outside_strings() {
+        assert_eq!(nesting("1"), 0);
+        assert_eq!(nesting(r#""[{""#), 0);
+        assert_eq!(nesting(r#"{"a":[1,{"b":"]}\"[["}]}"#), 3);
+        assert_eq!(nesting(&nested(5)), 5);
+    }
+
+    #[test]
+    fn an_object_nested_deeper_than_a_reconcile_can_parse_is_refused() {
+        let text = |levels| {
+            format!(
+                r#"{{"kind":"X","metadata":{{"name":"x"}},"spec":{}}}"#,
+                nested(levels)
+            )
+        };
+        let object: CachedObject =
+            serde_json::from_str(&text(MAX_NESTING)).unwrap_or_else(|e| panic!("{e}"));
+        // The deepest object cached still parses whole where a reconcile reads it.
+        assert_eq!(
+            object.to_value()["spec"],
+            serde_json::from_str::<Value>(&nested(MAX_NESTING)).unwrap_or_else(|e| panic!("{e}"))
+        );
+        let error = serde_json::from_str::<CachedObject>(&text(MAX_NESTING + 1)).err();
+        assert!(error.is_some_and(|e| e.to_string().contains("deeper than")));
+        let labels = format!(
+            r#"{{"metadata":{{"name":"x","labels":{{"a":{}}}}}}}"#,
+            nested(MAX_NESTING)
+        );
+        assert!(serde_json::from_str::<CachedObject>(&labels).is_err());
+    }
+
+    #[test]
+    fn text_in_any_order_and_spacing_decodes_the_same() {
+        let text = r#" { "spec" : {"replicas": 2, "template": {"spec": {"containers": [{"name": "c", "image": "nginx:1.27 \"quoted\""}]}}},
+            "status":{"readyReplicas":2}, "kind":"Deployment",
+            "metadata" : { "labels" : { "app" : "web" }, "name":"web", "namespace":"a", "uid":"u1",
+                "annotations": {"wasmctrl.dev/desired-hash": "abc", "note": "\"quoted\""},
+                "ownerReferences": [{"apiVersion": "example.com/v1", "kind": "MyApp", "name": "web", "uid": "p1", "controller": true}] },
+            "apiVersion" : "apps/v1" } "#;
+        let object: CachedObject = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(object.to_value(), deployment());
+        assert_eq!(
+            object.labels(),
+            BTreeMap::from([("app".to_owned(), "web".to_owned())])
+        );
+        let whole: Value =
+            serde_json::from_str(&object.to_json()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(whole, deployment());
+        // A map that is not an object is no map, as before.
+        let object: CachedObject = serde_json::from_str(
+            r#"{"metadata":{"name":"x","labels":"app=web","annotations":[]}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(object.labels_text().is_none() && object.annotations_text().is_none());
+    }
+
+    #[test]
+    fn a_watch_event_decodes_as_the_api_server_writes_it() {
+        let line = format!(r#"{{"type":"MODIFIED","object":{}}}"#, deployment());
+        let event: kube::core::WatchEvent<CachedObject> =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}"));
+        let kube::core::WatchEvent::Modified(object) = event else {
+            panic!("a modification");
+        };
+        assert_eq!(object.to_value(), deployment());
     }
 }
