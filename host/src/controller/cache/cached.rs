@@ -300,20 +300,8 @@ impl<'de> serde::de::Visitor<'de> for MetadataVisitor {
         let mut rest = String::from("{");
         while let Some(field) = map.next_key::<String>()? {
             match field.as_str() {
-                "labels" => {
-                    labels = map_text(
-                        map.next_value::<Option<_>>()?
-                            .map(nested_at_most)
-                            .transpose()?,
-                    )
-                }
-                "annotations" => {
-                    annotations = map_text(
-                        map.next_value::<Option<_>>()?
-                            .map(nested_at_most)
-                            .transpose()?,
-                    )
-                }
+                "labels" => labels = map_text(map.next_value()?)?,
+                "annotations" => annotations = map_text(map.next_value()?)?,
                 "managedFields" => {
                     managed_fields = map
                         .next_value::<Option<Vec<ManagedBy>>>()?
@@ -333,12 +321,18 @@ impl<'de> serde::de::Visitor<'de> for MetadataVisitor {
     }
 }
 
-/// A label or annotation map's text, unless it is null or holds nothing.
-fn map_text(map: Option<Box<RawValue>>) -> Option<Box<str>> {
-    let map = map?;
+/// A label or annotation map's text, unless it is null, not an object or holds nothing; an
+/// error if it nests deeper than [`MAX_NESTING`].
+fn map_text<E: serde::de::Error>(map: Option<Box<RawValue>>) -> Result<Option<Box<str>>, E> {
+    let Some(map) = map.map(nested_at_most).transpose()? else {
+        return Ok(None);
+    };
     let text = map.get().trim();
-    let inner = text.strip_prefix('{')?.strip_suffix('}')?;
-    (!inner.trim().is_empty()).then(|| Box::<str>::from(map))
+    let holds_entries = text
+        .strip_prefix('{')
+        .and_then(|text| text.strip_suffix('}'))
+        .is_some_and(|inner| !inner.trim().is_empty());
+    Ok(holds_entries.then(|| Box::<str>::from(map)))
 }
 
 /// A managed-fields entry without `fieldsV1`: who manages the object, and how.
