@@ -3,6 +3,8 @@
 //! children of kinds it no longer manages. The counts are pure reads of the caches and the
 //! bookkeeping, so they are tested without a cluster.
 
+use std::collections::HashSet;
+
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt as _};
 
@@ -14,7 +16,9 @@ use crate::controller::policy_run::release;
 use crate::controller::policy_run::status::{Counts, PolicyStatusWriter, State};
 use crate::controller::reconcile::context::Outcomes;
 use crate::controller::reconcile::events;
-use crate::controller::reconcile::prune_guard::{CONFIRM_ANNOTATION, PruneGuard, PruneLimits};
+use crate::controller::reconcile::prune_guard::{
+    CONFIRM_ANNOTATION, ParentId, PruneGuard, PruneLimits,
+};
 use crate::controller::reconcile::serving::Serving;
 use crate::lock;
 use crate::plugin::{Digest, Verdict};
@@ -215,14 +219,31 @@ pub(crate) fn own_prune_window(
 ) -> Option<PruneGuardStatus> {
     let name = policy.name_any();
     let in_share = |parent: &CachedObject| share.is_none_or(|shards| shards.holds_parent(parent));
-    let exists = |key: &ObjectRef<CachedObject>| parents.get(key).is_some();
-    let mine = |key: &ObjectRef<CachedObject>| parents.get(key).is_some_and(|p| in_share(&p));
-    if share.is_some() {
-        // The parents of a shard given away are another replica's to guard: what is held
-        // or confirmed for them here would otherwise hold this window for ever.
+    // The guard keeps parents by id: the ids of the cached parents this replica reconciles,
+    // gathered once and only when the guard asks.
+    let ids = std::cell::OnceCell::new();
+    let mine = |id: ParentId| {
+        ids.get_or_init(|| {
+            parents
+                .state()
+                .iter()
+                .filter(|parent| in_share(parent))
+                .map(|parent| {
+                    let meta = &parent.metadata;
+                    guard.id_of(
+                        meta.namespace.as_deref(),
+                        meta.name.as_deref().unwrap_or_default(),
+                    )
+                })
+                .collect::<HashSet<ParentId>>()
+        })
+        .contains(&id)
+    };
+    if share.is_some() || sweep {
+        // Sharded, on every report: the parents of a shard given away are another replica's
+        // to guard, and what is held or confirmed for them here would otherwise hold this
+        // window for ever.
         guard.forget_gone(mine);
-    } else if sweep {
-        guard.forget_gone(exists);
     }
     let count = match share {
         None => parents.state().len(),
@@ -562,6 +583,50 @@ mod tests {
             "deleted parents forgotten"
         );
         assert_eq!(outcomes.backoff.failing(), 1);
+    }
+
+    /// The guard keeps parents by id and the report names the cached ones by the same id: a
+    /// window closes once every cached parent was visited, and a sweep forgets a parent that
+    /// is no longer cached (here, the confirmation of its held deletion) but none that is.
+    #[test]
+    fn the_guards_window_closes_over_the_cached_parents_and_a_sweep_forgets_the_rest() {
+        use crate::controller::reconcile::prune_guard::{Admission, PruneLimits};
+        let parents = store(
+            myapps(),
+            vec![parent("a", "p-1", &[]), parent("a", "p-2", &[])],
+        );
+        let policy: ReconcilePolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "wasmctrl.dev/v1alpha1", "kind": "ReconcilePolicy",
+            "metadata": {"name": "p"},
+            "spec": {"parent": {"apiVersion": "example.com/v1", "kind": "MyApp"},
+                     "plugin": {"source": {"file": {"path": "p.wasm"}}}},
+        }))
+        .expect("a policy");
+        let limits = PruneLimits {
+            max_fraction: 0.0,
+            floor: 0,
+            period: Duration::from_secs(600),
+        };
+        let guard = PruneGuard::new(limits, "1-abc".into(), "a swap".into());
+        let epoch = guard.epoch();
+        let doomed = ["ConfigMap c".to_owned()];
+        assert_eq!(guard.admit(&key("a", "gone"), 1, &doomed), Admission::Hold);
+        for name in ["p-1", "p-2", "gone"] {
+            guard.visited(epoch, &key("a", name));
+        }
+        let token = guard.status().expect("a window").confirm;
+        assert!(guard.set_confirmation(Some(&token)));
+        let window = |sweep| own_prune_window(&guard, &parents, &policy, sweep, (None, true));
+        assert_eq!(
+            window(false).map(|w| w.state),
+            Some("Confirmed".to_owned()),
+            "the confirmed deletion of a parent no longer cached is not made yet"
+        );
+        assert_eq!(
+            window(true),
+            None,
+            "swept: both cached parents count as visited, the one gone is forgotten"
+        );
     }
 
     #[test]

@@ -137,7 +137,7 @@ async fn reconcile_parent(
     .instrument(span)
     .await;
     ctx.metrics.worker(-1);
-    ctx.prune_guard.visited(window, key.clone());
+    ctx.prune_guard.visited(window, &key);
     let took = started.elapsed();
     match result {
         Ok(Done {
