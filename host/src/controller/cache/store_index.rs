@@ -21,7 +21,7 @@
 //! event that emptied it (the named-object cache drops what no parent names).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kube::Resource;
 use kube::core::DynamicObject;
@@ -67,25 +67,78 @@ impl Entry {
     }
 }
 
+/// The index: each key's objects, and each object's keys. A key is held once, shared by
+/// both maps, and a key with a single object (a parent's uid, for a kind it has one child
+/// of) keeps it without a set: at 20,000 children a set per key and a second copy of each
+/// uid would take some 4 MiB more.
 #[derive(Default)]
 struct Entries {
-    by_key: HashMap<Box<str>, HashSet<Entry>>,
-    keys_of: HashMap<Entry, Box<[Box<str>]>>,
+    by_key: HashMap<Arc<str>, Members>,
+    keys_of: HashMap<Entry, Box<[Arc<str>]>>,
+}
+
+/// The objects indexed under one key.
+enum Members {
+    One(Entry),
+    Many(HashSet<Entry>),
+}
+
+impl Members {
+    fn insert(&mut self, object: Entry) {
+        match self {
+            Self::One(only) if *only == object => {}
+            Self::One(only) => {
+                let only = std::mem::replace(only, object.clone());
+                *self = Self::Many(HashSet::from([only, object]));
+            }
+            Self::Many(set) => {
+                set.insert(object);
+            }
+        }
+    }
+
+    /// Take `object` out; whether none is left.
+    fn remove(&mut self, object: &Entry) -> bool {
+        match self {
+            Self::One(only) => only == object,
+            Self::Many(set) => {
+                set.remove(object);
+                set.is_empty()
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Entry> {
+        let (one, many) = match self {
+            Self::One(only) => (Some(only), None),
+            Self::Many(set) => (None, Some(set.iter())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
 }
 
 impl Entries {
     /// Index `object` under `keys` instead of its old ones; returns the keys vacated.
-    fn insert(&mut self, object: Entry, keys: Vec<String>) -> Vec<Box<str>> {
+    fn insert(&mut self, object: Entry, keys: Vec<String>) -> Vec<Arc<str>> {
         let mut vacated = self.remove(&object);
         if keys.is_empty() {
             return vacated;
         }
-        let keys: Box<[Box<str>]> = keys.into_iter().map(String::into_boxed_str).collect();
+        let keys: Box<[Arc<str>]> = keys
+            .into_iter()
+            .map(|key| match self.by_key.get_key_value(key.as_str()) {
+                Some((held, _)) => held.clone(),
+                None => Arc::from(key),
+            })
+            .collect();
         for key in &keys {
-            self.by_key
-                .entry(key.clone())
-                .or_default()
-                .insert(object.clone());
+            match self.by_key.get_mut(key) {
+                Some(members) => members.insert(object.clone()),
+                None => {
+                    self.by_key
+                        .insert(key.clone(), Members::One(object.clone()));
+                }
+            }
         }
         vacated.retain(|key| !self.by_key.contains_key(key));
         self.keys_of.insert(object, keys);
@@ -93,15 +146,14 @@ impl Entries {
     }
 
     /// Forget `object`; returns the keys it was the last one under.
-    fn remove(&mut self, object: &Entry) -> Vec<Box<str>> {
+    fn remove(&mut self, object: &Entry) -> Vec<Arc<str>> {
         let mut vacated = Vec::new();
         for old in self.keys_of.remove(object).unwrap_or_default() {
-            if let Some(set) = self.by_key.get_mut(&old) {
-                set.remove(object);
-                if set.is_empty() {
-                    self.by_key.remove(&old);
-                    vacated.push(old);
-                }
+            if let Some(members) = self.by_key.get_mut(&old)
+                && members.remove(object)
+            {
+                self.by_key.remove(&old);
+                vacated.push(old);
             }
         }
         vacated
@@ -187,10 +239,11 @@ where
     /// The objects indexed under `key`.
     pub fn get(&self, key: &str) -> Vec<ObjectRef<K>> {
         let inner = crate::lock(&self.inner);
-        let Some(set) = inner.current.by_key.get(key) else {
+        let Some(members) = inner.current.by_key.get(key) else {
             return Vec::new();
         };
-        set.iter()
+        members
+            .iter()
             .map(|entry| {
                 let reference = ObjectRef::new_with(&entry.name, self.resource.clone());
                 match &entry.namespace {
