@@ -124,6 +124,9 @@ impl Entries {
         if keys.is_empty() {
             return vacated;
         }
+        let mut keys = keys;
+        keys.sort_unstable();
+        keys.dedup();
         let keys: Box<[Arc<str>]> = keys
             .into_iter()
             .map(|key| match self.by_key.get_key_value(key.as_str()) {
@@ -340,6 +343,36 @@ mod tests {
         assert_eq!(self::names(&index, "z"), ["p"]);
         index.observe(&watcher::Event::Apply(parent(&[])));
         assert!(self::names(&index, "y").is_empty() && self::names(&index, "z").is_empty());
+    }
+
+    #[test]
+    fn a_key_goes_from_one_object_to_several_and_back_and_a_key_named_twice_counts_once() {
+        let index = StoreIndex::new(config_maps(), controller_uid);
+        let vacated = Arc::new(Mutex::new(Vec::<String>::new()));
+        let heard = vacated.clone();
+        index.on_vacated(move |key| crate::lock(&heard).push(key.to_owned()));
+        let take = || std::mem::take(&mut *crate::lock(&vacated));
+        index.observe(&watcher::Event::Apply(child("x", "p")));
+        index.observe(&watcher::Event::Apply(child("y", "p")));
+        index.observe(&watcher::Event::Delete(child("x", "p")));
+        assert_eq!(names(&index, "p"), ["y"]);
+        index.observe(&watcher::Event::Apply(child("z", "p")));
+        assert_eq!(names(&index, "p"), ["y", "z"]);
+        index.observe(&watcher::Event::Delete(child("y", "p")));
+        index.observe(&watcher::Event::Delete(child("z", "p")));
+        assert!(names(&index, "p").is_empty());
+        assert_eq!(take(), ["p"], "vacated once, by its last object");
+
+        let twice = StoreIndex::new(config_maps(), |_: &DynamicObject| {
+            vec!["k".to_owned(), "k".to_owned()]
+        });
+        let heard = vacated.clone();
+        twice.on_vacated(move |key| crate::lock(&heard).push(key.to_owned()));
+        twice.observe(&watcher::Event::Apply(child("x", "p")));
+        assert_eq!(names(&twice, "k"), ["x"]);
+        twice.observe(&watcher::Event::Delete(child("x", "p")));
+        assert!(names(&twice, "k").is_empty());
+        assert_eq!(take(), ["k"]);
     }
 
     #[test]

@@ -219,11 +219,14 @@ pub(crate) fn own_prune_window(
 ) -> Option<PruneGuardStatus> {
     let name = policy.name_any();
     let in_share = |parent: &CachedObject| share.is_none_or(|shards| shards.holds_parent(parent));
-    // The guard keeps parents by id: the ids of the cached parents this replica reconciles,
-    // gathered once and only when the guard asks.
-    let ids = std::cell::OnceCell::new();
-    let mine = |id: ParentId| {
-        ids.get_or_init(|| {
+    // The guard keeps parents by id. One look at the cache gives both what the guard may
+    // forget and how many parents the window waits for: counted at another moment, a parent
+    // deleted (or a shard let go) in between would leave a visit standing for a parent
+    // never reconciled under the window. Taken before the guard's lock, once per report that
+    // needs it.
+    let snapshot = std::cell::OnceCell::new();
+    let mine = || {
+        snapshot.get_or_init(|| {
             parents
                 .state()
                 .iter()
@@ -237,24 +240,22 @@ pub(crate) fn own_prune_window(
                 })
                 .collect::<HashSet<ParentId>>()
         })
-        .contains(&id)
     };
     if share.is_some() || sweep {
-        // Sharded, on every report: the parents of a shard given away are another replica's
-        // to guard, and what is held or confirmed for them here would otherwise hold this
-        // window for ever.
-        guard.forget_gone(mine);
+        // Sharded, on every report: what is held or confirmed for the parents of a shard
+        // given away would otherwise hold this window for ever. Otherwise, at a sweep.
+        let mine = mine();
+        guard.forget_gone(|id| mine.contains(&id));
     }
-    let count = match share {
-        None => parents.state().len(),
-        Some(_) => parents.state().iter().filter(|p| in_share(p)).count(),
-    };
     // A shard taken whose parents are not cached yet would count as none to reconcile.
-    if whole && guard.close_if_rolled_out(mine, count) {
-        tracing::info!(
-            policy = %name,
-            "every parent reconciled since the last change; pruning is no longer counted"
-        );
+    if whole {
+        let mine = mine();
+        if guard.close_if_rolled_out(|id| mine.contains(&id), mine.len()) {
+            tracing::info!(
+                policy = %name,
+                "every parent reconciled since the last change; pruning is no longer counted"
+            );
+        }
     }
     guard.status()
 }
@@ -590,6 +591,7 @@ mod tests {
     /// is no longer cached (here, the confirmation of its held deletion) but none that is.
     #[test]
     fn the_guards_window_closes_over_the_cached_parents_and_a_sweep_forgets_the_rest() {
+        use crate::controller::reconcile::parent;
         use crate::controller::reconcile::prune_guard::{Admission, PruneLimits};
         let parents = store(
             myapps(),
@@ -611,9 +613,12 @@ mod tests {
         let epoch = guard.epoch();
         let doomed = ["ConfigMap c".to_owned()];
         assert_eq!(guard.admit(&key("a", "gone"), 1, &doomed), Admission::Hold);
-        for name in ["p-1", "p-2", "gone"] {
-            guard.visited(epoch, &key("a", name));
+        // Keyed as a reconcile keys its parent.
+        let kind = Arc::new(myapps());
+        for cached in parents.state() {
+            guard.visited(epoch, &parent::parent_key(&*cached, &kind));
         }
+        guard.visited(epoch, &key("a", "gone"));
         let token = guard.status().expect("a window").confirm;
         assert!(guard.set_confirmation(Some(&token)));
         let window = |sweep| own_prune_window(&guard, &parents, &policy, sweep, (None, true));
