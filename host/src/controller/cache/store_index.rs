@@ -300,6 +300,14 @@ mod tests {
         names
     }
 
+    /// Listen to `index` for vacated keys; the returned closure takes those heard so far.
+    fn vacated_keys(index: &StoreIndex) -> impl Fn() -> Vec<String> + use<> {
+        let vacated = Arc::new(Mutex::new(Vec::<String>::new()));
+        let heard = vacated.clone();
+        index.on_vacated(move |key| crate::lock(&heard).push(key.to_owned()));
+        move || std::mem::take(&mut *crate::lock(&vacated))
+    }
+
     #[test]
     fn children_are_found_under_their_controller_as_events_arrive() {
         let index = StoreIndex::new(config_maps(), controller_uid);
@@ -348,10 +356,7 @@ mod tests {
     #[test]
     fn a_key_goes_from_one_object_to_several_and_back_and_a_key_named_twice_counts_once() {
         let index = StoreIndex::new(config_maps(), controller_uid);
-        let vacated = Arc::new(Mutex::new(Vec::<String>::new()));
-        let heard = vacated.clone();
-        index.on_vacated(move |key| crate::lock(&heard).push(key.to_owned()));
-        let take = || std::mem::take(&mut *crate::lock(&vacated));
+        let take = vacated_keys(&index);
         index.observe(&watcher::Event::Apply(child("x", "p")));
         index.observe(&watcher::Event::Apply(child("y", "p")));
         index.observe(&watcher::Event::Delete(child("x", "p")));
@@ -366,8 +371,7 @@ mod tests {
         let twice = StoreIndex::new(config_maps(), |_: &DynamicObject| {
             vec!["k".to_owned(), "k".to_owned()]
         });
-        let heard = vacated.clone();
-        twice.on_vacated(move |key| crate::lock(&heard).push(key.to_owned()));
+        let take = vacated_keys(&twice);
         twice.observe(&watcher::Event::Apply(child("x", "p")));
         assert_eq!(names(&twice, "k"), ["x"]);
         twice.observe(&watcher::Event::Delete(child("x", "p")));
@@ -378,10 +382,7 @@ mod tests {
     #[test]
     fn listeners_hear_of_each_key_no_object_is_under_any_more() {
         let index = StoreIndex::new(config_maps(), controller_uid);
-        let vacated = Arc::new(Mutex::new(Vec::<String>::new()));
-        let heard = vacated.clone();
-        index.on_vacated(move |key| crate::lock(&heard).push(key.to_owned()));
-        let take = || std::mem::take(&mut *crate::lock(&vacated));
+        let take = vacated_keys(&index);
 
         index.observe(&watcher::Event::Apply(child("x", "p")));
         index.observe(&watcher::Event::Apply(child("y", "p")));
